@@ -1,0 +1,61 @@
+//! Blocking on a word in shared memory.
+//!
+//! Futexes only work between processes of one kernel; memloop uses them as an optimisation and
+//! always bounds the wait, so a missed wake-up costs latency, never liveness.
+
+use crate::sync::AtomicU32;
+use std::time::Duration;
+
+/// Sleeps while `*word == expected`, for at most `timeout`. Returns early on a wake-up, a
+/// signal, a spurious wake-up or if the word already differs: callers re-check their condition.
+#[cfg(not(loom))]
+pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    use rustix::thread::futex;
+    let ts = rustix::time::Timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: timeout.subsec_nanos() as _,
+    };
+    // Errors (EAGAIN: value changed, EINTR, ETIMEDOUT) all mean "re-check".
+    let _ = futex::wait(word, futex::Flags::empty(), expected, Some(&ts));
+}
+
+/// Wakes up to `n` waiters on `word` (shared, not process-private: waiters are other processes).
+#[cfg(not(loom))]
+pub fn wake(word: &AtomicU32, n: u32) {
+    use rustix::thread::futex;
+    let _ = futex::wake(word, futex::Flags::empty(), n);
+}
+
+#[cfg(loom)]
+pub fn wait(_word: &AtomicU32, _expected: u32, _timeout: Duration) {
+    loom::thread::yield_now();
+}
+
+#[cfg(loom)]
+pub fn wake(_word: &AtomicU32, _n: u32) {}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::sync::Ordering::SeqCst;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    #[test]
+    fn wait_times_out_and_wake_releases() {
+        let w = Arc::new(AtomicU32::new(0));
+        let t = Instant::now();
+        wait(&w, 0, Duration::from_millis(20));
+        assert!(t.elapsed() >= Duration::from_millis(10));
+        let w2 = w.clone();
+        let h = std::thread::spawn(move || {
+            while w2.load(SeqCst) == 0 {
+                wait(&w2, 0, Duration::from_secs(5));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        w.store(1, SeqCst);
+        wake(&w, 1);
+        h.join().unwrap();
+    }
+}

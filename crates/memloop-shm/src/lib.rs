@@ -1,0 +1,27 @@
+//! Raw shared memory for memloop.
+//!
+//! This is the only crate in the workspace that contains `unsafe`. It offers:
+//! - [`Mapping`]: a file (in /dev/shm, on hugetlbfs, or a device such as an ivshmem BAR) mapped
+//!   shared and read-write;
+//! - [`ShmSlice`]: a bounds-checked view into a mapping. Every access checks offset, length and
+//!   alignment, so code above this crate can follow offsets it read from a peer without risk of
+//!   touching memory outside the region;
+//! - [`futex`]: wait/wake on a 32-bit word in shared memory (same kernel only: an optimisation);
+//! - [`sync`]: the atomics facade that swaps std for loom under `cfg(loom)`.
+//!
+//! Under `cfg(loom)` the mapping is replaced by a heap model ([`ShmSlice::new_model`]) so that
+//! the algorithms built on it can be model-checked.
+#![warn(unsafe_op_in_unsafe_fn)]
+
+pub mod futex;
+#[cfg(not(loom))]
+mod mapping;
+pub mod sync;
+mod view;
+
+#[cfg(not(loom))]
+pub use mapping::{Backend, CreateOptions, Mapping, MappingError};
+pub use view::{OutOfBounds, ShmSlice, ShmU32, ShmU64};
+
+/// Cache line size used to separate producer and consumer state.
+pub const CACHE_LINE: usize = 64;

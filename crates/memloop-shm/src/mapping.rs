@@ -1,0 +1,157 @@
+//! Mapping a file or device shared and read-write (or read-only).
+
+use crate::view::ShmSlice;
+use memmap2::{MmapOptions, MmapRaw};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// What kind of file backs a mapping; only used for messages and defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A regular file in a tmpfs such as /dev/shm.
+    File,
+    /// A file on hugetlbfs (sizes must be multiples of the huge page size).
+    Hugetlbfs,
+    /// A device or sysfs resource, e.g. the ivshmem BAR `resource2`: never created or resized.
+    Device,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MappingError {
+    #[error("{path}: already exists")]
+    Exists { path: PathBuf },
+    #[error("{path}: no such region file")]
+    NotFound { path: PathBuf },
+    #[error("{path}: {what}: {source}")]
+    Io { path: PathBuf, what: &'static str, source: io::Error },
+    #[error("{path}: is empty or not yet sized")]
+    Empty { path: PathBuf },
+}
+
+/// A shared mapping of a whole file. Dropping the last view unmaps it.
+pub struct Mapping {
+    raw: MmapRaw,
+    file: File,
+    path: PathBuf,
+    backend: Backend,
+    writable: bool,
+}
+
+/// Options for creating a new region file.
+#[derive(Debug, Clone)]
+pub struct CreateOptions {
+    pub size: u64,
+    pub mode: u32,
+    pub gid: Option<u32>,
+}
+
+fn io_err<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> MappingError + 'a {
+    move |source| match source.kind() {
+        io::ErrorKind::AlreadyExists => MappingError::Exists { path: path.into() },
+        io::ErrorKind::NotFound => MappingError::NotFound { path: path.into() },
+        _ => MappingError::Io { path: path.into(), what, source },
+    }
+}
+
+impl Mapping {
+    /// Creates `path` exclusively (fails with [`MappingError::Exists`] if it is there), sizes it and
+    /// maps it. The file is zero-filled by the kernel.
+    pub fn create_new(path: &Path, backend: Backend, opts: &CreateOptions) -> Result<Arc<Self>, MappingError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(opts.mode)
+            .open(path)
+            .map_err(io_err(path, "create"))?;
+        let setup = || -> Result<(), MappingError> {
+            // The umask may have narrowed the mode; the caller asked for exactly this one.
+            rustix::fs::fchmod(&file, rustix::fs::Mode::from_raw_mode(opts.mode))
+                .map_err(|e| io_err(path, "chmod")(e.into()))?;
+            if let Some(gid) = opts.gid {
+                let gid = rustix::fs::Gid::from_raw(gid);
+                rustix::fs::fchown(&file, None, Some(gid)).map_err(|e| io_err(path, "chown")(e.into()))?;
+            }
+            file.set_len(opts.size).map_err(io_err(path, "resize"))
+        };
+        if let Err(e) = setup() {
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
+        Self::map(file, path, backend, true)
+    }
+
+    /// Opens and maps an existing file or device in full.
+    pub fn open(path: &Path, backend: Backend, writable: bool) -> Result<Arc<Self>, MappingError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .open(path)
+            .map_err(io_err(path, "open"))?;
+        Self::map(file, path, backend, writable)
+    }
+
+    fn map(file: File, path: &Path, backend: Backend, writable: bool) -> Result<Arc<Self>, MappingError> {
+        let len = file.metadata().map_err(io_err(path, "stat"))?.len();
+        if len == 0 {
+            return Err(MappingError::Empty { path: path.into() });
+        }
+        let mut opts = MmapOptions::new();
+        opts.len(len as usize);
+        let raw = if writable { opts.map_raw(&file) } else { opts.map_raw_read_only(&file) }
+            .map_err(io_err(path, "mmap"))?;
+        Ok(Arc::new(Self { raw, file, path: path.into(), backend, writable }))
+    }
+
+    pub fn len(&self) -> usize {
+        self.raw.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.raw.len() == 0
+    }
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+    /// The open file, e.g. for advisory locks during initialisation.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// A view of the whole mapping that keeps it alive.
+    pub fn view(self: &Arc<Self>) -> ShmSlice {
+        let ptr = NonNull::new(self.raw.as_mut_ptr()).expect("mmap never returns null");
+        let keep: Arc<dyn Send + Sync> = self.clone();
+        // SAFETY: the mapping covers `len` bytes, is page aligned, is writable iff `writable`,
+        // and stays mapped while `keep` (an Arc of the mapping) lives.
+        unsafe { ShmSlice::from_raw(ptr, self.len(), self.writable, keep) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sync::Ordering::SeqCst;
+
+    #[test]
+    fn two_mappings_of_one_file_share_bytes() {
+        let dir = std::env::temp_dir().join(format!("memloop-shm-test-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        let opts = CreateOptions { size: 8192, mode: 0o600, gid: None };
+        let a = Mapping::create_new(&dir, Backend::File, &opts).unwrap();
+        assert!(matches!(Mapping::create_new(&dir, Backend::File, &opts), Err(MappingError::Exists { .. })));
+        let b = Mapping::open(&dir, Backend::File, true).unwrap();
+        a.view().u64_at(4096).unwrap().store(7, SeqCst);
+        assert_eq!(b.view().u64_at(4096).unwrap().load(SeqCst), 7);
+        let ro = Mapping::open(&dir, Backend::File, false).unwrap();
+        assert!(ro.view().write(0, &[1]).is_err());
+        std::fs::remove_file(&dir).unwrap();
+        assert!(matches!(Mapping::open(&dir, Backend::File, true), Err(MappingError::NotFound { .. })));
+    }
+}

@@ -1,0 +1,328 @@
+//! Bounds-checked views into shared memory.
+//!
+//! A [`ShmSlice`] is a window `[offset, offset+len)` into a mapping that keeps the mapping alive.
+//! Offsets and lengths passed to its methods are usually derived from data a peer wrote, so every
+//! method validates them and returns [`OutOfBounds`] instead of touching memory outside the window.
+
+use crate::sync::{AtomicU32, AtomicU64};
+use std::ops::Deref;
+use std::sync::Arc;
+
+/// An access outside a view, misaligned, or a write through a read-only view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum OutOfBounds {
+    #[error("shared-memory access of {len} bytes at offset {off} is outside a view of {view} bytes")]
+    Range { off: u64, len: u64, view: u64 },
+    #[error("shared-memory atomic at offset {off} is not aligned to {align} bytes")]
+    Misaligned { off: u64, align: u64 },
+    #[error("write to a read-only shared-memory view")]
+    ReadOnly,
+}
+
+#[cfg(not(loom))]
+mod imp {
+    use super::*;
+    use std::ptr::NonNull;
+
+    /// Whatever keeps the memory behind a view mapped.
+    pub(crate) type Keep = Arc<dyn Send + Sync>;
+
+    #[derive(Clone)]
+    pub struct ShmSlice {
+        ptr: NonNull<u8>,
+        len: usize,
+        writable: bool,
+        _keep: Keep,
+    }
+
+    // SAFETY: the view only hands out atomics and copies; the memory is shared by design and
+    // every access goes through atomics or explicit copies, never through `&mut`.
+    unsafe impl Send for ShmSlice {}
+    // SAFETY: as above: no method gives out a reference that could alias a `&mut`.
+    unsafe impl Sync for ShmSlice {}
+
+    impl ShmSlice {
+        /// # Safety
+        /// `ptr..ptr+len` must stay mapped (readable, and writable if `writable`) for as long as
+        /// `keep` is alive, and must be aligned to at least 8 bytes.
+        pub(crate) unsafe fn from_raw(ptr: NonNull<u8>, len: usize, writable: bool, keep: Keep) -> Self {
+            Self { ptr, len, writable, _keep: keep }
+        }
+
+        /// A heap-backed view for tests and single-process use: zero-filled, 64-byte aligned.
+        pub fn new_heap(len: usize) -> Self {
+            let words = len.div_ceil(64).max(1);
+            let buf: Arc<[crate::sync::AtomicU64]> = (0..words * 8).map(|_| AtomicU64::new(0)).collect();
+            let ptr = NonNull::from(&buf[0]).cast::<u8>();
+            // SAFETY: `buf` is kept alive by the view, holds `words*64 >= len` bytes of interior
+            // mutable memory (atomics), and is 8-byte aligned.
+            unsafe { Self::from_raw(ptr, len, true, Arc::new(buf)) }
+        }
+
+        pub(super) fn base(&self) -> NonNull<u8> {
+            self.ptr
+        }
+        pub(super) fn with_range(&self, off: usize, len: usize) -> Self {
+            // SAFETY: callers checked `off+len <= self.len`.
+            let ptr = unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(off)) };
+            Self { ptr, len, writable: self.writable, _keep: self._keep.clone() }
+        }
+        pub fn len(&self) -> usize {
+            self.len
+        }
+        pub fn is_writable(&self) -> bool {
+            self.writable
+        }
+        pub fn read_only(&self) -> Self {
+            Self { writable: false, ..self.clone() }
+        }
+
+        /// Copies `src` into the view at `off`.
+        pub fn write(&self, off: u64, src: &[u8]) -> Result<(), OutOfBounds> {
+            let o = self.check(off, src.len() as u64)?;
+            if !self.writable {
+                return Err(OutOfBounds::ReadOnly);
+            }
+            // SAFETY: the range was checked to lie inside the mapping, which is writable and
+            // stays mapped while `self` lives. Any bit pattern is a valid `u8`. Concurrent access
+            // by a peer is excluded by the ring protocol; a buggy peer can only make the bytes
+            // garbage, which readers treat as untrusted data.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(o), src.len()) };
+            Ok(())
+        }
+
+        /// Copies from the view at `off` into `dst`.
+        pub fn read(&self, off: u64, dst: &mut [u8]) -> Result<(), OutOfBounds> {
+            let o = self.check(off, dst.len() as u64)?;
+            // SAFETY: as for `write`: checked range, live mapping, plain bytes.
+            unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(o), dst.as_mut_ptr(), dst.len()) };
+            Ok(())
+        }
+
+        /// Fills `len` bytes at `off` with `byte`.
+        pub fn fill(&self, off: u64, len: u64, byte: u8) -> Result<(), OutOfBounds> {
+            let o = self.check(off, len)?;
+            if !self.writable {
+                return Err(OutOfBounds::ReadOnly);
+            }
+            // SAFETY: checked range inside a live, writable mapping.
+            unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(o), byte, len as usize) };
+            Ok(())
+        }
+
+        pub fn u64_at(&self, off: u64) -> Result<ShmU64, OutOfBounds> {
+            self.check_atomic(off, 8)?;
+            Ok(ShmU64 { view: self.with_range(off as usize, 8) })
+        }
+
+        pub fn u32_at(&self, off: u64) -> Result<ShmU32, OutOfBounds> {
+            self.check_atomic(off, 4)?;
+            Ok(ShmU32 { view: self.with_range(off as usize, 4) })
+        }
+    }
+
+    /// A validated 8-byte atomic in shared memory.
+    #[derive(Clone)]
+    pub struct ShmU64 {
+        view: ShmSlice,
+    }
+    impl Deref for ShmU64 {
+        type Target = AtomicU64;
+        fn deref(&self) -> &AtomicU64 {
+            // SAFETY: `u64_at` checked bounds and 8-byte alignment (the base is 8-aligned), the
+            // mapping lives as long as `view`, `AtomicU64` has no invalid bit patterns, and
+            // shared memory is only ever accessed atomically or by copies.
+            unsafe { &*(self.view.base().as_ptr() as *const AtomicU64) }
+        }
+    }
+
+    /// A validated 4-byte atomic in shared memory.
+    #[derive(Clone)]
+    pub struct ShmU32 {
+        view: ShmSlice,
+    }
+    impl Deref for ShmU32 {
+        type Target = AtomicU32;
+        fn deref(&self) -> &AtomicU32 {
+            // SAFETY: as for `ShmU64`, with 4-byte alignment checked by `u32_at`.
+            unsafe { &*(self.view.base().as_ptr() as *const AtomicU32) }
+        }
+    }
+}
+
+#[cfg(loom)]
+mod imp {
+    //! Loom model of shared memory: control words are loom atomics; data bytes live in loom
+    //! `AtomicU64` words accessed relaxed, so a missing acquire/release in an algorithm shows up
+    //! as stale data. u32 and u64 atomics are kept in separate arrays (they never overlap in
+    //! memloop's layouts).
+    use super::*;
+    use crate::sync::Ordering::Relaxed;
+
+    pub struct Model {
+        words: Vec<AtomicU64>,
+        halves: Vec<AtomicU32>,
+    }
+
+    #[derive(Clone)]
+    pub struct ShmSlice {
+        mem: Arc<Model>,
+        start: usize,
+        len: usize,
+        writable: bool,
+    }
+
+    impl ShmSlice {
+        pub fn new_model(len: usize) -> Self {
+            let len8 = len.div_ceil(8);
+            let mem = Model {
+                words: (0..len8).map(|_| AtomicU64::new(0)).collect(),
+                halves: (0..len8 * 2).map(|_| AtomicU32::new(0)).collect(),
+            };
+            Self { mem: Arc::new(mem), start: 0, len, writable: true }
+        }
+        pub fn new_heap(len: usize) -> Self {
+            Self::new_model(len)
+        }
+        pub(super) fn with_range(&self, off: usize, len: usize) -> Self {
+            Self { start: self.start + off, len, ..self.clone() }
+        }
+        pub fn len(&self) -> usize {
+            self.len
+        }
+        pub fn is_writable(&self) -> bool {
+            self.writable
+        }
+        pub fn read_only(&self) -> Self {
+            Self { writable: false, ..self.clone() }
+        }
+        fn byte_op(&self, abs: usize, f: impl FnOnce(u64, u32) -> Option<u64>) {
+            let w = &self.mem.words[abs / 8];
+            let shift = (abs % 8) as u32 * 8;
+            let cur = w.load(Relaxed);
+            if let Some(new) = f(cur, shift) {
+                w.store(new, Relaxed);
+            }
+        }
+        pub fn write(&self, off: u64, src: &[u8]) -> Result<(), OutOfBounds> {
+            let o = self.check(off, src.len() as u64)?;
+            if !self.writable {
+                return Err(OutOfBounds::ReadOnly);
+            }
+            for (i, b) in src.iter().enumerate() {
+                self.byte_op(self.start + o + i, |cur, s| Some((cur & !(0xff << s)) | ((*b as u64) << s)));
+            }
+            Ok(())
+        }
+        pub fn read(&self, off: u64, dst: &mut [u8]) -> Result<(), OutOfBounds> {
+            let o = self.check(off, dst.len() as u64)?;
+            for (i, d) in dst.iter_mut().enumerate() {
+                self.byte_op(self.start + o + i, |cur, s| {
+                    *d = (cur >> s) as u8;
+                    None
+                });
+            }
+            Ok(())
+        }
+        pub fn fill(&self, off: u64, len: u64, byte: u8) -> Result<(), OutOfBounds> {
+            self.write(off, &vec![byte; len as usize])
+        }
+        pub fn u64_at(&self, off: u64) -> Result<ShmU64, OutOfBounds> {
+            self.check_atomic(off, 8)?;
+            Ok(ShmU64 { mem: self.mem.clone(), idx: (self.start + off as usize) / 8 })
+        }
+        pub fn u32_at(&self, off: u64) -> Result<ShmU32, OutOfBounds> {
+            self.check_atomic(off, 4)?;
+            Ok(ShmU32 { mem: self.mem.clone(), idx: (self.start + off as usize) / 4 })
+        }
+    }
+
+    #[derive(Clone)]
+    pub struct ShmU64 {
+        mem: Arc<Model>,
+        idx: usize,
+    }
+    impl Deref for ShmU64 {
+        type Target = AtomicU64;
+        fn deref(&self) -> &AtomicU64 {
+            &self.mem.words[self.idx]
+        }
+    }
+    #[derive(Clone)]
+    pub struct ShmU32 {
+        mem: Arc<Model>,
+        idx: usize,
+    }
+    impl Deref for ShmU32 {
+        type Target = AtomicU32;
+        fn deref(&self) -> &AtomicU32 {
+            &self.mem.halves[self.idx]
+        }
+    }
+}
+
+pub use imp::{ShmSlice, ShmU32, ShmU64};
+
+impl ShmSlice {
+    /// Validates `[off, off+len)` against the view and returns `off` as a `usize`.
+    fn check(&self, off: u64, len: u64) -> Result<usize, OutOfBounds> {
+        let view = self.len() as u64;
+        match off.checked_add(len) {
+            Some(end) if end <= view => Ok(off as usize),
+            _ => Err(OutOfBounds::Range { off, len, view }),
+        }
+    }
+
+    fn check_atomic(&self, off: u64, align: u64) -> Result<(), OutOfBounds> {
+        self.check(off, align)?;
+        if off % align != 0 {
+            return Err(OutOfBounds::Misaligned { off, align });
+        }
+        Ok(())
+    }
+
+    /// A sub-view `[off, off+len)`; fails if it does not fit. Sub-views keep 8-byte alignment
+    /// only if `off` is a multiple of 8, which atomics accessors re-check relative to the view.
+    pub fn slice(&self, off: u64, len: u64) -> Result<ShmSlice, OutOfBounds> {
+        self.check(off, len)?;
+        if off % 8 != 0 {
+            return Err(OutOfBounds::Misaligned { off, align: 8 });
+        }
+        Ok(self.with_range(off as usize, len as usize))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::sync::Ordering::SeqCst;
+
+    #[test]
+    fn bounds_are_enforced() {
+        let s = ShmSlice::new_heap(128);
+        assert!(s.write(120, &[1; 8]).is_ok());
+        assert!(matches!(s.write(121, &[1; 8]), Err(OutOfBounds::Range { .. })));
+        assert!(matches!(s.read(u64::MAX, &mut [0; 2]), Err(OutOfBounds::Range { .. })));
+        assert!(matches!(s.u64_at(4), Err(OutOfBounds::Misaligned { .. })));
+        assert!(matches!(s.u64_at(128), Err(OutOfBounds::Range { .. })));
+        assert!(s.slice(64, 65).is_err());
+        assert!(matches!(s.read_only().write(0, &[1]), Err(OutOfBounds::ReadOnly)));
+    }
+
+    #[test]
+    fn sub_views_alias_the_same_memory() {
+        let s = ShmSlice::new_heap(256);
+        let sub = s.slice(64, 64).unwrap();
+        sub.u64_at(8).unwrap().store(42, SeqCst);
+        assert_eq!(s.u64_at(72).unwrap().load(SeqCst), 42);
+        sub.write(16, b"hello").unwrap();
+        let mut b = [0u8; 5];
+        s.read(80, &mut b).unwrap();
+        assert_eq!(&b, b"hello");
+        assert!(sub.u32_at(64).is_err());
+    }
+}
