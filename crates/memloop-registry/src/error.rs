@@ -1,0 +1,43 @@
+//! The one error type of the registry. Everything read from the region is untrusted, so most
+//! read paths can fail with [`RegistryError::Corrupt`] instead of panicking.
+
+use memloop_shm::OutOfBounds;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("region is not initialised (magic is zero)")]
+    NotInitialised,
+    #[error("region has a bad magic number {found:#x}")]
+    BadMagic { found: u64 },
+    #[error("region layout version {found} is not the supported version {expected}")]
+    BadVersion { found: u32, expected: u32 },
+    #[error("region header says {header} bytes but the mapping has {actual}")]
+    SizeMismatch { header: u64, actual: u64 },
+    #[error("corrupt registry: {what}: {detail}")]
+    Corrupt { what: &'static str, detail: String },
+    #[error("region full: no free {what}")]
+    RegionFull { what: &'static str },
+    #[error("endpoint already registered")]
+    AddrInUse,
+    #[error("not found")]
+    NotFound,
+    #[error("stale id: the entry was freed or reused")]
+    Stale,
+    #[error("wrong state: expected {expected}, found {found}")]
+    WrongState { expected: &'static str, found: &'static str },
+    #[error(transparent)]
+    Shm(#[from] OutOfBounds),
+    #[error(transparent)]
+    Ring(#[from] memloop_ring::RingError),
+    #[error("invalid parameters: {0}")]
+    InvalidParams(String),
+}
+
+impl RegistryError {
+    pub(crate) fn corrupt(what: &'static str, detail: impl Into<String>) -> Self {
+        RegistryError::Corrupt { what, detail: detail.into() }
+    }
+    pub(crate) fn wrong(expected: &'static str, found: &'static str) -> Self {
+        RegistryError::WrongState { expected, found }
+    }
+}

@@ -1,0 +1,153 @@
+//! The 256-byte ring header: producer line, consumer line, static line, then data.
+//!
+//! Producer and consumer state sit on separate 64-byte cache lines so that publishing an index
+//! only invalidates the line the peer polls. The static line is written once by [`init_ring`]
+//! (magic last, with release) and validated by every `attach`.
+//!
+//! | offset | field |
+//! | --- | --- |
+//! | 0 | tail `u64` (producer index) |
+//! | 8 | writer flags `u32` ([`WFLAG_SHUTDOWN`]) |
+//! | 12 | producer-waiting `u32` |
+//! | 16 | producer futex seq `u32` |
+//! | 64 | head `u64` (consumer index) |
+//! | 72 | reader flags `u32` ([`RFLAG_CLOSED`]) |
+//! | 76 | consumer-waiting `u32` |
+//! | 80 | consumer futex seq `u32` |
+//! | 128 | magic `u64`, 136 kind `u32`, 140 slot size `u32`, 144 capacity `u64` |
+//! | 256 | data (`capacity` bytes) |
+
+use crate::wait::WaitCell;
+use crate::RingError;
+use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release};
+use memloop_shm::{ShmSlice, ShmU32, ShmU64};
+
+/// Bytes of header in front of the data area.
+pub const RING_HEADER_BYTES: u64 = 256;
+/// Marks an initialised ring header ("MLRING01").
+pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"MLRING01");
+/// Writer flag: the producer is done; the consumer sees EOF once it has drained the ring.
+pub const WFLAG_SHUTDOWN: u32 = 1;
+/// Reader flag: the consumer is gone; the producer gets [`RingError::Closed`].
+pub const RFLAG_CLOSED: u32 = 1;
+/// Smallest allowed capacity.
+pub const MIN_CAPACITY: u64 = 64;
+
+const OFF_TAIL: u64 = 0;
+const OFF_WFLAGS: u64 = 8;
+const OFF_PWAIT: u64 = 12;
+const OFF_PSEQ: u64 = 16;
+const OFF_HEAD: u64 = 64;
+const OFF_RFLAGS: u64 = 72;
+const OFF_CWAIT: u64 = 76;
+const OFF_CSEQ: u64 = 80;
+const OFF_MAGIC: u64 = 128;
+const OFF_KIND: u64 = 136;
+const OFF_SLOT: u64 = 140;
+const OFF_CAP: u64 = 144;
+
+/// Total bytes a ring of `capacity` data bytes occupies (saturating on absurd capacities).
+pub fn ring_bytes(capacity: u64) -> u64 {
+    RING_HEADER_BYTES.saturating_add(capacity)
+}
+
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingKind {
+    Stream = 1,
+    Record = 2,
+    Slots = 3,
+}
+
+impl RingKind {
+    fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(RingKind::Stream),
+            2 => Some(RingKind::Record),
+            3 => Some(RingKind::Slots),
+            _ => None,
+        }
+    }
+}
+
+/// Checks capacity and slot size; `None` if fine, else what is wrong.
+fn geometry_problem(kind: RingKind, capacity: u64, slot_size: u32, view_len: u64) -> Option<String> {
+    if !capacity.is_power_of_two() || capacity < MIN_CAPACITY {
+        return Some(format!("capacity {capacity} is not a power of two >= {MIN_CAPACITY}"));
+    }
+    if ring_bytes(capacity) > view_len {
+        return Some(format!("ring of {} bytes does not fit a view of {view_len} bytes", ring_bytes(capacity)));
+    }
+    let s = slot_size as u64;
+    let slot_ok = match kind {
+        RingKind::Slots => s.is_power_of_two() && s <= capacity,
+        _ => s == 0,
+    };
+    (!slot_ok).then(|| format!("slot size {slot_size} is invalid for a {kind:?} ring of capacity {capacity}"))
+}
+
+/// Initialises a ring header in `view` (which must hold at least `ring_bytes(capacity)` bytes).
+/// `capacity` must be a power of two >= 64; for [`RingKind::Slots`] `slot_size` must be a power
+/// of two dividing it, for the other kinds 0. Not to be called while a peer is attached.
+pub fn init_ring(view: &ShmSlice, kind: RingKind, capacity: u64, slot_size: u32) -> Result<(), RingError> {
+    if let Some(p) = geometry_problem(kind, capacity, slot_size, view.len() as u64) {
+        return Err(RingError::Config(p));
+    }
+    // Every field is stored explicitly (no bulk fill: under loom each byte is a modelled access).
+    view.u64_at(OFF_MAGIC)?.store(0, Release);
+    for off in [OFF_WFLAGS, OFF_PWAIT, OFF_PSEQ, OFF_RFLAGS, OFF_CWAIT, OFF_CSEQ] {
+        view.u32_at(off)?.store(0, Relaxed);
+    }
+    view.u64_at(OFF_TAIL)?.store(0, Relaxed);
+    view.u64_at(OFF_HEAD)?.store(0, Relaxed);
+    view.u32_at(OFF_KIND)?.store(kind as u32, Relaxed);
+    view.u32_at(OFF_SLOT)?.store(slot_size, Relaxed);
+    view.u64_at(OFF_CAP)?.store(capacity, Relaxed);
+    view.u64_at(OFF_MAGIC)?.store(RING_MAGIC, Release);
+    Ok(())
+}
+
+/// Handles to every shared field of one ring, validated once at attach.
+pub(crate) struct Header {
+    pub tail: ShmU64,
+    pub wflags: ShmU32,
+    pub head: ShmU64,
+    pub rflags: ShmU32,
+    /// The producer sleeps here (waiting for space); the consumer wakes it.
+    pub prod: WaitCell,
+    /// The consumer sleeps here (waiting for data); the producer wakes it.
+    pub cons: WaitCell,
+    pub data: ShmSlice,
+    pub cap: u64,
+    pub slot_size: u32,
+}
+
+impl Header {
+    /// Validates the static line of `view` against `kind` and the view's size.
+    pub fn attach(view: &ShmSlice, kind: RingKind) -> Result<Self, RingError> {
+        let magic = view.u64_at(OFF_MAGIC)?.load(Acquire);
+        if magic != RING_MAGIC {
+            return Err(RingError::bad_header("magic", format!("{magic:#x}, expected {RING_MAGIC:#x}")));
+        }
+        let raw_kind = view.u32_at(OFF_KIND)?.load(Relaxed);
+        if RingKind::from_u32(raw_kind) != Some(kind) {
+            return Err(RingError::bad_header("kind", format!("{raw_kind}, expected {kind:?} ({})", kind as u32)));
+        }
+        let cap = view.u64_at(OFF_CAP)?.load(Relaxed);
+        let slot_size = view.u32_at(OFF_SLOT)?.load(Relaxed);
+        if let Some(p) = geometry_problem(kind, cap, slot_size, view.len() as u64) {
+            return Err(RingError::bad_header("geometry", p));
+        }
+        Ok(Header {
+            tail: view.u64_at(OFF_TAIL)?,
+            wflags: view.u32_at(OFF_WFLAGS)?,
+            head: view.u64_at(OFF_HEAD)?,
+            rflags: view.u32_at(OFF_RFLAGS)?,
+            prod: WaitCell::new(view.u32_at(OFF_PWAIT)?, view.u32_at(OFF_PSEQ)?),
+            cons: WaitCell::new(view.u32_at(OFF_CWAIT)?, view.u32_at(OFF_CSEQ)?),
+            data: view.slice(RING_HEADER_BYTES, cap)?,
+            cap,
+            slot_size,
+        })
+    }
+}

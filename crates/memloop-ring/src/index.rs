@@ -1,0 +1,226 @@
+//! Index bookkeeping shared by every ring flavour.
+//!
+//! Each side owns its index (the local copy is authoritative, the shared one is only published)
+//! and keeps a cached copy of the peer's index, re-read only when the cache says full/empty.
+//! Every re-read is validated: the peer's index may only move forward, never past ours (or
+//! more than `capacity` ahead of it), and stays a multiple of the flavour's granule.
+
+use crate::header::{Header, RingKind, RFLAG_CLOSED, WFLAG_SHUTDOWN};
+use crate::wait::{block_until, Spinner, WaitPolicy};
+use crate::RingError;
+use memloop_shm::sync::Ordering::{Acquire, Release};
+use memloop_shm::{ShmSlice, ShmU32};
+use std::time::Duration;
+
+/// Validates a (tail, head) pair read at attach time.
+fn check_span(tail: u64, head: u64, h: &Header, granule: u64) -> Result<(), RingError> {
+    let used = tail.wrapping_sub(head);
+    if used > h.cap {
+        return Err(RingError::corrupt("indices", format!("tail {tail} - head {head} exceeds capacity {}", h.cap)));
+    }
+    if tail % granule != 0 || head % granule != 0 {
+        return Err(RingError::corrupt("indices", format!("tail {tail} / head {head} not multiples of {granule}")));
+    }
+    Ok(())
+}
+
+/// Loads a flag word and rejects unknown bits.
+fn load_flags(word: &ShmU32, known: u32, what: &'static str) -> Result<u32, RingError> {
+    let f = word.load(Acquire);
+    if f & !known != 0 {
+        return Err(RingError::corrupt(what, format!("unknown bits in {f:#x}")));
+    }
+    Ok(f)
+}
+
+/// Copies `src` into the data area at ring index `idx`, wrapping at the end.
+pub(crate) fn copy_in(data: &ShmSlice, cap: u64, idx: u64, src: &[u8]) -> Result<(), RingError> {
+    let off = idx & (cap - 1);
+    let first = src.len().min((cap - off) as usize);
+    data.write(off, &src[..first])?;
+    data.write(0, &src[first..])?;
+    Ok(())
+}
+
+/// Copies from the data area at ring index `idx` into `dst`, wrapping at the end.
+pub(crate) fn copy_out(data: &ShmSlice, cap: u64, idx: u64, dst: &mut [u8]) -> Result<(), RingError> {
+    let off = idx & (cap - 1);
+    let first = dst.len().min((cap - off) as usize);
+    let (a, b) = dst.split_at_mut(first);
+    data.read(off, a)?;
+    data.read(0, b)?;
+    Ok(())
+}
+
+/// Producer half: owns `tail`, caches `head`.
+pub(crate) struct ProdCore {
+    pub h: Header,
+    pub tail: u64,
+    head_cache: u64,
+    granule: u64,
+    spinner: Spinner,
+}
+
+impl ProdCore {
+    pub fn attach(view: &ShmSlice, kind: RingKind, granule: u64) -> Result<Self, RingError> {
+        let h = Header::attach(view, kind)?;
+        let granule = granule.max(1);
+        let tail = h.tail.load(Acquire);
+        let head = h.head.load(Acquire);
+        check_span(tail, head, &h, granule)?;
+        Ok(ProdCore { h, tail, head_cache: head, granule, spinner: Spinner::default() })
+    }
+
+    pub fn cap(&self) -> u64 {
+        self.h.cap
+    }
+
+    fn free_cached(&self) -> u64 {
+        self.h.cap - self.tail.wrapping_sub(self.head_cache)
+    }
+
+    /// Re-reads and validates the consumer's head; returns the free space.
+    pub fn refresh(&mut self) -> Result<u64, RingError> {
+        let new = self.h.head.load(Acquire);
+        let moved = new.wrapping_sub(self.head_cache);
+        if moved > self.tail.wrapping_sub(self.head_cache) || new % self.granule != 0 {
+            let detail = format!("head {new} (was {}, tail {})", self.head_cache, self.tail);
+            return Err(RingError::corrupt("consumer head moved backwards or past tail", detail));
+        }
+        self.head_cache = new;
+        Ok(self.free_cached())
+    }
+
+    /// Free space, re-reading the head only if the cache shows less than `want`.
+    pub fn free_for(&mut self, want: u64) -> Result<u64, RingError> {
+        let free = self.free_cached();
+        if free >= want {
+            return Ok(free);
+        }
+        self.refresh()
+    }
+
+    /// Publishes `n` more bytes and wakes the consumer if it sleeps.
+    pub fn publish(&mut self, n: u64) {
+        self.tail = self.tail.wrapping_add(n);
+        self.h.tail.store(self.tail, Release);
+        self.h.cons.notify();
+    }
+
+    /// `Err(Closed)` if the reader is gone, `Corrupt` on garbage flags.
+    pub fn check_open(&self) -> Result<(), RingError> {
+        let f = load_flags(&self.h.rflags, RFLAG_CLOSED, "reader flags")?;
+        if f & RFLAG_CLOSED != 0 {
+            return Err(RingError::Closed);
+        }
+        Ok(())
+    }
+
+    pub fn reader_closed(&self) -> bool {
+        !matches!(self.check_open(), Ok(()))
+    }
+
+    pub fn shutdown(&mut self) {
+        self.h.wflags.fetch_or(WFLAG_SHUTDOWN, Release);
+        self.h.cons.notify();
+    }
+
+    /// Blocks until `ready(self)` or the reader closed.
+    pub fn wait(
+        &mut self,
+        policy: &WaitPolicy,
+        timeout: Duration,
+        mut ready: impl FnMut(&mut Self) -> Result<bool, RingError>,
+    ) -> Result<bool, RingError> {
+        let cell = self.h.prod.clone();
+        let mut spinner = self.spinner;
+        let r = block_until(&cell, &mut spinner, policy, timeout, || match self.check_open() {
+            Err(RingError::Closed) => Ok(true),
+            Err(e) => Err(e),
+            Ok(()) => ready(self),
+        });
+        self.spinner = spinner;
+        r
+    }
+}
+
+/// Consumer half: owns `head`, caches `tail`.
+pub(crate) struct ConsCore {
+    pub h: Header,
+    pub head: u64,
+    tail_cache: u64,
+    granule: u64,
+    spinner: Spinner,
+}
+
+impl ConsCore {
+    pub fn attach(view: &ShmSlice, kind: RingKind, granule: u64) -> Result<Self, RingError> {
+        let h = Header::attach(view, kind)?;
+        let granule = granule.max(1);
+        let head = h.head.load(Acquire);
+        let tail = h.tail.load(Acquire);
+        check_span(tail, head, &h, granule)?;
+        Ok(ConsCore { h, head, tail_cache: tail, granule, spinner: Spinner::default() })
+    }
+
+    pub fn cap(&self) -> u64 {
+        self.h.cap
+    }
+
+    fn avail_cached(&self) -> u64 {
+        self.tail_cache.wrapping_sub(self.head)
+    }
+
+    /// Re-reads and validates the producer's tail; returns the bytes available.
+    pub fn refresh(&mut self) -> Result<u64, RingError> {
+        let new = self.h.tail.load(Acquire);
+        let span = new.wrapping_sub(self.head);
+        if span > self.h.cap || span < self.avail_cached() || new % self.granule != 0 {
+            let detail = format!("tail {new} (was {}, head {}, capacity {})", self.tail_cache, self.head, self.h.cap);
+            return Err(RingError::corrupt("producer tail moved backwards or too far", detail));
+        }
+        self.tail_cache = new;
+        Ok(span)
+    }
+
+    /// Bytes available, re-reading the tail only if the cache shows less than `want`.
+    pub fn avail_for(&mut self, want: u64) -> Result<u64, RingError> {
+        let avail = self.avail_cached();
+        if avail >= want {
+            return Ok(avail);
+        }
+        self.refresh()
+    }
+
+    /// Releases `n` bytes to the producer and wakes it if it sleeps.
+    pub fn consume(&mut self, n: u64) {
+        self.head = self.head.wrapping_add(n);
+        self.h.head.store(self.head, Release);
+        self.h.prod.notify();
+    }
+
+    /// Whether the writer shut down (load before re-reading the tail: acquire makes every
+    /// byte published before the shutdown visible).
+    pub fn writer_shut(&self) -> Result<bool, RingError> {
+        Ok(load_flags(&self.h.wflags, WFLAG_SHUTDOWN, "writer flags")? & WFLAG_SHUTDOWN != 0)
+    }
+
+    pub fn close(&mut self) {
+        self.h.rflags.fetch_or(RFLAG_CLOSED, Release);
+        self.h.prod.notify();
+    }
+
+    /// Blocks until `ready(self)`.
+    pub fn wait(
+        &mut self,
+        policy: &WaitPolicy,
+        timeout: Duration,
+        mut ready: impl FnMut(&mut Self) -> Result<bool, RingError>,
+    ) -> Result<bool, RingError> {
+        let cell = self.h.cons.clone();
+        let mut spinner = self.spinner;
+        let r = block_until(&cell, &mut spinner, policy, timeout, || ready(self));
+        self.spinner = spinner;
+        r
+    }
+}

@@ -1,0 +1,211 @@
+//! Record ring: datagrams with an 8-byte header (`u32 len`, `u32 flags`, little endian).
+//!
+//! Records are padded to 8 bytes and never wrap: a record that would cross the ring end is
+//! preceded by a padding record that runs exactly to the end (XenLoop style), so the consumer
+//! can hand out each record as one contiguous piece. The largest record is `capacity/2 - 8`,
+//! which guarantees that any record fits once the ring has drained, whatever the alignment.
+
+use crate::header::RingKind;
+use crate::index::{ConsCore, ProdCore};
+use crate::wait::WaitPolicy;
+use crate::RingError;
+use memloop_shm::ShmSlice;
+use std::time::Duration;
+
+/// Size of the per-record header.
+pub const RECORD_HEADER_BYTES: u64 = 8;
+/// Record flag: padding up to the ring end, to be skipped.
+pub const RECORD_FLAG_PAD: u32 = 1;
+
+/// What [`RecordConsumer::recv`] delivered: the record's full length and how much of it fit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvInfo {
+    pub len: u64,
+    pub copied: usize,
+}
+
+fn pad8(n: u64) -> u64 {
+    n.div_ceil(8) * 8
+}
+
+fn max_record(cap: u64) -> u64 {
+    cap / 2 - RECORD_HEADER_BYTES
+}
+
+fn encode_hdr(len: u64, flags: u32) -> [u8; 8] {
+    let mut h = [0u8; 8];
+    h[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    h[4..].copy_from_slice(&flags.to_le_bytes());
+    h
+}
+
+/// Sending end of a record ring.
+pub struct RecordProducer {
+    core: ProdCore,
+}
+
+impl RecordProducer {
+    pub fn attach(view: ShmSlice) -> Result<Self, RingError> {
+        Ok(RecordProducer { core: ProdCore::attach(&view, RingKind::Record, 8)? })
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.core.cap()
+    }
+
+    /// Largest record this ring carries: `capacity/2 - 8`.
+    pub fn max_record(&self) -> u64 {
+        max_record(self.core.cap())
+    }
+
+    /// Ring bytes a record of `len` needs at the current tail, padding record included.
+    fn need(&self, len: u64) -> u64 {
+        let cap = self.core.cap();
+        let to_end = cap - (self.core.tail & (cap - 1));
+        let rec = RECORD_HEADER_BYTES + pad8(len);
+        if rec > to_end {
+            to_end + rec
+        } else {
+            rec
+        }
+    }
+
+    /// Sends one record; `Ok(false)` if there is no room right now.
+    pub fn send(&mut self, rec: &[u8]) -> Result<bool, RingError> {
+        self.send_parts(&[rec])
+    }
+
+    /// Sends the concatenation of `parts` as one record.
+    pub fn send_parts(&mut self, parts: &[&[u8]]) -> Result<bool, RingError> {
+        self.core.check_open()?;
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        if len > self.max_record() {
+            return Err(RingError::TooLarge { len, max: self.max_record() });
+        }
+        let need = self.need(len);
+        if self.core.free_for(need)? < need {
+            return Ok(false);
+        }
+        let (data, cap) = (&self.core.h.data, self.core.cap());
+        let mut off = self.core.tail & (cap - 1);
+        if need > RECORD_HEADER_BYTES + pad8(len) {
+            data.write(off, &encode_hdr(cap - off - RECORD_HEADER_BYTES, RECORD_FLAG_PAD))?;
+            off = 0;
+        }
+        data.write(off, &encode_hdr(len, 0))?;
+        let mut at = off + RECORD_HEADER_BYTES;
+        for p in parts {
+            data.write(at, p)?;
+            at += p.len() as u64;
+        }
+        self.core.publish(need);
+        Ok(true)
+    }
+
+    pub fn shutdown(&mut self) {
+        self.core.shutdown();
+    }
+
+    pub fn reader_closed(&self) -> bool {
+        self.core.reader_closed()
+    }
+
+    /// Waits until a record of `len` bytes fits or the reader closed.
+    pub fn wait_writable(&mut self, len: u64, policy: &WaitPolicy, timeout: Duration) -> Result<bool, RingError> {
+        if len > self.max_record() {
+            return Err(RingError::TooLarge { len, max: self.max_record() });
+        }
+        let need = self.need(len);
+        self.core.wait(policy, timeout, |c| Ok(c.free_for(need)? >= need))
+    }
+}
+
+/// Receiving end of a record ring.
+pub struct RecordConsumer {
+    core: ConsCore,
+}
+
+impl RecordConsumer {
+    pub fn attach(view: ShmSlice) -> Result<Self, RingError> {
+        Ok(RecordConsumer { core: ConsCore::attach(&view, RingKind::Record, 8)? })
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.core.cap()
+    }
+
+    pub fn max_record(&self) -> u64 {
+        max_record(self.core.cap())
+    }
+
+    /// Reads and validates the header at `head`; `None` if the ring is empty.
+    fn header(&mut self) -> Result<Option<(u64, u32)>, RingError> {
+        let avail = self.core.avail_for(RECORD_HEADER_BYTES)?;
+        if avail == 0 {
+            return Ok(None);
+        }
+        let off = self.core.head & (self.core.cap() - 1);
+        let mut h = [0u8; 8];
+        self.core.h.data.read(off, &mut h)?;
+        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as u64;
+        let flags = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+        let size = RECORD_HEADER_BYTES + pad8(len);
+        let bad = if flags & !RECORD_FLAG_PAD != 0 {
+            Some("unknown record flags")
+        } else if size > avail {
+            Some("record longer than the published data")
+        } else if flags == RECORD_FLAG_PAD && (off == 0 || off + size != self.core.cap()) {
+            Some("padding record does not end at the ring end")
+        } else if flags == 0 && (len > self.max_record() || off + size > self.core.cap()) {
+            Some("record too long or crossing the ring end")
+        } else {
+            None
+        };
+        match bad {
+            Some(what) => Err(RingError::corrupt(what, format!("len {len} flags {flags:#x} at {off}, {avail} available"))),
+            None => Ok(Some((len, flags))),
+        }
+    }
+
+    /// Length of the next record, skipping (and releasing) a padding record; `None` if empty.
+    pub fn peek_len(&mut self) -> Result<Option<u64>, RingError> {
+        match self.header()? {
+            Some((len, RECORD_FLAG_PAD)) => {
+                self.core.consume(RECORD_HEADER_BYTES + len);
+                // The record after a padding record starts at offset 0, so it is never a pad.
+                match self.header()? {
+                    Some((_, RECORD_FLAG_PAD)) => unreachable!("pad at offset 0 is rejected by header()"),
+                    other => Ok(other.map(|(l, _)| l)),
+                }
+            }
+            other => Ok(other.map(|(l, _)| l)),
+        }
+    }
+
+    /// Receives one record into `dst`: like UDP, copies what fits and reports the full length.
+    pub fn recv(&mut self, dst: &mut [u8]) -> Result<Option<RecvInfo>, RingError> {
+        let Some(len) = self.peek_len()? else { return Ok(None) };
+        let copied = dst.len().min(len as usize);
+        let off = self.core.head & (self.core.cap() - 1);
+        self.core.h.data.read(off + RECORD_HEADER_BYTES, &mut dst[..copied])?;
+        self.core.consume(RECORD_HEADER_BYTES + pad8(len));
+        Ok(Some(RecvInfo { len, copied }))
+    }
+
+    /// True when the writer shut down and every record has been received.
+    pub fn is_eof(&mut self) -> Result<bool, RingError> {
+        if !self.core.writer_shut()? {
+            return Ok(false);
+        }
+        Ok(self.peek_len()?.is_none())
+    }
+
+    pub fn close(&mut self) {
+        self.core.close();
+    }
+
+    /// Waits until a record is available or EOF.
+    pub fn wait_readable(&mut self, policy: &WaitPolicy, timeout: Duration) -> Result<bool, RingError> {
+        self.core.wait(policy, timeout, |c| Ok(c.avail_for(1)? > 0 || c.writer_shut()?))
+    }
+}

@@ -1,0 +1,158 @@
+//! Byte-stream ring: what a TCP connection becomes between co-resident peers.
+//!
+//! Bytes are copied in at `tail`, out at `head`, wrapping freely at the ring end. A write
+//! publishes once however many slices it copied (batching); the consumer's reads likewise.
+//! `shutdown` is the FIN (EOF after draining), `close` by the reader is the RST/EPIPE.
+
+use crate::header::RingKind;
+use crate::index::{copy_in, copy_out, ConsCore, ProdCore};
+use crate::wait::WaitPolicy;
+use crate::RingError;
+use memloop_shm::ShmSlice;
+use std::io::{IoSlice, IoSliceMut};
+use std::time::Duration;
+
+/// Writing end of a byte-stream ring.
+pub struct StreamProducer {
+    core: ProdCore,
+    written: u64,
+}
+
+impl StreamProducer {
+    /// Attaches to an initialised stream ring; validates the header against `view`.
+    pub fn attach(view: ShmSlice) -> Result<Self, RingError> {
+        Ok(StreamProducer { core: ProdCore::attach(&view, RingKind::Stream, 1)?, written: 0 })
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.core.cap()
+    }
+
+    /// Free bytes right now (always re-reads the consumer's index).
+    pub fn free_space(&mut self) -> Result<u64, RingError> {
+        self.core.refresh()
+    }
+
+    /// Copies as much of `src` as fits and publishes it. `Ok(0)` if the ring is full (or `src`
+    /// empty), `Err(Closed)` if the reader closed.
+    pub fn write(&mut self, src: &[u8]) -> Result<usize, RingError> {
+        self.write_vectored(&[IoSlice::new(src)])
+    }
+
+    /// Like [`write`](Self::write) for several slices, with a single publication.
+    pub fn write_vectored(&mut self, srcs: &[IoSlice<'_>]) -> Result<usize, RingError> {
+        self.core.check_open()?;
+        let want: u64 = srcs.iter().map(|s| s.len() as u64).sum();
+        let mut room = self.core.free_for(want)?.min(want);
+        let mut idx = self.core.tail;
+        for s in srcs {
+            let n = (s.len() as u64).min(room);
+            copy_in(&self.core.h.data, self.core.cap(), idx, &s[..n as usize])?;
+            idx = idx.wrapping_add(n);
+            room -= n;
+        }
+        let n = idx.wrapping_sub(self.core.tail);
+        if n > 0 {
+            self.core.publish(n);
+            self.written += n;
+        }
+        Ok(n as usize)
+    }
+
+    /// Writer side done: the consumer reads EOF once it has drained the ring.
+    pub fn shutdown(&mut self) {
+        self.core.shutdown();
+    }
+
+    /// Whether the reader closed (garbage in its flag word counts as closed).
+    pub fn reader_closed(&self) -> bool {
+        self.core.reader_closed()
+    }
+
+    pub fn total_written(&self) -> u64 {
+        self.written
+    }
+
+    /// Waits until at least `min` bytes (clamped to the capacity) are free or the reader closed.
+    pub fn wait_writable(&mut self, min: u64, policy: &WaitPolicy, timeout: Duration) -> Result<bool, RingError> {
+        let min = min.clamp(1, self.capacity());
+        self.core.wait(policy, timeout, |c| Ok(c.free_for(min)? >= min))
+    }
+}
+
+/// Reading end of a byte-stream ring.
+pub struct StreamConsumer {
+    core: ConsCore,
+    read: u64,
+}
+
+impl StreamConsumer {
+    pub fn attach(view: ShmSlice) -> Result<Self, RingError> {
+        Ok(StreamConsumer { core: ConsCore::attach(&view, RingKind::Stream, 1)?, read: 0 })
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.core.cap()
+    }
+
+    /// Bytes readable right now (always re-reads the producer's index).
+    pub fn available(&mut self) -> Result<u64, RingError> {
+        self.core.refresh()
+    }
+
+    /// Copies up to `dst.len()` bytes out and consumes them. `Ok(0)` when nothing is available
+    /// (see [`is_eof`](Self::is_eof)).
+    pub fn read(&mut self, dst: &mut [u8]) -> Result<usize, RingError> {
+        self.read_vectored(&mut [IoSliceMut::new(dst)])
+    }
+
+    /// Like [`read`](Self::read) into several buffers, releasing the space once.
+    pub fn read_vectored(&mut self, dsts: &mut [IoSliceMut<'_>]) -> Result<usize, RingError> {
+        let n = self.copy_out(dsts)?;
+        if n > 0 {
+            self.core.consume(n);
+            self.read += n;
+        }
+        Ok(n as usize)
+    }
+
+    /// Like [`read`](Self::read) but leaves the bytes in the ring (`MSG_PEEK`).
+    pub fn peek(&mut self, dst: &mut [u8]) -> Result<usize, RingError> {
+        Ok(self.copy_out(&mut [IoSliceMut::new(dst)])? as usize)
+    }
+
+    fn copy_out(&mut self, dsts: &mut [IoSliceMut<'_>]) -> Result<u64, RingError> {
+        let want: u64 = dsts.iter().map(|d| d.len() as u64).sum();
+        let mut left = self.core.avail_for(want)?.min(want);
+        let mut idx = self.core.head;
+        for d in dsts.iter_mut() {
+            let n = (d.len() as u64).min(left);
+            copy_out(&self.core.h.data, self.core.cap(), idx, &mut d[..n as usize])?;
+            idx = idx.wrapping_add(n);
+            left -= n;
+        }
+        Ok(idx.wrapping_sub(self.core.head))
+    }
+
+    /// True when the writer shut down and every byte has been consumed.
+    pub fn is_eof(&mut self) -> Result<bool, RingError> {
+        if !self.core.writer_shut()? {
+            return Ok(false);
+        }
+        Ok(self.core.refresh()? == 0)
+    }
+
+    /// Reader gone: the producer's next write fails with [`RingError::Closed`].
+    pub fn close(&mut self) {
+        self.core.close();
+    }
+
+    pub fn total_read(&self) -> u64 {
+        self.read
+    }
+
+    /// Waits until data is available or EOF.
+    pub fn wait_readable(&mut self, policy: &WaitPolicy, timeout: Duration) -> Result<bool, RingError> {
+        self.core.wait(policy, timeout, |c| Ok(c.avail_for(1)? > 0 || c.writer_shut()?))
+    }
+}

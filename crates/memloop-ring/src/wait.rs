@@ -1,0 +1,231 @@
+//! Spin briefly, then sleep; wake the peer only when it asked (Fido).
+//!
+//! Two kernels may share the memory but not a kernel object (C3), so a futex is only an
+//! optimisation: every sleep is bounded by `max_sleep` and the waiter always re-checks. The
+//! waiter/notifier handshake is a Dekker pattern with a `SeqCst` fence on each side:
+//!
+//! - waiter: `old = seq`; `waiting = 1`; fence; re-check condition; sleep while `seq == old`;
+//! - notifier: publish index (release); fence; if `waiting` then swap it to 0, `seq += 1`, wake.
+//!
+//! Either the waiter's re-check sees the published index or the notifier sees `waiting == 1`
+//! and bumps `seq`, which makes the futex wait return at once: no wake-up is lost.
+
+use crate::RingError;
+use memloop_shm::futex;
+use memloop_shm::sync::{self, fence, Ordering::*};
+use memloop_shm::ShmU32;
+use std::time::Duration;
+
+/// How a waiter sleeps once its spin window is over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WakeMode {
+    /// The peer runs on the same kernel: sleep on a futex, the peer wakes it.
+    Futex,
+    /// The peer is in another kernel (another VM): no shared kernel object, so sleep with an
+    /// exponential back-off up to `max_sleep` and poll.
+    SleepPoll,
+}
+
+/// How long to spin and how long a single sleep may last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitPolicy {
+    pub mode: WakeMode,
+    /// Maximum spin window before sleeping (adapted down when spinning keeps failing).
+    pub spin: Duration,
+    /// Longest single sleep: bounds the cost of a missed or impossible wake-up.
+    pub max_sleep: Duration,
+}
+
+impl Default for WaitPolicy {
+    fn default() -> Self {
+        WaitPolicy { mode: WakeMode::Futex, spin: Duration::from_micros(50), max_sleep: Duration::from_millis(50) }
+    }
+}
+
+impl WaitPolicy {
+    /// Polling policy for peers in another kernel: 50 µs spin, sleeps of at most 10 ms.
+    pub fn sleep_poll() -> Self {
+        WaitPolicy { mode: WakeMode::SleepPoll, spin: Duration::from_micros(50), max_sleep: Duration::from_millis(10) }
+    }
+}
+
+/// One side's "I am sleeping" flag and futex sequence word.
+#[derive(Clone)]
+pub(crate) struct WaitCell {
+    waiting: ShmU32,
+    seq: ShmU32,
+}
+
+impl WaitCell {
+    pub fn new(waiting: ShmU32, seq: ShmU32) -> Self {
+        WaitCell { waiting, seq }
+    }
+
+    /// Notifier side, called after publishing: wake the waiter only if it armed its flag.
+    pub fn notify(&self) {
+        fence(SeqCst);
+        if self.waiting.load(Relaxed) != 0 && self.waiting.swap(0, SeqCst) != 0 {
+            self.seq.fetch_add(1, SeqCst);
+            futex::wake(&self.seq, u32::MAX);
+        }
+    }
+
+    /// Waiter side: announce the sleep. The caller must re-check its condition afterwards and
+    /// then sleep on the returned sequence value.
+    pub fn arm(&self) -> u32 {
+        let old = self.seq.load(SeqCst);
+        self.waiting.store(1, SeqCst);
+        fence(SeqCst);
+        old
+    }
+
+    pub fn disarm(&self) {
+        self.waiting.store(0, Relaxed);
+    }
+
+    /// Current sequence value (tests and models).
+    pub fn seq(&self) -> u32 {
+        self.seq.load(SeqCst)
+    }
+
+    fn sleep(&self, old: u32, policy: &WaitPolicy, dur: Duration, backoff: &mut Duration) {
+        match policy.mode {
+            WakeMode::Futex => futex::wait(&self.seq, old, dur.min(policy.max_sleep)),
+            WakeMode::SleepPoll => {
+                pause(dur.min(*backoff).min(policy.max_sleep));
+                *backoff = backoff.saturating_mul(2).min(policy.max_sleep.max(MIN_BACKOFF));
+            }
+        }
+    }
+}
+
+const MIN_BACKOFF: Duration = Duration::from_micros(20);
+/// Spin hints between two `yield_now` calls while spinning.
+const SPINS_PER_YIELD: u32 = 32;
+
+#[cfg(not(loom))]
+fn pause(d: Duration) {
+    std::thread::sleep(d);
+}
+#[cfg(loom)]
+fn pause(_d: Duration) {
+    sync::yield_now();
+}
+
+/// Elapsed time. Under loom it must be deterministic, so every reading advances a virtual
+/// clock by 1 ms instead.
+struct Clock {
+    #[cfg(not(loom))]
+    start: std::time::Instant,
+    #[cfg(loom)]
+    ticks: std::cell::Cell<u32>,
+}
+
+impl Clock {
+    #[cfg(not(loom))]
+    fn start() -> Self {
+        Clock { start: std::time::Instant::now() }
+    }
+    #[cfg(not(loom))]
+    fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+    #[cfg(loom)]
+    fn start() -> Self {
+        Clock { ticks: std::cell::Cell::new(0) }
+    }
+    #[cfg(loom)]
+    fn elapsed(&self) -> Duration {
+        self.ticks.set(self.ticks.get() + 1);
+        Duration::from_millis(self.ticks.get() as u64)
+    }
+}
+
+/// Adaptive spin window, kept per producer/consumer: halves when spinning fails (the peer is
+/// slow, sleeping is cheaper), doubles back towards the policy's maximum when it succeeds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Spinner {
+    window: Duration,
+}
+
+impl Default for Spinner {
+    fn default() -> Self {
+        Spinner { window: Duration::MAX }
+    }
+}
+
+impl Spinner {
+    fn current(&self, policy: &WaitPolicy) -> Duration {
+        self.window.min(policy.spin)
+    }
+    fn hit(&mut self, policy: &WaitPolicy) {
+        self.window = self.current(policy).saturating_mul(2).max(Duration::from_micros(1)).min(policy.spin);
+    }
+    fn miss(&mut self, policy: &WaitPolicy) {
+        self.window = (self.current(policy) / 2).max(policy.spin / 16);
+    }
+    #[cfg(test)]
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+}
+
+/// Waits until `ready()` is true (→ `Ok(true)`) or `timeout` passes (→ `Ok(false)`).
+pub(crate) fn block_until(
+    cell: &WaitCell,
+    spinner: &mut Spinner,
+    policy: &WaitPolicy,
+    timeout: Duration,
+    mut ready: impl FnMut() -> Result<bool, RingError>,
+) -> Result<bool, RingError> {
+    let clock = Clock::start();
+    if spin(&clock, spinner, policy, timeout, &mut ready)? {
+        return Ok(true);
+    }
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let old = cell.arm();
+        let outcome = match ready() {
+            Ok(false) => None,
+            other => Some(other),
+        };
+        let left = timeout.saturating_sub(clock.elapsed());
+        if outcome.is_none() && !left.is_zero() {
+            cell.sleep(old, policy, left, &mut backoff);
+        }
+        cell.disarm();
+        match outcome {
+            Some(r) => return r,
+            None if left.is_zero() => return Ok(false),
+            None => {}
+        }
+    }
+}
+
+/// The bounded spin phase; yields regularly so the peer can run on a 2-core machine.
+fn spin(
+    clock: &Clock,
+    spinner: &mut Spinner,
+    policy: &WaitPolicy,
+    timeout: Duration,
+    ready: &mut impl FnMut() -> Result<bool, RingError>,
+) -> Result<bool, RingError> {
+    let window = spinner.current(policy).min(timeout);
+    let mut i = 0u32;
+    loop {
+        if ready()? {
+            spinner.hit(policy);
+            return Ok(true);
+        }
+        if clock.elapsed() >= window {
+            spinner.miss(policy);
+            return Ok(false);
+        }
+        i = i.wrapping_add(1);
+        if i % SPINS_PER_YIELD == 0 {
+            sync::yield_now();
+        } else {
+            sync::spin_hint();
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! A process's membership in a region.
+//!
+//! Joining registers our identity; a background thread bumps our heartbeat (only members in
+//! other kernels need it, but it costs one wake-up per period). Dropping the last handle leaves
+//! the region. Any member may reclaim the members it finds dead.
+
+use crate::error::Error;
+use crate::identity;
+use crate::liveness::{Liveness, HEARTBEAT_PERIOD};
+use crate::region::{CreateRegion, Region, RegionSpec};
+use memloop_registry::{MemberId, MemberIdentity, RegistryError};
+use memloop_ring::{WaitPolicy, WakeMode};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// A handle on our membership; cheap to clone.
+#[derive(Clone)]
+pub struct Node {
+    pub(crate) inner: Arc<NodeInner>,
+}
+
+pub(crate) struct NodeInner {
+    pub(crate) region: Region,
+    pub(crate) id: MemberId,
+    pub(crate) liveness: Liveness,
+}
+
+impl Node {
+    /// Joins `region` under `name` (empty: the process name).
+    pub fn join(region: Region, name: &str) -> Result<Node, Error> {
+        let ident = identity::current(name);
+        let liveness = Liveness::default();
+        let id = join_reclaiming(&region, &ident, &liveness)?;
+        let inner = Arc::new(NodeInner { region, id, liveness });
+        inner.reclaim_dead();
+        spawn_heartbeat(Arc::downgrade(&inner));
+        tracing::debug!(?id, "joined region");
+        Ok(Node { inner })
+    }
+
+    /// Joins the region named by `MEMLOOP_REGION` (default "default"), creating it if needed.
+    pub fn join_default(name: &str) -> Result<Node, Error> {
+        let region = Region::open_or_create(&RegionSpec::from_env(), &CreateRegion::default())?;
+        Self::join(region, name)
+    }
+
+    pub fn id(&self) -> MemberId {
+        self.inner.id
+    }
+    pub fn region(&self) -> &Region {
+        &self.inner.region
+    }
+    /// Reclaims every member found dead; returns how many.
+    pub fn reclaim_dead(&self) -> usize {
+        self.inner.reclaim_dead()
+    }
+}
+
+/// Joins; if the member table is full, reclaims the dead and tries once more.
+fn join_reclaiming(region: &Region, ident: &MemberIdentity, live: &Liveness) -> Result<MemberId, Error> {
+    match region.registry().join(ident) {
+        Err(RegistryError::RegionFull { .. }) => {
+            let reg = region.registry();
+            for m in reg.members() {
+                if !live.is_alive(&m) {
+                    // No member id of our own yet: reclaim on behalf of the dead member itself.
+                    let _ = reg.reclaim(m.id, m.id);
+                }
+            }
+            Ok(reg.join(ident)?)
+        }
+        other => Ok(other?),
+    }
+}
+
+fn spawn_heartbeat(node: Weak<NodeInner>) {
+    let spawned = std::thread::Builder::new().name("memloop-heartbeat".into()).spawn(move || loop {
+        std::thread::sleep(HEARTBEAT_PERIOD);
+        let Some(n) = node.upgrade() else { return };
+        if n.region.registry().heartbeat(n.id).is_err() {
+            return;
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start heartbeat thread: {e}");
+    }
+}
+
+impl NodeInner {
+    pub(crate) fn reclaim_dead(&self) -> usize {
+        let reg = self.region.registry();
+        let dead = reg.members().into_iter().filter(|m| m.id != self.id && !self.liveness.is_alive(m));
+        dead.filter(|m| reg.reclaim(m.id, self.id).is_ok()).count()
+    }
+
+    /// Is `peer` alive? Reclaims it if not (so its channels are marked dead for everyone).
+    pub(crate) fn check_peer(&self, peer: MemberId) -> bool {
+        let reg = self.region.registry();
+        match reg.member(peer) {
+            Ok(info) if self.liveness.is_alive(&info) => true,
+            Ok(_) => {
+                tracing::debug!(?peer, "peer found dead: reclaiming");
+                let _ = reg.reclaim(peer, self.id);
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Futex wake-ups only work with a peer in our kernel; otherwise poll with back-off.
+    pub(crate) fn wait_policy(&self, peer: MemberId) -> WaitPolicy {
+        let same = match self.region.registry().member(peer) {
+            Ok(info) => self.liveness.same_kernel(&info.identity),
+            Err(_) => true,
+        };
+        let mode = if same { WakeMode::Futex } else { WakeMode::SleepPoll };
+        WaitPolicy { mode, max_sleep: Duration::from_millis(if same { 100 } else { 5 }), ..WaitPolicy::default() }
+    }
+}
+
+impl Drop for NodeInner {
+    fn drop(&mut self) {
+        let _ = self.region.registry().leave(self.id);
+    }
+}

@@ -1,0 +1,218 @@
+//! Opening, creating and destroying regions by name or path.
+//!
+//! Creation race: the file is created with O_EXCL, so exactly one process sizes and initialises
+//! it, holding an exclusive `flock` meanwhile. Everyone else opens the file, takes a shared lock
+//! (which waits for the initialiser) and attaches. If the initialiser died before writing the
+//! magic, the next opener finds the lock free and the magic absent, and initialises it itself.
+//! Devices (an ivshmem BAR inside a guest) cannot be created or locked across kernels: they are
+//! initialised by the host and only attached here, unless explicitly initialised.
+
+use crate::error::Error;
+use memloop_registry::{RegionParams, Registry, RegistryError};
+use memloop_shm::{Backend, CreateOptions, Mapping, MappingError};
+use rustix::fs::{flock, FlockOperation};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Where a region lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegionSpec {
+    /// `/dev/shm/memloop-NAME` (the default back-end).
+    Named(String),
+    /// A regular file at this path (e.g. on another tmpfs).
+    File(PathBuf),
+    /// A file on a hugetlbfs mount.
+    Hugetlbfs(PathBuf),
+    /// Any mappable file or device, e.g. `/sys/bus/pci/devices/0000:00:04.0/resource2`.
+    Device(PathBuf),
+}
+
+impl RegionSpec {
+    /// The region named by `MEMLOOP_REGION` (a name, or a path if it contains '/'), else "default".
+    pub fn from_env() -> Self {
+        Self::parse(&std::env::var("MEMLOOP_REGION").unwrap_or_else(|_| "default".into()))
+    }
+
+    /// A name, or a path if it contains '/': a path on hugetlbfs is [`Self::Hugetlbfs`], a path
+    /// under /sys or /dev (except /dev/shm) is a [`Self::Device`], anything else a [`Self::File`].
+    pub fn parse(s: &str) -> Self {
+        if !s.contains('/') {
+            return Self::Named(s.to_string());
+        }
+        let p = PathBuf::from(s);
+        if is_hugetlbfs(&p) {
+            Self::Hugetlbfs(p)
+        } else if p.starts_with("/sys") || (p.starts_with("/dev") && !p.starts_with("/dev/shm")) {
+            Self::Device(p)
+        } else {
+            Self::File(p)
+        }
+    }
+
+    pub fn path(&self) -> PathBuf {
+        match self {
+            Self::Named(n) => PathBuf::from(format!("/dev/shm/memloop-{n}")),
+            Self::File(p) | Self::Hugetlbfs(p) | Self::Device(p) => p.clone(),
+        }
+    }
+
+    fn backend(&self) -> Backend {
+        match self {
+            Self::Named(_) | Self::File(_) => Backend::File,
+            Self::Hugetlbfs(_) => Backend::Hugetlbfs,
+            Self::Device(_) => Backend::Device,
+        }
+    }
+}
+
+fn is_hugetlbfs(p: &Path) -> bool {
+    let dir = p.parent().unwrap_or(p);
+    rustix::fs::statfs(dir).map(|s| s.f_type as i64 == 0x958458f6).unwrap_or(false)
+}
+
+/// Options for creating a region.
+#[derive(Debug, Clone)]
+pub struct CreateRegion {
+    pub params: RegionParams,
+    pub mode: u32,
+    pub gid: Option<u32>,
+}
+
+impl Default for CreateRegion {
+    fn default() -> Self {
+        Self { params: RegionParams::default(), mode: 0o660, gid: None }
+    }
+}
+
+/// An attached region: the mapping and the registry inside it.
+#[derive(Clone)]
+pub struct Region {
+    spec: RegionSpec,
+    mapping: Arc<Mapping>,
+    registry: Registry,
+}
+
+/// How long an opener waits for a concurrent creator to size and initialise the file.
+const INIT_WAIT: Duration = Duration::from_secs(5);
+
+impl Region {
+    /// Opens an existing region; fails with [`Error::NoRegion`] if there is none.
+    pub fn open(spec: &RegionSpec) -> Result<Self, Error> {
+        let mapping = Self::map_existing(spec)?;
+        let registry = if spec.backend() == Backend::Device {
+            Registry::attach(mapping.view())?
+        } else {
+            attach_or_finish_init(&mapping, None)?
+        };
+        Ok(Self { spec: spec.clone(), mapping, registry })
+    }
+
+    /// Creates the region if it does not exist (exactly one concurrent caller initialises it),
+    /// else opens it. For devices, initialises the memory if it holds no region yet.
+    pub fn open_or_create(spec: &RegionSpec, opts: &CreateRegion) -> Result<Self, Error> {
+        opts.params.validate()?;
+        if spec.backend() == Backend::Device {
+            return Self::init_device(spec, opts, false);
+        }
+        let path = spec.path();
+        let copts = CreateOptions { size: opts.params.size, mode: opts.mode, gid: opts.gid };
+        match Mapping::create_new(&path, spec.backend(), &copts) {
+            Ok(mapping) => {
+                let registry = init_locked(&mapping, &opts.params)?;
+                tracing::debug!(path = %path.display(), "created region");
+                Ok(Self { spec: spec.clone(), mapping, registry })
+            }
+            Err(MappingError::Exists { .. }) => {
+                let mapping = Self::map_existing(spec)?;
+                let registry = attach_or_finish_init(&mapping, Some(&opts.params))?;
+                Ok(Self { spec: spec.clone(), mapping, registry })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Initialises a device-backed region; with `force`, even over an existing one.
+    pub fn init_device(spec: &RegionSpec, opts: &CreateRegion, force: bool) -> Result<Self, Error> {
+        let mapping = Mapping::open(&spec.path(), Backend::Device, true)?;
+        let registry = match Registry::attach(mapping.view()) {
+            Ok(r) if !force => r,
+            _ => {
+                let params = RegionParams { size: mapping.len() as u64, ..opts.params.clone() };
+                mapping.view().fill(0, mapping.len() as u64, 0)?;
+                Registry::init(mapping.view(), &params)?
+            }
+        };
+        Ok(Self { spec: spec.clone(), mapping, registry })
+    }
+
+    fn map_existing(spec: &RegionSpec) -> Result<Arc<Mapping>, Error> {
+        let path = spec.path();
+        let deadline = Instant::now() + INIT_WAIT;
+        loop {
+            match Mapping::open(&path, spec.backend(), true) {
+                // A creator has made the file but not sized it yet.
+                Err(MappingError::Empty { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(MappingError::NotFound { .. }) => return Err(Error::NoRegion(path)),
+                other => return Ok(other?),
+            }
+        }
+    }
+
+    /// Removes the region's file. Members that have it mapped keep their mapping until they exit.
+    pub fn destroy(spec: &RegionSpec) -> Result<(), Error> {
+        if spec.backend() == Backend::Device {
+            let mapping = Mapping::open(&spec.path(), Backend::Device, true)?;
+            mapping.view().fill(0, mapping.len() as u64, 0)?;
+            return Ok(());
+        }
+        std::fs::remove_file(spec.path()).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::NoRegion(spec.path()),
+            _ => Error::Io(e),
+        })
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+    pub fn spec(&self) -> &RegionSpec {
+        &self.spec
+    }
+    pub fn path(&self) -> &Path {
+        self.mapping.path()
+    }
+    pub fn size(&self) -> u64 {
+        self.mapping.len() as u64
+    }
+}
+
+/// Initialises a freshly created file under an exclusive lock.
+fn init_locked(mapping: &Arc<Mapping>, params: &RegionParams) -> Result<Registry, Error> {
+    flock(mapping.file(), FlockOperation::LockExclusive).map_err(|e| Error::Io(e.into()))?;
+    let r = Registry::init(mapping.view(), params);
+    let _ = flock(mapping.file(), FlockOperation::Unlock);
+    Ok(r?)
+}
+
+/// Attaches to a region some other process created; waits for its initialiser (via the lock)
+/// and takes over initialisation if that process died first (lock free, magic absent).
+fn attach_or_finish_init(mapping: &Arc<Mapping>, params: Option<&RegionParams>) -> Result<Registry, Error> {
+    match Registry::attach(mapping.view()) {
+        Err(RegistryError::NotInitialised) => {}
+        other => return Ok(other?),
+    }
+    flock(mapping.file(), FlockOperation::LockExclusive).map_err(|e| Error::Io(e.into()))?;
+    let result = match Registry::attach(mapping.view()) {
+        Err(RegistryError::NotInitialised) => {
+            tracing::debug!(path = %mapping.path().display(), "initialiser died: finishing init");
+            let size = mapping.len() as u64;
+            let params = RegionParams { size, ..params.cloned().unwrap_or_default() };
+            mapping.view().fill(0, size, 0).map_err(Error::from).and_then(|_| Ok(Registry::init(mapping.view(), &params)?))
+        }
+        other => other.map_err(Error::from),
+    };
+    let _ = flock(mapping.file(), FlockOperation::Unlock);
+    result
+}

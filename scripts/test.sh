@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The test command of the README (and of CI): formatting, lints, unit + cross-process tests in
+# release mode, then the loom models. `scripts/test.sh --slow` adds the long suites.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+command -v cargo >/dev/null || { curl -sSf https://sh.rustup.rs | sh -s -- -y; . "$HOME/.cargo/env"; }
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+
+slow=0
+[ "${1:-}" = "--slow" ] && slow=1
+
+echo "== fmt + clippy"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --release -- -D warnings
+
+echo "== tests (release)"
+if [ $slow = 1 ]; then
+  export MEMLOOP_STRESS_BYTES=${MEMLOOP_STRESS_BYTES:-4000000000}
+  export MEMLOOP_KILL_TRIALS=${MEMLOOP_KILL_TRIALS:-1000}
+  export PROPTEST_CASES=${PROPTEST_CASES:-2000}
+else
+  # ≥ 10^9 checksummed bytes and ≥ 200 SIGKILL trials even in the fast tier.
+  export MEMLOOP_STRESS_BYTES=${MEMLOOP_STRESS_BYTES:-1000000000}
+  export MEMLOOP_KILL_TRIALS=${MEMLOOP_KILL_TRIALS:-200}
+fi
+cargo test --workspace --release
+
+echo "== loom models"
+LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-2} RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+  cargo test --release -p memloop-ring -p memloop-registry -p memloop-shm
+
+echo "== all tests passed"
