@@ -15,7 +15,9 @@ pub enum RingError {
     #[error("bad ring header: {what}: {detail}")]
     BadHeader { what: &'static str, detail: String },
     /// A record longer than the ring can ever hold (records: `capacity/2 - 8`).
-    #[error("record of {len} bytes is too large: at most {max} bytes (capacity/2 - 8) fit this ring")]
+    #[error(
+        "record of {len} bytes is too large: at most {max} bytes (capacity/2 - 8) fit this ring"
+    )]
     TooLarge { len: u64, max: u64 },
     /// A slot ring was given a buffer that is not exactly one (or a whole number of) slot(s).
     #[error("slot ring: buffer of {len} bytes does not match the slot size of {slot_size} bytes")]

@@ -33,18 +33,19 @@ pub const RFLAG_CLOSED: u32 = 1;
 /// Smallest allowed capacity.
 pub const MIN_CAPACITY: u64 = 64;
 
-const OFF_TAIL: u64 = 0;
-const OFF_WFLAGS: u64 = 8;
-const OFF_PWAIT: u64 = 12;
-const OFF_PSEQ: u64 = 16;
-const OFF_HEAD: u64 = 64;
-const OFF_RFLAGS: u64 = 72;
-const OFF_CWAIT: u64 = 76;
-const OFF_CSEQ: u64 = 80;
-const OFF_MAGIC: u64 = 128;
-const OFF_KIND: u64 = 136;
-const OFF_SLOT: u64 = 140;
-const OFF_CAP: u64 = 144;
+/// Field offsets inside the header (see the table above).
+pub const OFF_TAIL: u64 = 0;
+pub const OFF_WFLAGS: u64 = 8;
+pub const OFF_PWAIT: u64 = 12;
+pub const OFF_PSEQ: u64 = 16;
+pub const OFF_HEAD: u64 = 64;
+pub const OFF_RFLAGS: u64 = 72;
+pub const OFF_CWAIT: u64 = 76;
+pub const OFF_CSEQ: u64 = 80;
+pub const OFF_MAGIC: u64 = 128;
+pub const OFF_KIND: u64 = 136;
+pub const OFF_SLOT: u64 = 140;
+pub const OFF_CAP: u64 = 144;
 
 /// Total bytes a ring of `capacity` data bytes occupies (saturating on absurd capacities).
 pub fn ring_bytes(capacity: u64) -> u64 {
@@ -71,31 +72,50 @@ impl RingKind {
 }
 
 /// Checks capacity and slot size; `None` if fine, else what is wrong.
-fn geometry_problem(kind: RingKind, capacity: u64, slot_size: u32, view_len: u64) -> Option<String> {
+fn geometry_problem(
+    kind: RingKind,
+    capacity: u64,
+    slot_size: u32,
+    view_len: u64,
+) -> Option<String> {
     if !capacity.is_power_of_two() || capacity < MIN_CAPACITY {
-        return Some(format!("capacity {capacity} is not a power of two >= {MIN_CAPACITY}"));
+        return Some(format!(
+            "capacity {capacity} is not a power of two >= {MIN_CAPACITY}"
+        ));
     }
     if ring_bytes(capacity) > view_len {
-        return Some(format!("ring of {} bytes does not fit a view of {view_len} bytes", ring_bytes(capacity)));
+        return Some(format!(
+            "ring of {} bytes does not fit a view of {view_len} bytes",
+            ring_bytes(capacity)
+        ));
     }
     let s = slot_size as u64;
     let slot_ok = match kind {
         RingKind::Slots => s.is_power_of_two() && s <= capacity,
         _ => s == 0,
     };
-    (!slot_ok).then(|| format!("slot size {slot_size} is invalid for a {kind:?} ring of capacity {capacity}"))
+    (!slot_ok).then(|| {
+        format!("slot size {slot_size} is invalid for a {kind:?} ring of capacity {capacity}")
+    })
 }
 
 /// Initialises a ring header in `view` (which must hold at least `ring_bytes(capacity)` bytes).
 /// `capacity` must be a power of two >= 64; for [`RingKind::Slots`] `slot_size` must be a power
 /// of two dividing it, for the other kinds 0. Not to be called while a peer is attached.
-pub fn init_ring(view: &ShmSlice, kind: RingKind, capacity: u64, slot_size: u32) -> Result<(), RingError> {
+pub fn init_ring(
+    view: &ShmSlice,
+    kind: RingKind,
+    capacity: u64,
+    slot_size: u32,
+) -> Result<(), RingError> {
     if let Some(p) = geometry_problem(kind, capacity, slot_size, view.len() as u64) {
         return Err(RingError::Config(p));
     }
     // Every field is stored explicitly (no bulk fill: under loom each byte is a modelled access).
     view.u64_at(OFF_MAGIC)?.store(0, Release);
-    for off in [OFF_WFLAGS, OFF_PWAIT, OFF_PSEQ, OFF_RFLAGS, OFF_CWAIT, OFF_CSEQ] {
+    for off in [
+        OFF_WFLAGS, OFF_PWAIT, OFF_PSEQ, OFF_RFLAGS, OFF_CWAIT, OFF_CSEQ,
+    ] {
         view.u32_at(off)?.store(0, Relaxed);
     }
     view.u64_at(OFF_TAIL)?.store(0, Relaxed);
@@ -127,11 +147,17 @@ impl Header {
     pub fn attach(view: &ShmSlice, kind: RingKind) -> Result<Self, RingError> {
         let magic = view.u64_at(OFF_MAGIC)?.load(Acquire);
         if magic != RING_MAGIC {
-            return Err(RingError::bad_header("magic", format!("{magic:#x}, expected {RING_MAGIC:#x}")));
+            return Err(RingError::bad_header(
+                "magic",
+                format!("{magic:#x}, expected {RING_MAGIC:#x}"),
+            ));
         }
         let raw_kind = view.u32_at(OFF_KIND)?.load(Relaxed);
         if RingKind::from_u32(raw_kind) != Some(kind) {
-            return Err(RingError::bad_header("kind", format!("{raw_kind}, expected {kind:?} ({})", kind as u32)));
+            return Err(RingError::bad_header(
+                "kind",
+                format!("{raw_kind}, expected {kind:?} ({})", kind as u32),
+            ));
         }
         let cap = view.u64_at(OFF_CAP)?.load(Relaxed);
         let slot_size = view.u32_at(OFF_SLOT)?.load(Relaxed);

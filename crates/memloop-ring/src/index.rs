@@ -16,10 +16,16 @@ use std::time::Duration;
 fn check_span(tail: u64, head: u64, h: &Header, granule: u64) -> Result<(), RingError> {
     let used = tail.wrapping_sub(head);
     if used > h.cap {
-        return Err(RingError::corrupt("indices", format!("tail {tail} - head {head} exceeds capacity {}", h.cap)));
+        return Err(RingError::corrupt(
+            "indices",
+            format!("tail {tail} - head {head} exceeds capacity {}", h.cap),
+        ));
     }
     if tail % granule != 0 || head % granule != 0 {
-        return Err(RingError::corrupt("indices", format!("tail {tail} / head {head} not multiples of {granule}")));
+        return Err(RingError::corrupt(
+            "indices",
+            format!("tail {tail} / head {head} not multiples of {granule}"),
+        ));
     }
     Ok(())
 }
@@ -43,7 +49,12 @@ pub(crate) fn copy_in(data: &ShmSlice, cap: u64, idx: u64, src: &[u8]) -> Result
 }
 
 /// Copies from the data area at ring index `idx` into `dst`, wrapping at the end.
-pub(crate) fn copy_out(data: &ShmSlice, cap: u64, idx: u64, dst: &mut [u8]) -> Result<(), RingError> {
+pub(crate) fn copy_out(
+    data: &ShmSlice,
+    cap: u64,
+    idx: u64,
+    dst: &mut [u8],
+) -> Result<(), RingError> {
     let off = idx & (cap - 1);
     let first = dst.len().min((cap - off) as usize);
     let (a, b) = dst.split_at_mut(first);
@@ -68,7 +79,13 @@ impl ProdCore {
         let tail = h.tail.load(Acquire);
         let head = h.head.load(Acquire);
         check_span(tail, head, &h, granule)?;
-        Ok(ProdCore { h, tail, head_cache: head, granule, spinner: Spinner::default() })
+        Ok(ProdCore {
+            h,
+            tail,
+            head_cache: head,
+            granule,
+            spinner: Spinner::default(),
+        })
     }
 
     pub fn cap(&self) -> u64 {
@@ -85,7 +102,10 @@ impl ProdCore {
         let moved = new.wrapping_sub(self.head_cache);
         if moved > self.tail.wrapping_sub(self.head_cache) || new % self.granule != 0 {
             let detail = format!("head {new} (was {}, tail {})", self.head_cache, self.tail);
-            return Err(RingError::corrupt("consumer head moved backwards or past tail", detail));
+            return Err(RingError::corrupt(
+                "consumer head moved backwards or past tail",
+                detail,
+            ));
         }
         self.head_cache = new;
         Ok(self.free_cached())
@@ -134,10 +154,12 @@ impl ProdCore {
     ) -> Result<bool, RingError> {
         let cell = self.h.prod.clone();
         let mut spinner = self.spinner;
-        let r = block_until(&cell, &mut spinner, policy, timeout, || match self.check_open() {
-            Err(RingError::Closed) => Ok(true),
-            Err(e) => Err(e),
-            Ok(()) => ready(self),
+        let r = block_until(&cell, &mut spinner, policy, timeout, || {
+            match self.check_open() {
+                Err(RingError::Closed) => Ok(true),
+                Err(e) => Err(e),
+                Ok(()) => ready(self),
+            }
         });
         self.spinner = spinner;
         r
@@ -160,7 +182,13 @@ impl ConsCore {
         let head = h.head.load(Acquire);
         let tail = h.tail.load(Acquire);
         check_span(tail, head, &h, granule)?;
-        Ok(ConsCore { h, head, tail_cache: tail, granule, spinner: Spinner::default() })
+        Ok(ConsCore {
+            h,
+            head,
+            tail_cache: tail,
+            granule,
+            spinner: Spinner::default(),
+        })
     }
 
     pub fn cap(&self) -> u64 {
@@ -176,8 +204,14 @@ impl ConsCore {
         let new = self.h.tail.load(Acquire);
         let span = new.wrapping_sub(self.head);
         if span > self.h.cap || span < self.avail_cached() || new % self.granule != 0 {
-            let detail = format!("tail {new} (was {}, head {}, capacity {})", self.tail_cache, self.head, self.h.cap);
-            return Err(RingError::corrupt("producer tail moved backwards or too far", detail));
+            let detail = format!(
+                "tail {new} (was {}, head {}, capacity {})",
+                self.tail_cache, self.head, self.h.cap
+            );
+            return Err(RingError::corrupt(
+                "producer tail moved backwards or too far",
+                detail,
+            ));
         }
         self.tail_cache = new;
         Ok(span)
@@ -222,5 +256,25 @@ impl ConsCore {
         let r = block_until(&cell, &mut spinner, policy, timeout, || ready(self));
         self.spinner = spinner;
         r
+    }
+}
+
+impl std::fmt::Debug for ProdCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer")
+            .field("capacity", &self.h.cap)
+            .field("tail", &self.tail)
+            .field("head_cache", &self.head_cache)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for ConsCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("capacity", &self.h.cap)
+            .field("head", &self.head)
+            .field("tail_cache", &self.tail_cache)
+            .finish()
     }
 }

@@ -29,7 +29,7 @@ fn pad8(n: u64) -> u64 {
 }
 
 fn max_record(cap: u64) -> u64 {
-    cap / 2 - RECORD_HEADER_BYTES
+    (cap / 2 - RECORD_HEADER_BYTES).min(u32::MAX as u64 & !7)
 }
 
 fn encode_hdr(len: u64, flags: u32) -> [u8; 8] {
@@ -40,13 +40,16 @@ fn encode_hdr(len: u64, flags: u32) -> [u8; 8] {
 }
 
 /// Sending end of a record ring.
+#[derive(Debug)]
 pub struct RecordProducer {
     core: ProdCore,
 }
 
 impl RecordProducer {
     pub fn attach(view: ShmSlice) -> Result<Self, RingError> {
-        Ok(RecordProducer { core: ProdCore::attach(&view, RingKind::Record, 8)? })
+        Ok(RecordProducer {
+            core: ProdCore::attach(&view, RingKind::Record, 8)?,
+        })
     }
 
     pub fn capacity(&self) -> u64 {
@@ -80,7 +83,10 @@ impl RecordProducer {
         self.core.check_open()?;
         let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
         if len > self.max_record() {
-            return Err(RingError::TooLarge { len, max: self.max_record() });
+            return Err(RingError::TooLarge {
+                len,
+                max: self.max_record(),
+            });
         }
         let need = self.need(len);
         if self.core.free_for(need)? < need {
@@ -89,7 +95,10 @@ impl RecordProducer {
         let (data, cap) = (&self.core.h.data, self.core.cap());
         let mut off = self.core.tail & (cap - 1);
         if need > RECORD_HEADER_BYTES + pad8(len) {
-            data.write(off, &encode_hdr(cap - off - RECORD_HEADER_BYTES, RECORD_FLAG_PAD))?;
+            data.write(
+                off,
+                &encode_hdr(cap - off - RECORD_HEADER_BYTES, RECORD_FLAG_PAD),
+            )?;
             off = 0;
         }
         data.write(off, &encode_hdr(len, 0))?;
@@ -111,23 +120,35 @@ impl RecordProducer {
     }
 
     /// Waits until a record of `len` bytes fits or the reader closed.
-    pub fn wait_writable(&mut self, len: u64, policy: &WaitPolicy, timeout: Duration) -> Result<bool, RingError> {
+    pub fn wait_writable(
+        &mut self,
+        len: u64,
+        policy: &WaitPolicy,
+        timeout: Duration,
+    ) -> Result<bool, RingError> {
         if len > self.max_record() {
-            return Err(RingError::TooLarge { len, max: self.max_record() });
+            return Err(RingError::TooLarge {
+                len,
+                max: self.max_record(),
+            });
         }
         let need = self.need(len);
-        self.core.wait(policy, timeout, |c| Ok(c.free_for(need)? >= need))
+        self.core
+            .wait(policy, timeout, |c| Ok(c.free_for(need)? >= need))
     }
 }
 
 /// Receiving end of a record ring.
+#[derive(Debug)]
 pub struct RecordConsumer {
     core: ConsCore,
 }
 
 impl RecordConsumer {
     pub fn attach(view: ShmSlice) -> Result<Self, RingError> {
-        Ok(RecordConsumer { core: ConsCore::attach(&view, RingKind::Record, 8)? })
+        Ok(RecordConsumer {
+            core: ConsCore::attach(&view, RingKind::Record, 8)?,
+        })
     }
 
     pub fn capacity(&self) -> u64 {
@@ -162,21 +183,25 @@ impl RecordConsumer {
             None
         };
         match bad {
-            Some(what) => Err(RingError::corrupt(what, format!("len {len} flags {flags:#x} at {off}, {avail} available"))),
+            Some(what) => Err(RingError::corrupt(
+                what,
+                format!("len {len} flags {flags:#x} at {off}, {avail} available"),
+            )),
             None => Ok(Some((len, flags))),
         }
     }
 
     /// Length of the next record, skipping (and releasing) a padding record; `None` if empty.
     pub fn peek_len(&mut self) -> Result<Option<u64>, RingError> {
-        match self.header()? {
-            Some((len, RECORD_FLAG_PAD)) => {
-                self.core.consume(RECORD_HEADER_BYTES + len);
-                // The record after a padding record starts at offset 0, so it is never a pad.
-                match self.header()? {
-                    Some((_, RECORD_FLAG_PAD)) => unreachable!("pad at offset 0 is rejected by header()"),
-                    other => Ok(other.map(|(l, _)| l)),
-                }
+        let mut next = self.header()?;
+        if let Some((len, RECORD_FLAG_PAD)) = next {
+            self.core.consume(RECORD_HEADER_BYTES + pad8(len));
+            next = self.header()?;
+        }
+        match next {
+            // Unreachable with a sane peer: header() rejects a pad at offset 0.
+            Some((_, RECORD_FLAG_PAD)) => {
+                Err(RingError::corrupt("two padding records", String::new()))
             }
             other => Ok(other.map(|(l, _)| l)),
         }
@@ -184,10 +209,15 @@ impl RecordConsumer {
 
     /// Receives one record into `dst`: like UDP, copies what fits and reports the full length.
     pub fn recv(&mut self, dst: &mut [u8]) -> Result<Option<RecvInfo>, RingError> {
-        let Some(len) = self.peek_len()? else { return Ok(None) };
+        let Some(len) = self.peek_len()? else {
+            return Ok(None);
+        };
         let copied = dst.len().min(len as usize);
         let off = self.core.head & (self.core.cap() - 1);
-        self.core.h.data.read(off + RECORD_HEADER_BYTES, &mut dst[..copied])?;
+        self.core
+            .h
+            .data
+            .read(off + RECORD_HEADER_BYTES, &mut dst[..copied])?;
         self.core.consume(RECORD_HEADER_BYTES + pad8(len));
         Ok(Some(RecvInfo { len, copied }))
     }
@@ -205,7 +235,13 @@ impl RecordConsumer {
     }
 
     /// Waits until a record is available or EOF.
-    pub fn wait_readable(&mut self, policy: &WaitPolicy, timeout: Duration) -> Result<bool, RingError> {
-        self.core.wait(policy, timeout, |c| Ok(c.avail_for(1)? > 0 || c.writer_shut()?))
+    pub fn wait_readable(
+        &mut self,
+        policy: &WaitPolicy,
+        timeout: Duration,
+    ) -> Result<bool, RingError> {
+        self.core.wait(policy, timeout, |c| {
+            Ok(c.avail_for(1)? > 0 || c.writer_shut()?)
+        })
     }
 }

@@ -13,6 +13,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::time::Duration;
 
 /// Writing end of a byte-stream ring.
+#[derive(Debug)]
 pub struct StreamProducer {
     core: ProdCore,
     written: u64,
@@ -21,7 +22,10 @@ pub struct StreamProducer {
 impl StreamProducer {
     /// Attaches to an initialised stream ring; validates the header against `view`.
     pub fn attach(view: ShmSlice) -> Result<Self, RingError> {
-        Ok(StreamProducer { core: ProdCore::attach(&view, RingKind::Stream, 1)?, written: 0 })
+        Ok(StreamProducer {
+            core: ProdCore::attach(&view, RingKind::Stream, 1)?,
+            written: 0,
+        })
     }
 
     pub fn capacity(&self) -> u64 {
@@ -74,13 +78,20 @@ impl StreamProducer {
     }
 
     /// Waits until at least `min` bytes (clamped to the capacity) are free or the reader closed.
-    pub fn wait_writable(&mut self, min: u64, policy: &WaitPolicy, timeout: Duration) -> Result<bool, RingError> {
+    pub fn wait_writable(
+        &mut self,
+        min: u64,
+        policy: &WaitPolicy,
+        timeout: Duration,
+    ) -> Result<bool, RingError> {
         let min = min.clamp(1, self.capacity());
-        self.core.wait(policy, timeout, |c| Ok(c.free_for(min)? >= min))
+        self.core
+            .wait(policy, timeout, |c| Ok(c.free_for(min)? >= min))
     }
 }
 
 /// Reading end of a byte-stream ring.
+#[derive(Debug)]
 pub struct StreamConsumer {
     core: ConsCore,
     read: u64,
@@ -88,7 +99,10 @@ pub struct StreamConsumer {
 
 impl StreamConsumer {
     pub fn attach(view: ShmSlice) -> Result<Self, RingError> {
-        Ok(StreamConsumer { core: ConsCore::attach(&view, RingKind::Stream, 1)?, read: 0 })
+        Ok(StreamConsumer {
+            core: ConsCore::attach(&view, RingKind::Stream, 1)?,
+            read: 0,
+        })
     }
 
     pub fn capacity(&self) -> u64 {
@@ -127,7 +141,12 @@ impl StreamConsumer {
         let mut idx = self.core.head;
         for d in dsts.iter_mut() {
             let n = (d.len() as u64).min(left);
-            copy_out(&self.core.h.data, self.core.cap(), idx, &mut d[..n as usize])?;
+            copy_out(
+                &self.core.h.data,
+                self.core.cap(),
+                idx,
+                &mut d[..n as usize],
+            )?;
             idx = idx.wrapping_add(n);
             left -= n;
         }
@@ -152,7 +171,13 @@ impl StreamConsumer {
     }
 
     /// Waits until data is available or EOF.
-    pub fn wait_readable(&mut self, policy: &WaitPolicy, timeout: Duration) -> Result<bool, RingError> {
-        self.core.wait(policy, timeout, |c| Ok(c.avail_for(1)? > 0 || c.writer_shut()?))
+    pub fn wait_readable(
+        &mut self,
+        policy: &WaitPolicy,
+        timeout: Duration,
+    ) -> Result<bool, RingError> {
+        self.core.wait(policy, timeout, |c| {
+            Ok(c.avail_for(1)? > 0 || c.writer_shut()?)
+        })
     }
 }

@@ -38,14 +38,22 @@ pub struct WaitPolicy {
 
 impl Default for WaitPolicy {
     fn default() -> Self {
-        WaitPolicy { mode: WakeMode::Futex, spin: Duration::from_micros(50), max_sleep: Duration::from_millis(50) }
+        WaitPolicy {
+            mode: WakeMode::Futex,
+            spin: Duration::from_micros(50),
+            max_sleep: Duration::from_millis(50),
+        }
     }
 }
 
 impl WaitPolicy {
     /// Polling policy for peers in another kernel: 50 µs spin, sleeps of at most 10 ms.
     pub fn sleep_poll() -> Self {
-        WaitPolicy { mode: WakeMode::SleepPoll, spin: Duration::from_micros(50), max_sleep: Duration::from_millis(10) }
+        WaitPolicy {
+            mode: WakeMode::SleepPoll,
+            spin: Duration::from_micros(50),
+            max_sleep: Duration::from_millis(10),
+        }
     }
 }
 
@@ -83,7 +91,8 @@ impl WaitCell {
         self.waiting.store(0, Relaxed);
     }
 
-    /// Current sequence value (tests and models).
+    /// Current sequence value (loom models).
+    #[cfg(all(test, loom))]
     pub fn seq(&self) -> u32 {
         self.seq.load(SeqCst)
     }
@@ -93,7 +102,9 @@ impl WaitCell {
             WakeMode::Futex => futex::wait(&self.seq, old, dur.min(policy.max_sleep)),
             WakeMode::SleepPoll => {
                 pause(dur.min(*backoff).min(policy.max_sleep));
-                *backoff = backoff.saturating_mul(2).min(policy.max_sleep.max(MIN_BACKOFF));
+                *backoff = backoff
+                    .saturating_mul(2)
+                    .min(policy.max_sleep.max(MIN_BACKOFF));
             }
         }
     }
@@ -124,7 +135,9 @@ struct Clock {
 impl Clock {
     #[cfg(not(loom))]
     fn start() -> Self {
-        Clock { start: std::time::Instant::now() }
+        Clock {
+            start: std::time::Instant::now(),
+        }
     }
     #[cfg(not(loom))]
     fn elapsed(&self) -> Duration {
@@ -132,7 +145,9 @@ impl Clock {
     }
     #[cfg(loom)]
     fn start() -> Self {
-        Clock { ticks: std::cell::Cell::new(0) }
+        Clock {
+            ticks: std::cell::Cell::new(0),
+        }
     }
     #[cfg(loom)]
     fn elapsed(&self) -> Duration {
@@ -150,7 +165,9 @@ pub(crate) struct Spinner {
 
 impl Default for Spinner {
     fn default() -> Self {
-        Spinner { window: Duration::MAX }
+        Spinner {
+            window: Duration::MAX,
+        }
     }
 }
 
@@ -159,12 +176,16 @@ impl Spinner {
         self.window.min(policy.spin)
     }
     fn hit(&mut self, policy: &WaitPolicy) {
-        self.window = self.current(policy).saturating_mul(2).max(Duration::from_micros(1)).min(policy.spin);
+        self.window = self
+            .current(policy)
+            .saturating_mul(2)
+            .max(Duration::from_micros(1))
+            .min(policy.spin);
     }
     fn miss(&mut self, policy: &WaitPolicy) {
         self.window = (self.current(policy) / 2).max(policy.spin / 16);
     }
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub fn window(&self) -> Duration {
         self.window
     }
@@ -227,5 +248,128 @@ fn spin(
         } else {
             sync::spin_hint();
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spin_window_adapts() {
+        let pol = WaitPolicy {
+            spin: Duration::from_micros(64),
+            ..WaitPolicy::default()
+        };
+        let mut s = Spinner::default();
+        s.miss(&pol);
+        s.miss(&pol);
+        assert_eq!(s.window(), Duration::from_micros(16));
+        for _ in 0..10 {
+            s.miss(&pol);
+        }
+        assert_eq!(s.window(), Duration::from_micros(4), "floor at spin/16");
+        s.hit(&pol);
+        assert_eq!(s.window(), Duration::from_micros(8));
+        for _ in 0..10 {
+            s.hit(&pol);
+        }
+        assert_eq!(
+            s.window(),
+            Duration::from_micros(64),
+            "capped at the policy"
+        );
+        let huge = WaitPolicy {
+            spin: Duration::MAX,
+            ..pol
+        };
+        s.hit(&huge); // must not overflow
+    }
+}
+
+/// Loom models of the sleep/wake handshake (run with `RUSTFLAGS="--cfg loom"`).
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::thread;
+    use memloop_shm::ShmSlice;
+
+    fn cell(v: &ShmSlice) -> WaitCell {
+        WaitCell::new(v.u32_at(8).unwrap(), v.u32_at(12).unwrap())
+    }
+
+    /// A waiter that arms, re-checks and finds nothing must have been (or be about to be)
+    /// woken: once the notifier finished, `seq` differs from what the waiter sleeps on.
+    #[test]
+    fn no_lost_wakeup() {
+        loom::model(|| {
+            let v = ShmSlice::new_model(64);
+            let (vp, c) = (v.clone(), cell(&v));
+            let notifier = thread::spawn(move || {
+                vp.u64_at(0).unwrap().store(1, Release);
+                cell(&vp).notify();
+            });
+            let old = c.arm();
+            let ready = v.u64_at(0).unwrap().load(Acquire) == 1;
+            notifier.join().unwrap();
+            if !ready {
+                assert_ne!(c.seq(), old, "lost wake-up: the waiter would sleep forever");
+            }
+            c.disarm();
+        });
+    }
+
+    /// The same handshake without the fences (a plausible bug) is caught by the model: this
+    /// shows the test above can fail.
+    #[test]
+    #[should_panic(expected = "lost wake-up")]
+    fn handshake_without_fences_loses_wakeups() {
+        loom::model(|| {
+            let v = ShmSlice::new_model(64);
+            let vp = v.clone();
+            let notifier = thread::spawn(move || {
+                vp.u64_at(0).unwrap().store(1, Release);
+                let w = vp.u32_at(8).unwrap();
+                if w.load(Relaxed) != 0 {
+                    w.store(0, Relaxed);
+                    vp.u32_at(12).unwrap().fetch_add(1, Relaxed);
+                }
+            });
+            let old = v.u32_at(12).unwrap().load(Relaxed);
+            v.u32_at(8).unwrap().store(1, Release);
+            let ready = v.u64_at(0).unwrap().load(Acquire) == 1;
+            notifier.join().unwrap();
+            if !ready {
+                assert_ne!(v.u32_at(12).unwrap().load(Relaxed), old, "lost wake-up");
+            }
+        });
+    }
+
+    /// The full blocking path: a bounded waiter (virtual clock) sees the published value.
+    #[test]
+    fn block_until_sees_publication() {
+        loom::model(|| {
+            let v = ShmSlice::new_model(64);
+            let vp = v.clone();
+            let notifier = thread::spawn(move || {
+                vp.u64_at(0).unwrap().store(1, Release);
+                cell(&vp).notify();
+            });
+            let c = cell(&v);
+            let flag = v.u64_at(0).unwrap();
+            let mut sp = Spinner::default();
+            let policy = WaitPolicy::default();
+            let got = block_until(&c, &mut sp, &policy, Duration::from_millis(4), || {
+                Ok(flag.load(Acquire) == 1)
+            });
+            notifier.join().unwrap();
+            let got = got.unwrap() || flag.load(Acquire) == 1;
+            assert!(got);
+            assert_eq!(
+                v.u32_at(8).unwrap().load(Relaxed),
+                0,
+                "waiting flag cleared"
+            );
+        });
     }
 }

@@ -1,0 +1,124 @@
+#![cfg(loom)]
+//! Loom models of the three ring flavours across a wrap (capacity 64, indices pre-advanced).
+//! Run: RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom \
+//!      cargo test -p memloop-ring --release
+use loom::thread;
+use memloop_ring::header::{OFF_HEAD, OFF_TAIL};
+use memloop_ring::*;
+use memloop_shm::sync::Ordering::Relaxed;
+use memloop_shm::ShmSlice;
+use std::time::Duration;
+
+fn ring_at(kind: RingKind, slot: u32, start: u64) -> ShmSlice {
+    let v = ShmSlice::new_model(ring_bytes(64) as usize);
+    init_ring(&v, kind, 64, slot).unwrap();
+    v.u64_at(OFF_TAIL).unwrap().store(start, Relaxed);
+    v.u64_at(OFF_HEAD).unwrap().store(start, Relaxed);
+    v
+}
+
+#[test]
+fn stream_across_the_wrap() {
+    loom::model(|| {
+        let v = ring_at(RingKind::Stream, 0, 61);
+        let mut p = StreamProducer::attach(v.clone()).unwrap();
+        let mut c = StreamConsumer::attach(v).unwrap();
+        let t = thread::spawn(move || {
+            assert_eq!(p.write(&[1, 2]).unwrap(), 2);
+            assert_eq!(p.write(&[3, 4]).unwrap(), 2); // 63, 0: crosses the end
+            p.shutdown();
+        });
+        let mut got = Vec::new();
+        loop {
+            let mut b = [0u8; 4];
+            let n = c.read(&mut b).unwrap();
+            got.extend_from_slice(&b[..n]);
+            if n == 0 && c.is_eof().unwrap() {
+                break;
+            }
+            if n == 0 {
+                thread::yield_now();
+            }
+        }
+        assert_eq!(got, [1, 2, 3, 4]);
+        t.join().unwrap();
+    });
+}
+
+#[test]
+fn stream_blocking_wait_sees_data_and_eof() {
+    loom::model(|| {
+        let v = ring_at(RingKind::Stream, 0, 63);
+        let mut p = StreamProducer::attach(v.clone()).unwrap();
+        let mut c = StreamConsumer::attach(v).unwrap();
+        let t = thread::spawn(move || {
+            assert_eq!(p.write(&[7, 8]).unwrap(), 2);
+            p.shutdown();
+        });
+        let policy = WaitPolicy {
+            spin: Duration::ZERO,
+            ..WaitPolicy::default()
+        };
+        let mut got = Vec::new();
+        while !c.is_eof().unwrap() {
+            c.wait_readable(&policy, Duration::from_millis(3)).unwrap();
+            let mut b = [0u8; 2];
+            let n = c.read(&mut b).unwrap();
+            got.extend_from_slice(&b[..n]);
+        }
+        assert_eq!(got, [7, 8]);
+        t.join().unwrap();
+    });
+}
+
+#[test]
+fn record_with_padding() {
+    loom::model(|| {
+        let v = ring_at(RingKind::Record, 0, 48);
+        let mut p = RecordProducer::attach(v.clone()).unwrap();
+        let mut c = RecordConsumer::attach(v).unwrap();
+        let t = thread::spawn(move || {
+            // 16 bytes to the end, the record needs 8 + 16: a padding record goes first.
+            assert!(p.send(&[5; 9]).unwrap());
+        });
+        let mut b = [0u8; 16];
+        let info = loop {
+            if let Some(i) = c.recv(&mut b).unwrap() {
+                break i;
+            }
+            thread::yield_now();
+        };
+        assert_eq!((info.len, info.copied), (9, 9));
+        assert_eq!(&b[..9], &[5; 9]);
+        t.join().unwrap();
+    });
+}
+
+#[test]
+fn slots_batch_across_the_wrap_with_backpressure() {
+    loom::model(|| {
+        let v = ring_at(RingKind::Slots, 16, 48);
+        let mut p = SlotProducer::attach(v.clone()).unwrap();
+        let mut c = SlotConsumer::attach(v).unwrap();
+        let t = thread::spawn(move || {
+            let (a, b) = ([1u8; 16], [2u8; 16]);
+            let mut sent = 0;
+            while sent < 2 {
+                sent += p.push_batch(&[&a[..], &b[..]][sent..]).unwrap();
+                thread::yield_now();
+            }
+        });
+        let mut out = Vec::new();
+        while out.len() < 2 {
+            let mut b = [0u8; 16];
+            if c.pop(&mut b).unwrap() {
+                out.push(b[0]);
+                assert!(b.iter().all(|&x| x == b[0]), "torn slot");
+            } else {
+                thread::yield_now();
+            }
+        }
+        assert_eq!(out, [1, 2]);
+        t.join().unwrap();
+    });
+}

@@ -1,0 +1,167 @@
+#![cfg(not(loom))]
+mod common;
+use common::{bytes, ring};
+use memloop_ring::{RecordConsumer, RecordProducer, RecvInfo, RingError, RingKind, WaitPolicy};
+use std::time::Duration;
+
+fn pair(cap: u64) -> (RecordProducer, RecordConsumer) {
+    let v = ring(RingKind::Record, cap, 0);
+    (
+        RecordProducer::attach(v.clone()).unwrap(),
+        RecordConsumer::attach(v).unwrap(),
+    )
+}
+
+#[test]
+fn records_keep_boundaries() {
+    let (mut p, mut c) = pair(256);
+    assert!(p.send(b"one").unwrap());
+    assert!(p.send(b"").unwrap());
+    assert!(p.send_parts(&[b"th", b"ree"]).unwrap());
+    let mut buf = [0u8; 32];
+    assert_eq!(c.peek_len().unwrap(), Some(3));
+    assert_eq!(
+        c.recv(&mut buf).unwrap(),
+        Some(RecvInfo { len: 3, copied: 3 })
+    );
+    assert_eq!(&buf[..3], b"one");
+    assert_eq!(
+        c.recv(&mut buf).unwrap(),
+        Some(RecvInfo { len: 0, copied: 0 })
+    );
+    assert_eq!(
+        c.recv(&mut buf).unwrap(),
+        Some(RecvInfo { len: 5, copied: 5 })
+    );
+    assert_eq!(&buf[..5], b"three");
+    assert_eq!(c.recv(&mut buf).unwrap(), None);
+}
+
+#[test]
+fn truncation_like_udp() {
+    let (mut p, mut c) = pair(256);
+    p.send(&bytes(40, 3)).unwrap();
+    p.send(b"next").unwrap();
+    let mut small = [0u8; 10];
+    assert_eq!(
+        c.recv(&mut small).unwrap(),
+        Some(RecvInfo {
+            len: 40,
+            copied: 10
+        })
+    );
+    assert_eq!(&small[..], &bytes(40, 3)[..10]);
+    assert_eq!(
+        c.recv(&mut small).unwrap(),
+        Some(RecvInfo { len: 4, copied: 4 }),
+        "rest was discarded"
+    );
+}
+
+#[test]
+fn too_large_names_the_limit() {
+    let (mut p, _c) = pair(128);
+    assert_eq!(p.max_record(), 56);
+    assert!(p.send(&[0; 56]).unwrap());
+    match p.send(&[0; 57]) {
+        Err(e @ RingError::TooLarge { len: 57, max: 56 }) => {
+            assert!(e.to_string().contains("capacity/2 - 8"))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn full_ring_says_no_room_then_recovers() {
+    let (mut p, mut c) = pair(64);
+    assert!(p.send(&[1; 24]).unwrap());
+    assert!(p.send(&[2; 24]).unwrap());
+    assert!(!p.send(&[3; 1]).unwrap(), "64 bytes used");
+    let mut b = [0u8; 24];
+    c.recv(&mut b).unwrap();
+    assert!(p.send(&[3; 1]).unwrap());
+}
+
+#[test]
+fn wrap_inserts_padding_and_consumer_skips_it() {
+    let (mut p, mut c) = pair(128);
+    let mut buf = [0u8; 64];
+    for i in 0..200u32 {
+        let rec = bytes(1 + (i as usize * 7) % 56, i as u8);
+        assert!(
+            p.send(&rec).unwrap(),
+            "consumer keeps up, record {i} must fit"
+        );
+        let info = c.recv(&mut buf).unwrap().unwrap();
+        assert_eq!(&buf[..info.copied], &rec[..], "record {i}");
+    }
+    assert!(c.recv(&mut buf).unwrap().is_none());
+}
+
+#[test]
+fn padding_is_accounted_for_when_space_is_short() {
+    let (mut p, mut c) = pair(128);
+    let mut buf = [0u8; 64];
+    for _ in 0..3 {
+        assert!(p.send(&[0; 24]).unwrap()); // 32 bytes each
+        c.recv(&mut buf).unwrap();
+    }
+    // head = tail = 96: 32 bytes to the end, 128 free.
+    assert!(p.send(&[7; 40]).unwrap(), "needs 32 pad + 48");
+    assert!(!p.send(&[0; 48]).unwrap(), "needs 56, only 48 free");
+    assert!(p.send(&[8; 40]).unwrap(), "exactly 48 free");
+    assert!(!p.send(&[]).unwrap(), "ring exactly full");
+    assert_eq!(c.peek_len().unwrap(), Some(40));
+    assert_eq!(
+        c.recv(&mut buf).unwrap(),
+        Some(RecvInfo {
+            len: 40,
+            copied: 40
+        })
+    );
+    assert!(buf[..40].iter().all(|&b| b == 7));
+    assert_eq!(
+        c.recv(&mut buf).unwrap(),
+        Some(RecvInfo {
+            len: 40,
+            copied: 40
+        })
+    );
+    assert!(buf[..40].iter().all(|&b| b == 8));
+}
+
+#[test]
+fn eof_and_close() {
+    let (mut p, mut c) = pair(64);
+    p.send(b"last").unwrap();
+    p.shutdown();
+    assert!(!c.is_eof().unwrap());
+    let mut b = [0u8; 8];
+    c.recv(&mut b).unwrap();
+    assert!(c.is_eof().unwrap());
+    c.close();
+    assert!(p.reader_closed());
+    assert!(matches!(p.send(b"x"), Err(RingError::Closed)));
+}
+
+#[test]
+fn wait_writable_for_a_record() {
+    let (mut p, mut c) = pair(64);
+    let pol = WaitPolicy::default();
+    p.send(&[0; 24]).unwrap();
+    p.send(&[0; 24]).unwrap();
+    assert!(!p.wait_writable(8, &pol, Duration::from_millis(2)).unwrap());
+    assert!(matches!(
+        p.wait_writable(100, &pol, Duration::ZERO),
+        Err(RingError::TooLarge { .. })
+    ));
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        let mut b = [0u8; 24];
+        c.recv(&mut b).unwrap();
+        c
+    });
+    assert!(p.wait_writable(8, &pol, Duration::from_secs(10)).unwrap());
+    let mut c = t.join().unwrap();
+    assert!(c.wait_readable(&pol, Duration::ZERO).unwrap());
+}
