@@ -24,7 +24,10 @@ pub enum RegistryError {
     #[error("stale id: the entry was freed or reused")]
     Stale,
     #[error("wrong state: expected {expected}, found {found}")]
-    WrongState { expected: &'static str, found: &'static str },
+    WrongState {
+        expected: &'static str,
+        found: &'static str,
+    },
     #[error(transparent)]
     Shm(#[from] OutOfBounds),
     #[error(transparent)]
@@ -35,7 +38,10 @@ pub enum RegistryError {
 
 impl RegistryError {
     pub(crate) fn corrupt(what: &'static str, detail: impl Into<String>) -> Self {
-        RegistryError::Corrupt { what, detail: detail.into() }
+        RegistryError::Corrupt {
+            what,
+            detail: detail.into(),
+        }
     }
     pub(crate) fn wrong(expected: &'static str, found: &'static str) -> Self {
         RegistryError::WrongState { expected, found }

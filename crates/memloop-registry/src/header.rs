@@ -1,0 +1,339 @@
+//! Region layout: the header page, section offsets, and `init`/`attach`.
+//!
+//! The layout is a pure function of [`RegionParams`]; `init` records both the parameters and the
+//! resulting offsets, and `attach` recomputes the layout from the recorded parameters and insists
+//! that every recorded offset matches and fits the mapping. After that, every table access is a
+//! bounds-checked view access at an offset derived from validated numbers.
+//!
+//! | offset | header field (all u64) |
+//! | --- | --- |
+//! | 0 | magic (written last, release) |
+//! | 8 | layout version · 16 region size · 24 generation |
+//! | 32..56 | max members, max endpoints, max channels, segment size |
+//! | 64..104 | nsegments, members, endpoints, channels, segment tags, heap offsets |
+//! | 112, 120 | channel creation counter, join counter |
+//! | 128..256 | 16 global counters (fallback reasons etc.) |
+
+use crate::error::RegistryError;
+use crate::Registry;
+use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use memloop_shm::ShmSlice;
+
+/// "MLREGN01", little endian.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"MLREGN01");
+/// Layout version; bump on any incompatible change.
+pub const VERSION: u32 = 1;
+/// Bytes reserved for the header (one page; tiny under loom to keep the model tractable).
+pub const HEADER_BYTES: u64 = if cfg!(loom) { 256 } else { 4096 };
+/// Number of global counters in the header.
+pub const NCOUNTERS: usize = 16;
+/// Default ring capacity per direction.
+pub const DEFAULT_RING_CAPACITY: u64 = 256 * 1024;
+
+pub(crate) const MEMBER_BYTES: u64 = 256;
+pub(crate) const ENDPOINT_BYTES: u64 = 128;
+pub(crate) const CHANNEL_BYTES: u64 = 128;
+/// Member slots are tagged with 12 bits of index elsewhere.
+pub const MAX_MEMBERS: u32 = 4095;
+const MAX_TABLE: u32 = 1 << 24;
+
+const H_MAGIC: u64 = 0;
+const H_VERSION: u64 = 8;
+const H_SIZE: u64 = 16;
+const H_GEN: u64 = 24;
+const H_MEMBERS: u64 = 32;
+const H_ENDPOINTS: u64 = 40;
+const H_CHANNELS: u64 = 48;
+const H_SEGSIZE: u64 = 56;
+const H_NSEG: u64 = 64;
+const H_OFFSETS: u64 = 72; // five offsets
+pub(crate) const H_CREATE_SEQ: u64 = 112;
+pub(crate) const H_JOIN_SEQ: u64 = 120;
+const H_COUNTERS: u64 = 128;
+
+/// Sizes of a region, chosen at init and recorded in its header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionParams {
+    pub size: u64,
+    pub max_members: u32,
+    pub max_endpoints: u32,
+    pub max_channels: u32,
+    pub segment_size: u64,
+}
+
+impl Default for RegionParams {
+    fn default() -> Self {
+        Self {
+            size: 64 << 20,
+            max_members: 64,
+            max_endpoints: 1024,
+            max_channels: 512,
+            segment_size: 64 << 10,
+        }
+    }
+}
+
+impl RegionParams {
+    /// Small tables for a region of `size` bytes (tests, tiny regions).
+    pub fn small(size: u64) -> Self {
+        Self {
+            size,
+            max_members: 16,
+            max_endpoints: 64,
+            max_channels: 32,
+            segment_size: 4096,
+        }
+    }
+
+    /// Checks the parameters and that the layout leaves at least one ring segment.
+    pub fn validate(&self) -> Result<(), RegistryError> {
+        Layout::compute(self).map(|_| ())
+    }
+}
+
+/// Where everything is; derived from [`RegionParams`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    pub params: RegionParams,
+    pub nsegments: u64,
+    pub members_off: u64,
+    pub endpoints_off: u64,
+    pub channels_off: u64,
+    pub tags_off: u64,
+    pub heap_off: u64,
+}
+
+fn bad(msg: String) -> RegistryError {
+    RegistryError::InvalidParams(msg)
+}
+
+impl Layout {
+    pub fn compute(p: &RegionParams) -> Result<Layout, RegistryError> {
+        if p.max_members == 0 || p.max_members > MAX_MEMBERS {
+            return Err(bad(format!(
+                "max_members {} not in 1..={MAX_MEMBERS}",
+                p.max_members
+            )));
+        }
+        for (n, what) in [
+            (p.max_endpoints, "max_endpoints"),
+            (p.max_channels, "max_channels"),
+        ] {
+            if n == 0 || n > MAX_TABLE {
+                return Err(bad(format!("{what} {n} not in 1..={MAX_TABLE}")));
+            }
+        }
+        if !p.segment_size.is_power_of_two() || !(256..=1 << 30).contains(&p.segment_size) {
+            return Err(bad(format!(
+                "segment_size {} is not a power of two in 256..=1GiB",
+                p.segment_size
+            )));
+        }
+        let members_off = HEADER_BYTES;
+        let endpoints_off = members_off + p.max_members as u64 * MEMBER_BYTES;
+        let channels_off = endpoints_off + p.max_endpoints as u64 * ENDPOINT_BYTES;
+        let tags_off = channels_off + p.max_channels as u64 * CHANNEL_BYTES;
+        let too_small = || {
+            bad(format!(
+                "region of {} bytes has no room for ring segments",
+                p.size
+            ))
+        };
+        let rest = p.size.checked_sub(tags_off).ok_or_else(too_small)?;
+        let max_segs = rest / p.segment_size;
+        let align = p.segment_size.min(4096);
+        let heap_off = (tags_off + max_segs * 8).div_ceil(align) * align;
+        let nsegments = p.size.checked_sub(heap_off).ok_or_else(too_small)? / p.segment_size;
+        if nsegments == 0 {
+            return Err(too_small());
+        }
+        Ok(Layout {
+            params: *p,
+            nsegments,
+            members_off,
+            endpoints_off,
+            channels_off,
+            tags_off,
+            heap_off,
+        })
+    }
+
+    pub fn heap_end(&self) -> u64 {
+        self.heap_off + self.nsegments * self.params.segment_size
+    }
+
+    fn offsets(&self) -> [u64; 5] {
+        [
+            self.members_off,
+            self.endpoints_off,
+            self.channels_off,
+            self.tags_off,
+            self.heap_off,
+        ]
+    }
+}
+
+impl Registry {
+    /// Lays out a fresh region in `view` (zeroed memory, or a region being re-initialised: the
+    /// tables are cleared and the generation bumped). The magic is written last, with release,
+    /// so a concurrent `attach` sees either nothing or a complete header.
+    pub fn init(view: ShmSlice, params: &RegionParams) -> Result<Registry, RegistryError> {
+        let layout = Layout::compute(params)?;
+        let actual = view.len() as u64;
+        if params.size > actual {
+            return Err(RegistryError::SizeMismatch {
+                header: params.size,
+                actual,
+            });
+        }
+        let magic = view.u64_at(H_MAGIC)?;
+        let old_gen = if magic.load(Acquire) == MAGIC {
+            view.u64_at(H_GEN)?.load(Relaxed)
+        } else {
+            0
+        };
+        magic.store(0, SeqCst);
+        if old_gen != 0 || !cfg!(loom) {
+            // Fresh loom models are zero already; filling would only add modelled accesses.
+            view.fill(0, layout.heap_off, 0)?;
+        }
+        let words = [
+            (H_VERSION, VERSION as u64),
+            (H_SIZE, params.size),
+            (H_GEN, old_gen.wrapping_add(1)),
+            (H_MEMBERS, params.max_members as u64),
+            (H_ENDPOINTS, params.max_endpoints as u64),
+            (H_CHANNELS, params.max_channels as u64),
+            (H_SEGSIZE, params.segment_size),
+            (H_NSEG, layout.nsegments),
+        ];
+        for (off, v) in words {
+            view.u64_at(off)?.store(v, Relaxed);
+        }
+        for (i, v) in layout.offsets().into_iter().enumerate() {
+            view.u64_at(H_OFFSETS + 8 * i as u64)?.store(v, Relaxed);
+        }
+        magic.store(MAGIC, Release);
+        tracing::debug!(
+            size = params.size,
+            nsegments = layout.nsegments,
+            "registry region initialised"
+        );
+        Ok(Registry { view, layout })
+    }
+
+    /// Attaches to an initialised region, validating the header against the mapping.
+    pub fn attach(view: ShmSlice) -> Result<Registry, RegistryError> {
+        let found = view.u64_at(H_MAGIC)?.load(Acquire);
+        match found {
+            0 => return Err(RegistryError::NotInitialised),
+            MAGIC => {}
+            _ => return Err(RegistryError::BadMagic { found }),
+        }
+        let rd = |off: u64| view.u64_at(off).map(|w| w.load(Relaxed));
+        let version = rd(H_VERSION)?;
+        if version != VERSION as u64 {
+            let found = u32::try_from(version).unwrap_or(u32::MAX);
+            return Err(RegistryError::BadVersion {
+                found,
+                expected: VERSION,
+            });
+        }
+        let size = rd(H_SIZE)?;
+        let actual = view.len() as u64;
+        if size > actual {
+            return Err(RegistryError::SizeMismatch {
+                header: size,
+                actual,
+            });
+        }
+        let layout = Self::recorded_layout(&view, size)?;
+        Ok(Registry { view, layout })
+    }
+
+    fn recorded_layout(view: &ShmSlice, size: u64) -> Result<Layout, RegistryError> {
+        let rd = |off: u64| view.u64_at(off).map(|w| w.load(Relaxed));
+        let small = |off: u64| -> Result<u32, RegistryError> {
+            let v = rd(off)?;
+            u32::try_from(v)
+                .map_err(|_| RegistryError::corrupt("header", format!("table size {v}")))
+        };
+        let params = RegionParams {
+            size,
+            max_members: small(H_MEMBERS)?,
+            max_endpoints: small(H_ENDPOINTS)?,
+            max_channels: small(H_CHANNELS)?,
+            segment_size: rd(H_SEGSIZE)?,
+        };
+        let layout = Layout::compute(&params)
+            .map_err(|e| RegistryError::corrupt("header", e.to_string()))?;
+        let mut recorded = [0u64; 5];
+        for (i, r) in recorded.iter_mut().enumerate() {
+            *r = rd(H_OFFSETS + 8 * i as u64)?;
+        }
+        let nseg = rd(H_NSEG)?;
+        if recorded != layout.offsets() || nseg != layout.nsegments || layout.heap_end() > size {
+            let detail = format!(
+                "recorded offsets {recorded:?}/{nseg} segments, expected {:?}/{}",
+                layout.offsets(),
+                layout.nsegments
+            );
+            return Err(RegistryError::corrupt("header", detail));
+        }
+        Ok(layout)
+    }
+
+    /// The parameters recorded in the header.
+    pub fn params(&self) -> RegionParams {
+        self.layout.params
+    }
+
+    /// Number of ring segments in the heap.
+    pub fn nsegments(&self) -> u64 {
+        self.layout.nsegments
+    }
+
+    /// Bytes of header and tables in front of the ring heap.
+    pub fn metadata_len(&self) -> u64 {
+        self.layout.heap_off
+    }
+
+    /// Bumped on every re-initialisation of the region.
+    pub fn generation(&self) -> u64 {
+        self.view
+            .u64_at(H_GEN)
+            .map(|w| w.load(Acquire))
+            .unwrap_or(0)
+    }
+
+    /// The whole region.
+    pub fn view(&self) -> &ShmSlice {
+        &self.view
+    }
+
+    /// Adds one to global counter `i` (ignored if `i >= 16`).
+    pub fn bump_counter(&self, i: usize) {
+        if i < NCOUNTERS {
+            if let Ok(w) = self.view.u64_at(H_COUNTERS + 8 * i as u64) {
+                w.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// All global counters.
+    pub fn counters(&self) -> Vec<u64> {
+        (0..NCOUNTERS as u64)
+            .map(|i| {
+                self.view
+                    .u64_at(H_COUNTERS + 8 * i)
+                    .map(|w| w.load(Relaxed))
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+
+    /// Next value of a header sequence counter (channel creation, joins).
+    pub(crate) fn next_seq(&self, off: u64) -> Result<u64, RegistryError> {
+        Ok(self.view.u64_at(off)?.fetch_add(1, Relaxed).wrapping_add(1))
+    }
+}

@@ -1,0 +1,361 @@
+//! The members table: one fixed slot per process or VM of the trust group.
+//!
+//! Slot state word: `gen << 32 | reclaimer_tag << 8 | state`. Identity fields are written while
+//! the slot is CLAIMING (only by the joiner) and published by the store that makes it LIVE; they
+//! never change until the slot is FREE again with `gen + 1`, so a reader checks the state word
+//! before and after reading them. Addresses (soft state, re-advertised at will) have their own
+//! seqlock word.
+//!
+//! | offset | field |
+//! | --- | --- |
+//! | 0 | state · 8 heartbeat · 16 join counter · 24 address seqlock |
+//! | 32 | pid · 40 start time · 48 pid-ns inode · 56 net-ns inode (u64 each) |
+//! | 64 | boot id (16 B) · 80 name (32 B, NUL padded) |
+//! | 112 | address count · 120 families (8 B) · 128 addresses (8 × 16 B) |
+
+use crate::error::RegistryError;
+use crate::header::{H_JOIN_SEQ, MEMBER_BYTES};
+use crate::key::{arr16, decode_ip, encode_ip, member_tag, MemberId};
+use crate::Registry;
+use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use memloop_shm::sync::{fence, spin_hint};
+use std::net::IpAddr;
+
+pub(crate) const M_FREE: u64 = 0;
+pub(crate) const M_CLAIMING: u64 = 1;
+pub(crate) const M_LIVE: u64 = 2;
+pub(crate) const M_RECLAIMING: u64 = 3;
+
+/// Longest member name in bytes.
+pub const MAX_MEMBER_NAME: usize = 32;
+/// Addresses a member can advertise.
+pub const MAX_ADDRESSES: usize = 8;
+
+const O_HEARTBEAT: u64 = 8;
+const O_JOIN: u64 = 16;
+const O_ADDR_SEQ: u64 = 24;
+const O_PID: u64 = 32;
+const O_START: u64 = 40;
+const O_PIDNS: u64 = 48;
+const O_NETNS: u64 = 56;
+const O_BOOT: u64 = 64;
+const O_NAME: u64 = 80;
+const O_NADDR: u64 = 112;
+const O_FAMS: u64 = 120;
+const O_ADDRS: u64 = 128;
+const READ_TRIES: usize = 64;
+
+/// Who a member is: enough for a peer to check liveness (pid + start time within one kernel,
+/// identified by its boot id) and to match loopback addresses (namespaces).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberIdentity {
+    pub pid: u32,
+    pub start_time: u64,
+    pub boot_id: [u8; 16],
+    pub pid_ns: u64,
+    pub net_ns: u64,
+    pub name: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberState {
+    Claiming,
+    Live,
+    Reclaiming,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberInfo {
+    pub id: MemberId,
+    pub identity: MemberIdentity,
+    pub addresses: Vec<IpAddr>,
+    pub heartbeat: u64,
+    pub state: MemberState,
+}
+
+pub(crate) fn m_state(w: u64) -> u64 {
+    w & 0xff
+}
+pub(crate) fn m_gen(w: u64) -> u32 {
+    (w >> 32) as u32
+}
+pub(crate) fn m_reclaimer(w: u64) -> u32 {
+    ((w >> 8) & 0xff_ffff) as u32
+}
+pub(crate) fn m_word(gen: u32, reclaimer: u32, state: u64) -> u64 {
+    ((gen as u64) << 32) | ((reclaimer as u64 & 0xff_ffff) << 8) | state
+}
+
+pub(crate) fn state_name(st: u64) -> &'static str {
+    match st {
+        M_FREE => "FREE",
+        M_CLAIMING => "CLAIMING",
+        M_LIVE => "LIVE",
+        M_RECLAIMING => "RECLAIMING",
+        _ => "invalid",
+    }
+}
+
+fn check_identity(ident: &MemberIdentity) -> Result<(), RegistryError> {
+    if ident.name.len() > MAX_MEMBER_NAME || ident.name.contains('\0') {
+        return Err(RegistryError::InvalidParams(format!(
+            "member name must be <= {MAX_MEMBER_NAME} bytes without NUL"
+        )));
+    }
+    Ok(())
+}
+
+impl Registry {
+    pub(crate) fn member_off(&self, idx: u32) -> u64 {
+        self.layout.members_off + idx as u64 * MEMBER_BYTES
+    }
+
+    pub(crate) fn member_word(&self, idx: u32) -> Result<u64, RegistryError> {
+        if idx >= self.layout.params.max_members {
+            return Err(RegistryError::NotFound);
+        }
+        Ok(self.w64(self.member_off(idx))?.load(SeqCst))
+    }
+
+    /// The state word of `id`'s slot if it still belongs to `id` (any non-FREE state).
+    pub(crate) fn check_member(&self, id: MemberId) -> Result<u64, RegistryError> {
+        let w = self.member_word(id.idx)?;
+        if m_gen(w) != id.gen {
+            return Err(RegistryError::Stale);
+        }
+        match m_state(w) {
+            M_FREE => Err(RegistryError::NotFound),
+            M_CLAIMING | M_LIVE | M_RECLAIMING => Ok(w),
+            s => Err(RegistryError::corrupt(
+                "member state",
+                format!("slot {} state {s}", id.idx),
+            )),
+        }
+    }
+
+    /// Like [`Self::check_member`] but the member must be LIVE.
+    pub(crate) fn live_member(&self, id: MemberId) -> Result<(), RegistryError> {
+        let w = self.check_member(id)?;
+        match m_state(w) {
+            M_LIVE => Ok(()),
+            s => Err(RegistryError::wrong("LIVE", state_name(s))),
+        }
+    }
+
+    /// Is the member incarnation named by a 24-bit tag LIVE?
+    pub(crate) fn tag_alive(&self, tag: u32) -> bool {
+        let Some(idx) = (tag & 0xfff).checked_sub(1) else {
+            return false;
+        };
+        match self.member_word(idx) {
+            Ok(w) => m_state(w) == M_LIVE && (m_gen(w) & 0xfff) == tag >> 12,
+            Err(_) => false,
+        }
+    }
+
+    /// Takes a free member slot and publishes `ident` in it.
+    pub fn join(&self, ident: &MemberIdentity) -> Result<MemberId, RegistryError> {
+        check_identity(ident)?;
+        for idx in 0..self.layout.params.max_members {
+            let w = self.member_word(idx)?;
+            if m_state(w) != M_FREE {
+                continue;
+            }
+            let claim = m_word(m_gen(w), 0, M_CLAIMING);
+            let slot = self.w64(self.member_off(idx))?;
+            if slot.compare_exchange(w, claim, SeqCst, Relaxed).is_ok() {
+                let id = MemberId { idx, gen: m_gen(w) };
+                self.write_identity(idx, ident)?;
+                slot.store(m_word(id.gen, 0, M_LIVE), SeqCst);
+                tracing::debug!(?id, name = %ident.name, "member joined");
+                return Ok(id);
+            }
+        }
+        Err(RegistryError::RegionFull { what: "members" })
+    }
+
+    fn write_identity(&self, idx: u32, ident: &MemberIdentity) -> Result<(), RegistryError> {
+        let base = self.member_off(idx);
+        let join = self.next_seq(H_JOIN_SEQ)?;
+        for (off, v) in [
+            (O_HEARTBEAT, 0),
+            (O_JOIN, join),
+            (O_ADDR_SEQ, 0),
+            (O_PID, ident.pid as u64),
+            (O_START, ident.start_time),
+            (O_PIDNS, ident.pid_ns),
+            (O_NETNS, ident.net_ns),
+            (O_NADDR, 0),
+        ] {
+            self.st(base + off, v)?;
+        }
+        self.view.write(base + O_BOOT, &ident.boot_id)?;
+        let mut name = [0u8; MAX_MEMBER_NAME];
+        name[..ident.name.len()].copy_from_slice(ident.name.as_bytes());
+        self.view.write(base + O_NAME, &name)?;
+        Ok(())
+    }
+
+    /// Graceful exit: reclaims everything `id` holds, as if it had died.
+    pub fn leave(&self, id: MemberId) -> Result<(), RegistryError> {
+        self.reclaim(id, id).map(|_| ())
+    }
+
+    /// Proof of life: bumps the member's heartbeat counter.
+    pub fn heartbeat(&self, id: MemberId) -> Result<(), RegistryError> {
+        self.live_member(id)?;
+        self.w64(self.member_off(id.idx) + O_HEARTBEAT)?
+            .fetch_add(1, Release);
+        Ok(())
+    }
+
+    /// Replaces the advertised addresses (at most [`MAX_ADDRESSES`]).
+    pub fn set_addresses(&self, id: MemberId, addrs: &[IpAddr]) -> Result<(), RegistryError> {
+        if addrs.len() > MAX_ADDRESSES {
+            return Err(RegistryError::InvalidParams(format!(
+                "at most {MAX_ADDRESSES} addresses"
+            )));
+        }
+        self.live_member(id)?;
+        let base = self.member_off(id.idx);
+        let seq = self.w64(base + O_ADDR_SEQ)?;
+        let start = self.lock_addresses(&seq);
+        let mut fams = [0u8; 8];
+        for (i, a) in addrs.iter().enumerate() {
+            let (f, b) = encode_ip(a);
+            fams[i] = f;
+            self.view.write(base + O_ADDRS + 16 * i as u64, &b)?;
+        }
+        self.view.write(base + O_FAMS, &fams)?;
+        self.st(base + O_NADDR, addrs.len() as u64)?;
+        seq.store(start.wrapping_add(2), Release);
+        Ok(())
+    }
+
+    /// Makes the address seqlock odd; returns the even value it had. A writer that died with the
+    /// lock odd can only have been this member itself, so after a bounded wait we take it over.
+    fn lock_addresses(&self, seq: &memloop_shm::ShmU64) -> u64 {
+        for _ in 0..1000 {
+            let s = seq.load(Relaxed);
+            if s % 2 == 0 && seq.compare_exchange(s, s + 1, Acquire, Relaxed).is_ok() {
+                return s;
+            }
+            spin_hint();
+        }
+        let s = seq.load(Relaxed) | 1;
+        seq.store(s, Relaxed);
+        fence(Release);
+        s.wrapping_sub(1)
+    }
+
+    /// Reads one member; `Stale` if the slot no longer belongs to `id`.
+    pub fn member(&self, id: MemberId) -> Result<MemberInfo, RegistryError> {
+        let w = self.check_member(id)?;
+        let state = match m_state(w) {
+            M_LIVE => MemberState::Live,
+            M_RECLAIMING => MemberState::Reclaiming,
+            _ => MemberState::Claiming,
+        };
+        let identity = self.read_identity(id.idx)?;
+        let heartbeat = self.ld(self.member_off(id.idx) + O_HEARTBEAT)?;
+        let addresses = self.read_addresses(id.idx)?;
+        fence(Acquire);
+        let w2 = self.check_member(id)?;
+        if state == MemberState::Claiming || m_state(w2) == M_CLAIMING {
+            return Err(RegistryError::wrong("LIVE", "CLAIMING"));
+        }
+        Ok(MemberInfo {
+            id,
+            identity,
+            addresses,
+            heartbeat,
+            state,
+        })
+    }
+
+    fn read_identity(&self, idx: u32) -> Result<MemberIdentity, RegistryError> {
+        let base = self.member_off(idx);
+        let pid = self.ld(base + O_PID)?;
+        let pid = u32::try_from(pid)
+            .map_err(|_| RegistryError::corrupt("member", format!("pid {pid}")))?;
+        let name: [u8; MAX_MEMBER_NAME] = self.bytes(base + O_NAME)?;
+        let len = name.iter().position(|&b| b == 0).unwrap_or(MAX_MEMBER_NAME);
+        let name = std::str::from_utf8(&name[..len])
+            .map_err(|e| RegistryError::corrupt("member name", e.to_string()))?
+            .to_owned();
+        Ok(MemberIdentity {
+            pid,
+            start_time: self.ld(base + O_START)?,
+            boot_id: self.bytes(base + O_BOOT)?,
+            pid_ns: self.ld(base + O_PIDNS)?,
+            net_ns: self.ld(base + O_NETNS)?,
+            name,
+        })
+    }
+
+    fn read_addresses(&self, idx: u32) -> Result<Vec<IpAddr>, RegistryError> {
+        let base = self.member_off(idx);
+        let seq = self.w64(base + O_ADDR_SEQ)?;
+        for _ in 0..READ_TRIES {
+            let s1 = seq.load(Acquire);
+            if s1 % 2 == 1 {
+                spin_hint();
+                continue;
+            }
+            let n = self.ld(base + O_NADDR)?;
+            let fams: [u8; 8] = self.bytes(base + O_FAMS)?;
+            let raw: [u8; 16 * MAX_ADDRESSES] = self.bytes(base + O_ADDRS)?;
+            fence(Acquire);
+            if seq.load(Relaxed) != s1 {
+                continue;
+            }
+            if n > MAX_ADDRESSES as u64 {
+                return Err(RegistryError::corrupt(
+                    "member addresses",
+                    format!("count {n}"),
+                ));
+            }
+            return (0..n as usize)
+                .map(|i| decode_ip(fams[i], &arr16(&raw[16 * i..])))
+                .collect();
+        }
+        Err(RegistryError::corrupt(
+            "member addresses",
+            "writer never finished",
+        ))
+    }
+
+    /// Every LIVE or RECLAIMING member (entries that fail validation are skipped and logged).
+    pub fn members(&self) -> Vec<MemberInfo> {
+        let mut out = Vec::new();
+        for idx in 0..self.layout.params.max_members {
+            let Ok(w) = self.member_word(idx) else {
+                continue;
+            };
+            if !matches!(m_state(w), M_LIVE | M_RECLAIMING) {
+                continue;
+            }
+            match self.member(MemberId { idx, gen: m_gen(w) }) {
+                Ok(m) => out.push(m),
+                Err(RegistryError::Stale) => {}
+                Err(e) => tracing::warn!(idx, error = %e, "skipping member entry"),
+            }
+        }
+        out
+    }
+
+    pub(crate) fn count_members(&self) -> u32 {
+        (0..self.layout.params.max_members)
+            .filter(|&i| {
+                self.member_word(i)
+                    .map(|w| m_state(w) != M_FREE)
+                    .unwrap_or(false)
+            })
+            .count() as u32
+    }
+
+    /// The 24-bit tag of `id` (for tables that record their owner in their state word).
+    pub(crate) fn tag_of(id: MemberId) -> u32 {
+        member_tag(id)
+    }
+}

@@ -1,0 +1,232 @@
+//! Reclaiming what a dead (or departing) member held.
+//!
+//! Anyone who notices a death may reclaim; a CAS LIVE → RECLAIMING(by) on the member's state
+//! word elects one reclaimer. Every step is an idempotent CAS on some entry's state word, so a
+//! reclaim that is interrupted (the reclaimer dies too) can be redone from the start by someone
+//! else: a later reclaim takes over a RECLAIMING slot whose reclaimer is no longer LIVE, and
+//! reclaiming a member also resumes the reclaims it had left unfinished. The slot becomes FREE
+//! with generation + 1 last, so ids of the dead member turn `Stale` only once nothing refers to
+//! it any more. Survivors keep their channel memory until they close (Fido: a dead peer's
+//! mapping stays valid).
+
+use crate::error::RegistryError;
+use crate::key::{member_tag, MemberId};
+use crate::members::{
+    m_gen, m_reclaimer, m_state, m_word, M_CLAIMING, M_FREE, M_LIVE, M_RECLAIMING,
+};
+use crate::Registry;
+use memloop_shm::sync::Ordering::{Relaxed, SeqCst};
+
+/// What one call to [`Registry::reclaim`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReclaimReport {
+    pub endpoints_removed: u32,
+    /// Channels returned to FREE (the other side was already gone, or never accepted).
+    pub channels_freed: u32,
+    /// Accepted channels marked dead on the member's side; the survivor frees them on close.
+    pub channels_marked: u32,
+    /// Orphan segments swept (segments of freed channels are released with them).
+    pub segments_freed: u64,
+    /// This call took over from a reclaimer that is no longer alive.
+    pub took_over: bool,
+    /// Unfinished reclaims of other members (that `dead` was running) completed by this call.
+    pub resumed: u32,
+}
+
+impl Registry {
+    /// Reclaims everything `dead` holds, on behalf of the live member `by` (`by == dead` for a
+    /// graceful [`Registry::leave`]). `WrongState` if another, still live, member is already
+    /// reclaiming it; `Stale` if it has already been reclaimed.
+    pub fn reclaim(&self, dead: MemberId, by: MemberId) -> Result<ReclaimReport, RegistryError> {
+        let took_over = self.begin_reclaim(dead, by)?;
+        let tag = member_tag(dead);
+        let endpoints_removed = self.remove_endpoints_of(tag);
+        let (channels_freed, channels_marked) = self.reclaim_channels(dead);
+        let segments_freed = self.sweep_orphans();
+        self.finish_reclaim(dead)?;
+        let resumed = self.resume_reclaims_of(tag, by);
+        tracing::debug!(
+            ?dead,
+            ?by,
+            endpoints_removed,
+            channels_freed,
+            channels_marked,
+            "member reclaimed"
+        );
+        Ok(ReclaimReport {
+            endpoints_removed,
+            channels_freed,
+            channels_marked,
+            segments_freed,
+            took_over,
+            resumed,
+        })
+    }
+
+    /// Elects `by` as the reclaimer of `dead`; `Ok(true)` if it took over a dead reclaimer.
+    fn begin_reclaim(&self, dead: MemberId, by: MemberId) -> Result<bool, RegistryError> {
+        let mine = member_tag(by);
+        let slot = self.w64(self.member_off(dead.idx))?;
+        for _ in 0..1000 {
+            let w = self.check_member(dead)?;
+            let took_over = match m_state(w) {
+                M_LIVE | M_CLAIMING => false,
+                M_RECLAIMING if m_reclaimer(w) == mine => return Ok(false),
+                M_RECLAIMING if self.tag_alive(m_reclaimer(w)) => {
+                    return Err(RegistryError::wrong("LIVE", "RECLAIMING"));
+                }
+                _ => true,
+            };
+            if slot
+                .compare_exchange(w, m_word(dead.gen, mine, M_RECLAIMING), SeqCst, Relaxed)
+                .is_ok()
+            {
+                return Ok(took_over);
+            }
+        }
+        Err(RegistryError::corrupt(
+            "member state",
+            "reclaim election did not converge",
+        ))
+    }
+
+    /// RECLAIMING → FREE with generation + 1 (whoever is the reclaimer by now).
+    fn finish_reclaim(&self, dead: MemberId) -> Result<(), RegistryError> {
+        let slot = self.w64(self.member_off(dead.idx))?;
+        for _ in 0..1000 {
+            let w = slot.load(SeqCst);
+            if m_gen(w) != dead.gen || m_state(w) != M_RECLAIMING {
+                return Ok(()); // someone who took over has finished
+            }
+            if slot
+                .compare_exchange(
+                    w,
+                    m_word(dead.gen.wrapping_add(1), 0, M_FREE),
+                    SeqCst,
+                    Relaxed,
+                )
+                .is_ok()
+            {
+                return Ok(());
+            }
+        }
+        Err(RegistryError::corrupt(
+            "member state",
+            "reclaim did not finish",
+        ))
+    }
+
+    /// Completes reclaims that the member with `tag` was running when it died.
+    fn resume_reclaims_of(&self, tag: u32, by: MemberId) -> u32 {
+        let mut n = 0;
+        for idx in 0..self.layout.params.max_members {
+            let Ok(w) = self.member_word(idx) else {
+                continue;
+            };
+            if m_state(w) == M_RECLAIMING && m_reclaimer(w) == tag {
+                n += self.reclaim(MemberId { idx, gen: m_gen(w) }, by).is_ok() as u32;
+            }
+        }
+        n
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::{MemberIdentity, RegionParams, ShmSlice, Usage};
+
+    fn setup() -> (Registry, Vec<MemberId>) {
+        let p = RegionParams::small(1 << 20);
+        let r = Registry::init(ShmSlice::new_heap(p.size as usize), &p).unwrap();
+        let ids = (0..3)
+            .map(|i| {
+                let ident = MemberIdentity {
+                    pid: i,
+                    start_time: 0,
+                    boot_id: [0; 16],
+                    pid_ns: 0,
+                    net_ns: 0,
+                    name: "t".into(),
+                };
+                r.join(&ident).unwrap()
+            })
+            .collect();
+        (r, ids)
+    }
+
+    fn base(r: &Registry, members: u32) -> Usage {
+        Usage {
+            members,
+            segments_total: r.nsegments(),
+            ..Usage::default()
+        }
+    }
+
+    #[test]
+    fn half_finished_reservation_is_reclaimed() {
+        let (r, m) = setup();
+        let (ch, _) = r.reserve(m[0]).unwrap();
+        r.alloc_segments(ch, 2).unwrap();
+        assert_eq!(r.usage().segments_used, 2);
+        let rep = r.reclaim(m[0], m[1]).unwrap();
+        assert_eq!(rep.channels_freed, 1);
+        assert_eq!(r.usage(), base(&r, 2));
+    }
+
+    #[test]
+    fn orphan_segments_of_a_dead_freer_are_swept() {
+        let (r, m) = setup();
+        let (ch, w) = r.reserve(m[0]).unwrap();
+        r.alloc_segments(ch, 3).unwrap();
+        // a freer that died right after the CAS to FREE: slot is FREE(gen+1), tags still old
+        let slot = r.w64(r.layout.channels_off).unwrap();
+        slot.store(((ch.gen + 1) as u64) << 32, SeqCst);
+        assert_ne!(w, 0);
+        assert_eq!(r.sweep_orphans(), 3);
+        assert_eq!(r.sweep_orphans(), 0);
+        assert_eq!(r.usage().segments_used, 0);
+    }
+
+    #[test]
+    fn a_live_reclaimer_is_not_overridden_but_a_dead_one_is() {
+        let (r, m) = setup();
+        let (dead, b, c) = (m[0], m[1], m[2]);
+        assert!(!r.begin_reclaim(dead, b).unwrap()); // b starts ... and stalls
+        assert!(matches!(
+            r.reclaim(dead, c),
+            Err(RegistryError::WrongState { .. })
+        ));
+        r.begin_reclaim(b, c).unwrap(); // b is now being reclaimed: no longer LIVE
+        let rep = r.reclaim(dead, c).unwrap();
+        assert!(rep.took_over);
+        assert!(matches!(r.member(dead), Err(RegistryError::Stale)));
+        r.reclaim(b, c).unwrap();
+        assert_eq!(r.usage(), base(&r, 1));
+    }
+
+    #[test]
+    fn reclaiming_a_stale_reclaimer_resumes_its_work() {
+        let (r, m) = setup();
+        let (dead, b, c) = (m[0], m[1], m[2]);
+        r.begin_reclaim(dead, b).unwrap(); // b dies mid-way
+        let rep = r.reclaim(b, c).unwrap();
+        assert_eq!(rep.resumed, 1);
+        assert!(matches!(r.member(dead), Err(RegistryError::Stale)));
+        assert_eq!(r.usage(), base(&r, 1));
+    }
+
+    #[test]
+    fn died_mid_accept_releases_the_server_word() {
+        let (r, m) = setup();
+        let ep = r
+            .add_endpoint(m[1], &crate::EndpointKey::Native("s".into()))
+            .unwrap();
+        let ch = r.offer(m[0], ep, 64, None).unwrap();
+        let sw = r.w64(r.layout.channels_off + 8).unwrap();
+        sw.store(crate::key::pack_id(m[2].idx, m[2].gen), SeqCst); // m[2] claimed, then died
+        assert!(r.accept(ch, m[1]).is_err());
+        r.reclaim(m[2], m[1]).unwrap();
+        r.accept(ch, m[1]).unwrap();
+    }
+}

@@ -1,0 +1,128 @@
+//! The ring heap: the rest of the region, cut into equal segments.
+//!
+//! Each segment has an owner tag word (0 = free, else the packed id of the owning channel slot
+//! and its generation). Tags are claimed one by one with CAS; a contiguous multi-segment
+//! allocation that meets a conflict rolls back what it claimed. Because the tag names a channel
+//! *incarnation*, memory whose owner has moved on (freed, reused, or a freer that died half-way)
+//! is recognisable as an orphan and [`Registry::sweep_orphans`] returns it.
+
+use crate::channels::{c_gen, c_phase, C_FREE};
+use crate::error::RegistryError;
+use crate::key::{pack_id, unpack_id, ChannelId};
+use crate::Registry;
+use memloop_shm::sync::Ordering::{Relaxed, SeqCst};
+
+impl Registry {
+    fn tag_word(&self, seg: u64) -> Result<memloop_shm::ShmU64, RegistryError> {
+        self.w64(self.layout.tags_off + 8 * seg)
+    }
+
+    fn tag(&self, seg: u64) -> u64 {
+        self.tag_word(seg)
+            .map(|w| w.load(SeqCst))
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Byte offset (in the region) of segment `seg`.
+    pub(crate) fn segment_offset(&self, seg: u64) -> u64 {
+        self.layout.heap_off + seg * self.layout.params.segment_size
+    }
+
+    /// Segments needed for `bytes`.
+    pub(crate) fn segments_for(&self, bytes: u64) -> u64 {
+        bytes.div_ceil(self.layout.params.segment_size)
+    }
+
+    /// Claims `k` contiguous free segments for channel `ch`; returns the first one.
+    pub(crate) fn alloc_segments(&self, ch: ChannelId, k: u64) -> Result<u64, RegistryError> {
+        let n = self.layout.nsegments;
+        let full = RegistryError::RegionFull {
+            what: "ring memory",
+        };
+        if k == 0 || k > n {
+            return Err(full);
+        }
+        let tag = pack_id(ch.idx, ch.gen);
+        let mut start = 0;
+        while start + k <= n {
+            match (start..start + k).find(|&s| self.tag(s) != 0) {
+                Some(busy) => start = busy + 1,
+                None => match self.claim_run(start, k, tag)? {
+                    None => return Ok(start),
+                    Some(conflict) => start = conflict + 1,
+                },
+            }
+        }
+        Err(full)
+    }
+
+    /// CASes `k` tags from `start`; on a conflict rolls back and returns where it happened.
+    fn claim_run(&self, start: u64, k: u64, tag: u64) -> Result<Option<u64>, RegistryError> {
+        for s in start..start + k {
+            if self
+                .tag_word(s)?
+                .compare_exchange(0, tag, SeqCst, Relaxed)
+                .is_err()
+            {
+                for r in start..s {
+                    self.tag_word(r)?
+                        .compare_exchange(tag, 0, SeqCst, Relaxed)
+                        .ok();
+                }
+                return Ok(Some(s));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Frees every segment tagged with channel incarnation `ch`; returns how many.
+    pub(crate) fn release_segments(&self, ch: ChannelId) -> u64 {
+        let tag = pack_id(ch.idx, ch.gen);
+        let mut freed = 0;
+        for s in 0..self.layout.nsegments {
+            if self.tag(s) == tag {
+                if let Ok(w) = self.tag_word(s) {
+                    freed += w.compare_exchange(tag, 0, SeqCst, Relaxed).is_ok() as u64;
+                }
+            }
+        }
+        freed
+    }
+
+    pub(crate) fn segments_used(&self) -> u64 {
+        (0..self.layout.nsegments)
+            .filter(|&s| self.tag(s) != 0)
+            .count() as u64
+    }
+
+    /// Frees segments whose owner tag names a FREE channel slot, an older generation of the
+    /// slot, or no valid slot at all. Returns how many were freed.
+    pub fn sweep_orphans(&self) -> u64 {
+        let mut freed = 0;
+        for s in 0..self.layout.nsegments {
+            let t = self.tag(s);
+            if t == 0 || !self.is_orphan(t) {
+                continue;
+            }
+            if let Ok(w) = self.tag_word(s) {
+                if w.compare_exchange(t, 0, SeqCst, Relaxed).is_ok() {
+                    tracing::debug!(segment = s, tag = t, "freed orphan ring segment");
+                    freed += 1;
+                }
+            }
+        }
+        freed
+    }
+
+    /// The tag was read before the slot's state word (SeqCst), so an owner that claimed the slot
+    /// and then the segment is seen RESERVED (or later) with the same generation.
+    fn is_orphan(&self, tag: u64) -> bool {
+        let Some((idx, gen)) = unpack_id(tag, self.layout.params.max_channels) else {
+            return true;
+        };
+        match self.channel_word(idx) {
+            Ok(w) => c_phase(w) == C_FREE || c_gen(w) != gen,
+            Err(_) => false,
+        }
+    }
+}
