@@ -27,7 +27,11 @@ pub enum MappingError {
     #[error("{path}: no such region file")]
     NotFound { path: PathBuf },
     #[error("{path}: {what}: {source}")]
-    Io { path: PathBuf, what: &'static str, source: io::Error },
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        source: io::Error,
+    },
     #[error("{path}: is empty or not yet sized")]
     Empty { path: PathBuf },
 }
@@ -47,20 +51,31 @@ pub struct CreateOptions {
     pub size: u64,
     pub mode: u32,
     pub gid: Option<u32>,
+    /// Take an exclusive `flock` before the file is sized and keep it: openers that wait for
+    /// the lock then never see a sized but uninitialised file. Release with [`Mapping::unlock`].
+    pub locked: bool,
 }
 
 fn io_err<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> MappingError + 'a {
     move |source| match source.kind() {
         io::ErrorKind::AlreadyExists => MappingError::Exists { path: path.into() },
         io::ErrorKind::NotFound => MappingError::NotFound { path: path.into() },
-        _ => MappingError::Io { path: path.into(), what, source },
+        _ => MappingError::Io {
+            path: path.into(),
+            what,
+            source,
+        },
     }
 }
 
 impl Mapping {
     /// Creates `path` exclusively (fails with [`MappingError::Exists`] if it is there), sizes it and
     /// maps it. The file is zero-filled by the kernel.
-    pub fn create_new(path: &Path, backend: Backend, opts: &CreateOptions) -> Result<Arc<Self>, MappingError> {
+    pub fn create_new(
+        path: &Path,
+        backend: Backend,
+        opts: &CreateOptions,
+    ) -> Result<Arc<Self>, MappingError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -69,12 +84,17 @@ impl Mapping {
             .open(path)
             .map_err(io_err(path, "create"))?;
         let setup = || -> Result<(), MappingError> {
+            if opts.locked {
+                rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+                    .map_err(|e| io_err(path, "lock")(e.into()))?;
+            }
             // The umask may have narrowed the mode; the caller asked for exactly this one.
             rustix::fs::fchmod(&file, rustix::fs::Mode::from_raw_mode(opts.mode))
                 .map_err(|e| io_err(path, "chmod")(e.into()))?;
             if let Some(gid) = opts.gid {
                 let gid = rustix::fs::Gid::from_raw(gid);
-                rustix::fs::fchown(&file, None, Some(gid)).map_err(|e| io_err(path, "chown")(e.into()))?;
+                rustix::fs::fchown(&file, None, Some(gid))
+                    .map_err(|e| io_err(path, "chown")(e.into()))?;
             }
             file.set_len(opts.size).map_err(io_err(path, "resize"))
         };
@@ -95,16 +115,31 @@ impl Mapping {
         Self::map(file, path, backend, writable)
     }
 
-    fn map(file: File, path: &Path, backend: Backend, writable: bool) -> Result<Arc<Self>, MappingError> {
+    fn map(
+        file: File,
+        path: &Path,
+        backend: Backend,
+        writable: bool,
+    ) -> Result<Arc<Self>, MappingError> {
         let len = file.metadata().map_err(io_err(path, "stat"))?.len();
         if len == 0 {
             return Err(MappingError::Empty { path: path.into() });
         }
         let mut opts = MmapOptions::new();
         opts.len(len as usize);
-        let raw = if writable { opts.map_raw(&file) } else { opts.map_raw_read_only(&file) }
-            .map_err(io_err(path, "mmap"))?;
-        Ok(Arc::new(Self { raw, file, path: path.into(), backend, writable }))
+        let raw = if writable {
+            opts.map_raw(&file)
+        } else {
+            opts.map_raw_read_only(&file)
+        }
+        .map_err(io_err(path, "mmap"))?;
+        Ok(Arc::new(Self {
+            raw,
+            file,
+            path: path.into(),
+            backend,
+            writable,
+        }))
     }
 
     pub fn len(&self) -> usize {
@@ -122,6 +157,18 @@ impl Mapping {
     /// The open file, e.g. for advisory locks during initialisation.
     pub fn file(&self) -> &File {
         &self.file
+    }
+
+    /// Takes an exclusive (`shared == false`) or shared advisory lock on the file, waiting for it.
+    pub fn lock(&self, shared: bool) -> Result<(), MappingError> {
+        use rustix::fs::FlockOperation::{LockExclusive, LockShared};
+        let op = if shared { LockShared } else { LockExclusive };
+        rustix::fs::flock(&self.file, op).map_err(|e| io_err(&self.path, "lock")(e.into()))
+    }
+
+    /// Releases a lock taken by [`Mapping::lock`] or at creation.
+    pub fn unlock(&self) {
+        let _ = rustix::fs::flock(&self.file, rustix::fs::FlockOperation::Unlock);
     }
 
     /// A view of the whole mapping that keeps it alive.
@@ -143,15 +190,26 @@ mod tests {
     fn two_mappings_of_one_file_share_bytes() {
         let dir = std::env::temp_dir().join(format!("memloop-shm-test-{}", std::process::id()));
         let _ = std::fs::remove_file(&dir);
-        let opts = CreateOptions { size: 8192, mode: 0o600, gid: None };
+        let opts = CreateOptions {
+            size: 8192,
+            mode: 0o600,
+            gid: None,
+            locked: false,
+        };
         let a = Mapping::create_new(&dir, Backend::File, &opts).unwrap();
-        assert!(matches!(Mapping::create_new(&dir, Backend::File, &opts), Err(MappingError::Exists { .. })));
+        assert!(matches!(
+            Mapping::create_new(&dir, Backend::File, &opts),
+            Err(MappingError::Exists { .. })
+        ));
         let b = Mapping::open(&dir, Backend::File, true).unwrap();
         a.view().u64_at(4096).unwrap().store(7, SeqCst);
         assert_eq!(b.view().u64_at(4096).unwrap().load(SeqCst), 7);
         let ro = Mapping::open(&dir, Backend::File, false).unwrap();
         assert!(ro.view().write(0, &[1]).is_err());
         std::fs::remove_file(&dir).unwrap();
-        assert!(matches!(Mapping::open(&dir, Backend::File, true), Err(MappingError::NotFound { .. })));
+        assert!(matches!(
+            Mapping::open(&dir, Backend::File, true),
+            Err(MappingError::NotFound { .. })
+        ));
     }
 }

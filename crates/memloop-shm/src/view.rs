@@ -11,7 +11,9 @@ use std::sync::Arc;
 /// An access outside a view, misaligned, or a write through a read-only view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum OutOfBounds {
-    #[error("shared-memory access of {len} bytes at offset {off} is outside a view of {view} bytes")]
+    #[error(
+        "shared-memory access of {len} bytes at offset {off} is outside a view of {view} bytes"
+    )]
     Range { off: u64, len: u64, view: u64 },
     #[error("shared-memory atomic at offset {off} is not aligned to {align} bytes")]
     Misaligned { off: u64, align: u64 },
@@ -45,14 +47,25 @@ mod imp {
         /// # Safety
         /// `ptr..ptr+len` must stay mapped (readable, and writable if `writable`) for as long as
         /// `keep` is alive, and must be aligned to at least 8 bytes.
-        pub(crate) unsafe fn from_raw(ptr: NonNull<u8>, len: usize, writable: bool, keep: Keep) -> Self {
-            Self { ptr, len, writable, _keep: keep }
+        pub(crate) unsafe fn from_raw(
+            ptr: NonNull<u8>,
+            len: usize,
+            writable: bool,
+            keep: Keep,
+        ) -> Self {
+            Self {
+                ptr,
+                len,
+                writable,
+                _keep: keep,
+            }
         }
 
         /// A heap-backed view for tests and single-process use: zero-filled, 64-byte aligned.
         pub fn new_heap(len: usize) -> Self {
             let words = len.div_ceil(64).max(1);
-            let buf: Arc<[crate::sync::AtomicU64]> = (0..words * 8).map(|_| AtomicU64::new(0)).collect();
+            let buf: Arc<[crate::sync::AtomicU64]> =
+                (0..words * 8).map(|_| AtomicU64::new(0)).collect();
             let ptr = NonNull::from(&buf[0]).cast::<u8>();
             // SAFETY: `buf` is kept alive by the view, holds `words*64 >= len` bytes of interior
             // mutable memory (atomics), and is 8-byte aligned.
@@ -65,7 +78,12 @@ mod imp {
         pub(super) fn with_range(&self, off: usize, len: usize) -> Self {
             // SAFETY: callers checked `off+len <= self.len`.
             let ptr = unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(off)) };
-            Self { ptr, len, writable: self.writable, _keep: self._keep.clone() }
+            Self {
+                ptr,
+                len,
+                writable: self.writable,
+                _keep: self._keep.clone(),
+            }
         }
         pub fn len(&self) -> usize {
             self.len
@@ -74,7 +92,10 @@ mod imp {
             self.writable
         }
         pub fn read_only(&self) -> Self {
-            Self { writable: false, ..self.clone() }
+            Self {
+                writable: false,
+                ..self.clone()
+            }
         }
 
         /// Copies `src` into the view at `off`.
@@ -87,7 +108,9 @@ mod imp {
             // stays mapped while `self` lives. Any bit pattern is a valid `u8`. Concurrent access
             // by a peer is excluded by the ring protocol; a buggy peer can only make the bytes
             // garbage, which readers treat as untrusted data.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(o), src.len()) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(o), src.len())
+            };
             Ok(())
         }
 
@@ -95,7 +118,9 @@ mod imp {
         pub fn read(&self, off: u64, dst: &mut [u8]) -> Result<(), OutOfBounds> {
             let o = self.check(off, dst.len() as u64)?;
             // SAFETY: as for `write`: checked range, live mapping, plain bytes.
-            unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(o), dst.as_mut_ptr(), dst.len()) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(o), dst.as_mut_ptr(), dst.len())
+            };
             Ok(())
         }
 
@@ -112,12 +137,16 @@ mod imp {
 
         pub fn u64_at(&self, off: u64) -> Result<ShmU64, OutOfBounds> {
             self.check_atomic(off, 8)?;
-            Ok(ShmU64 { view: self.with_range(off as usize, 8) })
+            Ok(ShmU64 {
+                view: self.with_range(off as usize, 8),
+            })
         }
 
         pub fn u32_at(&self, off: u64) -> Result<ShmU32, OutOfBounds> {
             self.check_atomic(off, 4)?;
-            Ok(ShmU32 { view: self.with_range(off as usize, 4) })
+            Ok(ShmU32 {
+                view: self.with_range(off as usize, 4),
+            })
         }
     }
 
@@ -179,13 +208,22 @@ mod imp {
                 words: (0..len8).map(|_| AtomicU64::new(0)).collect(),
                 halves: (0..len8 * 2).map(|_| AtomicU32::new(0)).collect(),
             };
-            Self { mem: Arc::new(mem), start: 0, len, writable: true }
+            Self {
+                mem: Arc::new(mem),
+                start: 0,
+                len,
+                writable: true,
+            }
         }
         pub fn new_heap(len: usize) -> Self {
             Self::new_model(len)
         }
         pub(super) fn with_range(&self, off: usize, len: usize) -> Self {
-            Self { start: self.start + off, len, ..self.clone() }
+            Self {
+                start: self.start + off,
+                len,
+                ..self.clone()
+            }
         }
         pub fn len(&self) -> usize {
             self.len
@@ -194,7 +232,10 @@ mod imp {
             self.writable
         }
         pub fn read_only(&self) -> Self {
-            Self { writable: false, ..self.clone() }
+            Self {
+                writable: false,
+                ..self.clone()
+            }
         }
         fn byte_op(&self, abs: usize, f: impl FnOnce(u64, u32) -> Option<u64>) {
             let w = &self.mem.words[abs / 8];
@@ -210,7 +251,9 @@ mod imp {
                 return Err(OutOfBounds::ReadOnly);
             }
             for (i, b) in src.iter().enumerate() {
-                self.byte_op(self.start + o + i, |cur, s| Some((cur & !(0xff << s)) | ((*b as u64) << s)));
+                self.byte_op(self.start + o + i, |cur, s| {
+                    Some((cur & !(0xff << s)) | ((*b as u64) << s))
+                });
             }
             Ok(())
         }
@@ -229,11 +272,17 @@ mod imp {
         }
         pub fn u64_at(&self, off: u64) -> Result<ShmU64, OutOfBounds> {
             self.check_atomic(off, 8)?;
-            Ok(ShmU64 { mem: self.mem.clone(), idx: (self.start + off as usize) / 8 })
+            Ok(ShmU64 {
+                mem: self.mem.clone(),
+                idx: (self.start + off as usize) / 8,
+            })
         }
         pub fn u32_at(&self, off: u64) -> Result<ShmU32, OutOfBounds> {
             self.check_atomic(off, 4)?;
-            Ok(ShmU32 { mem: self.mem.clone(), idx: (self.start + off as usize) / 4 })
+            Ok(ShmU32 {
+                mem: self.mem.clone(),
+                idx: (self.start + off as usize) / 4,
+            })
         }
     }
 
@@ -305,12 +354,21 @@ mod tests {
     fn bounds_are_enforced() {
         let s = ShmSlice::new_heap(128);
         assert!(s.write(120, &[1; 8]).is_ok());
-        assert!(matches!(s.write(121, &[1; 8]), Err(OutOfBounds::Range { .. })));
-        assert!(matches!(s.read(u64::MAX, &mut [0; 2]), Err(OutOfBounds::Range { .. })));
+        assert!(matches!(
+            s.write(121, &[1; 8]),
+            Err(OutOfBounds::Range { .. })
+        ));
+        assert!(matches!(
+            s.read(u64::MAX, &mut [0; 2]),
+            Err(OutOfBounds::Range { .. })
+        ));
         assert!(matches!(s.u64_at(4), Err(OutOfBounds::Misaligned { .. })));
         assert!(matches!(s.u64_at(128), Err(OutOfBounds::Range { .. })));
         assert!(s.slice(64, 65).is_err());
-        assert!(matches!(s.read_only().write(0, &[1]), Err(OutOfBounds::ReadOnly)));
+        assert!(matches!(
+            s.read_only().write(0, &[1]),
+            Err(OutOfBounds::ReadOnly)
+        ));
     }
 
     #[test]

@@ -35,14 +35,20 @@ pub fn boot_id() -> [u8; 16] {
 
 /// Inode of one of our namespaces (`"pid"`, `"net"`), 0 if unknown.
 pub fn namespace_inode(kind: &str) -> u64 {
-    fs::metadata(format!("/proc/self/ns/{kind}")).map(|m| m.ino()).unwrap_or(0)
+    fs::metadata(format!("/proc/self/ns/{kind}"))
+        .map(|m| m.ino())
+        .unwrap_or(0)
 }
 
 /// The identity of the calling process.
 pub fn current(name: &str) -> MemberIdentity {
     let pid = std::process::id();
     let start_time = proc_start_time(pid).map(|(t, _)| t).unwrap_or(0);
-    let name = if name.is_empty() { process_name() } else { name.to_string() };
+    let name = if name.is_empty() {
+        process_name()
+    } else {
+        name.to_string()
+    };
     MemberIdentity {
         pid,
         start_time,
@@ -54,7 +60,9 @@ pub fn current(name: &str) -> MemberIdentity {
 }
 
 fn process_name() -> String {
-    fs::read_to_string("/proc/self/comm").map(|s| s.trim().to_string()).unwrap_or_default()
+    fs::read_to_string("/proc/self/comm")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 fn truncate_utf8(s: &str, max: usize) -> &str {

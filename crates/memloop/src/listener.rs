@@ -32,10 +32,17 @@ impl Listener {
                 }
                 reg.add_endpoint(n.id, &key)?
             }
-            Err(RegistryError::RegionFull { .. }) if n.reclaim_dead() > 0 => reg.add_endpoint(n.id, &key)?,
+            Err(RegistryError::RegionFull { .. }) if n.reclaim_dead() > 0 => {
+                reg.add_endpoint(n.id, &key)?
+            }
             other => other?,
         };
-        Ok(Listener { node: n.clone(), ep, name: name.into(), nonblocking: false })
+        Ok(Listener {
+            node: n.clone(),
+            ep,
+            name: name.into(),
+            nonblocking: false,
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -75,7 +82,12 @@ impl Listener {
                 let _ = reg.close(ch, Side::Server);
                 continue;
             }
-            return Ok(Some(Stream::attach(self.node.clone(), ch, Side::Server, client)?));
+            return Ok(Some(Stream::attach(
+                self.node.clone(),
+                ch,
+                Side::Server,
+                client,
+            )?));
         }
         Ok(None)
     }
@@ -101,7 +113,9 @@ impl Listener {
 
     fn has_offer(&self) -> bool {
         let reg = self.node.region.registry();
-        reg.channels().iter().any(|c| c.endpoint == self.ep && c.state == memloop_registry::ChannelState::Offered)
+        reg.channels()
+            .iter()
+            .any(|c| c.endpoint == self.ep && c.state == memloop_registry::ChannelState::Offered)
     }
 }
 

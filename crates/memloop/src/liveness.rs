@@ -24,7 +24,11 @@ pub struct Liveness {
 
 impl Default for Liveness {
     fn default() -> Self {
-        Self { boot_id: identity::boot_id(), pid_ns: identity::namespace_inode("pid"), seen: Mutex::default() }
+        Self {
+            boot_id: identity::boot_id(),
+            pid_ns: identity::namespace_inode("pid"),
+            seen: Mutex::default(),
+        }
     }
 }
 

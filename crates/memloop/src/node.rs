@@ -31,7 +31,11 @@ impl Node {
         let ident = identity::current(name);
         let liveness = Liveness::default();
         let id = join_reclaiming(&region, &ident, &liveness)?;
-        let inner = Arc::new(NodeInner { region, id, liveness });
+        let inner = Arc::new(NodeInner {
+            region,
+            id,
+            liveness,
+        });
         inner.reclaim_dead();
         spawn_heartbeat(Arc::downgrade(&inner));
         tracing::debug!(?id, "joined region");
@@ -57,7 +61,11 @@ impl Node {
 }
 
 /// Joins; if the member table is full, reclaims the dead and tries once more.
-fn join_reclaiming(region: &Region, ident: &MemberIdentity, live: &Liveness) -> Result<MemberId, Error> {
+fn join_reclaiming(
+    region: &Region,
+    ident: &MemberIdentity,
+    live: &Liveness,
+) -> Result<MemberId, Error> {
     match region.registry().join(ident) {
         Err(RegistryError::RegionFull { .. }) => {
             let reg = region.registry();
@@ -74,13 +82,15 @@ fn join_reclaiming(region: &Region, ident: &MemberIdentity, live: &Liveness) -> 
 }
 
 fn spawn_heartbeat(node: Weak<NodeInner>) {
-    let spawned = std::thread::Builder::new().name("memloop-heartbeat".into()).spawn(move || loop {
-        std::thread::sleep(HEARTBEAT_PERIOD);
-        let Some(n) = node.upgrade() else { return };
-        if n.region.registry().heartbeat(n.id).is_err() {
-            return;
-        }
-    });
+    let spawned = std::thread::Builder::new()
+        .name("memloop-heartbeat".into())
+        .spawn(move || loop {
+            std::thread::sleep(HEARTBEAT_PERIOD);
+            let Some(n) = node.upgrade() else { return };
+            if n.region.registry().heartbeat(n.id).is_err() {
+                return;
+            }
+        });
     if let Err(e) = spawned {
         tracing::warn!("cannot start heartbeat thread: {e}");
     }
@@ -89,7 +99,10 @@ fn spawn_heartbeat(node: Weak<NodeInner>) {
 impl NodeInner {
     pub(crate) fn reclaim_dead(&self) -> usize {
         let reg = self.region.registry();
-        let dead = reg.members().into_iter().filter(|m| m.id != self.id && !self.liveness.is_alive(m));
+        let dead = reg
+            .members()
+            .into_iter()
+            .filter(|m| m.id != self.id && !self.liveness.is_alive(m));
         dead.filter(|m| reg.reclaim(m.id, self.id).is_ok()).count()
     }
 
@@ -113,8 +126,16 @@ impl NodeInner {
             Ok(info) => self.liveness.same_kernel(&info.identity),
             Err(_) => true,
         };
-        let mode = if same { WakeMode::Futex } else { WakeMode::SleepPoll };
-        WaitPolicy { mode, max_sleep: Duration::from_millis(if same { 100 } else { 5 }), ..WaitPolicy::default() }
+        let mode = if same {
+            WakeMode::Futex
+        } else {
+            WakeMode::SleepPoll
+        };
+        WaitPolicy {
+            mode,
+            max_sleep: Duration::from_millis(if same { 100 } else { 5 }),
+            ..WaitPolicy::default()
+        }
     }
 }
 

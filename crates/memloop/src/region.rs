@@ -10,7 +10,6 @@
 use crate::error::Error;
 use memloop_registry::{RegionParams, Registry, RegistryError};
 use memloop_shm::{Backend, CreateOptions, Mapping, MappingError};
-use rustix::fs::{flock, FlockOperation};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,7 +67,9 @@ impl RegionSpec {
 
 fn is_hugetlbfs(p: &Path) -> bool {
     let dir = p.parent().unwrap_or(p);
-    rustix::fs::statfs(dir).map(|s| s.f_type as i64 == 0x958458f6).unwrap_or(false)
+    rustix::fs::statfs(dir)
+        .map(|s| s.f_type == 0x958458f6)
+        .unwrap_or(false)
 }
 
 /// Options for creating a region.
@@ -81,7 +82,11 @@ pub struct CreateRegion {
 
 impl Default for CreateRegion {
     fn default() -> Self {
-        Self { params: RegionParams::default(), mode: 0o660, gid: None }
+        Self {
+            params: RegionParams::default(),
+            mode: 0o660,
+            gid: None,
+        }
     }
 }
 
@@ -105,7 +110,11 @@ impl Region {
         } else {
             attach_or_finish_init(&mapping, None)?
         };
-        Ok(Self { spec: spec.clone(), mapping, registry })
+        Ok(Self {
+            spec: spec.clone(),
+            mapping,
+            registry,
+        })
     }
 
     /// Creates the region if it does not exist (exactly one concurrent caller initialises it),
@@ -116,17 +125,30 @@ impl Region {
             return Self::init_device(spec, opts, false);
         }
         let path = spec.path();
-        let copts = CreateOptions { size: opts.params.size, mode: opts.mode, gid: opts.gid };
+        let copts = CreateOptions {
+            size: opts.params.size,
+            mode: opts.mode,
+            gid: opts.gid,
+            locked: true,
+        };
         match Mapping::create_new(&path, spec.backend(), &copts) {
             Ok(mapping) => {
                 let registry = init_locked(&mapping, &opts.params)?;
                 tracing::debug!(path = %path.display(), "created region");
-                Ok(Self { spec: spec.clone(), mapping, registry })
+                Ok(Self {
+                    spec: spec.clone(),
+                    mapping,
+                    registry,
+                })
             }
             Err(MappingError::Exists { .. }) => {
                 let mapping = Self::map_existing(spec)?;
                 let registry = attach_or_finish_init(&mapping, Some(&opts.params))?;
-                Ok(Self { spec: spec.clone(), mapping, registry })
+                Ok(Self {
+                    spec: spec.clone(),
+                    mapping,
+                    registry,
+                })
             }
             Err(e) => Err(e.into()),
         }
@@ -138,12 +160,19 @@ impl Region {
         let registry = match Registry::attach(mapping.view()) {
             Ok(r) if !force => r,
             _ => {
-                let params = RegionParams { size: mapping.len() as u64, ..opts.params.clone() };
+                let params = RegionParams {
+                    size: mapping.len() as u64,
+                    ..opts.params
+                };
                 mapping.view().fill(0, mapping.len() as u64, 0)?;
                 Registry::init(mapping.view(), &params)?
             }
         };
-        Ok(Self { spec: spec.clone(), mapping, registry })
+        Ok(Self {
+            spec: spec.clone(),
+            mapping,
+            registry,
+        })
     }
 
     fn map_existing(spec: &RegionSpec) -> Result<Arc<Mapping>, Error> {
@@ -188,31 +217,40 @@ impl Region {
     }
 }
 
-/// Initialises a freshly created file under an exclusive lock.
+/// Initialises a freshly created file; it was created locked, so openers wait for us.
 fn init_locked(mapping: &Arc<Mapping>, params: &RegionParams) -> Result<Registry, Error> {
-    flock(mapping.file(), FlockOperation::LockExclusive).map_err(|e| Error::Io(e.into()))?;
     let r = Registry::init(mapping.view(), params);
-    let _ = flock(mapping.file(), FlockOperation::Unlock);
+    mapping.unlock();
     Ok(r?)
 }
 
 /// Attaches to a region some other process created; waits for its initialiser (via the lock)
 /// and takes over initialisation if that process died first (lock free, magic absent).
-fn attach_or_finish_init(mapping: &Arc<Mapping>, params: Option<&RegionParams>) -> Result<Registry, Error> {
+fn attach_or_finish_init(
+    mapping: &Arc<Mapping>,
+    params: Option<&RegionParams>,
+) -> Result<Registry, Error> {
     match Registry::attach(mapping.view()) {
         Err(RegistryError::NotInitialised) => {}
         other => return Ok(other?),
     }
-    flock(mapping.file(), FlockOperation::LockExclusive).map_err(|e| Error::Io(e.into()))?;
+    mapping.lock(false)?;
     let result = match Registry::attach(mapping.view()) {
         Err(RegistryError::NotInitialised) => {
             tracing::debug!(path = %mapping.path().display(), "initialiser died: finishing init");
             let size = mapping.len() as u64;
-            let params = RegionParams { size, ..params.cloned().unwrap_or_default() };
-            mapping.view().fill(0, size, 0).map_err(Error::from).and_then(|_| Ok(Registry::init(mapping.view(), &params)?))
+            let params = RegionParams {
+                size,
+                ..params.copied().unwrap_or_default()
+            };
+            mapping
+                .view()
+                .fill(0, size, 0)
+                .map_err(Error::from)
+                .and_then(|_| Ok(Registry::init(mapping.view(), &params)?))
         }
         other => other.map_err(Error::from),
     };
-    let _ = flock(mapping.file(), FlockOperation::Unlock);
+    mapping.unlock();
     result
 }

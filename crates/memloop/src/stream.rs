@@ -50,23 +50,38 @@ impl Stream {
         let n = &node.inner;
         let reg = n.region.registry();
         let key = EndpointKey::Native(service.to_string());
-        let ep = reg.lookup(&key).ok_or_else(|| Error::NoService(service.into()))?;
+        let ep = reg
+            .lookup(&key)
+            .ok_or_else(|| Error::NoService(service.into()))?;
         if !n.check_peer(ep.owner) {
             return Err(Error::NoService(service.into()));
         }
         let ch = match reg.offer(n.id, ep.id, capacity, None) {
-            Err(RegistryError::RegionFull { .. }) if n.reclaim_dead() > 0 => reg.offer(n.id, ep.id, capacity, None)?,
+            Err(RegistryError::RegionFull { .. }) if n.reclaim_dead() > 0 => {
+                reg.offer(n.id, ep.id, capacity, None)?
+            }
             other => other?,
         };
         ring_doorbell(n, ep.id)?;
         Self::attach(n.clone(), ch, Side::Client, ep.owner)
     }
 
-    pub(crate) fn attach(node: Arc<NodeInner>, ch: ChannelId, side: Side, peer: MemberId) -> Result<Stream, Error> {
+    pub(crate) fn attach(
+        node: Arc<NodeInner>,
+        ch: ChannelId,
+        side: Side,
+        peer: MemberId,
+    ) -> Result<Stream, Error> {
         let rings = node.region.registry().rings(ch)?;
         let (tx, rx) = match side {
-            Side::Client => (StreamProducer::attach(rings.c2s)?, StreamConsumer::attach(rings.s2c)?),
-            Side::Server => (StreamProducer::attach(rings.s2c)?, StreamConsumer::attach(rings.c2s)?),
+            Side::Client => (
+                StreamProducer::attach(rings.c2s)?,
+                StreamConsumer::attach(rings.s2c)?,
+            ),
+            Side::Server => (
+                StreamProducer::attach(rings.s2c)?,
+                StreamConsumer::attach(rings.c2s)?,
+            ),
         };
         let policy = node.wait_policy(peer);
         Ok(Stream {
@@ -113,7 +128,10 @@ impl Stream {
         self.recv_with(|rx| rx.read_vectored(bufs))
     }
 
-    fn recv_with(&mut self, mut op: impl FnMut(&mut StreamConsumer) -> Result<usize, RingError>) -> Result<usize, Error> {
+    fn recv_with(
+        &mut self,
+        mut op: impl FnMut(&mut StreamConsumer) -> Result<usize, RingError>,
+    ) -> Result<usize, Error> {
         let deadline = self.read_timeout.map(|t| Instant::now() + t);
         loop {
             let n = op(&mut self.rx)?;
@@ -140,7 +158,11 @@ impl Stream {
         self.send_with(empty, |tx| tx.write_vectored(bufs))
     }
 
-    fn send_with(&mut self, empty: bool, mut op: impl FnMut(&mut StreamProducer) -> Result<usize, RingError>) -> Result<usize, Error> {
+    fn send_with(
+        &mut self,
+        empty: bool,
+        mut op: impl FnMut(&mut StreamProducer) -> Result<usize, RingError>,
+    ) -> Result<usize, Error> {
         if self.write_shut {
             return Err(Error::WriteShutdown);
         }
@@ -176,16 +198,26 @@ impl Stream {
     }
 
     fn closed_error(&self) -> Error {
-        if self.node.check_peer(self.peer) { Error::BrokenPipe } else { Error::PeerDead }
+        if self.node.check_peer(self.peer) {
+            Error::BrokenPipe
+        } else {
+            Error::PeerDead
+        }
     }
 
     fn wait(&mut self, dir: Dir, deadline: Option<Instant>) -> Result<(), Error> {
         if self.nonblocking {
-            return Err(if self.peer_gone() { Error::PeerDead } else { Error::WouldBlock });
+            return Err(if self.peer_gone() {
+                Error::PeerDead
+            } else {
+                Error::WouldBlock
+            });
         }
         loop {
             let slice = match deadline {
-                Some(d) => d.saturating_duration_since(Instant::now()).min(LIVENESS_SLICE),
+                Some(d) => d
+                    .saturating_duration_since(Instant::now())
+                    .min(LIVENESS_SLICE),
                 None => LIVENESS_SLICE,
             };
             let ready = match dir {

@@ -45,8 +45,14 @@ fn concurrent_creators_end_with_one_initialised_region() {
                 })
             })
             .collect();
-        let gens: Vec<u64> = handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
-        assert!(gens.windows(2).all(|w| w[0] == w[1]), "different generations: {gens:?}");
+        let gens: Vec<u64> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap())
+            .collect();
+        assert!(
+            gens.windows(2).all(|w| w[0] == w[1]),
+            "different generations: {gens:?}"
+        );
     }
     round_trip(&Region::open(&spec).unwrap());
     Region::destroy(&spec).unwrap();
@@ -57,8 +63,15 @@ fn an_initialiser_that_died_is_replaced() {
     // A creator that made and sized the file but died before writing the header.
     let spec = RegionSpec::Named(unique("half"));
     let _ = Region::destroy(&spec);
-    let opts = memloop_shm::CreateOptions { size: 4 << 20, mode: 0o600, gid: None };
-    drop(memloop_shm::Mapping::create_new(&spec.path(), memloop_shm::Backend::File, &opts).unwrap());
+    let opts = memloop_shm::CreateOptions {
+        size: 4 << 20,
+        mode: 0o600,
+        gid: None,
+        locked: false,
+    };
+    drop(
+        memloop_shm::Mapping::create_new(&spec.path(), memloop_shm::Backend::File, &opts).unwrap(),
+    );
     let r = Region::open_or_create(&spec, &small()).unwrap();
     round_trip(&r);
     Region::destroy(&spec).unwrap();
@@ -70,7 +83,10 @@ fn missing_and_garbage_regions_give_clear_errors() {
     let _ = Region::destroy(&spec);
     assert!(matches!(Region::open(&spec), Err(Error::NoRegion(_))));
     std::fs::write(spec.path(), vec![0xA5u8; 1 << 16]).unwrap();
-    let err = Region::open(&spec).err().expect("garbage must not attach").to_string();
+    let err = Region::open(&spec)
+        .err()
+        .expect("garbage must not attach")
+        .to_string();
     assert!(err.contains("magic"), "unhelpful error: {err}");
     Region::destroy(&spec).unwrap();
 }
@@ -80,7 +96,10 @@ fn mode_is_applied_at_creation() {
     use std::os::unix::fs::PermissionsExt;
     let spec = RegionSpec::Named(unique("mode"));
     let _ = Region::destroy(&spec);
-    let opts = CreateRegion { mode: 0o640, ..small() };
+    let opts = CreateRegion {
+        mode: 0o640,
+        ..small()
+    };
     Region::open_or_create(&spec, &opts).unwrap();
     let mode = std::fs::metadata(spec.path()).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o640);
@@ -93,7 +112,10 @@ fn device_path_backend_is_initialised_then_attached() {
     let path = PathBuf::from(format!("/tmp/memloop-{}.bar", unique("dev")));
     std::fs::write(&path, vec![0u8; 4 << 20]).unwrap();
     let spec = RegionSpec::Device(path.clone());
-    assert!(Region::open(&spec).is_err(), "uninitialised device must not attach");
+    assert!(
+        Region::open(&spec).is_err(),
+        "uninitialised device must not attach"
+    );
     Region::init_device(&spec, &small(), false).unwrap();
     let r = Region::open(&spec).unwrap();
     assert_eq!(r.size(), 4 << 20);

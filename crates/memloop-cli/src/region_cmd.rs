@@ -1,0 +1,215 @@
+//! `memloop region create | inspect | destroy`.
+
+use crate::error::{fail, CliError, CliResult, Context};
+use crate::units::{fmt_size, parse_size};
+use memloop::registry::RegionParams;
+use memloop::{CreateRegion, Error, Region, RegionSpec};
+use serde_json::json;
+
+#[derive(clap::Args)]
+pub struct RegionArg {
+    /// Region name (/dev/shm/memloop-NAME) or path; default: $MEMLOOP_REGION, else "default".
+    #[arg(long)]
+    pub region: Option<String>,
+}
+
+impl RegionArg {
+    pub fn spec(&self) -> RegionSpec {
+        self.region
+            .as_deref()
+            .map_or_else(RegionSpec::from_env, RegionSpec::parse)
+    }
+}
+
+#[derive(clap::Subcommand)]
+pub enum RegionCmd {
+    /// Create a region (fails if it already exists).
+    Create(CreateArgs),
+    /// Show a region's header: path, size, generation, parameters, usage.
+    Inspect {
+        #[command(flatten)]
+        region: RegionArg,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a region. Members that have it mapped keep their mapping until they exit.
+    Destroy(RegionArg),
+}
+
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    #[command(flatten)]
+    region: RegionArg,
+    /// Total size, e.g. 64M or 1G.
+    #[arg(long, default_value = "64M")]
+    size: String,
+    /// File permissions, octal.
+    #[arg(long, default_value = "660")]
+    mode: String,
+    /// Group owning the region file (numeric id or name): the trust group.
+    #[arg(long)]
+    group: Option<String>,
+    /// Maximum members.
+    #[arg(long)]
+    members: Option<u32>,
+    /// Maximum endpoints (listening services and sockets).
+    #[arg(long)]
+    endpoints: Option<u32>,
+    /// Maximum channels.
+    #[arg(long)]
+    channels: Option<u32>,
+}
+
+pub fn run(cmd: RegionCmd) -> CliResult<()> {
+    match cmd {
+        RegionCmd::Create(a) => create(&a),
+        RegionCmd::Inspect { region, json } => inspect(&region.spec(), json),
+        RegionCmd::Destroy(r) => destroy(&r.spec()),
+    }
+}
+
+/// Opens an existing region, explaining how to create one if there is none.
+pub fn open(spec: &RegionSpec) -> CliResult<Region> {
+    Region::open(spec).map_err(|e| explain(spec, e))
+}
+
+fn explain(spec: &RegionSpec, e: Error) -> CliError {
+    match e {
+        Error::NoRegion(path) => {
+            let arg = match spec {
+                RegionSpec::Named(n) if n == "default" => String::new(),
+                RegionSpec::Named(n) => format!(" --region {n}"),
+                other => format!(" --region {}", other.path().display()),
+            };
+            fail(format!(
+                "no memloop region at {}: create one with `memloop region create{arg}`",
+                path.display()
+            ))
+        }
+        other => fail(format!("region {}: {other}", spec.path().display())),
+    }
+}
+
+fn create(a: &CreateArgs) -> CliResult<()> {
+    let spec = a.region.spec();
+    let opts = create_options(a)?;
+    // `open_or_create` would quietly attach to an existing region; creating must not.
+    if !matches!(spec, RegionSpec::Device(_)) && spec.path().exists() {
+        return Err(fail(format!(
+            "a region already exists at {} (inspect it with `memloop region inspect`, or destroy it first)",
+            spec.path().display()
+        )));
+    }
+    let region = Region::open_or_create(&spec, &opts)
+        .context(format!("creating region {}", spec.path().display()))?;
+    println!(
+        "created region at {} ({})",
+        region.path().display(),
+        fmt_size(region.size())
+    );
+    Ok(())
+}
+
+fn create_options(a: &CreateArgs) -> CliResult<CreateRegion> {
+    let d = RegionParams::default();
+    let params = RegionParams {
+        size: parse_size(&a.size)?,
+        max_members: a.members.unwrap_or(d.max_members),
+        max_endpoints: a.endpoints.unwrap_or(d.max_endpoints),
+        max_channels: a.channels.unwrap_or(d.max_channels),
+        ..d
+    };
+    params.validate().context("region parameters")?;
+    let mode = u32::from_str_radix(&a.mode, 8)
+        .map_err(|_| fail(format!("--mode {:?}: expected octal, e.g. 660", a.mode)))?;
+    if mode > 0o7777 {
+        return Err(fail(format!("--mode {:o}: not a permission mode", mode)));
+    }
+    let gid = a.group.as_deref().map(group_id).transpose()?;
+    Ok(CreateRegion { params, mode, gid })
+}
+
+/// A numeric gid, or a group name looked up in /etc/group.
+fn group_id(g: &str) -> CliResult<u32> {
+    if let Ok(n) = g.parse() {
+        return Ok(n);
+    }
+    let groups = std::fs::read_to_string("/etc/group").context("reading /etc/group")?;
+    groups
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            (name == g).then(|| f.nth(1)?.parse().ok())?
+        })
+        .next()
+        .ok_or_else(|| fail(format!("no such group: {g}")))
+}
+
+fn inspect(spec: &RegionSpec, as_json: bool) -> CliResult<()> {
+    let region = open(spec)?;
+    let reg = region.registry();
+    let (p, u) = (reg.params(), reg.usage());
+    if as_json {
+        let v = json!({
+            "path": region.path(), "size": region.size(), "generation": reg.generation(),
+            "params": params_json(&p), "usage": usage_json(&u),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("path        {}", region.path().display());
+    println!(
+        "size        {} ({} bytes)",
+        fmt_size(region.size()),
+        region.size()
+    );
+    println!("generation  {}", reg.generation());
+    println!(
+        "params      members {}, endpoints {}, channels {}, segment {}",
+        p.max_members,
+        p.max_endpoints,
+        p.max_channels,
+        fmt_size(p.segment_size)
+    );
+    println!("usage       {}", usage_line(&u, &p));
+    Ok(())
+}
+
+pub fn params_json(p: &RegionParams) -> serde_json::Value {
+    json!({ "size": p.size, "max_members": p.max_members, "max_endpoints": p.max_endpoints,
+            "max_channels": p.max_channels, "segment_size": p.segment_size })
+}
+
+pub fn usage_json(u: &memloop::registry::Usage) -> serde_json::Value {
+    json!({ "members": u.members, "endpoints": u.endpoints, "channels": u.channels,
+            "segments_used": u.segments_used, "segments_total": u.segments_total })
+}
+
+pub fn usage_line(u: &memloop::registry::Usage, p: &RegionParams) -> String {
+    format!(
+        "members {}/{}, endpoints {}/{}, channels {}/{}, ring segments {}/{}",
+        u.members,
+        p.max_members,
+        u.endpoints,
+        p.max_endpoints,
+        u.channels,
+        p.max_channels,
+        u.segments_used,
+        u.segments_total
+    )
+}
+
+fn destroy(spec: &RegionSpec) -> CliResult<()> {
+    // Best effort: say who still has it mapped (they keep working on their mapping).
+    let live = Region::open(spec)
+        .map(|r| r.registry().usage().members)
+        .unwrap_or(0);
+    Region::destroy(spec).map_err(|e| explain(spec, e))?;
+    println!("destroyed region at {}", spec.path().display());
+    if live > 0 {
+        println!("note: {live} member(s) still have it mapped and keep it until they exit");
+    }
+    Ok(())
+}

@@ -1,0 +1,302 @@
+//! `memloop status`: who is in a region, what they listen on, which channels are open, how many
+//! bytes went each way, and the fallback counters.
+
+use crate::error::CliResult;
+use crate::region_cmd::{self, RegionArg};
+use crate::units::fmt_size;
+use memloop::liveness::{Liveness, HEARTBEAT_PERIOD};
+use memloop::registry::{
+    ChannelInfo, EndpointInfo, EndpointKey, MemberId, MemberInfo, Registry, ShmSlice,
+};
+use memloop::ring::header::RING_MAGIC;
+use serde_json::{json, Value};
+use std::collections::HashSet;
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    region: RegionArg,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A member as shown: what the registry says plus what we can tell about its liveness.
+struct Member {
+    info: MemberInfo,
+    same_kernel: bool,
+    alive: bool,
+}
+
+pub fn run(a: &StatusArgs) -> CliResult<()> {
+    let region = region_cmd::open(&a.region.spec())?;
+    let reg = region.registry();
+    let members = members(reg);
+    let (endpoints, channels, counters) = (reg.endpoints(), reg.channels(), reg.counters());
+    if a.json {
+        let v = json!({
+            "region": { "path": region.path(), "size": region.size(), "generation": reg.generation(),
+                        "params": region_cmd::params_json(&reg.params()) },
+            "usage": region_cmd::usage_json(&reg.usage()),
+            "members": members.iter().map(member_json).collect::<Vec<_>>(),
+            "endpoints": endpoints.iter().map(endpoint_json).collect::<Vec<_>>(),
+            "channels": channels.iter().map(|c| channel_json(reg, c)).collect::<Vec<_>>(),
+            "counters": counters,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "region {} ({}), generation {}",
+        region.path().display(),
+        fmt_size(region.size()),
+        reg.generation()
+    );
+    println!(
+        "usage: {}",
+        region_cmd::usage_line(&reg.usage(), &reg.params())
+    );
+    print_members(&members);
+    print_endpoints(&endpoints, &members);
+    print_channels(reg, &channels, &members);
+    print_counters(&counters);
+    Ok(())
+}
+
+/// Same-kernel members are checked through /proc at once; for the others (VMs) we can only
+/// watch their heartbeat move, which takes a little over one heartbeat period.
+fn members(reg: &Registry) -> Vec<Member> {
+    let live = Liveness::default();
+    let first = reg.members();
+    let remote: HashSet<MemberId> = first
+        .iter()
+        .filter(|m| !live.same_pid_space(&m.identity))
+        .map(|m| m.id)
+        .collect();
+    let now = if remote.is_empty() {
+        first.clone()
+    } else {
+        std::thread::sleep(HEARTBEAT_PERIOD + HEARTBEAT_PERIOD / 2);
+        reg.members()
+    };
+    now.into_iter()
+        .map(|info| {
+            let alive = match first.iter().find(|m| m.id == info.id) {
+                Some(old) if remote.contains(&info.id) => old.heartbeat != info.heartbeat,
+                _ => live.is_alive(&info),
+            };
+            Member {
+                same_kernel: live.same_kernel(&info.identity),
+                alive,
+                info,
+            }
+        })
+        .collect()
+}
+
+fn id_str(idx: u32, gen: u32) -> String {
+    format!("{idx}.{gen}")
+}
+
+fn member_name(members: &[Member], id: MemberId) -> String {
+    match members.iter().find(|m| m.info.id == id) {
+        Some(m) => format!(
+            "{} ({} pid {})",
+            id_str(id.idx, id.gen),
+            m.info.identity.name,
+            m.info.identity.pid
+        ),
+        None => format!("{} (gone)", id_str(id.idx, id.gen)),
+    }
+}
+
+fn key_str(k: &EndpointKey) -> String {
+    match k {
+        EndpointKey::Native(name) => format!("native {name}"),
+        EndpointKey::Socket {
+            proto,
+            scope,
+            addr,
+            port,
+        } => {
+            let scope = if *scope == 0 {
+                String::new()
+            } else {
+                format!(" (netns {scope})")
+            };
+            let addr = match addr {
+                std::net::IpAddr::V6(a) => format!("[{a}]"),
+                a => a.to_string(),
+            };
+            format!(
+                "{} {addr}:{port}{scope}",
+                format!("{proto:?}").to_lowercase()
+            )
+        }
+    }
+}
+
+/// Bytes written and read so far on one ring, from its header's free-running indices (tail at
+/// offset 0, head at 64: memloop_ring::header's layout). Read-only: we never touch the ring.
+fn ring_totals(view: &ShmSlice) -> Option<(u64, u64)> {
+    use memloop_shm::sync::Ordering::Acquire;
+    if view.u64_at(128).ok()?.load(Acquire) != RING_MAGIC {
+        return None;
+    }
+    Some((
+        view.u64_at(0).ok()?.load(Acquire),
+        view.u64_at(64).ok()?.load(Acquire),
+    ))
+}
+
+/// (client→server, server→client) bytes written, if the rings are readable.
+fn channel_bytes(reg: &Registry, c: &ChannelInfo) -> Option<(u64, u64)> {
+    let rings = reg.rings(c.id).ok()?;
+    Some((ring_totals(&rings.c2s)?.0, ring_totals(&rings.s2c)?.0))
+}
+
+fn print_members(members: &[Member]) {
+    println!("\nMEMBERS ({})", members.len());
+    let mut rows = vec![row(&[
+        "id",
+        "pid",
+        "name",
+        "kernel",
+        "alive",
+        "heartbeat",
+        "state",
+    ])];
+    for m in members {
+        let i = &m.info;
+        rows.push(vec![
+            id_str(i.id.idx, i.id.gen),
+            i.identity.pid.to_string(),
+            i.identity.name.clone(),
+            (if m.same_kernel { "same" } else { "other" }).into(),
+            (if m.alive { "yes" } else { "NO" }).into(),
+            i.heartbeat.to_string(),
+            format!("{:?}", i.state).to_lowercase(),
+        ]);
+    }
+    print_rows(&rows);
+}
+
+fn print_endpoints(eps: &[EndpointInfo], members: &[Member]) {
+    println!("\nENDPOINTS ({})", eps.len());
+    let mut rows = vec![row(&["id", "key", "owner"])];
+    for e in eps {
+        rows.push(vec![
+            id_str(e.id.idx, e.id.gen),
+            key_str(&e.key),
+            member_name(members, e.owner),
+        ]);
+    }
+    print_rows(&rows);
+}
+
+fn print_channels(reg: &Registry, chans: &[ChannelInfo], members: &[Member]) {
+    println!("\nCHANNELS ({})", chans.len());
+    let mut rows = vec![row(&[
+        "id",
+        "state",
+        "client",
+        "server",
+        "ring",
+        "bytes c→s",
+        "bytes s→c",
+        "flags",
+    ])];
+    for c in chans {
+        let (up, down) = channel_bytes(reg, c).map_or(("-".into(), "-".into()), |(a, b)| {
+            (a.to_string(), b.to_string())
+        });
+        rows.push(vec![
+            id_str(c.id.idx, c.id.gen),
+            format!("{:?}", c.state).to_lowercase(),
+            member_name(members, c.client),
+            c.server.map_or("-".into(), |s| member_name(members, s)),
+            fmt_size(c.ring_capacity),
+            up,
+            down,
+            flags(c),
+        ]);
+    }
+    print_rows(&rows);
+}
+
+fn flags(c: &ChannelInfo) -> String {
+    let f = [
+        (c.client_closed, "client-closed"),
+        (c.server_closed, "server-closed"),
+        (c.client_dead, "client-dead"),
+        (c.server_dead, "server-dead"),
+    ];
+    let set: Vec<&str> = f.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
+    if set.is_empty() {
+        "-".into()
+    } else {
+        set.join(",")
+    }
+}
+
+fn print_counters(counters: &[u64]) {
+    println!("\nCOUNTERS (fallbacks and other events; zeros omitted)");
+    let nonzero: Vec<String> = counters
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| **v > 0)
+        .map(|(i, v)| format!("  #{i}: {v}"))
+        .collect();
+    if nonzero.is_empty() {
+        println!("  none");
+    }
+    for line in nonzero {
+        println!("{line}");
+    }
+}
+
+fn row(cells: &[&str]) -> Vec<String> {
+    cells.iter().map(|s| s.to_string()).collect()
+}
+
+fn print_rows(rows: &[Vec<String>]) {
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for r in rows {
+        let cells: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(s, w)| format!("{s:<w$}"))
+            .collect();
+        println!("  {}", cells.join("  ").trim_end());
+    }
+}
+
+fn member_json(m: &Member) -> Value {
+    let i = &m.info;
+    json!({
+        "idx": i.id.idx, "gen": i.id.gen, "pid": i.identity.pid, "name": i.identity.name,
+        "same_kernel": m.same_kernel, "alive": m.alive, "heartbeat": i.heartbeat,
+        "state": format!("{:?}", i.state).to_lowercase(),
+        "addresses": i.addresses.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+    })
+}
+
+fn endpoint_json(e: &EndpointInfo) -> Value {
+    json!({ "idx": e.id.idx, "gen": e.id.gen, "key": key_str(&e.key),
+            "owner": { "idx": e.owner.idx, "gen": e.owner.gen } })
+}
+
+fn channel_json(reg: &Registry, c: &ChannelInfo) -> Value {
+    let bytes = channel_bytes(reg, c);
+    json!({
+        "idx": c.id.idx, "gen": c.id.gen, "state": format!("{:?}", c.state).to_lowercase(),
+        "client": { "idx": c.client.idx, "gen": c.client.gen },
+        "server": c.server.map(|s| json!({ "idx": s.idx, "gen": s.gen })),
+        "ring_capacity": c.ring_capacity,
+        "bytes_c2s": bytes.map(|b| b.0), "bytes_s2c": bytes.map(|b| b.1),
+        "client_closed": c.client_closed, "server_closed": c.server_closed,
+        "client_dead": c.client_dead, "server_dead": c.server_dead,
+    })
+}
