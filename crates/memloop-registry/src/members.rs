@@ -166,9 +166,13 @@ impl Registry {
             if slot.compare_exchange(w, claim, SeqCst, Relaxed).is_ok() {
                 let id = MemberId { idx, gen: m_gen(w) };
                 self.write_identity(idx, ident)?;
-                slot.store(m_word(id.gen, 0, M_LIVE), SeqCst);
-                tracing::debug!(?id, name = %ident.name, "member joined");
-                return Ok(id);
+                // A CAS, not a store: if we were so slow that our claim was expired as
+                // abandoned (see `expire_claim`), the slot is someone else's now.
+                let live = m_word(id.gen, 0, M_LIVE);
+                if slot.compare_exchange(claim, live, SeqCst, Relaxed).is_ok() {
+                    tracing::debug!(?id, name = %ident.name, "member joined");
+                    return Ok(id);
+                }
             }
         }
         Err(RegistryError::RegionFull { what: "members" })
@@ -344,6 +348,29 @@ impl Registry {
         out
     }
 
+    /// Slots caught in the middle of a join, as (index, state word). A claimer killed there
+    /// owns nothing yet; an observer that sees the same word for long enough expires it.
+    pub fn claims(&self) -> Vec<(u32, u64)> {
+        (0..self.layout.params.max_members)
+            .filter_map(|idx| Some((idx, self.member_word(idx).ok()?)))
+            .filter(|(_, w)| m_state(*w) == M_CLAIMING)
+            .collect()
+    }
+
+    /// Frees a join claim that has not moved (its state word is still `word`). Returns whether
+    /// this call freed it. A claimer that was merely slow fails its final CAS and joins again.
+    pub fn expire_claim(&self, idx: u32, word: u64) -> Result<bool, RegistryError> {
+        if m_state(word) != M_CLAIMING || idx >= self.layout.params.max_members {
+            return Err(RegistryError::WrongState {
+                expected: "claiming",
+                found: "other",
+            });
+        }
+        let free = m_word(m_gen(word).wrapping_add(1), 0, M_FREE);
+        let slot = self.w64(self.member_off(idx))?;
+        Ok(slot.compare_exchange(word, free, SeqCst, Relaxed).is_ok())
+    }
+
     pub(crate) fn count_members(&self) -> u32 {
         (0..self.layout.params.max_members)
             .filter(|&i| {
@@ -357,5 +384,47 @@ impl Registry {
     /// The 24-bit tag of `id` (for tables that record their owner in their state word).
     pub(crate) fn tag_of(id: MemberId) -> u32 {
         member_tag(id)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::RegionParams;
+    use memloop_shm::ShmSlice;
+
+    fn ident() -> MemberIdentity {
+        MemberIdentity {
+            pid: 1,
+            start_time: 2,
+            boot_id: [3; 16],
+            pid_ns: 4,
+            net_ns: 5,
+            name: "m".into(),
+        }
+    }
+
+    #[test]
+    fn abandoned_claim_is_expired_and_a_late_claimer_does_not_win_it() {
+        let size = 1 << 20;
+        let r = Registry::init(
+            ShmSlice::new_heap(size as usize),
+            &RegionParams::small(size),
+        )
+        .unwrap();
+        // A process died between claiming slot 0 and going live.
+        let slot = r.w64(r.member_off(0)).unwrap();
+        let claim = m_word(0, 0, M_CLAIMING);
+        slot.store(claim, SeqCst);
+        assert_eq!(r.claims(), vec![(0, claim)]);
+        assert!(r.members().is_empty());
+        assert!(r.expire_claim(0, claim).unwrap());
+        assert!(!r.expire_claim(0, claim).unwrap(), "expired twice");
+        assert!(r.claims().is_empty());
+        assert_eq!(r.usage().members, 0);
+        // The slot is reusable, with a new generation so the old claim's word can never match.
+        let id = r.join(&ident()).unwrap();
+        assert_eq!((id.idx, id.gen), (0, 1));
+        assert!(r.expire_claim(0, m_word(1, 0, M_LIVE)).is_err());
     }
 }

@@ -15,11 +15,14 @@ use std::time::{Duration, Instant};
 pub const HEARTBEAT_PERIOD: Duration = Duration::from_millis(200);
 /// A heartbeat that has not moved for this long means the member is dead.
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(1500);
+/// A join that has not completed for this long was abandoned (its process died mid-join).
+pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub struct Liveness {
     boot_id: [u8; 16],
     pid_ns: u64,
     seen: Mutex<HashMap<MemberId, (u64, Instant)>>,
+    claims: Mutex<HashMap<(u32, u64), Instant>>,
 }
 
 impl Default for Liveness {
@@ -28,6 +31,7 @@ impl Default for Liveness {
             boot_id: identity::boot_id(),
             pid_ns: identity::namespace_inode("pid"),
             seen: Mutex::default(),
+            claims: Mutex::default(),
         }
     }
 }
@@ -48,6 +52,13 @@ impl Liveness {
             return matches!(proc_start_time(m.identity.pid), Some((t, false)) if t == m.identity.start_time);
         }
         self.heartbeat_fresh(m.id, m.heartbeat, Instant::now())
+    }
+
+    /// Has the join claim (slot `idx`, state word `word`) stood unchanged for [`CLAIM_TIMEOUT`]?
+    pub fn claim_abandoned(&self, idx: u32, word: u64, now: Instant) -> bool {
+        let mut claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        let first = *claims.entry((idx, word)).or_insert(now);
+        now.duration_since(first) >= CLAIM_TIMEOUT
     }
 
     fn heartbeat_fresh(&self, id: MemberId, beat: u64, now: Instant) -> bool {

@@ -103,7 +103,16 @@ impl NodeInner {
             .members()
             .into_iter()
             .filter(|m| m.id != self.id && !self.liveness.is_alive(m));
-        dead.filter(|m| reg.reclaim(m.id, self.id).is_ok()).count()
+        let reclaimed = dead.filter(|m| reg.reclaim(m.id, self.id).is_ok()).count();
+        let now = std::time::Instant::now();
+        let abandoned = reg
+            .claims()
+            .into_iter()
+            .filter(|&(i, w)| self.liveness.claim_abandoned(i, w, now));
+        reclaimed
+            + abandoned
+                .filter(|&(i, w)| reg.expire_claim(i, w).unwrap_or(false))
+                .count()
     }
 
     /// Is `peer` alive? Reclaims it if not (so its channels are marked dead for everyone).

@@ -340,12 +340,16 @@ fn sigkill_at_random_points_never_hangs_or_leaks() {
             );
             *outcomes.entry((who, code)).or_insert(0u32) += 1;
         }
-        observer.reclaim_dead();
-        assert_eq!(
-            baseline(&r.region.registry().usage()),
-            base,
-            "trial {t}: region not back to baseline"
-        );
+        // A child killed mid-join leaves a claim that only expires after CLAIM_TIMEOUT.
+        let deadline = Instant::now() + memloop::liveness::CLAIM_TIMEOUT * 2;
+        while observer.reclaim_dead() > 0 || baseline(&r.region.registry().usage()) != base {
+            let usage = r.region.registry().usage();
+            assert!(
+                Instant::now() < deadline,
+                "trial {t}: region not back to baseline: {usage:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
     eprintln!("kill outcomes (who, exit code): {outcomes:?}");
     // The trials must mostly hit established connections, or they prove little.
