@@ -28,6 +28,6 @@ cargo test --workspace --release
 
 echo "== loom models"
 LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-2} RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-  cargo test --release -p memloop-ring -p memloop-registry -p memloop-shm
+  cargo test --release --lib --tests -p memloop-ring -p memloop-registry -p memloop-shm
 
 echo "== all tests passed"

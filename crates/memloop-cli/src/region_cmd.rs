@@ -42,7 +42,7 @@ pub struct CreateArgs {
     #[command(flatten)]
     region: RegionArg,
     /// Total size, e.g. 64M or 1G.
-    #[arg(long, default_value = "64M")]
+    #[arg(long, default_value = "256M")]
     size: String,
     /// File permissions, octal.
     #[arg(long, default_value = "660")]

@@ -28,7 +28,7 @@ pub const HEADER_BYTES: u64 = if cfg!(loom) { 256 } else { 4096 };
 /// Number of global counters in the header.
 pub const NCOUNTERS: usize = 16;
 /// Default ring capacity per direction.
-pub const DEFAULT_RING_CAPACITY: u64 = 256 * 1024;
+pub const DEFAULT_RING_CAPACITY: u64 = 1 << 20;
 
 pub(crate) const MEMBER_BYTES: u64 = 256;
 pub(crate) const ENDPOINT_BYTES: u64 = 128;
@@ -64,7 +64,7 @@ pub struct RegionParams {
 impl Default for RegionParams {
     fn default() -> Self {
         Self {
-            size: 64 << 20,
+            size: 256 << 20,
             max_members: 64,
             max_endpoints: 1024,
             max_channels: 512,

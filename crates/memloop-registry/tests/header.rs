@@ -25,7 +25,7 @@ fn default_params_are_valid_and_documented_values() {
             p.max_channels,
             p.segment_size
         ),
-        (64 << 20, 64, 1024, 512, 65536)
+        (256 << 20, 64, 1024, 512, 65536)
     );
     p.validate().unwrap();
     let r = Registry::init(ShmSlice::new_heap(p.size as usize), &p).unwrap();

@@ -1,20 +1,20 @@
 //! The 256-byte ring header: producer line, consumer line, static line, then data.
 //!
 //! Producer and consumer state sit on separate 64-byte cache lines so that publishing an index
-//! only invalidates the line the peer polls. The static line is written once by [`init_ring`]
+//! only invalidates the line the peer polls. The "waiting" and "closed/shutdown" flags, which the
+//! *other* side reads on every operation, have a line of their own: they change only when a side
+//! sleeps or closes, so that line stays shared in both caches and checking it costs no transfer. The static line is written once by [`init_ring`]
 //! (magic last, with release) and validated by every `attach`.
 //!
 //! | offset | field |
 //! | --- | --- |
 //! | 0 | tail `u64` (producer index) |
-//! | 8 | writer flags `u32` ([`WFLAG_SHUTDOWN`]) |
-//! | 12 | producer-waiting `u32` |
 //! | 16 | producer futex seq `u32` |
 //! | 64 | head `u64` (consumer index) |
-//! | 72 | reader flags `u32` ([`RFLAG_CLOSED`]) |
-//! | 76 | consumer-waiting `u32` |
 //! | 80 | consumer futex seq `u32` |
 //! | 128 | magic `u64`, 136 kind `u32`, 140 slot size `u32`, 144 capacity `u64` |
+//! | 192 | producer-waiting `u32`, 196 consumer-waiting `u32` |
+//! | 200 | writer flags `u32` ([`WFLAG_SHUTDOWN`]), 204 reader flags `u32` ([`RFLAG_CLOSED`]) |
 //! | 256 | data (`capacity` bytes) |
 
 use crate::wait::WaitCell;
@@ -35,12 +35,12 @@ pub const MIN_CAPACITY: u64 = 64;
 
 /// Field offsets inside the header (see the table above).
 pub const OFF_TAIL: u64 = 0;
-pub const OFF_WFLAGS: u64 = 8;
-pub const OFF_PWAIT: u64 = 12;
+pub const OFF_WFLAGS: u64 = 200;
+pub const OFF_PWAIT: u64 = 192;
 pub const OFF_PSEQ: u64 = 16;
 pub const OFF_HEAD: u64 = 64;
-pub const OFF_RFLAGS: u64 = 72;
-pub const OFF_CWAIT: u64 = 76;
+pub const OFF_RFLAGS: u64 = 204;
+pub const OFF_CWAIT: u64 = 196;
 pub const OFF_CSEQ: u64 = 80;
 pub const OFF_MAGIC: u64 = 128;
 pub const OFF_KIND: u64 = 136;

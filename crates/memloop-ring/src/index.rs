@@ -75,7 +75,8 @@ pub(crate) struct ProdCore {
 impl ProdCore {
     pub fn attach(view: &ShmSlice, kind: RingKind, granule: u64) -> Result<Self, RingError> {
         let h = Header::attach(view, kind)?;
-        let granule = granule.max(1);
+        // Granules are powers of two (slot sizes are validated so), checked with a mask.
+        let granule = granule.max(1).next_power_of_two();
         let tail = h.tail.load(Acquire);
         let head = h.head.load(Acquire);
         check_span(tail, head, &h, granule)?;
@@ -100,7 +101,7 @@ impl ProdCore {
     pub fn refresh(&mut self) -> Result<u64, RingError> {
         let new = self.h.head.load(Acquire);
         let moved = new.wrapping_sub(self.head_cache);
-        if moved > self.tail.wrapping_sub(self.head_cache) || new % self.granule != 0 {
+        if moved > self.tail.wrapping_sub(self.head_cache) || new & (self.granule - 1) != 0 {
             let detail = format!("head {new} (was {}, tail {})", self.head_cache, self.tail);
             return Err(RingError::corrupt(
                 "consumer head moved backwards or past tail",
@@ -178,7 +179,8 @@ pub(crate) struct ConsCore {
 impl ConsCore {
     pub fn attach(view: &ShmSlice, kind: RingKind, granule: u64) -> Result<Self, RingError> {
         let h = Header::attach(view, kind)?;
-        let granule = granule.max(1);
+        // Granules are powers of two (slot sizes are validated so), checked with a mask.
+        let granule = granule.max(1).next_power_of_two();
         let head = h.head.load(Acquire);
         let tail = h.tail.load(Acquire);
         check_span(tail, head, &h, granule)?;
@@ -203,7 +205,7 @@ impl ConsCore {
     pub fn refresh(&mut self) -> Result<u64, RingError> {
         let new = self.h.tail.load(Acquire);
         let span = new.wrapping_sub(self.head);
-        if span > self.h.cap || span < self.avail_cached() || new % self.granule != 0 {
+        if span > self.h.cap || span < self.avail_cached() || new & (self.granule - 1) != 0 {
             let detail = format!(
                 "tail {new} (was {}, head {}, capacity {})",
                 self.tail_cache, self.head, self.h.cap

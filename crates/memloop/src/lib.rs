@@ -23,9 +23,10 @@ mod stream;
 
 pub use error::Error;
 pub use listener::Listener;
+pub use memloop_registry::DEFAULT_RING_CAPACITY;
 pub use node::Node;
 pub use region::{CreateRegion, Region, RegionSpec};
-pub use stream::{Stream, DEFAULT_RING_CAPACITY, LIVENESS_SLICE};
+pub use stream::{Stream, LIVENESS_SLICE};
 
 pub use memloop_registry as registry;
 pub use memloop_ring as ring;

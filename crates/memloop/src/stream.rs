@@ -7,7 +7,9 @@
 
 use crate::error::Error;
 use crate::node::{Node, NodeInner};
-use memloop_registry::{ChannelId, ChannelState, EndpointKey, MemberId, RegistryError, Side};
+use memloop_registry::{
+    ChannelId, ChannelState, EndpointKey, MemberId, RegistryError, Side, DEFAULT_RING_CAPACITY,
+};
 use memloop_ring::{RingError, StreamConsumer, StreamProducer, WaitPolicy};
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::sync::atomic::{fence, Ordering};
@@ -16,8 +18,6 @@ use std::time::{Duration, Instant};
 
 /// Longest wait between two liveness checks of the peer.
 pub const LIVENESS_SLICE: Duration = Duration::from_millis(200);
-/// Ring capacity per direction for new channels.
-pub const DEFAULT_RING_CAPACITY: u64 = 256 * 1024;
 
 pub struct Stream {
     node: Arc<NodeInner>,
