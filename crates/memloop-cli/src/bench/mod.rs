@@ -44,7 +44,7 @@ pub struct NativeArgs {
     #[arg(long, value_name = "SECS")]
     duration: Option<f64>,
     /// memloop ring capacity per direction (a power of two).
-    #[arg(long, default_value = "256K")]
+    #[arg(long, default_value = "1M")]
     ring: String,
     /// Do not pin the two ends to different CPUs.
     #[arg(long)]
