@@ -5,10 +5,8 @@ use crate::error::CliResult;
 use crate::region_cmd::{self, RegionArg};
 use crate::units::fmt_size;
 use memloop::liveness::{Liveness, HEARTBEAT_PERIOD};
-use memloop::registry::{
-    ChannelInfo, EndpointInfo, EndpointKey, MemberId, MemberInfo, Registry, ShmSlice,
-};
-use memloop::ring::header::RING_MAGIC;
+use memloop::registry::{ChannelInfo, EndpointInfo, MemberId, MemberInfo, Registry};
+use memloop::ring::header::totals;
 use serde_json::{json, Value};
 use std::collections::HashSet;
 
@@ -110,49 +108,10 @@ fn member_name(members: &[Member], id: MemberId) -> String {
     }
 }
 
-fn key_str(k: &EndpointKey) -> String {
-    match k {
-        EndpointKey::Native(name) => format!("native {name}"),
-        EndpointKey::Socket {
-            proto,
-            scope,
-            addr,
-            port,
-        } => {
-            let scope = if *scope == 0 {
-                String::new()
-            } else {
-                format!(" (netns {scope})")
-            };
-            let addr = match addr {
-                std::net::IpAddr::V6(a) => format!("[{a}]"),
-                a => a.to_string(),
-            };
-            format!(
-                "{} {addr}:{port}{scope}",
-                format!("{proto:?}").to_lowercase()
-            )
-        }
-    }
-}
-
-/// Bytes written and read so far on one ring, from its header's free-running indices (tail at
-/// offset 0, head at 64: memloop_ring::header's layout). Read-only: we never touch the ring.
-fn ring_totals(view: &ShmSlice) -> Option<(u64, u64)> {
-    use memloop_shm::sync::Ordering::Acquire;
-    if view.u64_at(128).ok()?.load(Acquire) != RING_MAGIC {
-        return None;
-    }
-    Some((
-        view.u64_at(0).ok()?.load(Acquire),
-        view.u64_at(64).ok()?.load(Acquire),
-    ))
-}
-
 /// (client→server, server→client) bytes written, if the rings are readable.
 fn channel_bytes(reg: &Registry, c: &ChannelInfo) -> Option<(u64, u64)> {
     let rings = reg.rings(c.id).ok()?;
-    Some((ring_totals(&rings.c2s)?.0, ring_totals(&rings.s2c)?.0))
+    Some((totals(&rings.c2s)?.0, totals(&rings.s2c)?.0))
 }
 
 fn print_members(members: &[Member]) {
@@ -187,7 +146,7 @@ fn print_endpoints(eps: &[EndpointInfo], members: &[Member]) {
     for e in eps {
         rows.push(vec![
             id_str(e.id.idx, e.id.gen),
-            key_str(&e.key),
+            e.key.to_string(),
             member_name(members, e.owner),
         ]);
     }
@@ -284,7 +243,7 @@ fn member_json(m: &Member) -> Value {
 }
 
 fn endpoint_json(e: &EndpointInfo) -> Value {
-    json!({ "idx": e.id.idx, "gen": e.id.gen, "key": key_str(&e.key),
+    json!({ "idx": e.id.idx, "gen": e.id.gen, "key": e.key.to_string(),
             "owner": { "idx": e.owner.idx, "gen": e.owner.gen } })
 }
 

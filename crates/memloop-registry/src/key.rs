@@ -35,6 +35,30 @@ pub enum Proto {
     Udp,
 }
 
+impl std::fmt::Display for EndpointKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EndpointKey::Native(name) => write!(f, "native {name}"),
+            EndpointKey::Socket {
+                proto,
+                scope,
+                addr,
+                port,
+            } => {
+                let proto = match proto {
+                    Proto::Tcp => "tcp",
+                    Proto::Udp => "udp",
+                };
+                write!(f, "{proto} {}", std::net::SocketAddr::new(*addr, *port))?;
+                match scope {
+                    0 => Ok(()),
+                    s => write!(f, " (netns {s})"),
+                }
+            }
+        }
+    }
+}
+
 /// What a listener is found by: a native service name, or a socket address. `scope` is the
 /// network-namespace inode for loopback addresses (they only match inside one namespace) and 0
 /// for addresses that mean the same thing everywhere.

@@ -166,3 +166,16 @@ fn doorbell_words_are_shared() {
     );
     assert_eq!(r.backlog(ep).unwrap(), 1);
 }
+
+#[test]
+fn keys_display_for_humans() {
+    use std::net::{IpAddr, Ipv6Addr};
+    assert_eq!(native("echo").to_string(), "native echo");
+    let k = EndpointKey::Socket {
+        proto: Proto::Tcp,
+        scope: 7,
+        addr: IpAddr::V6(Ipv6Addr::LOCALHOST),
+        port: 80,
+    };
+    assert_eq!(k.to_string(), "tcp [::1]:80 (netns 7)");
+}

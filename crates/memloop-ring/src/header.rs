@@ -177,3 +177,13 @@ impl Header {
         })
     }
 }
+
+/// Bytes (tail, head) that have passed through a ring so far, for observers such as
+/// `memloop status`: read-only, and `None` if `view` holds no initialised ring.
+pub fn totals(view: &ShmSlice) -> Option<(u64, u64)> {
+    if view.u64_at(OFF_MAGIC).ok()?.load(Acquire) != RING_MAGIC {
+        return None;
+    }
+    let tail = view.u64_at(OFF_TAIL).ok()?.load(Acquire);
+    Some((tail, view.u64_at(OFF_HEAD).ok()?.load(Acquire)))
+}
