@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod domains;
 mod error;
 mod peer;
 mod region_cmd;
@@ -36,6 +37,9 @@ enum Cmd {
     /// The far end of a benchmark (started by `memloop bench`).
     #[command(hide = true)]
     BenchPeer(peer::PeerArgs),
+    /// Network-namespace domains on a bridge (the veth+bridge baseline).
+    #[command(subcommand)]
+    Domains(domains::DomainsCmd),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +50,7 @@ fn main() -> ExitCode {
         Cmd::Status(a) => status::run(&a),
         Cmd::Bench(c) => bench::run(c),
         Cmd::BenchPeer(a) => peer::run(&a),
+        Cmd::Domains(c) => domains::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
