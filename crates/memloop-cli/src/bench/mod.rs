@@ -49,6 +49,10 @@ pub struct NativeArgs {
     /// Do not pin the two ends to different CPUs.
     #[arg(long)]
     no_pin: bool,
+    /// Rounds over all paths; each figure is the median of its rounds (default 3, 1 with
+    /// --quick). Rounds interleave the paths, so a burst of noise cannot favour one of them.
+    #[arg(long)]
+    repeat: Option<usize>,
 }
 
 pub fn run(cmd: BenchCmd) -> CliResult<()> {
@@ -100,6 +104,7 @@ struct Config {
     warmup: Duration,
     ring: u64,
     cpus: Option<(usize, usize)>,
+    repeat: usize,
 }
 
 impl Config {
@@ -125,12 +130,14 @@ impl Config {
         let ring = parse_size(&a.ring)?;
         let dur = Duration::from_secs_f64(secs);
         let cpus = if a.no_pin { None } else { sys::two_cpus() };
+        let repeat = a.repeat.unwrap_or(if a.quick { 1 } else { 3 }).max(1);
         Ok(Config {
             sizes,
             dur,
             warmup: dur / 5,
             ring,
             cpus,
+            repeat,
         })
     }
 
@@ -155,9 +162,14 @@ fn run_native(a: &NativeArgs) -> CliResult<()> {
         baselines::unix(&pargs)?,
         baselines::tcp(&pargs)?,
     ];
-    let bar = progress(cfg.sizes.len() as u64 * 2 * links.len() as u64 + 2);
+    let rounds = cfg.sizes.len() * 2 * links.len() * cfg.repeat;
+    let bar = progress(rounds as u64 + 2);
     let mut records = Vec::new();
-    for &size in &cfg.sizes {
+    for &size in cfg
+        .sizes
+        .iter()
+        .flat_map(|s| std::iter::repeat_n(s, cfg.repeat))
+    {
         for link in links.iter_mut() {
             bar.set_message(format!("rr {} over {}", fmt_size(size as u64), link.name));
             records.extend(rr(link, size, &cfg)?);
@@ -174,6 +186,7 @@ fn run_native(a: &NativeArgs) -> CliResult<()> {
         }
     }
     bar.set_message("cache-line ping-pong");
+    let mut records = report::median_of_rounds(records);
     records.push(pingpong(&cfg, &pargs)?);
     bar.inc(1);
     bar.set_message("idle memloop pair");
