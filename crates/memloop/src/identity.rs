@@ -6,6 +6,7 @@
 
 use memloop_registry::MemberIdentity;
 use std::fs;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::unix::fs::MetadataExt;
 
 /// Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat), and whether it is
@@ -59,6 +60,41 @@ pub fn current(name: &str) -> MemberIdentity {
     }
 }
 
+/// The addresses this network namespace owns: IPv4 "/32 host LOCAL" entries of
+/// /proc/net/fib_trie and the IPv6 addresses of /proc/net/if_inet6 (the kernel's own view, no
+/// netlink needed). Duplicates removed, order stable.
+pub fn local_addresses() -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    if let Ok(trie) = fs::read_to_string("/proc/net/fib_trie") {
+        out.extend(parse_fib_trie_locals(&trie));
+    }
+    if let Ok(v6) = fs::read_to_string("/proc/net/if_inet6") {
+        out.extend(v6.lines().filter_map(parse_if_inet6_line));
+    }
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|a| seen.insert(*a));
+    out
+}
+
+fn parse_fib_trie_locals(trie: &str) -> Vec<IpAddr> {
+    let mut last: Option<Ipv4Addr> = None;
+    let mut out = Vec::new();
+    for line in trie.lines().map(str::trim) {
+        if let Some(a) = line.strip_prefix("|-- ") {
+            last = a.parse().ok();
+        } else if line.starts_with("/32 host LOCAL") {
+            out.extend(last.take().map(IpAddr::V4));
+        }
+    }
+    out
+}
+
+fn parse_if_inet6_line(line: &str) -> Option<IpAddr> {
+    let hex = line.split_ascii_whitespace().next()?;
+    let bits = u128::from_str_radix(hex, 16).ok()?;
+    (hex.len() == 32).then_some(IpAddr::V6(Ipv6Addr::from(bits)))
+}
+
 fn process_name() -> String {
     fs::read_to_string("/proc/self/comm")
         .map(|s| s.trim().to_string())
@@ -86,6 +122,20 @@ mod tests {
         assert_ne!(me.net_ns, 0);
         assert_eq!(proc_start_time(me.pid), Some((me.start_time, false)));
         assert!(!me.name.is_empty());
+    }
+
+    #[test]
+    fn parses_kernel_address_tables() {
+        let trie = "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 127.0.0.1\n        /32 host LOCAL\n     |-- 10.0.0.255\n        /32 link BROADCAST\n     |-- 10.0.0.7\n        /32 host LOCAL\n";
+        let v4: Vec<IpAddr> = ["127.0.0.1", "10.0.0.7"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        assert_eq!(parse_fib_trie_locals(trie), v4);
+        let line = "fd000000000000000000000000000002 04 40 00 82     eth0";
+        assert_eq!(parse_if_inet6_line(line), Some("fd00::2".parse().unwrap()));
+        assert_eq!(parse_if_inet6_line("zz 01"), None);
+        assert!(local_addresses().contains(&"127.0.0.1".parse().unwrap()));
     }
 
     #[test]

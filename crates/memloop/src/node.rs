@@ -31,6 +31,11 @@ impl Node {
         let ident = identity::current(name);
         let liveness = Liveness::default();
         let id = join_reclaiming(&region, &ident, &liveness)?;
+        let mut addrs = identity::local_addresses();
+        addrs.truncate(memloop_registry::MAX_ADDRESSES);
+        if let Err(e) = region.registry().set_addresses(id, &addrs) {
+            tracing::warn!("cannot advertise addresses: {e}");
+        }
         let inner = Arc::new(NodeInner {
             region,
             id,

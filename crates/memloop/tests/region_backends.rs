@@ -18,6 +18,9 @@ fn small() -> CreateRegion {
 fn round_trip(region: &Region) {
     let a = Node::join(region.clone(), "a").unwrap();
     let b = Node::join(region.clone(), "b").unwrap();
+    // Members advertise the addresses of their network namespace.
+    let me = region.registry().member(a.id()).unwrap();
+    assert!(me.addresses.contains(&"127.0.0.1".parse().unwrap()), "{:?}", me.addresses);
     let l = Listener::bind(&a, "svc").unwrap();
     let mut c = Stream::connect(&b, "svc").unwrap();
     let mut s = l.accept().unwrap();
