@@ -241,6 +241,26 @@ impl ConsCore {
         Ok(load_flags(&self.h.wflags, WFLAG_SHUTDOWN, "writer flags")? & WFLAG_SHUTDOWN != 0)
     }
 
+    /// True when the writer shut down and everything published has been consumed.
+    pub fn is_eof(&mut self) -> Result<bool, RingError> {
+        if !self.writer_shut()? {
+            return Ok(false);
+        }
+        Ok(self.refresh()? == 0)
+    }
+
+    /// Waits until at least `min` bytes are available or the writer shut down.
+    pub fn wait_readable(
+        &mut self,
+        min: u64,
+        policy: &WaitPolicy,
+        timeout: Duration,
+    ) -> Result<bool, RingError> {
+        self.wait(policy, timeout, |c| {
+            Ok(c.avail_for(min)? >= min || c.writer_shut()?)
+        })
+    }
+
     pub fn close(&mut self) {
         self.h.rflags.fetch_or(RFLAG_CLOSED, Release);
         self.h.prod.notify();

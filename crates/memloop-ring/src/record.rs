@@ -240,8 +240,6 @@ impl RecordConsumer {
         policy: &WaitPolicy,
         timeout: Duration,
     ) -> Result<bool, RingError> {
-        self.core.wait(policy, timeout, |c| {
-            Ok(c.avail_for(1)? > 0 || c.writer_shut()?)
-        })
+        self.core.wait_readable(1, policy, timeout)
     }
 }

@@ -170,10 +170,7 @@ impl SlotConsumer {
     }
 
     pub fn is_eof(&mut self) -> Result<bool, RingError> {
-        if !self.core.writer_shut()? {
-            return Ok(false);
-        }
-        Ok(self.core.refresh()? == 0)
+        self.core.is_eof()
     }
 
     pub fn close(&mut self) {
@@ -186,8 +183,6 @@ impl SlotConsumer {
         timeout: Duration,
     ) -> Result<bool, RingError> {
         let size = self.slot_size() as u64;
-        self.core.wait(policy, timeout, |c| {
-            Ok(c.avail_for(size)? >= size || c.writer_shut()?)
-        })
+        self.core.wait_readable(size, policy, timeout)
     }
 }

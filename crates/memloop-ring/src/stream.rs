@@ -155,10 +155,7 @@ impl StreamConsumer {
 
     /// True when the writer shut down and every byte has been consumed.
     pub fn is_eof(&mut self) -> Result<bool, RingError> {
-        if !self.core.writer_shut()? {
-            return Ok(false);
-        }
-        Ok(self.core.refresh()? == 0)
+        self.core.is_eof()
     }
 
     /// Reader gone: the producer's next write fails with [`RingError::Closed`].
@@ -176,8 +173,6 @@ impl StreamConsumer {
         policy: &WaitPolicy,
         timeout: Duration,
     ) -> Result<bool, RingError> {
-        self.core.wait(policy, timeout, |c| {
-            Ok(c.avail_for(1)? > 0 || c.writer_shut()?)
-        })
+        self.core.wait_readable(1, policy, timeout)
     }
 }

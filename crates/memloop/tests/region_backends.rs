@@ -20,7 +20,11 @@ fn round_trip(region: &Region) {
     let b = Node::join(region.clone(), "b").unwrap();
     // Members advertise the addresses of their network namespace.
     let me = region.registry().member(a.id()).unwrap();
-    assert!(me.addresses.contains(&"127.0.0.1".parse().unwrap()), "{:?}", me.addresses);
+    assert!(
+        me.addresses.contains(&"127.0.0.1".parse().unwrap()),
+        "{:?}",
+        me.addresses
+    );
     let l = Listener::bind(&a, "svc").unwrap();
     let mut c = Stream::connect(&b, "svc").unwrap();
     let mut s = l.accept().unwrap();
