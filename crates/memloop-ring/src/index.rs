@@ -146,6 +146,16 @@ impl ProdCore {
         self.h.cons.notify();
     }
 
+    /// Waits until at least `bytes` are free or the reader closed.
+    pub fn wait_writable(
+        &mut self,
+        bytes: u64,
+        policy: &WaitPolicy,
+        timeout: Duration,
+    ) -> Result<bool, RingError> {
+        self.wait(policy, timeout, |c| Ok(c.free_for(bytes)? >= bytes))
+    }
+
     /// Blocks until `ready(self)` or the reader closed.
     pub fn wait(
         &mut self,

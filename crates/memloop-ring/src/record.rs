@@ -133,8 +133,7 @@ impl RecordProducer {
             });
         }
         let need = self.need(len);
-        self.core
-            .wait(policy, timeout, |c| Ok(c.free_for(need)? >= need))
+        self.core.wait_writable(need, policy, timeout)
     }
 }
 

@@ -98,8 +98,7 @@ impl SlotProducer {
         timeout: Duration,
     ) -> Result<bool, RingError> {
         let bytes = min.clamp(1, self.slots()) * self.slot_size() as u64;
-        self.core
-            .wait(policy, timeout, |c| Ok(c.free_for(bytes)? >= bytes))
+        self.core.wait_writable(bytes, policy, timeout)
     }
 }
 

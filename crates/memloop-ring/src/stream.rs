@@ -85,8 +85,7 @@ impl StreamProducer {
         timeout: Duration,
     ) -> Result<bool, RingError> {
         let min = min.clamp(1, self.capacity());
-        self.core
-            .wait(policy, timeout, |c| Ok(c.free_for(min)? >= min))
+        self.core.wait_writable(min, policy, timeout)
     }
 }
 
