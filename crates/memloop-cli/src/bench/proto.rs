@@ -41,29 +41,24 @@ impl Conn for memloop::Stream {
     }
 }
 
-impl Conn for UnixStream {
-    fn shutdown_write(&mut self) -> io::Result<()> {
-        self.shutdown(Shutdown::Write)
-    }
-    fn idle_wait(&mut self, d: Duration) -> io::Result<()> {
-        self.set_read_timeout(Some(d))?;
-        let r = self.read(&mut [0u8; 1]);
-        self.set_read_timeout(None)?;
-        expect_timeout(r)
-    }
+/// Kernel sockets share one implementation: they have the same methods but no common trait.
+macro_rules! socket_conn {
+    ($($t:ty),*) => {$(
+        impl Conn for $t {
+            fn shutdown_write(&mut self) -> io::Result<()> {
+                self.shutdown(Shutdown::Write)
+            }
+            fn idle_wait(&mut self, d: Duration) -> io::Result<()> {
+                self.set_read_timeout(Some(d))?;
+                let r = self.read(&mut [0u8; 1]);
+                self.set_read_timeout(None)?;
+                expect_timeout(r)
+            }
+        }
+    )*};
 }
 
-impl Conn for TcpStream {
-    fn shutdown_write(&mut self) -> io::Result<()> {
-        self.shutdown(Shutdown::Write)
-    }
-    fn idle_wait(&mut self, d: Duration) -> io::Result<()> {
-        self.set_read_timeout(Some(d))?;
-        let r = self.read(&mut [0u8; 1]);
-        self.set_read_timeout(None)?;
-        expect_timeout(r)
-    }
-}
+socket_conn!(UnixStream, TcpStream);
 
 fn expect_timeout(r: io::Result<usize>) -> io::Result<()> {
     match r {
