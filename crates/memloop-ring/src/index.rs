@@ -70,6 +70,8 @@ pub(crate) struct ProdCore {
     head_cache: u64,
     granule: u64,
     spinner: Spinner,
+    /// The consumer asked for an external doorbell since the last `take_doorbell`.
+    doorbell: bool,
 }
 
 impl ProdCore {
@@ -86,6 +88,7 @@ impl ProdCore {
             head_cache: head,
             granule,
             spinner: Spinner::default(),
+            doorbell: false,
         })
     }
 
@@ -125,7 +128,7 @@ impl ProdCore {
     pub fn publish(&mut self, n: u64) {
         self.tail = self.tail.wrapping_add(n);
         self.h.tail.store(self.tail, Release);
-        self.h.cons.notify();
+        self.doorbell |= self.h.cons.notify();
     }
 
     /// `Err(Closed)` if the reader is gone, `Corrupt` on garbage flags.
@@ -143,7 +146,22 @@ impl ProdCore {
 
     pub fn shutdown(&mut self) {
         self.h.wflags.fetch_or(WFLAG_SHUTDOWN, Release);
-        self.h.cons.notify();
+        self.doorbell |= self.h.cons.notify();
+    }
+
+    /// Re-reads this side's own index from shared memory, for a producer shared between
+    /// processes (after `fork`) that another holder may have advanced under a lock.
+    pub fn resync(&mut self) -> Result<(), RingError> {
+        let tail = self.h.tail.load(Acquire);
+        let head = self.h.head.load(Acquire);
+        check_span(tail, head, &self.h, self.granule)?;
+        self.tail = tail;
+        self.head_cache = head;
+        Ok(())
+    }
+
+    pub fn take_doorbell(&mut self) -> bool {
+        std::mem::take(&mut self.doorbell)
     }
 
     /// Waits until at least `bytes` are free or the reader closed.
@@ -184,6 +202,8 @@ pub(crate) struct ConsCore {
     tail_cache: u64,
     granule: u64,
     spinner: Spinner,
+    /// The producer asked for an external doorbell since the last `take_doorbell`.
+    doorbell: bool,
 }
 
 impl ConsCore {
@@ -200,6 +220,7 @@ impl ConsCore {
             tail_cache: tail,
             granule,
             spinner: Spinner::default(),
+            doorbell: false,
         })
     }
 
@@ -242,7 +263,21 @@ impl ConsCore {
     pub fn consume(&mut self, n: u64) {
         self.head = self.head.wrapping_add(n);
         self.h.head.store(self.head, Release);
-        self.h.prod.notify();
+        self.doorbell |= self.h.prod.notify();
+    }
+
+    /// See [`ProdCore::resync`].
+    pub fn resync(&mut self) -> Result<(), RingError> {
+        let head = self.h.head.load(Acquire);
+        let tail = self.h.tail.load(Acquire);
+        check_span(tail, head, &self.h, self.granule)?;
+        self.head = head;
+        self.tail_cache = tail;
+        Ok(())
+    }
+
+    pub fn take_doorbell(&mut self) -> bool {
+        std::mem::take(&mut self.doorbell)
     }
 
     /// Whether the writer shut down (load before re-reading the tail: acquire makes every
@@ -273,7 +308,7 @@ impl ConsCore {
 
     pub fn close(&mut self) {
         self.h.rflags.fetch_or(RFLAG_CLOSED, Release);
-        self.h.prod.notify();
+        self.doorbell |= self.h.prod.notify();
     }
 
     /// Blocks until `ready(self)`.

@@ -77,6 +77,27 @@ impl StreamProducer {
         self.written
     }
 
+    /// Announces that this writer is about to sleep outside the ring (poll/epoll) until the
+    /// reader frees space; the reader's next release then reports a doorbell request
+    /// ([`StreamConsumer::take_doorbell`]). Re-check the free space after arming.
+    pub fn arm_doorbell(&self) {
+        self.core.h.prod.arm_doorbell();
+    }
+
+    pub fn disarm(&self) {
+        self.core.h.prod.disarm();
+    }
+
+    /// Whether a publication since the last call found the reader asleep behind a doorbell.
+    pub fn take_doorbell(&mut self) -> bool {
+        self.core.take_doorbell()
+    }
+
+    /// Reloads the indices from shared memory (another process shares this end).
+    pub fn resync(&mut self) -> Result<(), RingError> {
+        self.core.resync()
+    }
+
     /// Waits until at least `min` bytes (clamped to the capacity) are free or the reader closed.
     pub fn wait_writable(
         &mut self,
@@ -164,6 +185,30 @@ impl StreamConsumer {
 
     pub fn total_read(&self) -> u64 {
         self.read
+    }
+
+    /// Whether the writer shut down (data may still be waiting to be read).
+    pub fn writer_shut(&self) -> Result<bool, RingError> {
+        self.core.writer_shut()
+    }
+
+    /// See [`StreamProducer::arm_doorbell`]: the reader is about to sleep until data arrives.
+    pub fn arm_doorbell(&self) {
+        self.core.h.cons.arm_doorbell();
+    }
+
+    pub fn disarm(&self) {
+        self.core.h.cons.disarm();
+    }
+
+    /// Whether a release since the last call found the writer asleep behind a doorbell.
+    pub fn take_doorbell(&mut self) -> bool {
+        self.core.take_doorbell()
+    }
+
+    /// Reloads the indices from shared memory (another process shares this end).
+    pub fn resync(&mut self) -> Result<(), RingError> {
+        self.core.resync()
     }
 
     /// Waits until data is available or EOF.

@@ -70,12 +70,32 @@ impl WaitCell {
     }
 
     /// Notifier side, called after publishing: wake the waiter only if it armed its flag.
-    pub fn notify(&self) {
+    /// Returns true when the waiter sleeps somewhere only the caller can reach (it armed with
+    /// [`WAIT_DOORBELL`]): the caller must then ring its external doorbell.
+    pub fn notify(&self) -> bool {
         fence(SeqCst);
-        if self.waiting.load(Relaxed) != 0 && self.waiting.swap(0, SeqCst) != 0 {
-            self.seq.fetch_add(1, SeqCst);
-            futex::wake(&self.seq, u32::MAX);
+        if self.waiting.load(Relaxed) == 0 {
+            return false;
         }
+        let old = self.waiting.swap(0, SeqCst);
+        if old == 0 {
+            return false;
+        }
+        self.seq.fetch_add(1, SeqCst);
+        if old == WAIT_DOORBELL {
+            return true;
+        }
+        // Any other non-zero value (including garbage from a buggy peer) gets the futex wake:
+        // waking too often is harmless, missing a wake is not.
+        futex::wake(&self.seq, u32::MAX);
+        false
+    }
+
+    /// Arms the flag for a waiter that sleeps outside the ring (poll/epoll on a socket) and
+    /// is woken by an external doorbell. The caller re-checks its condition afterwards.
+    pub fn arm_doorbell(&self) {
+        self.waiting.store(WAIT_DOORBELL, SeqCst);
+        fence(SeqCst);
     }
 
     /// Waiter side: announce the sleep. The caller must re-check its condition afterwards and
@@ -109,6 +129,9 @@ impl WaitCell {
         }
     }
 }
+
+/// Value of a waiting flag armed by a waiter that needs an external doorbell (1 = futex).
+pub const WAIT_DOORBELL: u32 = 2;
 
 const MIN_BACKOFF: Duration = Duration::from_micros(20);
 /// Polls before the first clock reading (a few hundred ns).
@@ -336,6 +359,26 @@ mod loom_tests {
             if !ready {
                 assert_ne!(c.seq(), old, "lost wake-up: the waiter would sleep forever");
             }
+            c.disarm();
+        });
+    }
+
+    /// Doorbell waiters: either the re-check after arming sees the data, or the notifier
+    /// reports that it must ring the external doorbell.
+    #[test]
+    fn doorbell_requested_or_seen() {
+        loom::model(|| {
+            let v = ShmSlice::new_model(64);
+            let vp = v.clone();
+            let notifier = thread::spawn(move || {
+                vp.u64_at(0).unwrap().store(1, Release);
+                cell(&vp).notify()
+            });
+            let c = cell(&v);
+            c.arm_doorbell();
+            let ready = v.u64_at(0).unwrap().load(Acquire) == 1;
+            let rang = notifier.join().unwrap();
+            assert!(ready || rang, "doorbell waiter would sleep forever");
             c.disarm();
         });
     }
