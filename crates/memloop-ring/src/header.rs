@@ -187,3 +187,47 @@ pub fn totals(view: &ShmSlice) -> Option<(u64, u64)> {
     let tail = view.u64_at(OFF_TAIL).ok()?.load(Acquire);
     Some((tail, view.u64_at(OFF_HEAD).ok()?.load(Acquire)))
 }
+
+/// A lock-free snapshot of a ring's state for readiness checks (poll/epoll) by either side,
+/// taken without the producer or consumer object (another thread may hold those).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probe {
+    /// Bytes published and not yet consumed.
+    pub used: u64,
+    pub capacity: u64,
+    pub writer_shut: bool,
+    pub reader_closed: bool,
+}
+
+impl Probe {
+    pub fn free(&self) -> u64 {
+        self.capacity - self.used
+    }
+}
+
+/// Reads a [`Probe`]; `None` if the header or indices are not a valid ring (corruption).
+pub fn probe(view: &ShmSlice) -> Option<Probe> {
+    if view.u64_at(OFF_MAGIC).ok()?.load(Acquire) != RING_MAGIC {
+        return None;
+    }
+    let capacity = view.u64_at(OFF_CAP).ok()?.load(Relaxed);
+    // Flags first (acquire): bytes published before a shutdown are then visible below.
+    let wflags = view.u32_at(OFF_WFLAGS).ok()?.load(Acquire);
+    let rflags = view.u32_at(OFF_RFLAGS).ok()?.load(Acquire);
+    // Both indices may move between the two loads; a torn pair looks out of range, so retry
+    // a few times before calling it corrupt.
+    for _ in 0..8 {
+        let head = view.u64_at(OFF_HEAD).ok()?.load(Acquire);
+        let tail = view.u64_at(OFF_TAIL).ok()?.load(Acquire);
+        let used = tail.wrapping_sub(head);
+        if used <= capacity {
+            return Some(Probe {
+                used,
+                capacity,
+                writer_shut: wflags & WFLAG_SHUTDOWN != 0,
+                reader_closed: rflags & RFLAG_CLOSED != 0,
+            });
+        }
+    }
+    None
+}
