@@ -37,6 +37,9 @@ enum Cmd {
     /// The far end of a benchmark (started by `memloop bench`).
     #[command(hide = true)]
     BenchPeer(peer::PeerArgs),
+    /// An end of `memloop bench tcp` (an ordinary socket program).
+    #[command(hide = true)]
+    BenchTcpPeer(bench::tcp::peer::PeerArgs),
     /// Network-namespace domains on a bridge (the veth+bridge baseline).
     #[command(subcommand)]
     Domains(domains::DomainsCmd),
@@ -50,6 +53,7 @@ fn main() -> ExitCode {
         Cmd::Status(a) => status::run(&a),
         Cmd::Bench(c) => bench::run(c),
         Cmd::BenchPeer(a) => peer::run(&a),
+        Cmd::BenchTcpPeer(a) => bench::tcp::peer::run(&a),
         Cmd::Domains(c) => domains::run(c),
     };
     match result {

@@ -6,6 +6,7 @@ mod pingpong;
 pub mod proto;
 mod report;
 mod sys;
+pub mod tcp;
 
 use crate::error::{fail, CliResult, Context};
 use crate::units::{fmt_size, parse_size};
@@ -24,6 +25,8 @@ pub use pingpong::respond as pingpong_respond;
 pub enum BenchCmd {
     /// Native memloop streams vs Unix sockets vs loopback TCP vs a bare cache-line ping-pong.
     Native(NativeArgs),
+    /// Unmodified TCP programs over memloop (`memloop run`) vs veth+bridge, loopback TCP, Unix.
+    Tcp(tcp::TcpArgs),
 }
 
 #[derive(clap::Args)]
@@ -58,6 +61,7 @@ pub struct NativeArgs {
 pub fn run(cmd: BenchCmd) -> CliResult<()> {
     match cmd {
         BenchCmd::Native(a) => run_native(&a),
+        BenchCmd::Tcp(a) => tcp::run(&a),
     }
 }
 

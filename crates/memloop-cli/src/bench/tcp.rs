@@ -1,0 +1,614 @@
+//! `memloop bench tcp`: unmodified TCP programs over memloop (the LD_PRELOAD library started by
+//! `memloop run`) beside the kernel paths, in one run, interleaved rounds, medians.
+//!
+//! Both ends of every path are processes (`memloop bench-tcp-peer`, an ordinary socket program)
+//! started in network-namespace domains through `memloop domains exec`:
+//!
+//! | path | server | client | preload |
+//! | --- | --- | --- | --- |
+//! | memloop | domain 0 | domain 1, via the bridge address | both, one region |
+//! | veth+bridge | domain 0 | domain 1 | no |
+//! | memloop-lo | domain 0, 127.0.0.1 | domain 0 | both, one region |
+//! | tcp-loopback | domain 0, 127.0.0.1 | domain 0 | no |
+//! | unix | domain 0, abstract socket | domain 0 | no |
+//! | veth+preload | domain 0 | domain 1 | both, different regions: no ring (remote cost) |
+//!
+//! The client measures and prints one JSON line per request; this driver only sends requests,
+//! collects replies and reports.
+
+pub mod peer;
+mod procs;
+mod table;
+mod wire;
+
+use super::report::{median_of_rounds, Record};
+use super::sys;
+use crate::error::{fail, CliResult, Context};
+use crate::units::{fmt_size, parse_size};
+use memloop::{Region, RegionSpec};
+use procs::{Proc, Testbed};
+use serde_json::json;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use wire::{Request, Test};
+
+#[derive(clap::Args)]
+pub struct TcpArgs {
+    /// Short measurements (0.2 s each, one round): well under a minute, for a look or CI.
+    #[arg(long)]
+    quick: bool,
+    /// Also write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Seconds per measurement (default 1, or 0.2 with --quick).
+    #[arg(long, value_name = "SECS")]
+    duration: Option<f64>,
+    /// Rounds over all paths; each figure is the median of its rounds (default 3, 1 with
+    /// --quick). Rounds interleave the paths, so a burst of noise cannot favour one of them.
+    #[arg(long)]
+    repeat: Option<usize>,
+    /// Message sizes for both request/response and stream, comma separated (default:
+    /// 1,64,1K,16K for request/response and 64,1K,16K,64K for stream).
+    #[arg(long, value_delimiter = ',')]
+    sizes: Option<Vec<String>>,
+    /// Do not pin client and server to different CPUs.
+    #[arg(long)]
+    no_pin: bool,
+}
+
+// Path names, as in the table and the JSON.
+const MEMLOOP: &str = "memloop";
+const VETH: &str = "veth+bridge";
+const MEMLOOP_LO: &str = "memloop-lo";
+const TCP_LO: &str = "tcp-loopback";
+const UNIX: &str = "unix";
+const REMOTE: &str = "veth+preload";
+
+/// The message size of the "one end sleeps" test and of the remote-cost comparison.
+const SMALL: usize = 64;
+/// The pause between requests in the "one end sleeps" test.
+const SLEEP_US: u64 = 1000;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Net {
+    /// Server in domain 0 on its bridge address, client in domain 1.
+    Veth,
+    /// Both in domain 0 over 127.0.0.1.
+    Loopback,
+    /// Both in domain 0 over an abstract Unix socket.
+    Unix,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Preload {
+    No,
+    /// Both ends under `memloop run` with the bench region: the ring should carry the traffic.
+    Ring,
+    /// Both ends under `memloop run`, in different regions: the ring cannot be used.
+    Remote,
+}
+
+struct PathDef {
+    name: &'static str,
+    net: Net,
+    preload: Preload,
+    what: &'static str,
+}
+
+const PATHS: [PathDef; 6] = [
+    PathDef {
+        name: MEMLOOP,
+        net: Net::Veth,
+        preload: Preload::Ring,
+        what: "domain 0 ↔ domain 1, both under `memloop run`",
+    },
+    PathDef {
+        name: VETH,
+        net: Net::Veth,
+        preload: Preload::No,
+        what: "domain 0 ↔ domain 1 through veth pairs and the bridge",
+    },
+    PathDef {
+        name: MEMLOOP_LO,
+        net: Net::Loopback,
+        preload: Preload::Ring,
+        what: "127.0.0.1 in domain 0, both under `memloop run`",
+    },
+    PathDef {
+        name: TCP_LO,
+        net: Net::Loopback,
+        preload: Preload::No,
+        what: "127.0.0.1 in domain 0",
+    },
+    PathDef {
+        name: UNIX,
+        net: Net::Unix,
+        preload: Preload::No,
+        what: "abstract Unix stream socket in domain 0",
+    },
+    PathDef {
+        name: REMOTE,
+        net: Net::Veth,
+        preload: Preload::Remote,
+        what: "as veth+bridge, both under `memloop run` but in different regions (no ring)",
+    },
+];
+
+/// A path of this run: its two processes, or why it is not measured.
+struct Path {
+    def: &'static PathDef,
+    ends: Option<(Proc, Proc)>,
+    unavailable: Option<String>,
+    note: Option<String>,
+}
+
+impl Path {
+    fn live(&self) -> bool {
+        self.ends.is_some()
+    }
+
+    fn disable(&mut self, why: String) {
+        self.ends = None;
+        self.unavailable = Some(why);
+    }
+}
+
+/// One measurement of a round.
+#[derive(Clone, Copy, PartialEq)]
+struct Case {
+    test: Test,
+    size: usize,
+    /// Measured on the five main paths.
+    main: bool,
+    /// Part of the remote-cost comparison (veth+bridge vs veth+preload).
+    remote: bool,
+}
+
+impl Case {
+    fn applies(&self, p: &PathDef) -> bool {
+        match p.name {
+            REMOTE => self.remote,
+            VETH => self.main || self.remote,
+            _ => self.main,
+        }
+    }
+
+    fn label(&self) -> String {
+        let t = match self.test {
+            Test::Rr => "rr",
+            Test::Stream => "stream",
+            Test::Crr => "crr",
+            Test::SleepRr => "sleep-rr",
+        };
+        format!("{t} {}", fmt_size(self.size as u64))
+    }
+}
+
+struct Config {
+    rr_sizes: Vec<usize>,
+    stream_sizes: Vec<usize>,
+    dur: Duration,
+    warmup: Duration,
+    repeat: usize,
+    /// (client, server) CPUs.
+    cpus: Option<(usize, usize)>,
+}
+
+impl Config {
+    fn from_args(a: &TcpArgs) -> CliResult<Config> {
+        let secs = a.duration.unwrap_or(if a.quick { 0.2 } else { 1.0 });
+        if !(secs > 0.0 && secs <= 3600.0) {
+            return Err(fail(format!(
+                "--duration {secs}: expected seconds in (0, 3600]"
+            )));
+        }
+        let parse = |list: &[String]| -> CliResult<Vec<usize>> {
+            list.iter()
+                .map(|s| {
+                    let n = parse_size(s)? as usize;
+                    if (1..=wire::MAX_SIZE).contains(&n) {
+                        Ok(n)
+                    } else {
+                        Err(fail(format!(
+                            "message size {n}: must be 1..={} bytes",
+                            wire::MAX_SIZE
+                        )))
+                    }
+                })
+                .collect()
+        };
+        let defaults = |d: &[&str]| d.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (rr, stream) = match &a.sizes {
+            Some(s) => (s.clone(), s.clone()),
+            None => (
+                defaults(&["1", "64", "1K", "16K"]),
+                defaults(&["64", "1K", "16K", "64K"]),
+            ),
+        };
+        let dur = Duration::from_secs_f64(secs);
+        Ok(Config {
+            rr_sizes: parse(&rr)?,
+            stream_sizes: parse(&stream)?,
+            dur,
+            warmup: dur / 5,
+            repeat: a.repeat.unwrap_or(if a.quick { 1 } else { 3 }).max(1),
+            cpus: if a.no_pin { None } else { sys::two_cpus() },
+        })
+    }
+
+    fn cases(&self) -> Vec<Case> {
+        let case = |test, size| Case {
+            test,
+            size,
+            main: true,
+            remote: false,
+        };
+        let mut v: Vec<Case> = self.rr_sizes.iter().map(|&s| case(Test::Rr, s)).collect();
+        v.extend(self.stream_sizes.iter().map(|&s| case(Test::Stream, s)));
+        v.push(case(Test::Crr, 1));
+        v.push(case(Test::SleepRr, SMALL));
+        for test in [Test::Rr, Test::Stream] {
+            match v.iter_mut().find(|c| c.test == test && c.size == SMALL) {
+                Some(c) => c.remote = true,
+                None => v.push(Case {
+                    test,
+                    size: SMALL,
+                    main: false,
+                    remote: true,
+                }),
+            }
+        }
+        v
+    }
+
+    fn request(&self, c: &Case) -> Request {
+        Request {
+            test: c.test,
+            size: c.size,
+            warmup_s: self.warmup.as_secs_f64(),
+            dur_s: self.dur.as_secs_f64(),
+            sleep_us: SLEEP_US,
+        }
+    }
+
+    fn pinning(&self, bed: &Testbed) -> String {
+        match self.cpus {
+            Some((c, s)) => format!(
+                "client pinned to CPU {c}, server to CPU {s} on every path ({})",
+                bed.pinning()
+            ),
+            None => "ends not pinned".into(),
+        }
+    }
+}
+
+pub fn run(a: &TcpArgs) -> CliResult<()> {
+    let cfg = Config::from_args(a)?;
+    let pid = std::process::id();
+    let (bench_region, far_region) = (format!("tcpbench-{pid}"), format!("tcpbench-{pid}-far"));
+    // Declared before the paths, so it is dropped after their processes are stopped.
+    let mut bed = Testbed::up(&[bench_region.clone(), far_region.clone()])?;
+    let preload = preload_status(bed.exe());
+    if preload.is_ok() {
+        bed.create_region(&bench_region)?;
+        bed.create_region(&far_region)?;
+    }
+    let mut paths: Vec<Path> = Vec::new();
+    for def in &PATHS {
+        let mut p = Path {
+            def,
+            ends: None,
+            unavailable: None,
+            note: None,
+        };
+        let region = |r: &str| (def.preload != Preload::No).then(|| r.to_owned());
+        let (server_region, client_region) = match def.preload {
+            Preload::Remote => (region(&far_region), region(&bench_region)),
+            _ => (region(&bench_region), region(&bench_region)),
+        };
+        match (&preload, def.preload) {
+            (Err(why), Preload::Ring | Preload::Remote) => p.unavailable = Some(why.clone()),
+            _ => match start(&bed, def, &cfg, server_region, client_region) {
+                Ok(ends) => p.ends = Some(ends),
+                Err(e) if def.preload != Preload::No => p.unavailable = Some(e.to_string()),
+                Err(e) => return Err(e),
+            },
+        }
+        if p.live() && def.preload != Preload::No {
+            probe(&mut p, &cfg, &bench_region, &far_region);
+        }
+        paths.push(p);
+    }
+
+    let cases = cfg.cases();
+    let per_round: usize = cases
+        .iter()
+        .map(|c| {
+            paths
+                .iter()
+                .filter(|p| p.live() && c.applies(p.def))
+                .count()
+        })
+        .sum();
+    let bar = super::progress((per_round * cfg.repeat) as u64);
+    let mut raw = Vec::new();
+    for _ in 0..cfg.repeat {
+        for case in &cases {
+            for p in paths.iter_mut().filter(|p| p.live() && case.applies(p.def)) {
+                bar.set_message(format!("{} over {}", case.label(), p.def.name));
+                match measure(p, case, &cfg) {
+                    Ok(r) => raw.extend(r),
+                    Err(e) if p.def.preload != Preload::No => {
+                        p.disable(format!("failed in {}: {e}", case.label()))
+                    }
+                    Err(e) => return Err(e),
+                }
+                bar.inc(1);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    // Stop the processes before reporting (the testbed goes when this function returns).
+    for p in &mut paths {
+        p.ends = None;
+    }
+    let dead: Vec<&str> = paths
+        .iter()
+        .filter(|p| p.unavailable.is_some())
+        .map(|p| p.def.name)
+        .collect();
+    raw.retain(|r| !dead.contains(&r.path));
+    let spreads = table::spreads(&raw);
+    let records = median_of_rounds(raw);
+    report(&records, &spreads, &paths, &cfg, &bed, a)
+}
+
+/// Whether the memloop paths can run: the preload library and `memloop run` must exist.
+fn preload_status(exe: &std::path::Path) -> Result<(), String> {
+    let so = exe.with_file_name("libmemloop_preload.so");
+    if !so.exists() {
+        return Err(format!(
+            "unavailable (preload not built: no {}; build it with `cargo build --release -p memloop-preload`)",
+            so.display()
+        ));
+    }
+    let help = std::process::Command::new(exe)
+        .args(["run", "--help"])
+        .output();
+    if !help.is_ok_and(|o| o.status.success()) {
+        return Err("unavailable (this memloop binary has no `run` command)".into());
+    }
+    Ok(())
+}
+
+/// Starts a path's server, then its client (which needs the server's port).
+fn start(
+    bed: &Testbed,
+    def: &PathDef,
+    cfg: &Config,
+    server_region: Option<String>,
+    client_region: Option<String>,
+) -> CliResult<(Proc, Proc)> {
+    let (server_domain, client_domain, listen) = match def.net {
+        Net::Veth => (0, 1, format!("{}:0", bed.addr(0))),
+        Net::Loopback => (0, 0, "127.0.0.1:0".into()),
+        Net::Unix => (
+            0,
+            0,
+            format!("unix:@memloop-tcpbench-{}", std::process::id()),
+        ),
+    };
+    let args = |role: &str, addr: &str| -> Vec<String> {
+        ["--role", role, "--addr", addr].map(String::from).into()
+    };
+    let mut server = Proc::spawn(
+        format!("{} server", def.name),
+        &bed.peer_command(
+            server_domain,
+            cfg.cpus.map(|c| c.1),
+            server_region.as_deref(),
+            &args("server", &listen),
+        ),
+    )?;
+    let ready = server.ready()?;
+    let addr = ready["addr"]
+        .as_str()
+        .ok_or_else(|| fail(format!("{} server: no address in {ready}", def.name)))?
+        .to_owned();
+    let mut client = Proc::spawn(
+        format!("{} client", def.name),
+        &bed.peer_command(
+            client_domain,
+            cfg.cpus.map(|c| c.0),
+            client_region.as_deref(),
+            &args("client", &addr),
+        ),
+    )?;
+    client.ready()?;
+    Ok((server, client))
+}
+
+/// A short exchange on a preloaded path while we watch the regions: the memloop paths must show
+/// bytes moving through a ring (else the preload silently stayed on TCP and the figures would be
+/// TCP's), the remote path must not.
+fn probe(p: &mut Path, cfg: &Config, bench_region: &str, far_region: &str) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let watch = |name: &str| {
+        let (name, stop) = (name.to_owned(), stop.clone());
+        std::thread::spawn(move || ring_bytes_while(&name, &stop))
+    };
+    let watchers = [watch(bench_region), watch(far_region)];
+    let req = Request {
+        test: Test::Rr,
+        size: SMALL,
+        warmup_s: 0.0,
+        dur_s: 0.1,
+        sleep_us: 0,
+    };
+    let (_, client) = p.ends.as_mut().expect("probed paths are live");
+    let r = client.ask(&req, timeout(cfg));
+    stop.store(true, Ordering::Relaxed);
+    let bytes: u64 = watchers.into_iter().map(|w| w.join().unwrap_or(0)).sum();
+    match (r, p.def.preload) {
+        (Err(e), _) => p.disable(format!("failed in the first exchange: {e}")),
+        (Ok(_), Preload::Ring) if bytes == 0 => p.disable(
+            "failed: the preload left the connection on TCP (no bytes went through a ring; \
+             see `memloop status` and its fallback counters)"
+                .into(),
+        ),
+        (Ok(_), Preload::Ring) => {
+            p.note = Some(format!(
+                "ring verified: {bytes} bytes through the region in a {:.1} s probe",
+                req.dur_s
+            ))
+        }
+        (Ok(_), _) if bytes > 0 => {
+            p.note = Some(format!(
+                "unexpected: {bytes} bytes went through a ring although the ends are in different regions"
+            ))
+        }
+        (Ok(_), _) => p.note = Some("no ring used, as intended (TCP fallback)".into()),
+    }
+}
+
+/// Largest total of bytes seen in the region's channel rings until `stop` (0 if unreadable).
+fn ring_bytes_while(region: &str, stop: &AtomicBool) -> u64 {
+    let Ok(region) = Region::open(&RegionSpec::parse(region)) else {
+        return 0;
+    };
+    let reg = region.registry();
+    let mut most = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let total: u64 = reg
+            .channels()
+            .iter()
+            .filter_map(|c| reg.rings(c.id).ok())
+            .filter_map(|r| {
+                let c2s = memloop::ring::header::totals(&r.c2s)?.0;
+                let s2c = memloop::ring::header::totals(&r.s2c)?.0;
+                Some(c2s + s2c)
+            })
+            .sum();
+        most = most.max(total);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    most
+}
+
+fn timeout(cfg: &Config) -> Duration {
+    cfg.warmup + cfg.dur + Duration::from_secs(20)
+}
+
+/// One measurement on one path, as records.
+fn measure(p: &mut Path, case: &Case, cfg: &Config) -> CliResult<Vec<Record>> {
+    let (_, client) = p.ends.as_mut().expect("measured paths are live");
+    let r = client.ask(&cfg.request(case), timeout(cfg))?;
+    if r.count == 0 || r.elapsed_s <= 0.0 {
+        return Err(fail(format!("{}: empty measurement {r:?}", p.def.name)));
+    }
+    let (path, size) = (p.def.name, case.size as u64);
+    let rate = r.count as f64 / r.elapsed_s;
+    let timed = |test, unit| {
+        let mut rec = Record::new(test, path, size, unit, r.p50_ns / 1e3);
+        rec.p99 = Some(r.p99_ns / 1e3);
+        rec
+    };
+    Ok(match case.test {
+        Test::Rr => vec![
+            timed("rr", table::RTT),
+            Record::new("rr", path, size, table::TPS, rate),
+        ],
+        Test::SleepRr => vec![timed("sleep-rr", table::RTT)],
+        Test::Crr => vec![
+            Record::new("crr", path, size, table::CPS, rate),
+            timed("crr", table::CONN),
+        ],
+        Test::Stream => vec![
+            Record::new(
+                "stream",
+                path,
+                size,
+                table::GBIT,
+                r.bytes as f64 * 8.0 / r.elapsed_s / 1e9,
+            ),
+            Record::new("stream", path, size, table::MSGS, rate),
+        ],
+    })
+}
+
+fn report(
+    records: &[Record],
+    spreads: &[table::Spread],
+    paths: &[Path],
+    cfg: &Config,
+    bed: &Testbed,
+    a: &TcpArgs,
+) -> CliResult<()> {
+    let pinning = cfg.pinning(bed);
+    println!(
+        "memloop bench tcp: {:.2} s per measurement, median of {} round(s); {pinning}; \
+         latencies are round trips; request/response and short connections use TCP_NODELAY, \
+         streams keep Nagle; ratios >1 mean memloop is better",
+        cfg.dur.as_secs_f64(),
+        cfg.repeat
+    );
+    println!();
+    for p in paths {
+        let state = match (&p.unavailable, &p.note) {
+            (Some(why), _) => why.clone(),
+            (None, Some(n)) => n.clone(),
+            (None, None) => String::new(),
+        };
+        println!("  {:<13} {}  {state}", p.def.name, p.def.what);
+    }
+    println!();
+    print!("{}", table::main_table(records));
+    println!();
+    let remote = table::remote_rows(records, spreads);
+    if !remote.is_empty() {
+        println!(
+            "Cost of the preload on traffic that cannot use a ring ({VETH} vs {REMOTE}, {}):",
+            fmt_size(SMALL as u64)
+        );
+        print!("{}", table::remote_table(&remote));
+        println!();
+    }
+    for line in table::targets(records, &remote) {
+        println!("{line}");
+    }
+    if let Some(file) = &a.json {
+        let paths_json: Vec<_> = paths
+            .iter()
+            .map(|p| {
+                json!({
+                    "name": p.def.name,
+                    "what": p.def.what,
+                    "available": p.unavailable.is_none(),
+                    "reason": p.unavailable,
+                    "note": p.note,
+                })
+            })
+            .collect();
+        let v = json!({
+            "bench": "tcp",
+            "config": {
+                "duration_s": cfg.dur.as_secs_f64(),
+                "warmup_s": cfg.warmup.as_secs_f64(),
+                "repeat": cfg.repeat,
+                "rr_sizes": cfg.rr_sizes,
+                "stream_sizes": cfg.stream_sizes,
+                "sleep_rr": { "size": SMALL, "pause_us": SLEEP_US },
+                "pinning": pinning,
+            },
+            "paths": paths_json,
+            "records": records,
+            "preload_remote_cost": remote,
+        });
+        std::fs::write(file, serde_json::to_string_pretty(&v)? + "\n")
+            .context(format!("writing {}", file.display()))?;
+        println!("results written to {}", file.display());
+    }
+    Ok(())
+}

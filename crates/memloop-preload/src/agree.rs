@@ -1,0 +1,257 @@
+//! The connection agreement (BRIEF §3): the client finds a co-resident listener in the registry
+//! and offers a channel keyed by the real connection's 4-tuple; the server, at accept, takes
+//! the offer with the same tuple or publishes a decline marker. Either way both ends reach the
+//! same decision before a byte of application data moves.
+
+use crate::conn::{Conn, ConnParts, PENDING, RING};
+use crate::engine::Engine;
+use crate::plain::PlainTcp;
+use crate::real;
+use libc::c_int;
+use memloop::registry::{
+    ChannelId, ConnTuple, EndpointId, EndpointInfo, EndpointKey, FallbackReason, Proto,
+    RegistryError, Side,
+};
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The address as both ends compare it: IPv4-mapped IPv6 as IPv4, no flow info or scope.
+pub fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
+}
+
+/// The network namespace that owns `ip`, from the members' advertised addresses: ours for
+/// loopback; an address owned in two namespaces is ambiguous.
+fn scope_of(engine: &Engine, ip: IpAddr) -> Result<u64, FallbackReason> {
+    if ip.is_loopback() {
+        return Ok(engine.netns);
+    }
+    let scopes: BTreeSet<u64> = engine
+        .registry()
+        .members()
+        .into_iter()
+        .filter(|m| m.addresses.iter().any(|a| a.to_canonical() == ip))
+        .map(|m| m.identity.net_ns)
+        .collect();
+    match scopes.len() {
+        0 => Err(FallbackReason::NotMember),
+        1 => Ok(*scopes.first().unwrap_or(&0)),
+        _ => Err(FallbackReason::Ambiguous),
+    }
+}
+
+pub fn listener_key(scope: u64, addr: SocketAddr) -> EndpointKey {
+    let addr = canonical(addr);
+    EndpointKey::Socket {
+        proto: Proto::Tcp,
+        scope,
+        addr: addr.ip(),
+        port: addr.port(),
+    }
+}
+
+/// The co-resident listener for `dst`, if one is registered.
+pub fn find_listener(engine: &Engine, dst: SocketAddr) -> Result<EndpointInfo, FallbackReason> {
+    let dst = canonical(dst);
+    let scope = scope_of(engine, dst.ip())?;
+    let wild: &[IpAddr] = match dst.ip() {
+        IpAddr::V4(_) => &[
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        ],
+        IpAddr::V6(_) => &[IpAddr::V6(Ipv6Addr::UNSPECIFIED)],
+    };
+    std::iter::once(dst.ip())
+        .chain(wild.iter().copied())
+        .find_map(|ip| {
+            engine
+                .registry()
+                .lookup(&listener_key(scope, SocketAddr::new(ip, dst.port())))
+        })
+        .ok_or(FallbackReason::NoListener)
+}
+
+/// Whether a member could be behind `peer` (only then does a server wait for an offer).
+pub fn plausible_member(engine: &Engine, peer: SocketAddr) -> bool {
+    scope_of(engine, canonical(peer).ip()).is_ok()
+}
+
+fn same_kernel(engine: &Engine, ch: ChannelId, side: Side) -> bool {
+    let reg = engine.registry();
+    let Ok(info) = reg.channel(ch) else {
+        return true;
+    };
+    let peer = match side {
+        Side::Client => info.server,
+        Side::Server => Some(info.client),
+    };
+    let me = reg.member(engine.me()).ok();
+    match (peer.and_then(|p| reg.member(p).ok()), me) {
+        (Some(p), Some(m)) => p.identity.boot_id == m.identity.boot_id,
+        _ => true,
+    }
+}
+
+fn owner_same_kernel(engine: &Engine, ep: &EndpointInfo) -> bool {
+    let reg = engine.registry();
+    match (reg.member(ep.owner), reg.member(engine.me())) {
+        (Ok(o), Ok(m)) => o.identity.boot_id == m.identity.boot_id,
+        _ => true,
+    }
+}
+
+/// Client side, right after the real `connect` started or finished: offer a channel for this
+/// 4-tuple. `Err` means plain TCP (the reason is already counted by the caller).
+pub fn client_offer(
+    engine: &Arc<Engine>,
+    ep: &EndpointInfo,
+    fd: c_int,
+    dst: SocketAddr,
+) -> Result<Arc<Conn>, FallbackReason> {
+    let local = real::local_addr(fd).ok_or(FallbackReason::Error)?;
+    let tuple = ConnTuple {
+        client: canonical(local),
+        server: canonical(dst),
+    };
+    let reg = engine.registry();
+    let ch = reg
+        .offer(engine.me(), ep.id, engine.cfg.ring_capacity, Some(tuple))
+        .map_err(|e| match e {
+            RegistryError::RegionFull { .. } => FallbackReason::RegionFull,
+            _ => FallbackReason::Error,
+        })?;
+    let marked = reg
+        .markers_for_client(tuple.client)
+        .iter()
+        .any(|(_, t)| t.server == tuple.server);
+    let mut path = PENDING;
+    if marked {
+        if reg.cancel(ch, engine.me()).is_ok() {
+            return Err(FallbackReason::NoOffer);
+        }
+        path = RING; // the server accepted just before our cancel
+    }
+    let conn = Conn::new(ConnParts {
+        engine: engine.clone(),
+        ch,
+        side: Side::Client,
+        tuple,
+        fd,
+        path,
+        same_kernel: owner_same_kernel(engine, ep),
+    });
+    if conn.is_err() {
+        let _ = reg.cancel(ch, engine.me());
+    }
+    conn
+}
+
+/// What a server makes of a freshly accepted connection.
+pub enum Accepted {
+    Ring(Arc<Conn>),
+    /// Kernel path, with the marker to free when the connection closes.
+    Plain(FallbackReason, Option<ChannelId>),
+}
+
+/// Server side, right after the real `accept`.
+pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepted {
+    let (Some(local), Some(peer)) = (real::local_addr(fd), real::peer_addr(fd)) else {
+        return Accepted::Plain(FallbackReason::Error, None);
+    };
+    let tuple = ConnTuple {
+        client: canonical(peer),
+        server: canonical(local),
+    };
+    if !plausible_member(engine, peer) {
+        return Accepted::Plain(FallbackReason::NotMember, None);
+    }
+    let reg = engine.registry();
+    let start = Instant::now();
+    let found = loop {
+        if let Some(ch) = reg.find_offer_by_tuple(ep, &tuple) {
+            break Some(ch);
+        }
+        if start.elapsed() >= engine.cfg.server_wait {
+            break None;
+        }
+        std::thread::yield_now();
+    };
+    let mut marker = None;
+    let ch = match found {
+        Some(ch) => Some(ch),
+        None => {
+            marker = reg.mark_declined(engine.me(), ep, &tuple).ok();
+            late_offer(engine, &tuple)
+        }
+    };
+    let Some(ch) = ch else {
+        return Accepted::Plain(FallbackReason::NoOffer, marker);
+    };
+    if reg.accept(ch, engine.me()).is_err() {
+        return Accepted::Plain(FallbackReason::Cancelled, marker);
+    }
+    if let Some(m) = marker {
+        let _ = reg.free_marker(m, engine.me());
+    }
+    let conn = Conn::new(ConnParts {
+        engine: engine.clone(),
+        ch,
+        side: Side::Server,
+        tuple,
+        fd,
+        path: RING,
+        same_kernel: same_kernel(engine, ch, Side::Server),
+    });
+    match conn {
+        Ok(c) => {
+            // The client may be waiting for our decision in poll: wake it.
+            real::ring_doorbell(fd);
+            Accepted::Ring(c)
+        }
+        Err(r) => {
+            let _ = reg.close(ch, Side::Server);
+            Accepted::Plain(r, None)
+        }
+    }
+}
+
+/// After publishing a marker: an offer for exactly this tuple that arrived late is taken;
+/// offers from the same client address for a different server address mean the client
+/// connected somewhere else than where it landed (NAT, port mapping) and are declined.
+fn late_offer(engine: &Engine, tuple: &ConnTuple) -> Option<ChannelId> {
+    let reg = engine.registry();
+    let mut exact = None;
+    for (ch, t) in reg.offers_from_client(tuple.client) {
+        if t.server == tuple.server {
+            exact = Some(ch);
+        } else {
+            tracing::debug!(?t, ?tuple, "offer for another address: declined (NAT?)");
+            let _ = reg.decline(ch);
+            reg.count_fallback(FallbackReason::TupleMismatch);
+        }
+    }
+    exact
+}
+
+/// Records a connection that stays on TCP, for `memloop status` (and holds the server's
+/// decline marker until the connection closes).
+pub fn record_plain(
+    engine: &Arc<Engine>,
+    fd: c_int,
+    reason: FallbackReason,
+    server: bool,
+    marker: Option<ChannelId>,
+) -> Arc<PlainTcp> {
+    let (Some(local), Some(peer)) = (real::local_addr(fd), real::peer_addr(fd)) else {
+        engine.registry().count_fallback(reason);
+        return PlainTcp::unrecorded(engine, marker);
+    };
+    let (client, server_addr) = if server { (peer, local) } else { (local, peer) };
+    let tuple = ConnTuple {
+        client: canonical(client),
+        server: canonical(server_addr),
+    };
+    PlainTcp::record(engine, &tuple, reason, marker)
+}

@@ -1,0 +1,674 @@
+//! One TCP connection that reached a co-resident peer: a ring in each direction, plus the real
+//! kernel socket, which stays open as the liveness proof (the peer's kernel closes it when the
+//! last process holding it is gone) and carries one doorbell byte whenever a peer that sleeps
+//! in `poll`/`epoll`/`recv` must be woken.
+//!
+//! A client connection starts `Pending` (offer published, server undecided) and becomes
+//! `Ring` or `Tcp`; a server connection is born decided.
+
+use crate::engine::Engine;
+use crate::forklock::ForkMutex;
+use crate::plain::PlainTcp;
+use crate::real::{self, Drain};
+use libc::c_int;
+use memloop::registry::{ChannelId, ChannelState, ConnTuple, FallbackReason, Side, SideWords};
+use memloop_ring::header::{probe, Probe};
+use memloop_ring::{StreamConsumer, StreamProducer};
+use memloop_shm::ShmSlice;
+use std::io::{IoSlice, IoSliceMut};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering::*};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub const PENDING: u8 = 0;
+pub const RING: u8 = 1;
+pub const TCP: u8 = 2;
+
+/// Longest sleep between liveness checks when the peer is in another kernel (no FIN from a
+/// powered-off VM).
+const LIVENESS_SLICE: Duration = Duration::from_millis(200);
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Dir {
+    Read,
+    Write,
+}
+
+pub struct Conn {
+    pub engine: Arc<Engine>,
+    pub ch: ChannelId,
+    pub side: Side,
+    pub tuple: ConnTuple,
+    path: AtomicU8,
+    fds: ForkMutex<Vec<c_int>>,
+    prod: ForkMutex<StreamProducer>,
+    cons: ForkMutex<StreamConsumer>,
+    tx_view: ShmSlice,
+    rx_view: ShmSlice,
+    pub nonblock: AtomicBool,
+    shut_rd: AtomicBool,
+    shut_wr: AtomicBool,
+    peer_closed: AtomicBool,
+    /// Set after fork: other processes may use this end, so ring operations take the
+    /// cross-process side lock and reload the indices.
+    shared: AtomicBool,
+    side_words: Option<SideWords>,
+    created: Instant,
+    same_kernel: bool,
+    waiters: AtomicU32,
+    resolving: ForkMutex<()>,
+    plain: ForkMutex<Option<Arc<PlainTcp>>>,
+    /// Our side is already closed in the registry (last holder closed).
+    released: AtomicBool,
+}
+
+/// What creating a connection needs.
+pub struct ConnParts {
+    pub engine: Arc<Engine>,
+    pub ch: ChannelId,
+    pub side: Side,
+    pub tuple: ConnTuple,
+    pub fd: c_int,
+    pub path: u8,
+    pub same_kernel: bool,
+}
+
+impl Conn {
+    pub fn new(p: ConnParts) -> Result<Arc<Conn>, FallbackReason> {
+        let reg = p.engine.registry();
+        let rings = reg.rings(p.ch).map_err(|_| FallbackReason::Error)?;
+        let (tx_view, rx_view) = match p.side {
+            Side::Client => (rings.c2s, rings.s2c),
+            Side::Server => (rings.s2c, rings.c2s),
+        };
+        let prod = StreamProducer::attach(tx_view.clone()).map_err(|_| FallbackReason::Error)?;
+        let cons = StreamConsumer::attach(rx_view.clone()).map_err(|_| FallbackReason::Error)?;
+        let side_words = reg.side_words(p.ch, p.side).ok();
+        let nonblock = real::status_flags(p.fd) & libc::O_NONBLOCK != 0;
+        Ok(Arc::new(Conn {
+            engine: p.engine,
+            ch: p.ch,
+            side: p.side,
+            tuple: p.tuple,
+            path: AtomicU8::new(p.path),
+            fds: ForkMutex::new(vec![p.fd]),
+            prod: ForkMutex::new(prod),
+            cons: ForkMutex::new(cons),
+            tx_view,
+            rx_view,
+            nonblock: AtomicBool::new(nonblock),
+            shut_rd: AtomicBool::new(false),
+            shut_wr: AtomicBool::new(false),
+            peer_closed: AtomicBool::new(false),
+            shared: AtomicBool::new(false),
+            side_words,
+            created: Instant::now(),
+            same_kernel: p.same_kernel,
+            waiters: AtomicU32::new(0),
+            resolving: ForkMutex::new(()),
+            plain: ForkMutex::new(None),
+            released: AtomicBool::new(false),
+        }))
+    }
+
+    pub fn path(&self) -> u8 {
+        self.path.load(Acquire)
+    }
+
+    /// The kernel socket (any of our fds for it).
+    pub fn kfd(&self) -> c_int {
+        self.fds.lock().first().copied().unwrap_or(-1)
+    }
+
+    pub fn add_fd(&self, fd: c_int) {
+        self.fds.lock().push(fd);
+    }
+
+    /// `fd` is being closed; true if it is this process's last fd for the connection (the
+    /// fd stays usable for the doorbell until [`Conn::release_with`] returns).
+    pub fn close_fd(&self, fd: c_int) -> bool {
+        let mut fds = self.fds.lock();
+        if fds.len() > 1 {
+            fds.retain(|&f| f != fd);
+            return false;
+        }
+        true
+    }
+
+    pub fn plain(&self) -> Option<Arc<PlainTcp>> {
+        self.plain.lock().clone()
+    }
+
+    // ---- decision -------------------------------------------------------------------------
+
+    /// Settles a pending client connection: `Ring` once the server accepted, `Tcp` if it
+    /// declined or did not answer within `decide_wait`. With `wait == false` it only looks.
+    pub fn resolve(&self, wait: bool) -> u8 {
+        let p = self.path();
+        if p != PENDING {
+            return p;
+        }
+        let _g = self.resolving.lock();
+        let deadline = self.created + self.engine.cfg.decide_wait;
+        let mut polls = 0u32;
+        loop {
+            let p = self.path();
+            if p != PENDING {
+                return p;
+            }
+            let reg = self.engine.registry();
+            match reg.channel_state(self.ch) {
+                Ok(ChannelState::Accepted) => {
+                    self.path.store(RING, Release);
+                    tracing::debug!(ch = ?self.ch, "server accepted: ring");
+                }
+                Ok(ChannelState::Declined) => {
+                    let _ = reg.cancel(self.ch, self.engine.me());
+                    self.to_tcp(FallbackReason::Declined);
+                }
+                Ok(ChannelState::Offered) if Instant::now() >= deadline => {
+                    // The CAS decides: either our cancel wins or the server's accept did.
+                    if reg.cancel(self.ch, self.engine.me()).is_ok() {
+                        self.to_tcp(FallbackReason::Cancelled);
+                    }
+                }
+                Ok(ChannelState::Offered) if !wait => return PENDING,
+                Ok(ChannelState::Offered) => {
+                    polls += 1;
+                    if polls < 200 {
+                        std::thread::yield_now();
+                    } else {
+                        // The server's accept doorbell (or anything else) ends this early.
+                        let _ = real::wait_fd(
+                            self.kfd(),
+                            libc::POLLIN,
+                            Some(Duration::from_micros(200)),
+                        );
+                    }
+                }
+                _ => self.to_tcp(FallbackReason::Error),
+            }
+        }
+    }
+
+    fn to_tcp(&self, reason: FallbackReason) {
+        let plain = PlainTcp::record(&self.engine, &self.tuple, reason, None);
+        *self.plain.lock() = Some(plain);
+        self.path.store(TCP, Release);
+        tracing::debug!(ch = ?self.ch, %reason, "connection stays on TCP");
+    }
+
+    // ---- ring access ------------------------------------------------------------------------
+
+    pub fn mark_shared(&self) {
+        self.shared.store(true, Release);
+    }
+
+    /// In a fork child: one more process holds this end.
+    pub fn on_fork_child(&self) {
+        self.mark_shared();
+        if let Some(w) = &self.side_words {
+            w.holders.fetch_add(1, AcqRel);
+        }
+    }
+
+    fn side_lock(&self) -> Option<SideLock<'_>> {
+        if !self.shared.load(Acquire) {
+            return None;
+        }
+        let w = self.side_words.as_ref()?;
+        let me = real::getpid();
+        let mut spins = 0u32;
+        loop {
+            match w.lock.compare_exchange(0, me, Acquire, Relaxed) {
+                Ok(_) => return Some(SideLock { w }),
+                Err(holder) => {
+                    spins += 1;
+                    if spins % 4096 == 0 && !process_alive(holder) {
+                        // Its holder died inside a ring operation; the indices it published
+                        // are consistent (publication is a single store), so take over.
+                        let _ = w.lock.compare_exchange(holder, 0, AcqRel, Relaxed);
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    fn with_prod<R>(&self, f: impl FnOnce(&mut StreamProducer) -> R) -> Result<R, c_int> {
+        let mut p = self.prod.lock();
+        let _l = self.side_lock();
+        if _l.is_some() {
+            p.resync().map_err(|_| libc::EIO)?;
+        }
+        let r = f(&mut p);
+        if p.take_doorbell() {
+            real::ring_doorbell(self.kfd());
+        }
+        Ok(r)
+    }
+
+    fn with_cons<R>(&self, f: impl FnOnce(&mut StreamConsumer) -> R) -> Result<R, c_int> {
+        let mut c = self.cons.lock();
+        let _l = self.side_lock();
+        if _l.is_some() {
+            c.resync().map_err(|_| libc::EIO)?;
+        }
+        let r = f(&mut c);
+        if c.take_doorbell() {
+            real::ring_doorbell(self.kfd());
+        }
+        Ok(r)
+    }
+
+    pub fn rx_probe(&self) -> Option<Probe> {
+        probe(&self.rx_view)
+    }
+
+    pub fn tx_probe(&self) -> Option<Probe> {
+        probe(&self.tx_view)
+    }
+
+    pub fn peer_closed(&self) -> bool {
+        self.peer_closed.load(Acquire)
+    }
+
+    pub fn set_peer_closed(&self) {
+        if !self.peer_closed.swap(true, AcqRel) {
+            tracing::debug!(ch = ?self.ch, "peer's socket closed");
+        }
+    }
+
+    /// Drains doorbells from the kernel socket, noting a closed peer.
+    pub fn drain(&self) {
+        if real::drain_doorbells(self.kfd()) == Drain::Closed {
+            self.set_peer_closed();
+        }
+    }
+
+    // ---- data -------------------------------------------------------------------------------
+
+    /// `recv` family on a ring connection. `Ok(0)` is EOF.
+    pub fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: c_int) -> Result<usize, c_int> {
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        if want == 0 || self.shut_rd.load(Acquire) {
+            return Ok(0);
+        }
+        let peek = flags & libc::MSG_PEEK != 0;
+        let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
+        let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblock.load(Relaxed);
+        let timeout = if dontwait {
+            None
+        } else {
+            real::sockopt_timeout(self.kfd(), libc::SO_RCVTIMEO)
+        };
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut got = 0usize;
+        loop {
+            let n = self.read_some(bufs, got, peek)?;
+            got += n;
+            if got == want || (got > 0 && !waitall) {
+                return Ok(got);
+            }
+            if self.rx_at_eof()? {
+                return Ok(got);
+            }
+            if dontwait {
+                return if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
+            }
+            match self.wait(Dir::Read, deadline) {
+                Ok(()) => {}
+                Err(e) if got > 0 && (e == libc::EINTR || e == libc::EAGAIN) => return Ok(got),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Copies into `bufs` starting `skip` bytes in.
+    fn read_some(
+        &self,
+        bufs: &mut [IoSliceMut<'_>],
+        skip: usize,
+        peek: bool,
+    ) -> Result<usize, c_int> {
+        let mut rest = advance_mut(bufs, skip);
+        let r = self.with_cons(|c| {
+            if peek {
+                match rest.first_mut() {
+                    Some(b) => c.peek(b),
+                    None => Ok(0),
+                }
+            } else {
+                c.read_vectored(&mut rest)
+            }
+        })?;
+        r.map_err(|e| self.ring_error(e))
+    }
+
+    /// EOF: the writer shut down and the ring is drained, or the peer's socket is gone.
+    fn rx_at_eof(&self) -> Result<bool, c_int> {
+        let p = self.rx_probe().ok_or(libc::EIO)?;
+        if p.used > 0 {
+            return Ok(false);
+        }
+        // Re-read after the flag: bytes published before the shutdown are visible by now.
+        let shut = p.writer_shut || self.peer_closed();
+        Ok(shut && self.rx_probe().is_some_and(|p| p.used == 0))
+    }
+
+    fn ring_error(&self, e: memloop_ring::RingError) -> c_int {
+        match e {
+            memloop_ring::RingError::Closed => libc::EPIPE,
+            e => {
+                tracing::warn!(ch = ?self.ch, "ring error: {e}");
+                libc::EIO
+            }
+        }
+    }
+
+    /// `send` family on a ring connection (blocking sends queue everything, as TCP does).
+    pub fn send(&self, bufs: &[IoSlice<'_>], flags: c_int) -> Result<usize, c_int> {
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        let nosignal = flags & libc::MSG_NOSIGNAL != 0;
+        let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblock.load(Relaxed);
+        let timeout = if dontwait {
+            None
+        } else {
+            real::sockopt_timeout(self.kfd(), libc::SO_SNDTIMEO)
+        };
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut sent = 0usize;
+        loop {
+            if self.shut_wr.load(Acquire) || self.peer_closed() {
+                return self.broken_pipe(sent, nosignal);
+            }
+            let rest = advance(bufs, sent);
+            let r = self.with_prod(|p| p.write_vectored(&rest))?;
+            match r {
+                Ok(n) => sent += n,
+                Err(memloop_ring::RingError::Closed) => return self.broken_pipe(sent, nosignal),
+                Err(e) => return Err(self.ring_error(e)),
+            }
+            if sent == want {
+                return Ok(sent);
+            }
+            if dontwait {
+                return if sent > 0 {
+                    Ok(sent)
+                } else {
+                    Err(libc::EAGAIN)
+                };
+            }
+            match self.wait(Dir::Write, deadline) {
+                Ok(()) => {}
+                Err(e) if sent > 0 && (e == libc::EINTR || e == libc::EAGAIN) => return Ok(sent),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn broken_pipe(&self, sent: usize, nosignal: bool) -> Result<usize, c_int> {
+        if sent > 0 {
+            return Ok(sent);
+        }
+        if !nosignal {
+            real::raise_sigpipe();
+        }
+        Err(libc::EPIPE)
+    }
+
+    // ---- readiness and waiting ------------------------------------------------------------
+
+    /// poll-style readiness of a ring connection.
+    pub fn revents(&self) -> i16 {
+        let (Some(rx), Some(tx)) = (self.rx_probe(), self.tx_probe()) else {
+            return libc::POLLERR | libc::POLLIN | libc::POLLOUT;
+        };
+        let gone = self.peer_closed();
+        let mut ev = 0;
+        if rx.used > 0 || rx.writer_shut || gone || self.shut_rd.load(Relaxed) {
+            ev |= libc::POLLIN;
+        }
+        if rx.writer_shut || gone {
+            ev |= libc::POLLRDHUP;
+        }
+        if (tx.free() > 0 && !self.shut_wr.load(Relaxed)) || tx.reader_closed || gone {
+            ev |= libc::POLLOUT;
+        }
+        if gone || (rx.writer_shut && self.shut_wr.load(Relaxed)) {
+            ev |= libc::POLLHUP;
+        }
+        ev
+    }
+
+    pub fn ready(&self, dir: Dir) -> bool {
+        let ev = self.revents();
+        let want = match dir {
+            Dir::Read => libc::POLLIN,
+            Dir::Write => libc::POLLOUT,
+        };
+        ev & (want | libc::POLLERR | libc::POLLHUP) != 0
+    }
+
+    /// Arms our doorbell flag for `dir`: the peer's next publication (or release) will send a
+    /// doorbell byte. The caller re-checks readiness afterwards.
+    pub fn arm(&self, dir: Dir) {
+        match dir {
+            Dir::Read => self.cons.lock().arm_doorbell(),
+            Dir::Write => self.prod.lock().arm_doorbell(),
+        }
+    }
+
+    pub fn disarm(&self, dir: Dir) {
+        match dir {
+            Dir::Read => self.cons.lock().disarm(),
+            Dir::Write => self.prod.lock().disarm(),
+        }
+    }
+
+    /// Blocks until `dir` is ready, the deadline passes (`EAGAIN`) or a signal arrives
+    /// (`EINTR`, unless `SA_RESTART` made the kernel restart our sleep).
+    fn wait(&self, dir: Dir, deadline: Option<Instant>) -> Result<(), c_int> {
+        if spin_until(self.engine.cfg.spin, || self.ready(dir)) {
+            return Ok(());
+        }
+        loop {
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(l) if !l.is_zero() => Some(l),
+                    _ => return Err(libc::EAGAIN),
+                },
+                None => None,
+            };
+            self.waiters.fetch_add(1, AcqRel);
+            self.arm(dir);
+            let r = if self.ready(dir) {
+                Ok(())
+            } else {
+                self.sleep(left)
+            };
+            self.disarm(dir);
+            let last = self.waiters.fetch_sub(1, AcqRel) == 1;
+            // Another thread waiting on the same socket may need that doorbell byte too.
+            if last {
+                self.drain();
+            }
+            match r {
+                Err(libc::EAGAIN) if dir == Dir::Write => {} // SO_RCVTIMEO cut our sleep short
+                Err(e) => return Err(e),
+                Ok(()) => {}
+            }
+            if self.ready(dir) {
+                return Ok(());
+            }
+            if self.peer_dead_in_registry() {
+                self.set_peer_closed();
+            }
+        }
+    }
+
+    /// One sleep until a doorbell, FIN or signal. Same kernel: a blocking `MSG_PEEK` receive,
+    /// which the kernel restarts after `SA_RESTART` signals exactly as it would the program's
+    /// own call; otherwise a bounded poll so a vanished VM is noticed.
+    fn sleep(&self, left: Option<Duration>) -> Result<(), c_int> {
+        let fd = self.kfd();
+        if self.same_kernel && !self.nonblock.load(Relaxed) && left.is_none() {
+            let mut b = [0u8; 1];
+            return match real::peek_blocking(fd, &mut b) {
+                Ok(0) => {
+                    self.set_peer_closed();
+                    Ok(())
+                }
+                Ok(_) => Ok(()),
+                Err(e) if e == libc::EINTR || e == libc::EAGAIN => Err(e),
+                Err(_) => {
+                    self.set_peer_closed();
+                    Ok(())
+                }
+            };
+        }
+        let slice = left.map_or(LIVENESS_SLICE, |l| l.min(LIVENESS_SLICE));
+        match real::wait_fd(fd, libc::POLLIN, Some(slice)) {
+            Err(libc::EINTR) => Err(libc::EINTR),
+            _ => Ok(()),
+        }
+    }
+
+    fn peer_dead_in_registry(&self) -> bool {
+        self.engine
+            .registry()
+            .peer_gone(self.ch, self.side)
+            .unwrap_or(true)
+    }
+
+    // ---- shutdown, close, fork ------------------------------------------------------------
+
+    pub fn shutdown(&self, how: c_int) -> Result<(), c_int> {
+        if how == libc::SHUT_RD || how == libc::SHUT_RDWR {
+            self.shut_rd.store(true, Release);
+        }
+        if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
+            self.shut_wr.store(true, Release);
+            self.with_prod(|p| p.shutdown())?;
+            // The peer may sleep in epoll without having armed for this end: always ring.
+            real::ring_doorbell(self.kfd());
+        }
+        Ok(())
+    }
+
+    /// This process closed its last fd for the connection. If no other process holds our
+    /// end, shut the rings (what was sent is still delivered, then EOF) and release our side.
+    pub fn release_with(&self, fd: c_int) {
+        self.release();
+        self.fds.lock().retain(|&f| f != fd);
+    }
+
+    fn release(&self) {
+        if self.path() != RING || self.released.swap(true, AcqRel) {
+            return;
+        }
+        if let Some(w) = &self.side_words {
+            if self.shared.load(Acquire) && w.holders.fetch_sub(1, AcqRel) > 1 {
+                return;
+            }
+        }
+        let _ = self.with_prod(|p| p.shutdown());
+        let _ = self.with_cons(|c| c.close());
+        real::ring_doorbell(self.kfd());
+        let reg = self.engine.registry();
+        if let Err(e) = reg.close(self.ch, self.side) {
+            tracing::debug!(ch = ?self.ch, "close: {e}");
+        }
+    }
+
+    /// A pending client connection closed before the decision: withdraw the offer.
+    pub fn abandon(&self) {
+        if self.path() == PENDING {
+            let reg = self.engine.registry();
+            if reg.cancel(self.ch, self.engine.me()).is_err() {
+                // The server accepted meanwhile: close our side like a ring connection.
+                self.path.store(RING, Release);
+                self.release();
+            }
+        }
+    }
+
+    /// FIONREAD.
+    pub fn readable_bytes(&self) -> usize {
+        self.rx_probe().map_or(0, |p| p.used as usize)
+    }
+
+    /// For epoll edge-triggering: a value that changes whenever new data or space appears.
+    pub fn progress(&self) -> (u64, u64) {
+        let t = memloop_ring::header::totals(&self.rx_view).map_or(0, |(t, _)| t);
+        let h = memloop_ring::header::totals(&self.tx_view).map_or(0, |(_, h)| h);
+        (t, h)
+    }
+}
+
+struct SideLock<'a> {
+    w: &'a SideWords,
+}
+
+impl Drop for SideLock<'_> {
+    fn drop(&mut self) {
+        self.w.lock.store(0, Release);
+    }
+}
+
+fn process_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Spins (yielding now and then: on two cores the peer may need our CPU) until `ready`.
+pub fn spin_until(window: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    for _ in 0..16 {
+        if ready() {
+            return true;
+        }
+        std::hint::spin_loop();
+    }
+    let start = Instant::now();
+    let mut i = 0u32;
+    loop {
+        if ready() {
+            return true;
+        }
+        i = i.wrapping_add(1);
+        if i % 8 == 0 && start.elapsed() >= window {
+            return false;
+        }
+        if i % 64 == 0 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// `bufs` without its first `skip` bytes.
+fn advance<'a>(bufs: &'a [IoSlice<'a>], mut skip: usize) -> Vec<IoSlice<'a>> {
+    let mut out = Vec::with_capacity(bufs.len());
+    for b in bufs {
+        if skip >= b.len() {
+            skip -= b.len();
+            continue;
+        }
+        out.push(IoSlice::new(&b[skip..]));
+        skip = 0;
+    }
+    out
+}
+
+fn advance_mut<'a, 'b>(bufs: &'a mut [IoSliceMut<'b>], mut skip: usize) -> Vec<IoSliceMut<'a>> {
+    let mut out = Vec::with_capacity(bufs.len());
+    for b in bufs.iter_mut() {
+        if skip >= b.len() {
+            skip -= b.len();
+            continue;
+        }
+        out.push(IoSliceMut::new(&mut b[skip..]));
+        skip = 0;
+    }
+    out
+}

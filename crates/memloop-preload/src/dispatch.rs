@@ -1,0 +1,292 @@
+//! Safe glue between the exported C functions and the rest: where a call on an fd goes, and
+//! the bookkeeping for socket creation, connect, listen, accept, close and dup.
+
+use crate::agree::{self, Accepted};
+use crate::conn::{Conn, PENDING, RING};
+use crate::engine;
+use crate::epoll::EpollSet;
+use crate::listen::Listener;
+use crate::plain::PlainTcp;
+use crate::table::{self, Entry, Fresh};
+use libc::c_int;
+use memloop::registry::FallbackReason;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Where a data call on an fd goes.
+pub enum Route {
+    /// Straight to the kernel, untouched.
+    Real,
+    Ring(Arc<Conn>),
+    /// To the kernel, with byte counts for `memloop status`.
+    Counted(Arc<PlainTcp>),
+}
+
+#[inline]
+pub fn route(fd: c_int) -> Route {
+    if table::kind(fd) != table::K_OBJ {
+        return Route::Real;
+    }
+    match table::get(fd) {
+        Some(Entry::Conn(c)) => match c.resolve(true) {
+            RING => Route::Ring(c),
+            _ => c.plain().map_or(Route::Real, Route::Counted),
+        },
+        Some(Entry::Plain(p)) => Route::Counted(p),
+        _ => Route::Real,
+    }
+}
+
+/// A new socket: inet stream sockets become candidates.
+pub fn on_socket(fd: c_int, domain: c_int, ty: c_int, proto: c_int) {
+    let stream = ty & 0xf == libc::SOCK_STREAM;
+    let inet = domain == libc::AF_INET || domain == libc::AF_INET6;
+    if fd >= 0 && stream && inet && (proto == 0 || proto == libc::IPPROTO_TCP) {
+        table::mark_tcp(fd);
+    }
+}
+
+/// Whether `fd` is a candidate socket that has not connected or listened yet.
+pub fn is_candidate(fd: c_int) -> bool {
+    match table::kind(fd) {
+        table::K_TCP => true,
+        table::K_OBJ => matches!(table::get(fd), Some(Entry::Fresh(_))),
+        _ => false,
+    }
+}
+
+/// Before the real connect: the co-resident listener, if any.
+pub fn before_connect(
+    fd: c_int,
+    dst: Option<SocketAddr>,
+) -> Option<(
+    Arc<engine::Engine>,
+    memloop::registry::EndpointInfo,
+    SocketAddr,
+)> {
+    if !is_candidate(fd) {
+        return None;
+    }
+    let dst = dst?;
+    let engine = engine::get()?;
+    match agree::find_listener(&engine, dst) {
+        Ok(ep) => Some((engine, ep, dst)),
+        Err(reason) => {
+            tracing::debug!(fd, %dst, %reason, "connect stays on TCP");
+            engine.registry().count_fallback(reason);
+            None
+        }
+    }
+}
+
+/// After a real connect that succeeded or is in progress: offer the channel.
+pub fn after_connect(
+    fd: c_int,
+    engine: Arc<engine::Engine>,
+    ep: memloop::registry::EndpointInfo,
+    dst: SocketAddr,
+) {
+    let fresh = fresh_epolls(fd);
+    match agree::client_offer(&engine, &ep, fd, dst) {
+        Ok(conn) => {
+            tracing::debug!(fd, %dst, "offered a ring");
+            table::insert(fd, Entry::Conn(conn.clone()));
+            adopt_epolls(fd, &conn, fresh);
+        }
+        Err(reason) => {
+            tracing::debug!(fd, %dst, %reason, "no ring offered");
+            let p = agree::record_plain(&engine, fd, reason, false, None);
+            table::insert(fd, Entry::Plain(p));
+        }
+    }
+}
+
+fn fresh_epolls(fd: c_int) -> Vec<(c_int, u32, u64)> {
+    match table::get(fd) {
+        Some(Entry::Fresh(f)) => f.epolls.lock().clone(),
+        _ => Vec::new(),
+    }
+}
+
+/// Moves epoll registrations made before the connection became ours into our epoll sets.
+fn adopt_epolls(fd: c_int, conn: &Arc<Conn>, regs: Vec<(c_int, u32, u64)>) {
+    for (epfd, events, data) in regs {
+        let set = epoll_set(epfd);
+        let _ = set.adopt(fd, conn, events, data);
+    }
+}
+
+/// Our record of epoll set `epfd`, created on first use.
+pub fn epoll_set(epfd: c_int) -> Arc<EpollSet> {
+    if let Some(Entry::Epoll(s)) = table::get(epfd) {
+        return s;
+    }
+    let s = EpollSet::new(epfd);
+    table::insert(epfd, Entry::Epoll(s.clone()));
+    s
+}
+
+pub fn after_listen(fd: c_int) {
+    if !is_candidate(fd) {
+        return;
+    }
+    if let Some(engine) = engine::get() {
+        if let Some(l) = Listener::register(&engine, fd) {
+            table::insert(fd, Entry::Listener(l));
+        }
+    }
+}
+
+/// After a real accept on `lfd` produced `fd`.
+pub fn after_accept(lfd: c_int, fd: c_int) {
+    if fd < 0 || table::kind(lfd) != table::K_OBJ {
+        return;
+    }
+    let Some(Entry::Listener(l)) = table::get(lfd) else {
+        return;
+    };
+    let Some(engine) = engine::get() else { return };
+    let Some(ep) = l.endpoint(&engine) else {
+        table::mark_tcp(fd);
+        return;
+    };
+    match agree::server_accept(&engine, ep, fd) {
+        Accepted::Ring(conn) => {
+            tracing::debug!(fd, "accepted on a ring");
+            table::insert(fd, Entry::Conn(conn));
+        }
+        Accepted::Plain(FallbackReason::NotMember, _) => {
+            engine.registry().count_fallback(FallbackReason::NotMember);
+        }
+        Accepted::Plain(reason, marker) => {
+            let p = agree::record_plain(&engine, fd, reason, true, marker);
+            table::insert(fd, Entry::Plain(p));
+        }
+    }
+}
+
+/// Before the real close of `fd` (also for the implicit close of dup2's target).
+pub fn before_close(fd: c_int) {
+    let Some(e) = table::get(fd) else {
+        table::remove(fd);
+        return;
+    };
+    if let Entry::Conn(c) = &e {
+        for (_, other) in table::all() {
+            if let Entry::Epoll(s) = other {
+                s.forget(fd);
+            }
+        }
+        if c.close_fd(fd) {
+            if c.path() == PENDING {
+                c.abandon();
+            } else {
+                c.release_with(fd);
+            }
+        }
+    }
+    if let Entry::Listener(l) = &e {
+        l.unregister();
+    }
+    table::remove(fd);
+}
+
+/// After a successful dup of `old` into `new` (the kernel already closed `new`'s old file).
+pub fn after_dup(old: c_int, new: c_int) {
+    if table::kind(old) != table::K_NONE {
+        table::duplicate(old, new);
+    }
+}
+
+/// epoll_ctl on an fd of ours. `None`: not ours, the caller passes it through.
+pub fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: Option<(u32, u64)>,
+) -> Option<Result<(), c_int>> {
+    match table::kind(fd) {
+        table::K_OBJ => {}
+        table::K_TCP => return None,
+        _ => return None,
+    }
+    match table::get(fd)? {
+        Entry::Conn(c) if c.path() == PENDING || c.path() == RING => {
+            Some(epoll_set(epfd).ctl(op, fd, &c, ev))
+        }
+        _ => None,
+    }
+}
+
+/// Remembers epoll registrations of a candidate socket (made before it connects).
+pub fn note_fresh_epoll(epfd: c_int, op: c_int, fd: c_int, ev: Option<(u32, u64)>) {
+    if !is_candidate(fd) {
+        return;
+    }
+    let fresh = match table::get(fd) {
+        Some(Entry::Fresh(f)) => f,
+        _ => {
+            let f = Arc::new(Fresh::default());
+            table::insert(fd, Entry::Fresh(f.clone()));
+            f
+        }
+    };
+    let mut regs = fresh.epolls.lock();
+    regs.retain(|(e, _, _)| *e != epfd);
+    if op != libc::EPOLL_CTL_DEL {
+        if let Some((events, data)) = ev {
+            regs.push((epfd, events, data));
+        }
+    }
+}
+
+/// Whether `fd` is an epoll set with ring interests.
+pub fn epoll_of(epfd: c_int) -> Option<Arc<EpollSet>> {
+    match table::get(epfd)? {
+        Entry::Epoll(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// O_NONBLOCK changed through fcntl or ioctl.
+pub fn set_nonblock(fd: c_int, on: bool) {
+    if let Some(c) = table::conn(fd) {
+        c.nonblock.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+// ---- fork ---------------------------------------------------------------------------------
+
+pub fn fork_prepare() {
+    engine::lock_for_fork();
+    table::lock_for_fork();
+}
+
+pub fn fork_parent() {
+    table::release_after_fork();
+    engine::release_after_fork();
+    for c in unique_conns() {
+        c.mark_shared();
+    }
+}
+
+pub fn fork_child() {
+    table::release_after_fork();
+    engine::release_after_fork();
+    engine::reset_in_child();
+    for c in unique_conns() {
+        c.on_fork_child();
+    }
+}
+
+fn unique_conns() -> Vec<Arc<Conn>> {
+    let mut out: Vec<Arc<Conn>> = Vec::new();
+    for (_, e) in table::all() {
+        if let Entry::Conn(c) = e {
+            if !out.iter().any(|o| Arc::ptr_eq(o, &c)) {
+                out.push(c);
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,137 @@
+//! Per-process state: our membership in the region, found lazily on the first socket call
+//! that could use it. With no region (or `MEMLOOP_DISABLE=1`) the library stays dormant.
+
+use crate::forklock::ForkMutex;
+use memloop::registry::{MemberId, Registry};
+use memloop::{Node, Region, RegionSpec};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Tunables, from the environment at first use.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// How long a server waits at accept for the client's offer to appear.
+    pub server_wait: Duration,
+    /// How long a client waits for the server's decision before cancelling its offer.
+    pub decide_wait: Duration,
+    /// Spin window before a waiter arms its doorbell and sleeps.
+    pub spin: Duration,
+    /// Capacity of each direction's ring.
+    pub ring_capacity: u64,
+}
+
+fn env_us(name: &str, default: u64) -> Duration {
+    let v = std::env::var(name).ok().and_then(|s| s.parse().ok());
+    Duration::from_micros(v.unwrap_or(default))
+}
+
+impl Config {
+    fn from_env() -> Self {
+        let ring = std::env::var("MEMLOOP_RING_BYTES")
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .filter(|v| v.is_power_of_two() && *v >= 4096)
+            .unwrap_or(memloop::DEFAULT_RING_CAPACITY);
+        Config {
+            server_wait: env_us("MEMLOOP_SERVER_WAIT_US", 50),
+            decide_wait: env_us("MEMLOOP_DECIDE_WAIT_US", 20_000),
+            spin: env_us("MEMLOOP_SPIN_US", 50),
+            ring_capacity: ring,
+        }
+    }
+}
+
+pub struct Engine {
+    pub node: Node,
+    pub netns: u64,
+    pub cfg: Config,
+}
+
+impl Engine {
+    pub fn registry(&self) -> &Registry {
+        self.node.region().registry()
+    }
+    pub fn me(&self) -> MemberId {
+        self.node.id()
+    }
+}
+
+enum Slot {
+    Unknown,
+    /// No region (or disabled); retried at most once per `RETRY`, so a region created later
+    /// is picked up without restarting the program.
+    Absent(Instant),
+    Ready(Arc<Engine>),
+}
+
+const RETRY: Duration = Duration::from_secs(1);
+static ENGINE: ForkMutex<Slot> = ForkMutex::new(Slot::Unknown);
+
+pub fn disabled() -> bool {
+    std::env::var_os("MEMLOOP_DISABLE").is_some_and(|v| v != "0" && !v.is_empty())
+}
+
+/// The engine, joining the region on first use; `None` while dormant.
+pub fn get() -> Option<Arc<Engine>> {
+    let mut slot = ENGINE.lock();
+    match &*slot {
+        Slot::Ready(e) => return Some(e.clone()),
+        Slot::Absent(at) if at.elapsed() < RETRY => return None,
+        _ => {}
+    }
+    match start() {
+        Some(e) => {
+            *slot = Slot::Ready(e.clone());
+            Some(e)
+        }
+        None => {
+            *slot = Slot::Absent(Instant::now());
+            None
+        }
+    }
+}
+
+fn start() -> Option<Arc<Engine>> {
+    if disabled() {
+        return None;
+    }
+    let spec = RegionSpec::from_env();
+    let region = match Region::open(&spec) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!("memloop dormant: {e}");
+            return None;
+        }
+    };
+    let node = match Node::join(region, "") {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!("memloop dormant: cannot join the region: {e}");
+            return None;
+        }
+    };
+    let netns = memloop::identity::namespace_inode("net");
+    tracing::debug!(member = ?node.id(), netns, "memloop transparent layer active");
+    Some(Arc::new(Engine {
+        node,
+        netns,
+        cfg: Config::from_env(),
+    }))
+}
+
+pub fn lock_for_fork() {
+    ENGINE.acquire_for_fork();
+}
+
+pub fn release_after_fork() {
+    ENGINE.release_after_fork();
+}
+
+/// In a fork child: the parent's membership (and its heartbeat thread) belong to the parent;
+/// forget it without leaving the region, and join afresh on next use.
+pub fn reset_in_child() {
+    let mut slot = ENGINE.lock();
+    if let Slot::Ready(e) = std::mem::replace(&mut *slot, Slot::Unknown) {
+        std::mem::forget(e);
+    }
+}

@@ -1,0 +1,89 @@
+//! A small spin mutex that can be held across `fork`: the `atfork` prepare handler takes it
+//! and the parent and child handlers release it, so the child never inherits a lock that a
+//! vanished thread was holding. `std::sync::Mutex` cannot be released without its guard.
+#![allow(unsafe_code)]
+
+use std::cell::UnsafeCell;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub struct ForkMutex<T> {
+    locked: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: access to `value` is serialised by `locked` (acquire on lock, release on unlock).
+unsafe impl<T: Send> Sync for ForkMutex<T> {}
+// SAFETY: as above; the mutex owns its value.
+unsafe impl<T: Send> Send for ForkMutex<T> {}
+
+impl<T> ForkMutex<T> {
+    pub const fn new(value: T) -> Self {
+        ForkMutex {
+            locked: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    pub fn lock(&self) -> ForkGuard<'_, T> {
+        self.acquire();
+        ForkGuard { m: self }
+    }
+
+    fn acquire(&self) {
+        let mut spins = 0u32;
+        while self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins % 64 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Takes the lock without a guard (atfork prepare); pair with [`Self::release_after_fork`].
+    pub fn acquire_for_fork(&self) {
+        self.acquire();
+    }
+
+    /// Releases a lock taken by [`Self::acquire_for_fork`] (atfork parent and child).
+    pub fn release_after_fork(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+}
+
+pub struct ForkGuard<'a, T> {
+    m: &'a ForkMutex<T>,
+}
+
+impl<T> Deref for ForkGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the guard exists only while this thread holds the lock.
+        unsafe { &*self.m.value.get() }
+    }
+}
+
+impl<T> DerefMut for ForkGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the guard exists only while this thread holds the lock, exclusively.
+        unsafe { &mut *self.m.value.get() }
+    }
+}
+
+impl<T> Drop for ForkGuard<'_, T> {
+    fn drop(&mut self) {
+        self.m.locked.store(false, Ordering::Release);
+    }
+}
+
+impl<T: Default> Default for ForkMutex<T> {
+    fn default() -> Self {
+        ForkMutex::new(T::default())
+    }
+}

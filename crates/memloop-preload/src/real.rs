@@ -1,0 +1,335 @@
+//! The C library's own functions, found with `dlsym(RTLD_NEXT)`, and safe wrappers for the few
+//! system calls the rest of the crate makes on kernel sockets.
+//!
+//! This module and `ffi` are the crate's C ABI boundary and the only places with `unsafe`;
+//! shared memory is still only touched through `memloop-shm`.
+#![allow(unsafe_code)]
+
+use libc::{c_int, c_void, size_t, sockaddr, socklen_t, ssize_t};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Declares `pub fn NAME() -> fn-pointer`, resolved once with `dlsym(RTLD_NEXT, "NAME")`.
+macro_rules! real_fns {
+    ($( $name:ident : fn($($arg:ty),*) -> $ret:ty; )*) => {
+        $(
+            #[allow(non_snake_case)]
+            pub fn $name() -> unsafe extern "C" fn($($arg),*) -> $ret {
+                static ADDR: AtomicUsize = AtomicUsize::new(0);
+                let mut a = ADDR.load(Ordering::Relaxed);
+                if a == 0 {
+                    a = resolve(concat!(stringify!($name), "\0"));
+                    ADDR.store(a, Ordering::Relaxed);
+                }
+                // SAFETY: `a` is the address dlsym returned for this libc symbol, whose C
+                // prototype is the one declared here.
+                unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($arg),*) -> $ret>(a) }
+            }
+        )*
+    };
+}
+
+fn resolve(name: &str) -> usize {
+    // SAFETY: `name` is NUL-terminated; RTLD_NEXT finds the next definition after ours.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()) };
+    if p.is_null() {
+        // Without the real function nothing can work; say which one and stop.
+        let msg = format!(
+            "memloop preload: cannot resolve {}\n",
+            name.trim_end_matches('\0')
+        );
+        // SAFETY: writing a valid buffer to stderr with the raw syscall.
+        unsafe { libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len()) };
+        std::process::abort();
+    }
+    p as usize
+}
+
+real_fns! {
+    socket: fn(c_int, c_int, c_int) -> c_int;
+    connect: fn(c_int, *const sockaddr, socklen_t) -> c_int;
+    listen: fn(c_int, c_int) -> c_int;
+    accept: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
+    accept4: fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int;
+    close: fn(c_int) -> c_int;
+    shutdown: fn(c_int, c_int) -> c_int;
+    read: fn(c_int, *mut c_void, size_t) -> ssize_t;
+    write: fn(c_int, *const c_void, size_t) -> ssize_t;
+    readv: fn(c_int, *const libc::iovec, c_int) -> ssize_t;
+    writev: fn(c_int, *const libc::iovec, c_int) -> ssize_t;
+    recv: fn(c_int, *mut c_void, size_t, c_int) -> ssize_t;
+    send: fn(c_int, *const c_void, size_t, c_int) -> ssize_t;
+    recvfrom: fn(c_int, *mut c_void, size_t, c_int, *mut sockaddr, *mut socklen_t) -> ssize_t;
+    sendto: fn(c_int, *const c_void, size_t, c_int, *const sockaddr, socklen_t) -> ssize_t;
+    recvmsg: fn(c_int, *mut libc::msghdr, c_int) -> ssize_t;
+    sendmsg: fn(c_int, *const libc::msghdr, c_int) -> ssize_t;
+    poll: fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int;
+    ppoll: fn(*mut libc::pollfd, libc::nfds_t, *const libc::timespec, *const libc::sigset_t) -> c_int;
+    select: fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *mut libc::timeval) -> c_int;
+    pselect: fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *const libc::timespec, *const libc::sigset_t) -> c_int;
+    epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int;
+    epoll_wait: fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int;
+    epoll_pwait: fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int;
+    fcntl: fn(c_int, c_int, libc::c_ulong) -> c_int;
+    fcntl64: fn(c_int, c_int, libc::c_ulong) -> c_int;
+    ioctl: fn(c_int, libc::c_ulong, libc::c_ulong) -> c_int;
+    dup: fn(c_int) -> c_int;
+    dup2: fn(c_int, c_int) -> c_int;
+    dup3: fn(c_int, c_int, c_int) -> c_int;
+    getsockopt: fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int;
+    sendfile: fn(c_int, c_int, *mut libc::off_t, size_t) -> ssize_t;
+    sendfile64: fn(c_int, c_int, *mut libc::off64_t, size_t) -> ssize_t;
+}
+
+pub fn errno() -> c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+pub fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Result of a raw call: `Ok(value)` or `Err(errno)`.
+fn check(r: isize) -> Result<usize, c_int> {
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// One doorbell byte to the peer; failures are ignored (the peer also wakes on its own
+/// bounded sleep and on the connection closing).
+pub fn ring_doorbell(fd: c_int) {
+    let b = [1u8];
+    // SAFETY: valid one-byte buffer.
+    unsafe {
+        send()(
+            fd,
+            b.as_ptr().cast(),
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+}
+
+/// Outcome of draining doorbells from the kernel socket.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Drain {
+    /// Nothing (more) to read: the connection is up.
+    Open,
+    /// The peer's socket is gone (EOF or reset): every process on that side closed it.
+    Closed,
+}
+
+/// Reads and discards everything queued on the kernel socket (doorbell bytes).
+pub fn drain_doorbells(fd: c_int) -> Drain {
+    let mut buf = [0u8; 256];
+    loop {
+        // SAFETY: valid buffer of the given length.
+        let r = unsafe { recv()(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        match check(r) {
+            Ok(0) => return Drain::Closed,
+            Ok(_) => continue,
+            Err(libc::EINTR) => continue,
+            Err(libc::EAGAIN) => return Drain::Open,
+            Err(_) => return Drain::Closed,
+        }
+    }
+}
+
+/// Waits on one kernel fd with a nanosecond timeout (`None` = forever). `Ok(revents)`,
+/// `Ok(0)` on timeout, `Err(EINTR)` when a signal interrupted the wait.
+pub fn wait_fd(fd: c_int, events: i16, timeout: Option<std::time::Duration>) -> Result<i16, c_int> {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: one valid pollfd; `tsp` is null or points at a live timespec.
+    let r = unsafe { ppoll()(&mut p, 1, tsp, std::ptr::null()) };
+    check(r as isize).map(|n| if n == 0 { 0 } else { p.revents })
+}
+
+/// Kernel-side poll of several fds without blocking (timeout 0).
+pub fn poll_now(fds: &mut [libc::pollfd]) -> Result<usize, c_int> {
+    // SAFETY: the slice is a valid array of pollfd.
+    let r = unsafe { poll()(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+    check(r as isize)
+}
+
+fn sockaddr_of(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match storage.ss_family as c_int {
+        libc::AF_INET => {
+            // SAFETY: family says this is a sockaddr_in, which fits in sockaddr_storage.
+            let a = unsafe { &*(storage as *const _ as *const libc::sockaddr_in) };
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: family says this is a sockaddr_in6, which fits in sockaddr_storage.
+            let a = unsafe { &*(storage as *const _ as *const libc::sockaddr_in6) };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// Decodes a caller's `sockaddr` of `len` bytes (inet families only).
+///
+/// # Safety
+/// `addr` must be null or point to at least `len` readable bytes.
+pub unsafe fn decode_sockaddr(addr: *const sockaddr, len: socklen_t) -> Option<SocketAddr> {
+    if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sa_family_t>() {
+        return None;
+    }
+    let mut st: libc::sockaddr_storage = std::mem::zeroed();
+    let n = (len as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
+    std::ptr::copy_nonoverlapping(addr.cast::<u8>(), &mut st as *mut _ as *mut u8, n);
+    let need = match st.ss_family as c_int {
+        libc::AF_INET => std::mem::size_of::<libc::sockaddr_in>(),
+        libc::AF_INET6 => std::mem::size_of::<libc::sockaddr_in6>(),
+        _ => return None,
+    };
+    (n >= need).then(|| sockaddr_of(&st)).flatten()
+}
+
+type NameFn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
+
+fn name_of(fd: c_int, f: NameFn) -> Option<SocketAddr> {
+    // SAFETY: zeroed sockaddr_storage is a valid value.
+    let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+    // SAFETY: buffer and length describe `st`.
+    let r = unsafe {
+        f(
+            fd,
+            (&mut st as *mut libc::sockaddr_storage).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then(|| sockaddr_of(&st)).flatten()
+}
+
+pub fn local_addr(fd: c_int) -> Option<SocketAddr> {
+    name_of(fd, libc::getsockname)
+}
+
+pub fn peer_addr(fd: c_int) -> Option<SocketAddr> {
+    name_of(fd, libc::getpeername)
+}
+
+/// `getsockopt` for an int-valued option.
+pub fn sockopt_int(fd: c_int, level: c_int, opt: c_int) -> Option<c_int> {
+    let mut v: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: buffer and length describe `v`.
+    let r = unsafe { getsockopt()(fd, level, opt, (&mut v as *mut c_int).cast(), &mut len) };
+    (r == 0).then_some(v)
+}
+
+/// A `timeval`-valued socket option (SO_RCVTIMEO / SO_SNDTIMEO); `None` = no timeout.
+pub fn sockopt_timeout(fd: c_int, opt: c_int) -> Option<std::time::Duration> {
+    // SAFETY: zeroed timeval is valid.
+    let mut tv: libc::timeval = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
+    // SAFETY: buffer and length describe `tv`.
+    let r = unsafe {
+        getsockopt()(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            (&mut tv as *mut libc::timeval).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 || (tv.tv_sec == 0 && tv.tv_usec == 0) {
+        return None;
+    }
+    Some(std::time::Duration::new(
+        tv.tv_sec.max(0) as u64,
+        (tv.tv_usec.max(0) as u32) * 1000,
+    ))
+}
+
+/// The open-file status flags (for O_NONBLOCK).
+pub fn status_flags(fd: c_int) -> c_int {
+    // SAFETY: F_GETFL takes no argument.
+    unsafe { fcntl()(fd, libc::F_GETFL, 0) }
+}
+
+pub fn raise_sigpipe() {
+    // SAFETY: raising a signal in the calling thread.
+    unsafe { libc::raise(libc::SIGPIPE) };
+}
+
+pub fn getpid() -> u32 {
+    std::process::id()
+}
+
+/// A blocking one-byte `MSG_PEEK` receive: sleeps until a doorbell, FIN or signal. The
+/// kernel applies `SO_RCVTIMEO` (→ `EAGAIN`) and `SA_RESTART` to it as to any receive.
+pub fn peek_blocking(fd: c_int, b: &mut [u8; 1]) -> Result<usize, c_int> {
+    // SAFETY: valid one-byte buffer.
+    let r = unsafe { recv()(fd, b.as_mut_ptr().cast(), 1, libc::MSG_PEEK) };
+    check(r)
+}
+
+pub fn epoll_ctl_raw(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: &mut libc::epoll_event,
+) -> Result<(), c_int> {
+    // SAFETY: `ev` is a valid epoll_event (ignored for DEL).
+    let r = unsafe { epoll_ctl()(epfd, op, fd, ev) };
+    check(r as isize).map(|_| ())
+}
+
+/// `epoll_pwait` into `buf`; `sigmask` may be null.
+pub fn epoll_wait_raw(
+    epfd: c_int,
+    buf: &mut [libc::epoll_event],
+    timeout_ms: c_int,
+    sigmask: *const libc::sigset_t,
+) -> Result<usize, c_int> {
+    let max = buf.len().min(c_int::MAX as usize) as c_int;
+    // SAFETY: `buf` has room for `max` events; `sigmask` is null or the caller's valid mask.
+    let r = unsafe { epoll_pwait()(epfd, buf.as_mut_ptr(), max, timeout_ms, sigmask) };
+    check(r as isize)
+}
+
+/// `ppoll` over `fds` with an optional timeout and signal mask (null: unchanged).
+pub fn ppoll_raw(
+    fds: &mut [libc::pollfd],
+    timeout: Option<std::time::Duration>,
+    sigmask: *const libc::sigset_t,
+) -> Result<usize, c_int> {
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `fds` is a valid array; `tsp` null or live; `sigmask` null or the caller's mask.
+    let r = unsafe { ppoll()(fds.as_mut_ptr(), fds.len() as libc::nfds_t, tsp, sigmask) };
+    check(r as isize)
+}
