@@ -7,6 +7,7 @@ mod domains;
 mod error;
 mod peer;
 mod region_cmd;
+mod run;
 mod status;
 mod units;
 
@@ -43,6 +44,8 @@ enum Cmd {
     /// Network-namespace domains on a bridge (the veth+bridge baseline).
     #[command(subcommand)]
     Domains(domains::DomainsCmd),
+    /// Run an unmodified program with TCP to co-resident peers over shared memory (LD_PRELOAD).
+    Run(run::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         Cmd::BenchPeer(a) => peer::run(&a),
         Cmd::BenchTcpPeer(a) => bench::tcp::peer::run(&a),
         Cmd::Domains(c) => domains::run(c),
+        Cmd::Run(a) => run::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,100 @@
+# shellcheck shell=bash
+# redis-server with redis-cli (values up to 1 MB, a batch on one connection, mass insertion
+# with --pipe) and redis-benchmark.
+
+REDIS_PORT=6379
+
+start_redis() {
+  start_server redis redis-server --bind "$ADDR0" --port $REDIS_PORT --protected-mode no \
+    --save "" --appendonly no --daemonize no --dir "$CASE_DIR" --logfile ""
+  wait_listen redis $REDIS_PORT
+}
+
+# redis NAME ARGS...: one redis-cli invocation against the server.
+rcli() {
+  local name=$1
+  shift
+  run_client "$name" 60 redis-cli -h "$ADDR0" -p $REDIS_PORT "$@"
+}
+
+case_redis_cli() {
+  local d=$CASE_DIR i
+  start_redis
+  rcli ping PING
+  [ "$(cat "$d/ping.out")" = PONG ] || fail "PING answered $(cat "$d/ping.out")"
+
+  # Small values, then a 1 MiB one (hex text) set from stdin and read back.
+  rcli set SET small "hello memloop"
+  rcli get GET small
+  [ "$(cat "$d/get.out")" = "hello memloop" ] || fail "GET small: $(cat "$d/get.out")"
+  head -c $((512 << 10)) /dev/urandom | od -An -vtx1 | tr -d ' \n' >"$d/big.txt"
+  [ "$(stat -c %s "$d/big.txt")" = $((1 << 20)) ] || fail "test value is not 1 MiB"
+  client_stdin setbig 60 "$d/big.txt" redis-cli -h "$ADDR0" -p $REDIS_PORT -x SET big
+  [ "$(cat "$d/setbig.out")" = OK ] || fail "SET big: $(head -c 200 "$d/setbig.out")"
+  rcli strlen STRLEN big
+  [ "$(cat "$d/strlen.out")" = $((1 << 20)) ] || fail "STRLEN big: $(cat "$d/strlen.out")"
+  rcli getbig GET big
+  # redis-cli prints the value and a newline.
+  [ "$(stat -c %s "$d/getbig.out")" = $(((1 << 20) + 1)) ] ||
+    fail "GET big returned $(stat -c %s "$d/getbig.out") bytes"
+  [ "$(head -c $((1 << 20)) "$d/getbig.out" | sha256sum)" = "$(sha256sum <"$d/big.txt")" ] ||
+    fail "GET big: value differs"
+
+  # 2000 commands in one session (one connection, request after request).
+  for ((i = 0; i < 1000; i++)); do
+    echo "SET key:$i value-$i-$RANDOM"
+  done >"$d/batch.txt"
+  for ((i = 0; i < 1000; i++)); do echo "INCR counter"; done >>"$d/batch.txt"
+  client_stdin batch 60 "$d/batch.txt" redis-cli -h "$ADDR0" -p $REDIS_PORT
+  local oks
+  oks=$(grep -c '^OK$' "$d/batch.out" || true)
+  [ "$oks" = 1000 ] || fail "batch: $oks OKs, expected 1000"
+  [ "$(tail -n 1 "$d/batch.out")" = 1000 ] || fail "batch: last INCR gave $(tail -n 1 "$d/batch.out")"
+
+  # Mass insertion in the raw protocol (--pipe writes and reads concurrently).
+  "$PY" - "$d/pipe.bin" <<'PYEOF'
+import sys
+with open(sys.argv[1], "wb") as f:
+    for i in range(20000):
+        k, v = f"pipe:{i}".encode(), (f"v{i}-" * (i % 50 + 1)).encode()
+        f.write(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(k), k, len(v), v))
+PYEOF
+  client_stdin pipe 60 "$d/pipe.bin" redis-cli -h "$ADDR0" -p $REDIS_PORT --pipe
+  grep -q 'errors: 0, replies: 20000' "$d/pipe.out" || fail "--pipe: $(tail -n 2 "$d/pipe.out")"
+  rcli dbsize DBSIZE
+  # small, big, 1000 key:*, counter, 20000 pipe:*
+  [ "$(cat "$d/dbsize.out")" = 21003 ] || fail "DBSIZE $(cat "$d/dbsize.out"), expected 21003"
+  rcli getpipe GET pipe:19999
+  [ "$(cat "$d/getpipe.out")" = "$(printf 'v19999-%.0s' $(seq 50))" ] || fail "GET pipe:19999 differs"
+  stop_server redis
+}
+
+case_redis_benchmark() {
+  local d=$CASE_DIR t n=4000 tests=PING_INLINE,SET,GET,INCR,LPUSH,LRANGE_100
+  start_redis
+  run_client bench 120 redis-benchmark -h "$ADDR0" -p $REDIS_PORT -q -n $n -c 20 \
+    -t ping_inline,set,get,incr,lpush,lrange_100
+  run_client bench-pipelined 120 redis-benchmark -h "$ADDR0" -p $REDIS_PORT -q -n $((4 * n)) \
+    -c 10 -P 16 -t set,get
+  # Each line reads "SET: 41666.67 requests per second, p50=0.311 msec" (after \r progress).
+  tr '\r' '\n' <"$d/bench.out" >"$d/bench.txt"
+  tr '\r' '\n' <"$d/bench-pipelined.out" >"$d/bench-pipelined.txt"
+  IFS=, read -ra want <<<"$tests"
+  for t in "${want[@]}"; do
+    grep -Eq "^${t}[^:]*: [0-9.]+ requests per second" "$d/bench.txt" ||
+      fail "redis-benchmark reported no rate for $t: $(tail -n 3 "$d/bench.txt")"
+  done
+  for t in SET GET; do
+    grep -Eq "^$t: [0-9.]+ requests per second" "$d/bench-pipelined.txt" ||
+      fail "pipelined redis-benchmark reported no rate for $t"
+  done
+  if grep -Eq "^[A-Z_0-9 ()]+: 0(\.0+)? requests per second" "$d/bench.txt" "$d/bench-pipelined.txt"; then
+    fail "a zero rate"
+  fi
+  # The server counted every command (plus the benchmark's own CONFIG calls).
+  run_client info 30 redis-cli -h "$ADDR0" -p $REDIS_PORT INFO stats
+  local cmds
+  cmds=$(tr -d '\r' <"$d/info.out" | awk -F: '$1 == "total_commands_processed" { print $2 }')
+  [ "${cmds:-0}" -ge $((6 * n + 8 * n)) ] || fail "server processed ${cmds:-?} commands, expected >= $((14 * n))"
+  stop_server redis
+}

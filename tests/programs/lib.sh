@@ -1,0 +1,186 @@
+# shellcheck shell=bash
+# Helpers for the real-program suite, sourced by run.sh and by each case (case.sh).
+#
+# A case runs servers in domain 0 and clients in domain 1 (network namespaces on a bridge, from
+# `memloop domains`), each under `memloop run` with the region its variant gives it:
+#   SRV_REGION  region of the server side ("" = no `memloop run`)
+#   CLI_REGION  region of the client side ("" = no `memloop run`)
+# and checks the programs' results. Whether the ring was used is judged afterwards, by run.sh,
+# with assert_ring_used / assert_tcp_fallback below (py/ringcheck.py reads the status JSON).
+#
+# Environment set by run.sh: ML (memloop binary), PY (python3), HERE (this directory), PREFIX,
+# NS0/NS1 (namespaces), ADDR0/ADDR1 (their addresses), SUBNET, CASE_DIR (this case's files),
+# SRV_REGION, CLI_REGION, SERVER_TIMEOUT.
+
+log() { printf '[%(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+
+# Fails the current case (the case runs in its own process).
+fail() {
+  log "FAIL: $*"
+  exit 1
+}
+
+# Sets DOM to the argv prefix that runs a command in domain $1 under region $2 ("" = plain).
+dom_cmd() {
+  local i=$1 region=$2
+  DOM=("$ML" domains exec "$i" --prefix "$PREFIX" --)
+  if [ -n "$region" ]; then
+    DOM+=("$ML" run --no-create --region "$region" --)
+  fi
+}
+
+# start_server NAME CMD...: CMD in domain 0 in the background, bounded by SERVER_TIMEOUT;
+# stdout+stderr in $CASE_DIR/NAME.log, the pid of its timeout(1) in $CASE_DIR/NAME.pid.
+start_server() {
+  local name=$1
+  shift
+  dom_cmd 0 "$SRV_REGION"
+  log "server $name: $*"
+  timeout -k 5 "${SERVER_TIMEOUT:-300}" "${DOM[@]}" "$@" >"$CASE_DIR/$name.log" 2>&1 &
+  echo $! >"$CASE_DIR/$name.pid"
+}
+
+server_alive() {
+  kill -0 "$(cat "$CASE_DIR/$1.pid")" 2>/dev/null
+}
+
+# wait_listen NAME PORT [SECS]: until something listens on ADDR0:PORT in domain 0; fails early
+# if server NAME exits.
+wait_listen() {
+  local name=$1 port=$2 secs=${3:-20} i
+  for ((i = 0; i < secs * 10; i++)); do
+    if ip netns exec "$NS0" ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then
+      return 0
+    fi
+    if ! server_alive "$name"; then
+      tail -n 30 "$CASE_DIR/$name.log" >&2
+      fail "server $name exited before listening on port $port"
+    fi
+    sleep 0.1
+  done
+  tail -n 30 "$CASE_DIR/$name.log" >&2
+  fail "server $name not listening on $ADDR0:$port after ${secs}s"
+}
+
+# wait_server NAME [SECS]: the server exits by itself (after its last client) with status 0.
+wait_server() {
+  local name=$1 secs=${2:-20} pid rc=0 i
+  pid=$(cat "$CASE_DIR/$name.pid")
+  for ((i = 0; i < secs * 10; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    tail -n 30 "$CASE_DIR/$name.log" >&2
+    fail "server $name still running ${secs}s after its last client"
+  fi
+  wait "$pid" || rc=$?
+  if [ "$rc" != 0 ]; then
+    tail -n 30 "$CASE_DIR/$name.log" >&2
+    fail "server $name exited with status $rc"
+  fi
+}
+
+# stop_server NAME: SIGTERM to its timeout(1), which passes it on to its process group.
+stop_server() {
+  local pid
+  pid=$(cat "$CASE_DIR/$1.pid")
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+# run_client NAME SECS CMD...: CMD in domain 1, in the foreground, at most SECS seconds; stdout in
+# $CASE_DIR/NAME.out, stderr in $CASE_DIR/NAME.err. A non-zero exit fails the case.
+run_client() {
+  local name=$1 secs=$2 rc=0
+  shift 2
+  dom_cmd 1 "$CLI_REGION"
+  log "client $name: $*"
+  timeout -k 5 "$secs" "${DOM[@]}" "$@" >"$CASE_DIR/$name.out" 2>"$CASE_DIR/$name.err" || rc=$?
+  if [ "$rc" != 0 ]; then
+    tail -n 20 "$CASE_DIR/$name.out" "$CASE_DIR/$name.err" >&2
+    [ "$rc" = 124 ] && fail "client $name timed out after ${secs}s"
+    fail "client $name exited with status $rc"
+  fi
+}
+
+# client_stdin NAME SECS FILE CMD...: as run_client with FILE on stdin.
+client_stdin() {
+  local name=$1 secs=$2 input=$3 rc=0
+  shift 3
+  dom_cmd 1 "$CLI_REGION"
+  log "client $name: $* < $(basename "$input")"
+  timeout -k 5 "$secs" "${DOM[@]}" "$@" <"$input" >"$CASE_DIR/$name.out" 2>"$CASE_DIR/$name.err" || rc=$?
+  if [ "$rc" != 0 ]; then
+    tail -n 20 "$CASE_DIR/$name.out" "$CASE_DIR/$name.err" >&2
+    [ "$rc" = 124 ] && fail "client $name timed out after ${secs}s"
+    fail "client $name exited with status $rc"
+  fi
+}
+
+# random_file PATH BYTES: pseudo-random bytes; prints nothing.
+random_file() {
+  head -c "$2" /dev/urandom >"$1"
+}
+
+sha256() {
+  sha256sum "$1" | cut -d' ' -f1
+}
+
+# ---------------------------------------------------------------------------------------------
+# Domains, processes, regions (used by run.sh).
+
+# Kills every process inside our domains (all of them are ours).
+kill_domain_procs() {
+  local ns pids
+  for ns in "$NS0" "$NS1"; do
+    pids=$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ')
+    if [ -n "${pids// /}" ]; then
+      # shellcheck disable=SC2086 # a list of pids
+      kill -KILL $pids 2>/dev/null || true
+    fi
+  done
+}
+
+region_create() {
+  # Mode 666: servers that drop privileges (postgres, nginx workers) must attach too.
+  "$ML" region create --region "$1" --mode 666 >/dev/null
+}
+
+region_destroy() {
+  "$ML" region destroy --region "$1" >/dev/null 2>&1 || true
+}
+
+# ring_watch_start REGION: samples the region's status in the background (channels vanish when
+# both ends close, so a final look alone could miss short connections).
+ring_watch_start() {
+  "$PY" "$HERE/py/ringcheck.py" watch --memloop "$ML" --region "$1" \
+    --state "$CASE_DIR/watch-$1.json" >/dev/null 2>&1 &
+  echo $! >"$CASE_DIR/watch-$1.pid"
+}
+
+ring_watch_stop() {
+  local f=$CASE_DIR/watch-$1.pid
+  [ -f "$f" ] || return 0
+  kill -TERM "$(cat "$f")" 2>/dev/null || true
+  wait "$(cat "$f")" 2>/dev/null || true
+  rm -f "$f"
+}
+
+# assert_ring_used REGION: the region recorded ring traffic. The verdict and the evidence (one
+# JSON line) go to $CASE_DIR/ring-REGION.json and stdout. Adapt the rules in py/ringcheck.py.
+# ML_STRICT_RING=1: also fail when the region recorded any fallback.
+assert_ring_used() {
+  local strict=()
+  [ "${ML_STRICT_RING:-0}" = 1 ] && strict=(--strict)
+  "$PY" "$HERE/py/ringcheck.py" ring --memloop "$ML" --region "$1" "${strict[@]}" \
+    --state "$CASE_DIR/watch-$1.json" | tee "$CASE_DIR/ring-$1.json"
+  return "${PIPESTATUS[0]}"
+}
+
+# assert_tcp_fallback REGION: the region recorded no ring traffic.
+assert_tcp_fallback() {
+  "$PY" "$HERE/py/ringcheck.py" fallback --memloop "$ML" --region "$1" \
+    --state "$CASE_DIR/watch-$1.json" | tee "$CASE_DIR/ring-$1.json"
+  return "${PIPESTATUS[0]}"
+}
