@@ -154,8 +154,8 @@ pub struct Spread {
     path: &'static str,
     size: u64,
     unit: &'static str,
-    /// (max - min) / median, %.
-    pct: f64,
+    /// (max - min) / median, %; `None` with a single round.
+    pct: Option<f64>,
 }
 
 /// Spreads of the figures the remote-cost comparison uses.
@@ -173,11 +173,7 @@ pub fn spreads(raw: &[Record]) -> Vec<Spread> {
         let mut v: Vec<f64> = raw.iter().filter(same).map(|x| x.value).collect();
         v.sort_by(f64::total_cmp);
         let med = v[v.len() / 2];
-        let pct = if med > 0.0 {
-            (v[v.len() - 1] - v[0]) / med * 100.0
-        } else {
-            0.0
-        };
+        let pct = (v.len() > 1 && med > 0.0).then(|| (v[v.len() - 1] - v[0]) / med * 100.0);
         out.push(Spread {
             test: r.test,
             path: r.path,
@@ -200,8 +196,8 @@ pub struct RemoteRow {
     pub preload: f64,
     /// How much worse the preload makes it, % (negative: better).
     pub cost_pct: f64,
-    /// Round-to-round spread of `plain` alone, % (noise floor; 0 with one round).
-    pub plain_spread_pct: f64,
+    /// Round-to-round spread of `plain` alone, % (the noise floor; null with one round).
+    pub plain_spread_pct: Option<f64>,
     /// The brief's limit on `cost_pct`.
     pub target_pct: f64,
 }
@@ -216,7 +212,7 @@ pub fn remote_rows(records: &[Record], spreads: &[Spread]) -> Vec<RemoteRow> {
         spreads
             .iter()
             .find(|s| s.path == VETH && s.test == test && s.unit == unit && s.size == 64)
-            .map_or(0.0, |s| s.pct)
+            .and_then(|s| s.pct)
     };
     let mut out = Vec::new();
     for (test, unit, target) in [("rr", RTT, 2.0), ("rr", TPS, 2.0), ("stream", GBIT, 1.0)] {
@@ -279,7 +275,8 @@ pub fn remote_table(rows: &[RemoteRow]) -> String {
             fmt_num(r.preload),
             format!("{:+.1}%", r.cost_pct),
             format!("≤ {:.0}%", r.target_pct),
-            format!("{:.1}%", r.plain_spread_pct),
+            r.plain_spread_pct
+                .map_or("-".into(), |p| format!("{p:.1}%")),
         ]);
     }
     align(&lines, 3)
@@ -352,13 +349,15 @@ pub fn targets(records: &[Record], remote: &[RemoteRow]) -> Vec<String> {
     }
     for r in remote.iter().filter(|r| !r.metric.contains("p99")) {
         out.push(format!(
-            "preload on remote traffic, {} {} {}: cost {:+.1}% (target ≤ {:.0}%; veth round-to-round spread {:.1}%)",
+            "preload on remote traffic, {} {} {}: cost {:+.1}% (target ≤ {:.0}%{})",
             r.test,
             fmt_size(r.size),
             r.metric,
             r.cost_pct,
             r.target_pct,
-            r.plain_spread_pct
+            r.plain_spread_pct.map_or(String::new(), |p| format!(
+                "; veth round-to-round spread {p:.1}%"
+            ))
         ));
     }
     out
