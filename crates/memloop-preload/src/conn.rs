@@ -16,7 +16,7 @@ use memloop_ring::header::{probe, Probe};
 use memloop_ring::{StreamConsumer, StreamProducer};
 use memloop_shm::ShmSlice;
 use std::io::{IoSlice, IoSliceMut};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,6 +46,10 @@ pub struct Conn {
     tx_view: ShmSlice,
     rx_view: ShmSlice,
     pub nonblock: AtomicBool,
+    /// SO_RCVTIMEO / SO_SNDTIMEO in µs (0 = none), kept current by the setsockopt hook so a
+    /// blocking call costs no getsockopt.
+    rcvtimeo_us: AtomicU64,
+    sndtimeo_us: AtomicU64,
     shut_rd: AtomicBool,
     shut_wr: AtomicBool,
     peer_closed: AtomicBool,
@@ -97,6 +101,8 @@ impl Conn {
             tx_view,
             rx_view,
             nonblock: AtomicBool::new(nonblock),
+            rcvtimeo_us: AtomicU64::new(timeout_us(p.fd, libc::SO_RCVTIMEO)),
+            sndtimeo_us: AtomicU64::new(timeout_us(p.fd, libc::SO_SNDTIMEO)),
             shut_rd: AtomicBool::new(false),
             shut_wr: AtomicBool::new(false),
             peer_closed: AtomicBool::new(false),
@@ -300,7 +306,7 @@ impl Conn {
         let timeout = if dontwait {
             None
         } else {
-            real::sockopt_timeout(self.kfd(), libc::SO_RCVTIMEO)
+            us(&self.rcvtimeo_us)
         };
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut got = 0usize;
@@ -374,7 +380,7 @@ impl Conn {
         let timeout = if dontwait {
             None
         } else {
-            real::sockopt_timeout(self.kfd(), libc::SO_SNDTIMEO)
+            us(&self.sndtimeo_us)
         };
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut sent = 0usize;
@@ -593,6 +599,16 @@ impl Conn {
         }
     }
 
+    /// The program changed SO_RCVTIMEO or SO_SNDTIMEO: re-read it from the kernel.
+    pub fn refresh_timeout(&self, fd: c_int, opt: c_int) {
+        let v = timeout_us(fd, opt);
+        match opt {
+            libc::SO_RCVTIMEO => self.rcvtimeo_us.store(v, Relaxed),
+            libc::SO_SNDTIMEO => self.sndtimeo_us.store(v, Relaxed),
+            _ => {}
+        }
+    }
+
     /// FIONREAD.
     pub fn readable_bytes(&self) -> usize {
         self.rx_probe().map_or(0, |p| p.used as usize)
@@ -603,6 +619,17 @@ impl Conn {
         let t = memloop_ring::header::totals(&self.rx_view).map_or(0, |(t, _)| t);
         let h = memloop_ring::header::totals(&self.tx_view).map_or(0, |(_, h)| h);
         (t, h)
+    }
+}
+
+fn timeout_us(fd: c_int, opt: c_int) -> u64 {
+    real::sockopt_timeout(fd, opt).map_or(0, |d| d.as_micros().clamp(1, u64::MAX as u128) as u64)
+}
+
+fn us(v: &AtomicU64) -> Option<Duration> {
+    match v.load(Relaxed) {
+        0 => None,
+        n => Some(Duration::from_micros(n)),
     }
 }
 

@@ -778,6 +778,24 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    opt: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    let r = real::setsockopt()(fd, level, opt, val, len);
+    let timeo = opt == libc::SO_RCVTIMEO || opt == libc::SO_SNDTIMEO;
+    if r == 0 && level == libc::SOL_SOCKET && timeo && table::kind(fd) == table::K_OBJ {
+        if let Some(c) = table::conn(fd) {
+            c.refresh_timeout(fd, opt);
+        }
+    }
+    r
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     let r = real::dup()(fd);
     if r >= 0 && table::kind(fd) != table::K_NONE {

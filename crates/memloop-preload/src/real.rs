@@ -77,6 +77,7 @@ real_fns! {
     dup2: fn(c_int, c_int) -> c_int;
     dup3: fn(c_int, c_int, c_int) -> c_int;
     getsockopt: fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int;
+    setsockopt: fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int;
     sendfile: fn(c_int, c_int, *mut libc::off_t, size_t) -> ssize_t;
     sendfile64: fn(c_int, c_int, *mut libc::off64_t, size_t) -> ssize_t;
 }

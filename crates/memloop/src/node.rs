@@ -86,14 +86,25 @@ fn join_reclaiming(
     }
 }
 
+/// Heartbeats between two sweeps for dead members.
+const RECLAIM_EVERY: u64 = 5;
+
 fn spawn_heartbeat(node: Weak<NodeInner>) {
     let spawned = std::thread::Builder::new()
         .name("memloop-heartbeat".into())
-        .spawn(move || loop {
-            std::thread::sleep(HEARTBEAT_PERIOD);
-            let Some(n) = node.upgrade() else { return };
-            if n.region.registry().heartbeat(n.id).is_err() {
-                return;
+        .spawn(move || {
+            for beat in 1u64.. {
+                std::thread::sleep(HEARTBEAT_PERIOD);
+                let Some(n) = node.upgrade() else { return };
+                if n.region.registry().heartbeat(n.id).is_err() {
+                    return;
+                }
+                // Members that die without leaving (SIGKILL, a powered-off VM) hold channels
+                // and ring memory until someone reclaims them: every member looks about once
+                // a second, so that happens even when nobody joins.
+                if beat % RECLAIM_EVERY == 0 {
+                    n.reclaim_dead();
+                }
             }
         });
     if let Err(e) = spawned {
