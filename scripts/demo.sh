@@ -37,9 +37,12 @@ if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/nu
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
 
-# Names and a subnet of our own (the tests use 10.100-199.x.0/24, bench tcp 10.200-249.x.0/24).
+# Names and a /24 no interface uses yet (10.250-254.x: the tests and bench tcp use 10.100-249.x).
 prefix=demo$$
-net=10.$((250 + $$ % 5)).$(($$ / 5 % 256))
+for ((k = 0; k < 500; k++)); do
+  net=10.$((250 + ($$ + k) % 5)).$(((($$ + k) / 5) % 256))
+  ip -4 -o addr show | grep -q " $net\." || break
+done
 server=$net.1
 region=demo-$$
 requests=${REDIS_REQUESTS:-100000}

@@ -367,7 +367,19 @@ pub fn run(a: &TcpArgs) -> CliResult<()> {
 
 /// Whether the memloop paths can run: the preload library and `memloop run` must exist.
 fn preload_status(exe: &std::path::Path) -> Result<(), String> {
-    let so = exe.with_file_name("libmemloop_preload.so");
+    // Where `memloop run` looks: $MEMLOOP_PRELOAD_LIB, else next to the binary, else ../lib.
+    let so = match std::env::var_os("MEMLOOP_PRELOAD_LIB").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let here = exe.with_file_name("libmemloop_preload.so");
+            let lib = exe.with_file_name("../lib/libmemloop_preload.so");
+            if !here.exists() && lib.exists() {
+                lib
+            } else {
+                here
+            }
+        }
+    };
     if !so.exists() {
         return Err(format!(
             "unavailable (preload not built: no {}; build it with `cargo build --release -p memloop-preload`)",
@@ -521,10 +533,18 @@ fn measure(p: &mut Path, case: &Case, cfg: &Config) -> CliResult<Vec<Record>> {
             Record::new("rr", path, size, table::TPS, rate),
         ],
         Test::SleepRr => vec![timed("sleep-rr", table::RTT)],
-        Test::Crr => vec![
-            Record::new("crr", path, size, table::CPS, rate),
-            timed("crr", table::CONN),
-        ],
+        Test::Crr => {
+            let mut cps = Record::new("crr", path, size, table::CPS, rate);
+            cps.note = r.phases_p50_ns.map(|[c, x, e]| {
+                format!(
+                    "p50 per phase: connect {:.1} µs, request/response {:.1} µs, close {:.1} µs",
+                    c / 1e3,
+                    x / 1e3,
+                    e / 1e3
+                )
+            });
+            vec![cps, timed("crr", table::CONN)]
+        }
         Test::Stream => vec![
             Record::new(
                 "stream",
@@ -566,6 +586,17 @@ fn report(
     println!();
     print!("{}", table::main_table(records));
     println!();
+    let phases: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.test == "crr" && r.note.is_some())
+        .collect();
+    if !phases.is_empty() {
+        println!("Short connections (median of the round whose rate is the median):");
+        for r in phases {
+            println!("  {:<13} {}", r.path, r.note.as_deref().unwrap_or_default());
+        }
+        println!();
+    }
     let remote = table::remote_rows(records, spreads);
     if !remote.is_empty() {
         println!(

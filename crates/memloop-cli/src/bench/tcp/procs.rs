@@ -195,8 +195,7 @@ impl Testbed {
         }
         let exe = std::env::current_exe().context("locating the memloop binary")?;
         let pid = std::process::id();
-        // A subnet of our own (the domains tests use 10.100-199.x.0/24).
-        let net = [10, 200 + (pid % 50) as u8, ((pid / 50) % 256) as u8];
+        let net = free_subnet(pid)?;
         let prefix = format!("mlb{pid}");
         // From here on, dropping `bed` (on any error) removes whatever was created.
         let bed = Testbed {
@@ -285,6 +284,23 @@ impl Testbed {
         }
         v
     }
+}
+
+/// A 10.a.b.0/24 no interface uses yet, derived from `pid` (a = 200..249; the domains tests
+/// use 100..199).
+fn free_subnet(pid: u32) -> CliResult<[u8; 3]> {
+    let out = Command::new("ip")
+        .args(["-4", "-o", "addr", "show"])
+        .output()
+        .context("running `ip` (iproute2)")?;
+    let used = String::from_utf8_lossy(&out.stdout);
+    (0..500)
+        .map(|k| {
+            let x = pid + k;
+            [10, 200 + (x % 50) as u8, ((x / 50) % 256) as u8]
+        })
+        .find(|[a, b, c]| !used.contains(&format!(" {a}.{b}.{c}.")))
+        .ok_or_else(|| fail("no free 10.x.y.0/24 subnet for the domains"))
 }
 
 fn spawn_janitor(

@@ -347,6 +347,10 @@ pub struct Reply {
     /// Per-transaction time percentiles (round trip, or whole connection for Crr), ns.
     pub p50_ns: f64,
     pub p99_ns: f64,
+    /// Crr: median time of each phase (connect; request and response; the server's close
+    /// reaching us), ns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases_p50_ns: Option<[f64; 3]>,
 }
 
 impl Request {
@@ -491,8 +495,10 @@ fn stream(addr: &Addr, size: usize, warmup: Duration, dur: Duration) -> io::Resu
 fn crr(addr: &Addr, warmup: Duration, dur: Duration) -> io::Result<Reply> {
     let mut req = [0u8; HEADER + 1];
     req[..HEADER].copy_from_slice(&header(Op::Crr, 1));
-    let once = || -> io::Result<()> {
+    // Returns when each phase ended.
+    let once = || -> io::Result<[Instant; 3]> {
         let mut c = addr.connect(true)?;
+        let connected = Instant::now();
         c.write_all(&req)?;
         let mut b = [0u8; 1];
         if !c.read_full(&mut b)? {
@@ -501,23 +507,30 @@ fn crr(addr: &Addr, warmup: Duration, dur: Duration) -> io::Result<Reply> {
                 "server closed before responding",
             ));
         }
+        let answered = Instant::now();
         verify(&b, 0)?;
         // The server closes first, so the TIME_WAIT state stays on its side and our
         // ephemeral ports are free again at once.
-        c.expect_eof()
+        c.expect_eof()?;
+        Ok([connected, answered, Instant::now()])
     };
     let start = Instant::now();
     while start.elapsed() < warmup {
         once()?;
     }
     let mut times = Vec::with_capacity(1 << 14);
+    let mut phases: [Vec<u64>; 3] = Default::default();
     let t0 = Instant::now();
     loop {
         let t = Instant::now();
-        once()?;
-        let done = Instant::now();
-        times.push((done - t).as_nanos() as u64);
-        if done - t0 >= dur {
+        let ends = once()?;
+        let mut from = t;
+        for (p, end) in phases.iter_mut().zip(ends) {
+            p.push((end - from).as_nanos() as u64);
+            from = end;
+        }
+        times.push((from - t).as_nanos() as u64);
+        if from - t0 >= dur {
             break;
         }
     }
@@ -529,6 +542,7 @@ fn crr(addr: &Addr, warmup: Duration, dur: Duration) -> io::Result<Reply> {
         elapsed_s: elapsed.as_secs_f64(),
         p50_ns,
         p99_ns,
+        phases_p50_ns: Some(phases.map(|p| percentiles(p).0)),
         ..Reply::default()
     })
 }
