@@ -4,10 +4,14 @@
 //! FREE ─client─▶ RESERVED ─rings ready─▶ OFFERED ─server─▶ ACCEPTED ─both closed/dead─▶ FREE(gen+1)
 //!                    │                      ├─client timeout─▶ CANCELLED ─▶ FREE(gen+1)
 //!                    └──────server says no──┴─▶ DECLINED ─client acknowledges─▶ FREE(gen+1)
+//! FREE ─server─▶ RESERVED ─▶ DECLINED|MARKER ─server frees (or reclaim)─▶ FREE(gen+1)
 //! ```
-//! State word: `gen << 32 | client_tag << 8 | flags << 4 | phase`. The client's member tag is in
-//! the word from the moment of reservation, so a reclaimer can find a dead client's half-built
-//! reservations. The other fields are written by the client while RESERVED and published by the
+//! State word: `gen << 32 | client_tag << 8 | flags << 3 | phase` (flags: MARKER, then the
+//! closed/dead bits; phase: 3 bits). The client's member tag is in the word from the moment of
+//! reservation, so a reclaimer can find a dead client's half-built reservations. A decline
+//! marker (see `markers.rs`) is a slot without rings that a server publishes for a connection
+//! it found no offer for; its tag is the server's, so a dead server's markers are found the
+//! same way. The other fields are written by the client while RESERVED and published by the
 //! CAS to OFFERED; they are immutable until the slot is FREE again, and readers re-check the
 //! state word after reading them. The server id has its own word, claimed by CAS *before* the
 //! OFFERED → ACCEPTED transition so that a reclaimer can always find an accepted channel's server.
@@ -17,6 +21,12 @@
 //! | 0 | state · 8 server (packed member id, 0 = none) · 16 client · 24 endpoint |
 //! | 32 | creation counter · 40 ring capacity · 48 c2s ring offset · 56 s2c ring offset |
 //! | 64 | connection 4-tuple (40 B) |
+//! | 104 | client side: holders u32 · lock u32 · 112 server side: holders u32 · lock u32 |
+//!
+//! The side words serve a channel shared by several processes after fork: `holders` counts the
+//! processes that hold one side open, `lock` (0 or a pid) serialises them. They are written
+//! only by the reserving client before the offer is published (1 holder per side, unlocked)
+//! and never by a freer, whose late write could land on the slot's next occupant.
 
 use crate::error::RegistryError;
 use crate::header::{CHANNEL_BYTES, H_CREATE_SEQ};
@@ -28,7 +38,7 @@ use crate::Registry;
 use memloop_ring::{init_ring, ring_bytes, RingKind};
 use memloop_shm::sync::fence;
 use memloop_shm::sync::Ordering::{Acquire, Relaxed, SeqCst};
-use memloop_shm::ShmSlice;
+use memloop_shm::{ShmSlice, ShmU32};
 
 pub(crate) const C_FREE: u64 = 0;
 pub(crate) const C_RESERVED: u64 = 1;
@@ -36,19 +46,23 @@ pub(crate) const C_OFFERED: u64 = 2;
 pub(crate) const C_ACCEPTED: u64 = 3;
 pub(crate) const C_CANCELLED: u64 = 4;
 pub(crate) const C_DECLINED: u64 = 5;
+/// Flag of a decline marker (phase DECLINED, no rings).
+pub(crate) const MARKER: u64 = 0x8;
 const CLIENT_CLOSED: u64 = 0x10;
 const SERVER_CLOSED: u64 = 0x20;
 const CLIENT_DEAD: u64 = 0x40;
 const SERVER_DEAD: u64 = 0x80;
 
-const O_SERVER: u64 = 8;
-const O_CLIENT: u64 = 16;
-const O_EP: u64 = 24;
-const O_CREATED: u64 = 32;
-const O_CAP: u64 = 40;
-const O_C2S: u64 = 48;
-const O_S2C: u64 = 56;
-const O_TUPLE: u64 = 64;
+pub(crate) const O_SERVER: u64 = 8;
+pub(crate) const O_CLIENT: u64 = 16;
+pub(crate) const O_EP: u64 = 24;
+pub(crate) const O_CREATED: u64 = 32;
+pub(crate) const O_CAP: u64 = 40;
+pub(crate) const O_C2S: u64 = 48;
+pub(crate) const O_S2C: u64 = 56;
+pub(crate) const O_TUPLE: u64 = 64;
+const O_SIDE_CLIENT: u64 = 104;
+const O_SIDE_SERVER: u64 = 112;
 const MIN_RING: u64 = 64;
 /// Bound on CAS retries of one operation (only reachable under heavy contention or corruption).
 const RETRIES: usize = 10_000;
@@ -81,6 +95,16 @@ pub struct ChannelInfo {
     pub client_dead: bool,
     pub server_dead: bool,
     pub ring_capacity: u64,
+    /// A decline marker: `client` and `server` are both the server that published it.
+    pub marker: bool,
+}
+
+/// The per-side words of a channel (see the module docs): processes holding this side open,
+/// and a lock word (0 = free, else the pid of the holder).
+#[derive(Clone)]
+pub struct SideWords {
+    pub holders: ShmU32,
+    pub lock: ShmU32,
 }
 
 /// Views of the two stream rings of a channel, for `memloop_ring` attach.
@@ -91,19 +115,22 @@ pub struct ChannelRings {
 }
 
 pub(crate) fn c_phase(w: u64) -> u64 {
-    w & 0xf
+    w & 0x7
+}
+pub(crate) fn is_marker(w: u64) -> bool {
+    w & MARKER != 0
 }
 pub(crate) fn c_gen(w: u64) -> u32 {
     (w >> 32) as u32
 }
-fn c_client_tag(w: u64) -> u32 {
+pub(crate) fn c_client_tag(w: u64) -> u32 {
     ((w >> 8) & 0xff_ffff) as u32
 }
-fn c_word(gen: u32, client_tag: u32, flags: u64, phase: u64) -> u64 {
-    ((gen as u64) << 32) | ((client_tag as u64 & 0xff_ffff) << 8) | (flags & 0xf0) | phase
+pub(crate) fn c_word(gen: u32, client_tag: u32, flags: u64, phase: u64) -> u64 {
+    ((gen as u64) << 32) | ((client_tag as u64 & 0xff_ffff) << 8) | (flags & 0xf8) | phase
 }
-fn with_phase(w: u64, phase: u64) -> u64 {
-    (w & !0xf) | phase
+pub(crate) fn with_phase(w: u64, phase: u64) -> u64 {
+    (w & !0x7) | phase
 }
 fn side_bits(side: Side) -> (u64, u64) {
     match side {
@@ -122,7 +149,7 @@ fn gone(w: u64, side: Side) -> bool {
     w & (c | d) != 0
 }
 
-fn phase_name(p: u64) -> &'static str {
+pub(crate) fn phase_name(p: u64) -> &'static str {
     match p {
         C_FREE => "FREE",
         C_RESERVED => "RESERVED",
@@ -146,7 +173,7 @@ fn phase_state(p: u64) -> Option<ChannelState> {
 }
 
 impl Registry {
-    fn channel_off(&self, idx: u32) -> u64 {
+    pub(crate) fn channel_off(&self, idx: u32) -> u64 {
         self.layout.channels_off + idx as u64 * CHANNEL_BYTES
     }
 
@@ -157,7 +184,7 @@ impl Registry {
         Ok(self.w64(self.channel_off(idx))?.load(SeqCst))
     }
 
-    fn cas_channel(&self, idx: u32, old: u64, new: u64) -> Result<bool, RegistryError> {
+    pub(crate) fn cas_channel(&self, idx: u32, old: u64, new: u64) -> Result<bool, RegistryError> {
         Ok(self
             .w64(self.channel_off(idx))?
             .compare_exchange(old, new, SeqCst, Relaxed)
@@ -172,11 +199,18 @@ impl Registry {
         }
         match c_phase(w) {
             C_FREE => Err(RegistryError::NotFound),
-            p if p > C_DECLINED => Err(RegistryError::corrupt(
-                "channel state",
-                format!("slot {} phase {p}", id.idx),
-            )),
+            p if p > C_DECLINED || (is_marker(w) && p != C_DECLINED) => Err(
+                RegistryError::corrupt("channel state", format!("slot {} word {w:#x}", id.idx)),
+            ),
             _ => Ok(w),
+        }
+    }
+
+    /// Refuses decline markers where only a real channel makes sense.
+    fn not_marker(w: u64) -> Result<u64, RegistryError> {
+        match is_marker(w) {
+            true => Err(RegistryError::wrong("a channel", "a decline marker")),
+            false => Ok(w),
         }
     }
 
@@ -274,6 +308,7 @@ impl Registry {
         }
         let t = tuple.map(|t| encode_tuple(&t)).unwrap_or([0; TUPLE_BYTES]);
         self.view.write(base + O_TUPLE, &t)?;
+        self.init_side_words(id.idx, 1)?;
         for off in [c2s, c2s + stride] {
             init_ring(
                 &self.view.slice(off, ring_bytes(cap))?,
@@ -283,6 +318,38 @@ impl Registry {
             )?;
         }
         Ok(())
+    }
+
+    /// Sets both sides' holders to `holders` and unlocks them (the slot is RESERVED by us).
+    pub(crate) fn init_side_words(&self, idx: u32, holders: u32) -> Result<(), RegistryError> {
+        let base = self.channel_off(idx);
+        for off in [O_SIDE_CLIENT, O_SIDE_SERVER] {
+            self.view.u32_at(base + off)?.store(holders, Relaxed);
+            self.view.u32_at(base + off + 4)?.store(0, Relaxed);
+        }
+        Ok(())
+    }
+
+    /// The holders and lock words of `side` of an OFFERED or ACCEPTED channel (a client may
+    /// fork before the server accepts). The views stay valid memory but name the slot, not the
+    /// incarnation: use them only while this side is held open.
+    pub fn side_words(&self, ch: ChannelId, side: Side) -> Result<SideWords, RegistryError> {
+        let w = Self::not_marker(self.check_channel(ch)?)?;
+        if !matches!(c_phase(w), C_OFFERED | C_ACCEPTED) {
+            return Err(RegistryError::wrong(
+                "OFFERED or ACCEPTED",
+                phase_name(c_phase(w)),
+            ));
+        }
+        let off = self.channel_off(ch.idx)
+            + match side {
+                Side::Client => O_SIDE_CLIENT,
+                Side::Server => O_SIDE_SERVER,
+            };
+        Ok(SideWords {
+            holders: self.view.u32_at(off)?,
+            lock: self.view.u32_at(off + 4)?,
+        })
     }
 
     /// Frees the slot if its word is still `w`: FREE with generation + 1, then its segments.
@@ -381,12 +448,15 @@ impl Registry {
         Ok(())
     }
 
-    /// The OFFERED channel to `server_ep` for this exact 4-tuple (transparent accept).
+    /// The OFFERED channel to `server_ep` for this exact 4-tuple (transparent accept). Starts
+    /// with a SeqCst fence: after [`Registry::mark_declined`] this is the server's half of the
+    /// Dekker pair with the client's offer + [`Registry::markers_for_client`].
     pub fn find_offer_by_tuple(
         &self,
         server_ep: EndpointId,
         tuple: &ConnTuple,
     ) -> Option<ChannelId> {
+        fence(SeqCst);
         let want = encode_tuple(tuple);
         self.offers_to(server_ep)
             .into_iter()
@@ -432,7 +502,7 @@ impl Registry {
     /// already accepted (the client must then use the channel). Also frees a DECLINED channel.
     pub fn cancel(&self, ch: ChannelId, client: MemberId) -> Result<(), RegistryError> {
         for _ in 0..RETRIES {
-            let w = self.check_channel(ch)?;
+            let w = Self::not_marker(self.check_channel(ch)?)?;
             if c_client_tag(w) != member_tag(client) {
                 return Err(RegistryError::wrong(
                     "the channel's client",
@@ -521,7 +591,7 @@ impl Registry {
     /// closing a channel that was never accepted frees it at once.
     pub fn close(&self, ch: ChannelId, side: Side) -> Result<(), RegistryError> {
         for _ in 0..RETRIES {
-            let w = self.check_channel(ch)?;
+            let w = Self::not_marker(self.check_channel(ch)?)?;
             let done = match (c_phase(w), side) {
                 (C_ACCEPTED, _) => self.mark_side(ch, w, side, side_bits(side).0)?,
                 (_, Side::Client) => self.free_channel(ch, w)?,
@@ -636,6 +706,7 @@ impl Registry {
             client_dead: w & CLIENT_DEAD != 0,
             server_dead: w & SERVER_DEAD != 0,
             ring_capacity: raw[3],
+            marker: is_marker(w),
         })
     }
 

@@ -13,6 +13,7 @@
 //! | 64..104 | nsegments, members, endpoints, channels, segment tags, heap offsets |
 //! | 112, 120 | channel creation counter, join counter |
 //! | 128..256 | 16 global counters (fallback reasons etc.) |
+//! | 256, 264 | max connection records, connections offset (version 2) |
 
 use crate::error::RegistryError;
 use crate::Registry;
@@ -21,10 +22,10 @@ use memloop_shm::ShmSlice;
 
 /// "MLREGN01", little endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"MLREGN01");
-/// Layout version; bump on any incompatible change.
-pub const VERSION: u32 = 1;
+/// Layout version; bump on any incompatible change (2: connection records).
+pub const VERSION: u32 = 2;
 /// Bytes reserved for the header (one page; tiny under loom to keep the model tractable).
-pub const HEADER_BYTES: u64 = if cfg!(loom) { 256 } else { 4096 };
+pub const HEADER_BYTES: u64 = if cfg!(loom) { 320 } else { 4096 };
 /// Number of global counters in the header.
 pub const NCOUNTERS: usize = 16;
 /// Default ring capacity per direction.
@@ -33,6 +34,7 @@ pub const DEFAULT_RING_CAPACITY: u64 = 1 << 20;
 pub(crate) const MEMBER_BYTES: u64 = 256;
 pub(crate) const ENDPOINT_BYTES: u64 = 128;
 pub(crate) const CHANNEL_BYTES: u64 = 128;
+pub(crate) const CONN_BYTES: u64 = 128;
 /// Member slots are tagged with 12 bits of index elsewhere.
 pub const MAX_MEMBERS: u32 = 4095;
 const MAX_TABLE: u32 = 1 << 24;
@@ -50,6 +52,8 @@ const H_OFFSETS: u64 = 72; // five offsets
 pub(crate) const H_CREATE_SEQ: u64 = 112;
 pub(crate) const H_JOIN_SEQ: u64 = 120;
 const H_COUNTERS: u64 = 128;
+const H_CONNS: u64 = 256;
+const H_CONNS_OFF: u64 = 264;
 
 /// Sizes of a region, chosen at init and recorded in its header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +63,8 @@ pub struct RegionParams {
     pub max_endpoints: u32,
     pub max_channels: u32,
     pub segment_size: u64,
+    /// Slots for records of connections that took the plain-TCP path (`memloop status`).
+    pub max_conns: u32,
 }
 
 impl Default for RegionParams {
@@ -69,6 +75,7 @@ impl Default for RegionParams {
             max_endpoints: 1024,
             max_channels: 512,
             segment_size: 64 << 10,
+            max_conns: 1024,
         }
     }
 }
@@ -82,6 +89,7 @@ impl RegionParams {
             max_endpoints: 64,
             max_channels: 32,
             segment_size: 4096,
+            max_conns: 32,
         }
     }
 
@@ -99,6 +107,7 @@ pub(crate) struct Layout {
     pub members_off: u64,
     pub endpoints_off: u64,
     pub channels_off: u64,
+    pub conns_off: u64,
     pub tags_off: u64,
     pub heap_off: u64,
 }
@@ -118,6 +127,7 @@ impl Layout {
         for (n, what) in [
             (p.max_endpoints, "max_endpoints"),
             (p.max_channels, "max_channels"),
+            (p.max_conns, "max_conns"),
         ] {
             if n == 0 || n > MAX_TABLE {
                 return Err(bad(format!("{what} {n} not in 1..={MAX_TABLE}")));
@@ -132,7 +142,8 @@ impl Layout {
         let members_off = HEADER_BYTES;
         let endpoints_off = members_off + p.max_members as u64 * MEMBER_BYTES;
         let channels_off = endpoints_off + p.max_endpoints as u64 * ENDPOINT_BYTES;
-        let tags_off = channels_off + p.max_channels as u64 * CHANNEL_BYTES;
+        let conns_off = channels_off + p.max_channels as u64 * CHANNEL_BYTES;
+        let tags_off = conns_off + p.max_conns as u64 * CONN_BYTES;
         let too_small = || {
             bad(format!(
                 "region of {} bytes has no room for ring segments",
@@ -153,6 +164,7 @@ impl Layout {
             members_off,
             endpoints_off,
             channels_off,
+            conns_off,
             tags_off,
             heap_off,
         })
@@ -206,6 +218,8 @@ impl Registry {
             (H_CHANNELS, params.max_channels as u64),
             (H_SEGSIZE, params.segment_size),
             (H_NSEG, layout.nsegments),
+            (H_CONNS, params.max_conns as u64),
+            (H_CONNS_OFF, layout.conns_off),
         ];
         for (off, v) in words {
             view.u64_at(off)?.store(v, Relaxed);
@@ -264,6 +278,7 @@ impl Registry {
             max_endpoints: small(H_ENDPOINTS)?,
             max_channels: small(H_CHANNELS)?,
             segment_size: rd(H_SEGSIZE)?,
+            max_conns: small(H_CONNS)?,
         };
         let layout = Layout::compute(&params)
             .map_err(|e| RegistryError::corrupt("header", e.to_string()))?;
@@ -271,11 +286,16 @@ impl Registry {
         for (i, r) in recorded.iter_mut().enumerate() {
             *r = rd(H_OFFSETS + 8 * i as u64)?;
         }
-        let nseg = rd(H_NSEG)?;
-        if recorded != layout.offsets() || nseg != layout.nsegments || layout.heap_end() > size {
+        let (nseg, conns_off) = (rd(H_NSEG)?, rd(H_CONNS_OFF)?);
+        if recorded != layout.offsets()
+            || conns_off != layout.conns_off
+            || nseg != layout.nsegments
+            || layout.heap_end() > size
+        {
             let detail = format!(
-                "recorded offsets {recorded:?}/{nseg} segments, expected {:?}/{}",
+                "recorded offsets {recorded:?}+{conns_off}/{nseg} segments, expected {:?}+{}/{}",
                 layout.offsets(),
+                layout.conns_off,
                 layout.nsegments
             );
             return Err(RegistryError::corrupt("header", detail));

@@ -9,16 +9,20 @@
 //! no clock — liveness decisions and time come from the caller.
 //!
 //! Modules: [`header`] (layout, init/attach), `members`, `endpoints` (open-addressing hash
-//! table), `channels` (offer/accept state machine), `segments` (ring heap), `reclaim`, and `key`
-//! (binary encodings). Every value read from the region is validated; garbage yields
+//! table), `channels` (offer/accept state machine), `markers` (decline markers of transparent
+//! TCP), `conns` (records of connections left on TCP), `fallback` (why), `segments` (ring
+//! heap), `reclaim`, and `key` (binary encodings). Every value read from the region is validated; garbage yields
 //! [`RegistryError::Corrupt`], never a panic.
 #![forbid(unsafe_code)]
 
 mod channels;
+mod conns;
 mod endpoints;
 mod error;
+mod fallback;
 pub mod header;
 mod key;
+mod markers;
 mod members;
 mod reclaim;
 mod segments;
@@ -26,18 +30,19 @@ mod segments;
 #[cfg(all(test, loom))]
 mod loom_tests;
 
-pub use channels::{ChannelInfo, ChannelRings, ChannelState, Side};
+pub use channels::{ChannelInfo, ChannelRings, ChannelState, Side, SideWords};
+pub use conns::{ConnRecord, ConnRecordId};
 pub use endpoints::EndpointInfo;
 pub use error::RegistryError;
+pub use fallback::{counter_name, FallbackReason, COUNTER_CONNS_DROPPED};
 pub use header::{RegionParams, DEFAULT_RING_CAPACITY};
 pub use key::{ChannelId, ConnTuple, EndpointId, EndpointKey, MemberId, Proto, MAX_NATIVE_NAME};
 pub use members::{MemberIdentity, MemberInfo, MemberState, MAX_ADDRESSES, MAX_MEMBER_NAME};
-pub use memloop_shm::{ShmSlice, ShmU32};
+pub use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 pub use reclaim::ReclaimReport;
 
 use header::Layout;
 use memloop_shm::sync::Ordering::Relaxed;
-use memloop_shm::ShmU64;
 
 /// A handle on the registry of one region. Cheap to clone (a view and the parsed layout).
 #[derive(Clone)]
@@ -51,7 +56,10 @@ pub struct Registry {
 pub struct Usage {
     pub members: u32,
     pub endpoints: u32,
+    /// Channel slots in use, decline markers included.
     pub channels: u32,
+    /// Connection records in use.
+    pub conns: u32,
     pub segments_used: u64,
     pub segments_total: u64,
 }
@@ -80,6 +88,7 @@ impl Registry {
             members: self.count_members(),
             endpoints: self.count_endpoints(),
             channels: self.count_channels(),
+            conns: self.count_conns(),
             segments_used: self.segments_used(),
             segments_total: self.layout.nsegments,
         }

@@ -1,12 +1,14 @@
-//! loom models of the two races that matter most: a client cancelling its offer while the
-//! server takes it, and two channels allocating ring segments at once. The region is tiny
+//! loom models of the races that matter most: a client cancelling its offer while the server
+//! takes it, a client's offer racing a server's decline marker (transparent TCP), and two
+//! channels allocating ring segments at once. The region is tiny
 //! (loom models every 8 bytes of it as an atomic).
 
-use crate::key::{ChannelId, EndpointKey};
-use crate::{MemberIdentity, RegionParams, Registry, RegistryError, ShmSlice};
+use crate::key::{ChannelId, ConnTuple, EndpointId, EndpointKey, MemberId};
+use crate::{ChannelState, MemberIdentity, RegionParams, Registry, RegistryError, ShmSlice};
 use loom::thread;
 
-/// Header 256 + 2 members + 2 endpoints + 2 channels, then four 256-byte segments.
+/// Header 320 + 2 members + 2 endpoints + 2 channels + 1 connection record, segment tags,
+/// then four 256-byte segments.
 const SIZE: u64 = 2560;
 
 fn tiny() -> RegionParams {
@@ -16,6 +18,7 @@ fn tiny() -> RegionParams {
         max_endpoints: 2,
         max_channels: 2,
         segment_size: 256,
+        max_conns: 1,
     }
 }
 
@@ -103,4 +106,72 @@ fn concurrent_segment_allocations_never_overlap() {
             "rolled-back claims leaked"
         );
     });
+}
+
+/// The transparent-TCP agreement when the client's offer and the server's decline marker race:
+/// the client publishes its offer then scans markers; the server, having found no offer,
+/// publishes a marker then scans offers once more. Both must end up on the same path: either
+/// the server accepts the offer (ring) or the client sees the marker and cancels it (TCP).
+#[test]
+fn offer_races_decline_marker_and_both_agree() {
+    model(|| {
+        let r = Registry::init(ShmSlice::new_model(SIZE as usize), &tiny()).unwrap();
+        let c = r.join(&ident(1)).unwrap();
+        let s = r.join(&ident(2)).unwrap();
+        let ep = r.add_endpoint(s, &EndpointKey::Native("s".into())).unwrap();
+        let t = ConnTuple {
+            client: "10.0.0.1:4000".parse().unwrap(),
+            server: "10.0.0.2:80".parse().unwrap(),
+        };
+        let rc = r.clone();
+        let client = thread::spawn(move || {
+            let ch = rc.offer(c, ep, 64, Some(t)).unwrap();
+            let saw = rc.markers_for_client(t.client).iter().any(|m| m.1 == t);
+            let ring = !saw
+                || match rc.cancel(ch, c) {
+                    Ok(()) => false,
+                    Err(RegistryError::WrongState { .. }) => true, // accepted first
+                    Err(e) => panic!("cancel: {e}"),
+                };
+            (ch, saw, ring)
+        });
+        let (marker, server_ring) = serve(&r, s, ep, &t);
+        let (ch, saw, client_ring) = client.join().unwrap();
+        assert!(
+            saw || server_ring,
+            "both missed: the client would wait forever"
+        );
+        assert_eq!(
+            client_ring, server_ring,
+            "client ring {client_ring}, server ring {server_ring}"
+        );
+        if let Some(m) = marker {
+            r.free_marker(m, s).unwrap();
+        }
+        let usage = r.usage();
+        if server_ring {
+            assert_eq!(r.channel_state(ch).unwrap(), ChannelState::Accepted);
+            assert_eq!(usage.channels, 1);
+        } else {
+            assert!(r.channel_state(ch).is_err(), "cancelled offer freed");
+            assert_eq!((usage.channels, usage.segments_used), (0, 0));
+        }
+    });
+}
+
+/// The server side: look for the offer; if none, publish a marker and look once more.
+/// Returns (the marker, whether the connection is on the ring).
+fn serve(r: &Registry, s: MemberId, ep: EndpointId, t: &ConnTuple) -> (Option<ChannelId>, bool) {
+    if let Some(id) = r.find_offer_by_tuple(ep, t) {
+        // No marker yet, so the client cannot have cancelled: the accept must win.
+        r.accept(id, s).unwrap();
+        return (None, true);
+    }
+    let m = r.mark_declined(s, ep, t).unwrap();
+    let late = r
+        .offers_from_client(t.client)
+        .into_iter()
+        .find(|o| o.1 == *t);
+    let ring = late.is_some_and(|(id, _)| r.accept(id, s).is_ok());
+    (Some(m), ring)
 }

@@ -21,12 +21,15 @@ use memloop_shm::sync::Ordering::{Relaxed, SeqCst};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReclaimReport {
     pub endpoints_removed: u32,
-    /// Channels returned to FREE (the other side was already gone, or never accepted).
+    /// Channels returned to FREE (the other side was already gone, or never accepted), decline
+    /// markers included.
     pub channels_freed: u32,
     /// Accepted channels marked dead on the member's side; the survivor frees them on close.
     pub channels_marked: u32,
     /// Orphan segments swept (segments of freed channels are released with them).
     pub segments_freed: u64,
+    /// Connection records released (the member's, and any other dead owner's).
+    pub conns_released: u32,
     /// This call took over from a reclaimer that is no longer alive.
     pub took_over: bool,
     /// Unfinished reclaims of other members (that `dead` was running) completed by this call.
@@ -41,8 +44,10 @@ impl Registry {
         let took_over = self.begin_reclaim(dead, by)?;
         let tag = member_tag(dead);
         let endpoints_removed = self.remove_endpoints_of(tag);
-        let (channels_freed, channels_marked) = self.reclaim_channels(dead);
+        let (freed, channels_marked) = self.reclaim_channels(dead);
+        let channels_freed = freed + self.sweep_markers();
         let segments_freed = self.sweep_orphans();
+        let conns_released = self.reclaim_conns();
         self.finish_reclaim(dead)?;
         let resumed = self.resume_reclaims_of(tag, by);
         tracing::debug!(
@@ -58,6 +63,7 @@ impl Registry {
             channels_freed,
             channels_marked,
             segments_freed,
+            conns_released,
             took_over,
             resumed,
         })

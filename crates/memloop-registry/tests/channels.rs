@@ -268,3 +268,48 @@ fn removing_an_endpoint_declines_its_offers() {
     r.cancel(ch, c).unwrap();
     assert_eq!(r.usage().channels, 0);
 }
+
+#[test]
+fn side_words_start_with_one_holder_and_are_reinitialised() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let r = fresh(MIB);
+    let (c, s, ep) = pair(&r);
+    let ch = r.offer(c, ep, CAP, None).unwrap();
+    let client = r.side_words(ch, Side::Client).unwrap(); // a client may fork before accept
+    assert_eq!(
+        (client.holders.load(SeqCst), client.lock.load(SeqCst)),
+        (1, 0)
+    );
+    r.accept(ch, s).unwrap();
+    let server = r.side_words(ch, Side::Server).unwrap();
+    assert_eq!(
+        (server.holders.load(SeqCst), server.lock.load(SeqCst)),
+        (1, 0)
+    );
+    // after fork: two holders of the client side, one of them locking it
+    client.holders.fetch_add(1, SeqCst);
+    client.lock.store(4242, SeqCst);
+    let again = r.side_words(ch, Side::Client).unwrap();
+    assert_eq!(
+        (again.holders.load(SeqCst), again.lock.load(SeqCst)),
+        (2, 4242)
+    );
+    assert_eq!(server.holders.load(SeqCst), 1, "sides are separate words");
+    r.close(ch, Side::Client).unwrap();
+    r.close(ch, Side::Server).unwrap();
+    assert!(matches!(
+        r.side_words(ch, Side::Client),
+        Err(RegistryError::Stale)
+    ));
+    let next = r.offer(c, ep, CAP, None).unwrap();
+    assert_eq!(next.idx, ch.idx, "slot reused");
+    for side in [Side::Client, Side::Server] {
+        let w = r.side_words(next, side).unwrap();
+        assert_eq!((w.holders.load(SeqCst), w.lock.load(SeqCst)), (1, 0));
+    }
+    r.decline(next).unwrap();
+    assert!(matches!(
+        r.side_words(next, Side::Client),
+        Err(RegistryError::WrongState { .. })
+    ));
+}

@@ -18,7 +18,11 @@ fn populated() -> (Registry, MemberId, MemberId, EndpointId, Vec<ChannelId>) {
     let a = r.offer(c, ep, 4096, Some(t)).unwrap();
     let b = r.offer(c, ep, 4096, None).unwrap();
     r.accept(b, s).unwrap();
-    (r, c, s, ep, vec![a, b])
+    let m = r.mark_declined(s, ep, &t).unwrap();
+    for reason in [FallbackReason::NoListener, FallbackReason::Cancelled] {
+        r.record_conn(c, 7, Proto::Tcp, &t, reason).unwrap();
+    }
+    (r, c, s, ep, vec![a, b, m])
 }
 
 fn exercise(r: &Registry, c: MemberId, s: MemberId, ep: EndpointId, chs: &[ChannelId]) {
@@ -43,7 +47,22 @@ fn exercise(r: &Registry, c: MemberId, s: MemberId, ep: EndpointId, chs: &[Chann
         r.backlog(ep),
     );
     let _ = r.find_offer_by_tuple(ep, &t);
+    let _ = (
+        r.markers_for_client(t.client),
+        r.offers_from_client(t.client),
+        r.conns(),
+        r.fallback_counts(),
+    );
     let p = r.params();
+    for idx in 0..p.max_conns.min(8) {
+        for gen in 0..2 {
+            let id = ConnRecordId { idx, gen };
+            if let Ok((sent, _)) = r.conn_bytes(id) {
+                sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            let _ = r.release_conn(id);
+        }
+    }
     for idx in 0..p.max_channels.min(8) {
         for gen in 0..2 {
             let ch = ChannelId { idx, gen };
@@ -52,6 +71,7 @@ fn exercise(r: &Registry, c: MemberId, s: MemberId, ep: EndpointId, chs: &[Chann
                 r.channel_state(ch),
                 r.rings(ch),
                 r.peer_gone(ch, Side::Client),
+                r.side_words(ch, Side::Server),
             );
         }
     }
@@ -61,7 +81,11 @@ fn exercise(r: &Registry, c: MemberId, s: MemberId, ep: EndpointId, chs: &[Chann
     let _ = r.take_offer(ep, s);
     for &ch in chs {
         let _ = (r.close(ch, Side::Client), r.decline(ch), r.cancel(ch, c));
+        let _ = r.free_marker(ch, s);
     }
+    let _ = r.mark_declined(s, ep, &t);
+    let _ = r.record_conn(c, 1, Proto::Udp, &t, FallbackReason::Error);
+    let _ = r.sweep_markers();
     let _ = r.offer(c, ep, 4096, None);
     let _ = r.add_endpoint(c, &native("new"));
     let _ = r.reclaim(s, c);
@@ -103,10 +127,12 @@ proptest! {
         let (r, ..) = populated();
         for &(i, v) in &words {
             let v = if i % 2 == 0 { v % 100_000 } else { v };
-            r.view().u64_at(8 * (1 + i % 15)).unwrap().store(v, std::sync::atomic::Ordering::SeqCst);
+            // words 8..128, or (i >= 16) the connection records' count and offset
+            let off = if i < 16 { 8 * (1 + i % 15) } else { 256 + 8 * (i % 2) };
+            r.view().u64_at(off).unwrap().store(v, std::sync::atomic::Ordering::SeqCst);
         }
         if let Ok(a) = Registry::attach(r.view().clone()) {
-            let _ = (a.members(), a.endpoints(), a.channels(), a.usage(), a.sweep_orphans());
+            let _ = (a.members(), a.endpoints(), a.channels(), a.usage(), a.sweep_orphans(), a.conns());
         }
     }
 }

@@ -23,9 +23,10 @@ fn default_params_are_valid_and_documented_values() {
             p.max_members,
             p.max_endpoints,
             p.max_channels,
-            p.segment_size
+            p.segment_size,
+            p.max_conns
         ),
-        (256 << 20, 64, 1024, 512, 65536)
+        (256 << 20, 64, 1024, 512, 65536, 1024)
     );
     p.validate().unwrap();
     let r = Registry::init(ShmSlice::new_heap(p.size as usize), &p).unwrap();
@@ -47,12 +48,12 @@ fn attach_rejects_zero_bad_magic_version_and_size() {
         Registry::attach(view.clone()),
         Err(RegistryError::BadVersion {
             found: 99,
-            expected: 1
+            expected: header::VERSION
         })
     ));
     view.u64_at(8)
         .unwrap()
-        .store(1, std::sync::atomic::Ordering::SeqCst);
+        .store(header::VERSION as u64, std::sync::atomic::Ordering::SeqCst);
     view.u64_at(0)
         .unwrap()
         .store(0x1234, std::sync::atomic::Ordering::SeqCst);
@@ -98,9 +99,24 @@ fn corrupt_offsets_or_params_are_detected() {
         .unwrap()
         .store(1000, std::sync::atomic::Ordering::SeqCst); // segment size
     assert!(matches!(
-        Registry::attach(view),
+        Registry::attach(view.clone()),
         Err(RegistryError::Corrupt { .. })
     ));
+    // version 2: connection records (count at 256, offset at 264)
+    for (off, delta) in [(264, 128), (256, 1)] {
+        Registry::init(view.clone(), &params(MIB)).unwrap();
+        let w = view.u64_at(off).unwrap();
+        w.fetch_add(delta, std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            matches!(
+                Registry::attach(view.clone()),
+                Err(RegistryError::Corrupt { .. })
+            ),
+            "header word {off}"
+        );
+        w.store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+        assert!(Registry::attach(view.clone()).is_err());
+    }
 }
 
 #[test]
@@ -119,6 +135,7 @@ fn invalid_params_are_refused() {
             max_channels: 0,
             ..ok
         },
+        RegionParams { max_conns: 0, ..ok },
         RegionParams {
             segment_size: 3000,
             ..ok

@@ -1,5 +1,6 @@
-//! Threads sharing one region do random joins, offers, accepts, closes, deaths and reclaims;
-//! afterwards everything must be back to baseline with nothing leaked.
+//! Threads sharing one region do random joins, offers, accepts, closes, decline markers,
+//! connection records, deaths and reclaims; afterwards everything must be back to baseline with
+//! nothing leaked.
 #![cfg(not(loom))]
 mod common;
 use common::*;
@@ -15,6 +16,7 @@ fn params() -> RegionParams {
         max_endpoints: 64,
         max_channels: 64,
         segment_size: 4096,
+        max_conns: 16,
     }
 }
 
@@ -34,6 +36,8 @@ struct Worker {
     ep: Option<EndpointId>,
     client: Vec<ChannelId>,
     server: Vec<ChannelId>,
+    markers: Vec<ChannelId>,
+    conns: Vec<ConnRecordId>,
     rng: StdRng,
     n: u32,
 }
@@ -54,6 +58,56 @@ impl Worker {
         self.ep = None;
         self.client.clear();
         self.server.clear();
+        self.markers.clear();
+        self.conns.clear();
+    }
+
+    fn tuple(&mut self, t: u32) -> ConnTuple {
+        let port = self.rng.gen_range(1..4u16);
+        ConnTuple {
+            client: std::net::SocketAddr::new([10, 0, 0, t as u8].into(), port),
+            server: "10.0.1.1:80".parse().unwrap(),
+        }
+    }
+
+    /// Markers and connection records (the transparent layer's bookkeeping).
+    fn step_transparent(&mut self, t: u32, op: u32) {
+        let r = self.r.clone();
+        let tuple = self.tuple(t);
+        match (op, self.ep) {
+            (0..=3, Some(ep)) => {
+                self.markers
+                    .extend(Self::check(r.mark_declined(self.me, ep, &tuple)));
+                let _ = (
+                    r.markers_for_client(tuple.client),
+                    r.offers_from_client(tuple.client),
+                );
+            }
+            (4..=5, _) if !self.markers.is_empty() => {
+                let m = self.markers.swap_remove(0);
+                Self::check(r.free_marker(m, self.me));
+            }
+            (6..=7, _) => {
+                let reason = FallbackReason::ALL[op as usize];
+                if let Some(id) = r.record_conn(self.me, t, Proto::Tcp, &tuple, reason) {
+                    if let Some((sent, _)) = Self::check(r.conn_bytes(id)) {
+                        sent.fetch_add(10, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    self.conns.push(id);
+                }
+            }
+            (8, _) if !self.conns.is_empty() => {
+                let id = self.conns.swap_remove(0);
+                Self::check(r.release_conn(id));
+            }
+            (9, _) if !self.client.is_empty() => {
+                let ch = self.client[0];
+                Self::check(r.side_words(ch, Side::Client));
+            }
+            _ => {
+                let _ = r.conns();
+            }
+        }
     }
 
     fn check<T>(res: Result<T, RegistryError>) -> Option<T> {
@@ -66,7 +120,8 @@ impl Worker {
 
     fn step(&mut self, t: u32, corpses: &Mutex<Vec<MemberId>>) {
         let r = self.r.clone();
-        match self.rng.gen_range(0..100) {
+        match self.rng.gen_range(0..110) {
+            op @ 100.. => self.step_transparent(t, op - 100),
             0..=9 if self.ep.is_none() => {
                 self.n += 1;
                 self.ep =
@@ -151,6 +206,8 @@ fn random_workload_returns_to_baseline() {
                         ep: None,
                         client: vec![],
                         server: vec![],
+                        markers: vec![],
+                        conns: vec![],
                         rng,
                         n: 0,
                     };

@@ -1,0 +1,222 @@
+//! Decline markers: how a transparent server and client agree that a connection stays on TCP.
+//!
+//! The client offers a channel for its connection's 4-tuple right after `connect` succeeds; the
+//! server looks for that offer right after `accept`. Either may be late. A server that finds no
+//! offer within its short wait publishes a marker (a channel slot without rings, phase
+//! DECLINED|MARKER, holding the tuple) and then scans the offers once more; a client, right after
+//! publishing its offer, scans the markers. Both publish with a SeqCst CAS and scan after a SeqCst
+//! fence (a Dekker pair), so at least one side sees the other: the server accepts the late offer,
+//! or the client sees the marker and cancels its offer. When both happen, the CAS on the offer
+//! decides (an accepted offer cannot be cancelled, a cancelled one cannot be accepted).
+//!
+//! A marker must outlive the client's scan, whose timing is unbounded: the server frees it when
+//! the TCP connection closes. Its slot carries the server's tag, so reclaiming a dead server
+//! frees it, and [`Registry::sweep_markers`] frees markers whose owner is no longer live.
+
+use crate::channels::{
+    c_client_tag, c_gen, c_phase, c_word, is_marker, phase_name, with_phase, C_DECLINED, C_OFFERED,
+    MARKER, O_C2S, O_CAP, O_CLIENT, O_CREATED, O_EP, O_S2C, O_SERVER, O_TUPLE,
+};
+use crate::error::RegistryError;
+use crate::header::H_CREATE_SEQ;
+use crate::key::{
+    decode_tuple, encode_tuple, member_tag, pack_id, ChannelId, ConnTuple, EndpointId, MemberId,
+    TUPLE_BYTES,
+};
+use crate::Registry;
+use memloop_shm::sync::fence;
+use memloop_shm::sync::Ordering::{Acquire, SeqCst};
+use std::net::SocketAddr;
+
+/// Same address and port, ignoring IPv6 flow info and scope, and IPv4-mapped IPv6 (a dual-stack
+/// listener sees `::ffff:10.0.0.1` where the client's socket says `10.0.0.1`).
+fn same_endpoint(a: SocketAddr, b: SocketAddr) -> bool {
+    a.ip().to_canonical() == b.ip().to_canonical() && a.port() == b.port()
+}
+
+impl Registry {
+    /// Publishes a decline marker for the connection `tuple` that `server` accepted on `ep`
+    /// without finding an offer. Then scan [`Registry::offers_from_client`] once more (a late
+    /// offer), and free the marker with [`Registry::free_marker`] when the connection closes.
+    pub fn mark_declined(
+        &self,
+        server: MemberId,
+        ep: EndpointId,
+        tuple: &ConnTuple,
+    ) -> Result<ChannelId, RegistryError> {
+        self.live_member(server)?;
+        self.live_endpoint(ep)?;
+        let (id, reserved) = self.reserve(server)?;
+        if let Err(e) = self.write_marker(id, server, ep, tuple) {
+            self.free_channel(id, reserved).ok();
+            return Err(e);
+        }
+        let marker = with_phase(reserved, C_DECLINED) | MARKER;
+        if !self.cas_channel(id.idx, reserved, marker)? {
+            return Err(RegistryError::Stale); // reclaimed under us: we were declared dead
+        }
+        tracing::trace!(?id, ?tuple, "decline marker published");
+        Ok(id)
+    }
+
+    fn write_marker(
+        &self,
+        id: ChannelId,
+        server: MemberId,
+        ep: EndpointId,
+        tuple: &ConnTuple,
+    ) -> Result<(), RegistryError> {
+        let base = self.channel_off(id.idx);
+        let me = pack_id(server.idx, server.gen);
+        let created = self.next_seq(H_CREATE_SEQ)?;
+        for (off, v) in [
+            (O_SERVER, me),
+            (O_CLIENT, me),
+            (O_EP, pack_id(ep.idx, ep.gen)),
+            (O_CREATED, created),
+            (O_CAP, 0),
+            (O_C2S, 0),
+            (O_S2C, 0),
+        ] {
+            self.st(base + off, v)?;
+        }
+        self.view.write(base + O_TUPLE, &encode_tuple(tuple))?;
+        self.init_side_words(id.idx, 0)
+    }
+
+    /// Markers for connections from `client` (the client's half of the tuple). The client calls
+    /// this right after its offer is published, and cancels the offer if one matches.
+    pub fn markers_for_client(&self, client: SocketAddr) -> Vec<(ChannelId, ConnTuple)> {
+        fence(SeqCst); // Dekker: our offer's CAS before, the markers' words after
+        self.scan_tuples(client, |w| is_marker(w) && c_phase(w) == C_DECLINED)
+    }
+
+    /// Offers (OFFERED, not yet accepted) from `client`. The server uses it after publishing a
+    /// marker to find a late offer for its exact tuple, and to decline offers whose server half
+    /// differs from the address it accepted on (NAT or port mapping).
+    pub fn offers_from_client(&self, client: SocketAddr) -> Vec<(ChannelId, ConnTuple)> {
+        fence(SeqCst); // Dekker: our marker's CAS before, the offers' words after
+        self.scan_tuples(client, |w| !is_marker(w) && c_phase(w) == C_OFFERED)
+    }
+
+    /// Slots whose word satisfies `want` and whose tuple's client half is `client`, each read
+    /// consistently (the word is re-checked after the tuple).
+    fn scan_tuples(
+        &self,
+        client: SocketAddr,
+        want: impl Fn(u64) -> bool,
+    ) -> Vec<(ChannelId, ConnTuple)> {
+        let mut out = Vec::new();
+        for idx in 0..self.layout.params.max_channels {
+            let Ok(w) = self.channel_word(idx) else {
+                continue;
+            };
+            if !want(w) {
+                continue;
+            }
+            if let Some(t) = self.stable_tuple(idx, w) {
+                if same_endpoint(t.client, client) {
+                    out.push((ChannelId { idx, gen: c_gen(w) }, t));
+                }
+            }
+        }
+        out
+    }
+
+    /// The tuple of slot `idx` if its word is still `w` after reading it (and it decodes).
+    fn stable_tuple(&self, idx: u32, w: u64) -> Option<ConnTuple> {
+        let raw = self
+            .bytes::<TUPLE_BYTES>(self.channel_off(idx) + O_TUPLE)
+            .ok()?;
+        fence(Acquire);
+        if self.channel_word(idx).ok()? != w {
+            return None;
+        }
+        decode_tuple(&raw).ok().flatten()
+    }
+
+    /// Frees a marker that `server` published. Refuses real channels and other members' markers.
+    pub fn free_marker(&self, ch: ChannelId, server: MemberId) -> Result<(), RegistryError> {
+        let w = self.check_channel(ch)?;
+        if !is_marker(w) {
+            return Err(RegistryError::wrong(
+                "a decline marker",
+                phase_name(c_phase(w)),
+            ));
+        }
+        if c_client_tag(w) != member_tag(server) {
+            return Err(RegistryError::wrong(
+                "the marker's server",
+                "another member",
+            ));
+        }
+        // A marker's word only ever changes to FREE, so a lost CAS means someone freed it.
+        match self.free_channel(ch, w)? {
+            true => Ok(()),
+            false => Err(RegistryError::Stale),
+        }
+    }
+
+    /// Frees markers whose owner is no longer a live member (it was declared dead while
+    /// publishing, after its reclaimer had scanned the table). Returns how many.
+    pub fn sweep_markers(&self) -> u32 {
+        let mut n = 0;
+        for idx in 0..self.layout.params.max_channels {
+            let Ok(w) = self.channel_word(idx) else {
+                continue;
+            };
+            let id = ChannelId { idx, gen: c_gen(w) };
+            if w != c_word(id.gen, c_client_tag(w), MARKER, C_DECLINED)
+                || self.tag_alive(c_client_tag(w))
+            {
+                continue;
+            }
+            n += self.free_channel(id, w).unwrap_or(false) as u32;
+        }
+        n
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::members::{m_word, M_FREE};
+    use crate::{EndpointKey, MemberIdentity, RegionParams, ShmSlice};
+
+    #[test]
+    fn markers_of_an_owner_declared_dead_meanwhile_are_swept() {
+        let p = RegionParams::small(1 << 20);
+        let r = Registry::init(ShmSlice::new_heap(p.size as usize), &p).unwrap();
+        let ident = MemberIdentity {
+            pid: 1,
+            start_time: 0,
+            boot_id: [0; 16],
+            pid_ns: 0,
+            net_ns: 0,
+            name: "s".into(),
+        };
+        let s = r.join(&ident).unwrap();
+        let ep = r.add_endpoint(s, &EndpointKey::Native("x".into())).unwrap();
+        let t = ConnTuple {
+            client: "10.0.0.1:1".parse().unwrap(),
+            server: "10.0.0.2:2".parse().unwrap(),
+        };
+        let m = r.mark_declined(s, ep, &t).unwrap();
+        assert_eq!(r.sweep_markers(), 0, "owner is live");
+        // reclaimed (slot FREE, generation + 1) before the marker was published
+        let slot = r.w64(r.member_off(s.idx)).unwrap();
+        slot.store(m_word(s.gen + 1, 0, M_FREE), SeqCst);
+        assert_eq!(r.sweep_markers(), 1);
+        assert!(matches!(r.channel(m), Err(RegistryError::Stale)));
+        assert_eq!(r.usage().channels, 0);
+    }
+
+    #[test]
+    fn endpoints_compare_canonically() {
+        let p = |s: &str| s.parse().unwrap();
+        assert!(same_endpoint(p("10.0.0.1:80"), p("[::ffff:10.0.0.1]:80")));
+        assert!(same_endpoint(p("[fe80::1%2]:80"), p("[fe80::1]:80")));
+        assert!(!same_endpoint(p("10.0.0.1:80"), p("10.0.0.1:81")));
+        assert!(!same_endpoint(p("10.0.0.1:80"), p("10.0.0.2:80")));
+    }
+}
