@@ -1,11 +1,15 @@
-//! `memloop status`: who is in a region, what they listen on, which channels are open, how many
-//! bytes went each way, and the fallback counters.
+//! `memloop status`: who is in a region, what they listen on, which connections it carries —
+//! accelerated ones (channels on rings) and those the transparent layer left on TCP (connection
+//! records, with the reason) — how many bytes went each way, and the fallback counters.
 
 use crate::error::CliResult;
 use crate::region_cmd::{self, RegionArg};
 use crate::units::fmt_size;
 use memloop::liveness::{Liveness, HEARTBEAT_PERIOD};
-use memloop::registry::{ChannelInfo, EndpointInfo, MemberId, MemberInfo, Registry};
+use memloop::registry::{
+    counter_name, ChannelInfo, ConnRecord, ConnTuple, EndpointInfo, FallbackReason, MemberId,
+    MemberInfo, Proto, Registry, COUNTER_CONNS_DROPPED,
+};
 use memloop::ring::header::totals;
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -30,15 +34,25 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
     let region = region_cmd::open(&a.region.spec())?;
     let reg = region.registry();
     let members = members(reg);
-    let (endpoints, channels, counters) = (reg.endpoints(), reg.channels(), reg.counters());
+    let (endpoints, channels, conns) = (reg.endpoints(), reg.channels(), reg.conns());
+    let (usage, params, counters) = (reg.usage(), reg.params(), reg.counters());
     if a.json {
+        let (mut params_j, mut usage_j) = (
+            region_cmd::params_json(&params),
+            region_cmd::usage_json(&usage),
+        );
+        params_j["max_conns"] = params.max_conns.into();
+        usage_j["conns"] = usage.conns.into();
         let v = json!({
             "region": { "path": region.path(), "size": region.size(), "generation": reg.generation(),
-                        "params": region_cmd::params_json(&reg.params()) },
-            "usage": region_cmd::usage_json(&reg.usage()),
+                        "params": params_j },
+            "usage": usage_j,
             "members": members.iter().map(member_json).collect::<Vec<_>>(),
             "endpoints": endpoints.iter().map(endpoint_json).collect::<Vec<_>>(),
             "channels": channels.iter().map(|c| channel_json(reg, c)).collect::<Vec<_>>(),
+            "connections": conns.iter().map(conn_json).collect::<Vec<_>>(),
+            "fallbacks": fallbacks_json(&counters),
+            "conn_records_dropped": counters.get(COUNTER_CONNS_DROPPED),
             "counters": counters,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -50,13 +64,12 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
         fmt_size(region.size()),
         reg.generation()
     );
-    println!(
-        "usage: {}",
-        region_cmd::usage_line(&reg.usage(), &reg.params())
-    );
+    println!("usage: {}", region_cmd::usage_line(&usage, &params));
+    println!("connection records: {}/{}", usage.conns, params.max_conns);
     print_members(&members);
     print_endpoints(&endpoints, &members);
     print_channels(reg, &channels, &members);
+    print_connections(reg, &channels, &conns, &members);
     print_counters(&counters);
     Ok(())
 }
@@ -105,6 +118,24 @@ fn member_name(members: &[Member], id: MemberId) -> String {
             m.info.identity.pid
         ),
         None => format!("{} (gone)", id_str(id.idx, id.gen)),
+    }
+}
+
+fn member_pid(members: &[Member], id: MemberId) -> String {
+    members
+        .iter()
+        .find(|m| m.info.id == id)
+        .map_or("?".into(), |m| m.info.identity.pid.to_string())
+}
+
+fn tuple_str(t: Option<&ConnTuple>) -> String {
+    t.map_or("-".into(), |t| format!("{} → {}", t.client, t.server))
+}
+
+fn proto_str(p: Proto) -> &'static str {
+    match p {
+        Proto::Tcp => "tcp",
+        Proto::Udp => "udp",
     }
 }
 
@@ -174,7 +205,11 @@ fn print_channels(reg: &Registry, chans: &[ChannelInfo], members: &[Member]) {
             format!("{:?}", c.state).to_lowercase(),
             member_name(members, c.client),
             c.server.map_or("-".into(), |s| member_name(members, s)),
-            fmt_size(c.ring_capacity),
+            if c.marker {
+                "-".into()
+            } else {
+                fmt_size(c.ring_capacity)
+            },
             up,
             down,
             flags(c),
@@ -183,8 +218,54 @@ fn print_channels(reg: &Registry, chans: &[ChannelInfo], members: &[Member]) {
     print_rows(&rows);
 }
 
+/// Every connection: accelerated ones (channels, bytes from the client's view) and those left on
+/// the kernel's path (records, bytes from the recording process's view).
+fn print_connections(
+    reg: &Registry,
+    chans: &[ChannelInfo],
+    conns: &[ConnRecord],
+    members: &[Member],
+) {
+    let ring: Vec<&ChannelInfo> = chans.iter().filter(|c| !c.marker).collect();
+    println!("\nCONNECTIONS ({})", ring.len() + conns.len());
+    let mut rows = vec![row(&[
+        "path",
+        "tuple",
+        "pid",
+        "sent",
+        "received",
+        "state / reason",
+    ])];
+    for c in ring {
+        let (up, down) = channel_bytes(reg, c).map_or(("-".into(), "-".into()), |(a, b)| {
+            (a.to_string(), b.to_string())
+        });
+        let server = c.server.map_or("-".into(), |s| member_pid(members, s));
+        rows.push(vec![
+            "ring".into(),
+            tuple_str(c.tuple.as_ref()),
+            format!("{}/{}", member_pid(members, c.client), server),
+            up,
+            down,
+            format!("{:?}", c.state).to_lowercase(),
+        ]);
+    }
+    for r in conns {
+        rows.push(vec![
+            proto_str(r.proto).into(),
+            tuple_str(Some(&r.tuple)),
+            r.pid.to_string(),
+            r.bytes_sent.to_string(),
+            r.bytes_received.to_string(),
+            r.reason.to_string(),
+        ]);
+    }
+    print_rows(&rows);
+}
+
 fn flags(c: &ChannelInfo) -> String {
     let f = [
+        (c.marker, "decline-marker"),
         (c.client_closed, "client-closed"),
         (c.server_closed, "server-closed"),
         (c.client_dead, "client-dead"),
@@ -199,18 +280,27 @@ fn flags(c: &ChannelInfo) -> String {
 }
 
 fn print_counters(counters: &[u64]) {
-    println!("\nCOUNTERS (fallbacks and other events; zeros omitted)");
+    println!("\nFALLBACKS (connections left on TCP since the region was created; zeros omitted)");
     let nonzero: Vec<String> = counters
         .iter()
         .enumerate()
         .filter(|(_, v)| **v > 0)
-        .map(|(i, v)| format!("  #{i}: {v}"))
+        .map(|(i, v)| format!("  {}: {v}", counter_label(i)))
         .collect();
     if nonzero.is_empty() {
         println!("  none");
     }
     for line in nonzero {
         println!("{line}");
+    }
+}
+
+/// A reason's name and phrase, another named counter's name, or the bare index.
+fn counter_label(i: usize) -> String {
+    match (FallbackReason::ALL.get(i), counter_name(i)) {
+        (Some(r), _) => format!("{} ({r})", r.name()),
+        (None, Some(name)) => name.to_string(),
+        (None, None) => format!("#{i}"),
     }
 }
 
@@ -257,5 +347,31 @@ fn channel_json(reg: &Registry, c: &ChannelInfo) -> Value {
         "bytes_c2s": bytes.map(|b| b.0), "bytes_s2c": bytes.map(|b| b.1),
         "client_closed": c.client_closed, "server_closed": c.server_closed,
         "client_dead": c.client_dead, "server_dead": c.server_dead,
+        "path": "ring", "marker": c.marker, "tuple": c.tuple.as_ref().map(tuple_json),
     })
+}
+
+fn tuple_json(t: &ConnTuple) -> Value {
+    json!({ "client": t.client.to_string(), "server": t.server.to_string() })
+}
+
+fn conn_json(r: &ConnRecord) -> Value {
+    json!({
+        "idx": r.id.idx, "gen": r.id.gen, "path": proto_str(r.proto), "tuple": tuple_json(&r.tuple),
+        "pid": r.pid, "owner": { "idx": r.owner.idx, "gen": r.owner.gen },
+        "bytes_sent": r.bytes_sent, "bytes_received": r.bytes_received,
+        "reason": r.reason.name(), "reason_text": r.reason.to_string(),
+    })
+}
+
+/// Every fallback reason by name, zeros included (a stable set of keys for scripts).
+fn fallbacks_json(counters: &[u64]) -> Value {
+    let m: serde_json::Map<String, Value> = FallbackReason::ALL
+        .iter()
+        .map(|r| {
+            let n = counters.get(r.counter_index()).copied().unwrap_or(0);
+            (r.name().to_string(), n.into())
+        })
+        .collect();
+    Value::Object(m)
 }

@@ -243,3 +243,77 @@ fn status_lists_a_connected_peer() {
         "peer exits cleanly at end of stream"
     );
 }
+
+#[test]
+fn status_lists_tcp_connections_and_fallbacks() {
+    use memloop::registry::{ConnTuple, EndpointKey, FallbackReason, Proto};
+    let r = TestRegion::create("fallbacks");
+    let node = Node::join(Region::open(&RegionSpec::parse(&r.0)).unwrap(), "cli-fb").unwrap();
+    let reg = node.region().registry();
+    let t = ConnTuple {
+        client: "10.0.0.1:40000".parse().unwrap(),
+        server: "10.0.0.2:80".parse().unwrap(),
+    };
+    let pid = std::process::id();
+    let rec = reg
+        .record_conn(node.id(), pid, Proto::Tcp, &t, FallbackReason::NoListener)
+        .expect("a free record");
+    let (sent, received) = reg.conn_bytes(rec).unwrap();
+    sent.fetch_add(123, std::sync::atomic::Ordering::Relaxed);
+    received.fetch_add(45, std::sync::atomic::Ordering::Relaxed);
+    reg.count_fallback(FallbackReason::Cancelled);
+    let ep = reg
+        .add_endpoint(node.id(), &EndpointKey::Native("fb-svc".into()))
+        .unwrap();
+    reg.mark_declined(node.id(), ep, &t).unwrap();
+
+    let o = memloop(&["status", "--region", &r.0, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).expect("status --json is JSON");
+    let conns = v["connections"].as_array().unwrap();
+    assert_eq!(conns.len(), 1, "{v}");
+    let c = &conns[0];
+    assert_eq!(
+        (&c["path"], &c["pid"], &c["reason"]),
+        (&"tcp".into(), &pid.into(), &"no_listener".into())
+    );
+    assert_eq!(
+        (c["bytes_sent"].as_u64(), c["bytes_received"].as_u64()),
+        (Some(123), Some(45))
+    );
+    assert_eq!(c["tuple"]["client"], "10.0.0.1:40000");
+    assert_eq!(c["tuple"]["server"], "10.0.0.2:80");
+    let fb = &v["fallbacks"];
+    assert_eq!(
+        (fb["no_listener"].as_u64(), fb["cancelled"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(fb["declined"], 0, "every reason is listed");
+    assert_eq!(v["counters"].as_array().unwrap().len(), 16, "old key kept");
+    let marker = &v["channels"].as_array().unwrap()[0];
+    assert_eq!(
+        (&marker["marker"], &marker["path"]),
+        (&true.into(), &"ring".into())
+    );
+    assert_eq!(v["usage"]["conns"], 1);
+
+    let text = stdout(&memloop(&["status", "--region", &r.0]));
+    for want in [
+        "CONNECTIONS (1)",
+        "10.0.0.1:40000 → 10.0.0.2:80",
+        "no co-resident listener",
+        "no_listener (no co-resident listener): 1",
+        "decline-marker",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from:\n{text}");
+    }
+
+    reg.release_conn(rec).unwrap();
+    let o = memloop(&["status", "--region", &r.0, "--json"]);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["connections"].as_array().unwrap().is_empty());
+    assert_eq!(
+        v["fallbacks"]["no_listener"], 1,
+        "counters outlive the records"
+    );
+}
