@@ -155,7 +155,7 @@ region_destroy() {
 # both ends close, so a final look alone could miss short connections).
 ring_watch_start() {
   "$PY" "$HERE/py/ringcheck.py" watch --memloop "$ML" --region "$1" \
-    --state "$CASE_DIR/watch-$1.json" >/dev/null 2>&1 &
+    --state "$CASE_DIR/watch-$1.json" --interval 0.05 >/dev/null 2>&1 &
   echo $! >"$CASE_DIR/watch-$1.pid"
 }
 
@@ -176,6 +176,12 @@ assert_ring_used() {
   "$PY" "$HERE/py/ringcheck.py" ring --memloop "$ML" --region "$1" "${strict[@]}" \
     --state "$CASE_DIR/watch-$1.json" | tee "$CASE_DIR/ring-$1.json"
   return "${PIPESTATUS[0]}"
+}
+
+# assert_fallback_recorded REGION: the region recorded at least one TCP fallback (uses the
+# summary assert_tcp_fallback wrote).
+assert_fallback_recorded() {
+  jq -e '(.fallbacks | add // 0) + .fallback_records_seen > 0' "$CASE_DIR/ring-$1.json" >/dev/null
 }
 
 # assert_tcp_fallback REGION: the region recorded no ring traffic.

@@ -8,7 +8,8 @@
 #   ring      both ends in the same region: results must be right AND the region must show ring
 #             traffic;
 #   fallback  the client in another region (ML_FALLBACK_CLIENT=plain: without `memloop run`):
-#             results must be right and neither region may show ring traffic.
+#             results must be right, neither region may show ring traffic, and the client's
+#             region must have recorded a fallback (its library ran and chose TCP).
 # NAME is a case or a prefix of cases ("python" = every python-* case); --list shows them.
 #
 # Environment:
@@ -32,7 +33,8 @@ export HERE
 . "$HERE/lib.sh"
 
 ALL_CASES=(
-  python-blocking python-selectors python-asyncio python-sockopts python-http
+  python-blocking python-selectors python-asyncio python-forking python-prefork
+  python-sockopts python-http
   nginx-curl
   redis-cli redis-benchmark
   iperf3
@@ -255,6 +257,10 @@ for c in "${cases[@]}"; do
         fi
       elif ! assert_tcp_fallback "$r" >>"$CASE_DIR/case.log" 2>&1; then
         [ $verdict = PASS ] && note="ring traffic in $r although the peer is outside it"
+        verdict=FAIL
+      elif [ "$r" = "$rc_" ] && ! assert_fallback_recorded "$r" >>"$CASE_DIR/case.log" 2>&1; then
+        # The client's library was there and saw its peer outside its region: it must say so.
+        [ $verdict = PASS ] && note="no fallback recorded in the client's region $r"
         verdict=FAIL
       fi
       ev=$(jq -r '"\(.region | sub(".*-"; "")): ring \(.ring_bytes_seen)B in \(.channels_with_bytes) ch, members \(.max_members_seen), fallbacks \(.fallbacks | to_entries | map("\(.key)=\(.value)") | join(",") | if . == "" then "none" else . end)"' \

@@ -29,7 +29,7 @@ start_postgres() {
   wait_listen postgres $PG_PORT 30
   # Accepting connections (probed over the Unix socket: no TCP connection of our own).
   for ((i = 0; i < 100; i++)); do
-    "$bin/pg_isready" -q -h "$pg/sock" -p $PG_PORT && return 0
+    "$bin/pg_isready" -q -h "$pg/sock" -p $PG_PORT -U postgres && return 0
     sleep 0.2
   done
   fail "postgres not ready after 20s"

@@ -58,6 +58,30 @@ case_python_asyncio() {
   check_peers "$CASE_DIR/srv.log" $conns
 }
 
+case_python_forking() {
+  local port=7006 bytes=$((4 << 20)) conns=3
+  # The parent accepts, a child serves, the parent closes its copy of the connection.
+  start_server srv "$PY" "$PROGS" forking-server --host "$ADDR0" --port $port --conns $conns
+  wait_listen srv $port
+  run_client c 120 "$PY" "$PROGS" echo-client --host "$ADDR0" --port $port --bytes $bytes \
+    --conns $conns --seed 30
+  wait_server srv
+  check_echo "$CASE_DIR/c.out" $conns $bytes
+  check_peers "$CASE_DIR/srv.log" $conns
+}
+
+case_python_prefork() {
+  local port=7007 bytes=$((2 << 20)) conns=4
+  # Two forked workers accept on the listening socket they inherited.
+  start_server srv "$PY" "$PROGS" prefork-server --host "$ADDR0" --port $port --conns $conns
+  wait_listen srv $port
+  run_client c 120 "$PY" "$PROGS" echo-client --host "$ADDR0" --port $port --bytes $bytes \
+    --conns $conns --seed 40
+  wait_server srv
+  check_echo "$CASE_DIR/c.out" $conns $bytes
+  check_peers "$CASE_DIR/srv.log" $conns
+}
+
 case_python_sockopts() {
   local port=7004 file=$CASE_DIR/sendfile.bin
   random_file "$file" $((2 << 20))
@@ -77,13 +101,19 @@ case_python_http() {
     random_file "$www/$f" "$s"
     args+=("$f=$(sha256 "$www/$f")")
   done
-  # The standard library's own server, unmodified.
-  start_server srv "$PY" -m http.server --bind "$ADDR0" --directory "$www" $port
+  # The standard library's own server, unmodified, speaking HTTP/1.1 (keep-alive).
+  start_server srv "$PY" -m http.server --bind "$ADDR0" --directory "$www" -p HTTP/1.1 $port
   wait_listen srv $port
-  run_client c 120 "$PY" "$PROGS" http-get --base "http://$ADDR0:$port" "${args[@]}"
+  # urllib: a connection per file; http.client: all files twice on one connection, which then
+  # idles for a moment before closing.
+  run_client get 120 "$PY" "$PROGS" http-get --base "http://$ADDR0:$port" "${args[@]}"
+  run_client keepalive 120 "$PY" "$PROGS" http-keepalive --base "http://$ADDR0:$port" \
+    --hold 0.5 "${args[@]}"
   stop_server srv
-  jq -e '.ok' "$CASE_DIR/c.out" >/dev/null || fail "http: $(cat "$CASE_DIR/c.out")"
+  jq -e '.ok' "$CASE_DIR/get.out" >/dev/null || fail "urllib: $(cat "$CASE_DIR/get.out")"
+  jq -e '.ok' "$CASE_DIR/keepalive.out" >/dev/null ||
+    fail "keep-alive: $(cat "$CASE_DIR/keepalive.out")"
   # The server logged every GET, from domain 1's address.
-  [ "$(grep -c "^$ADDR1 - - .*\"GET /file-[0-9]*.bin HTTP/1.1\" 200" "$CASE_DIR/srv.log")" = ${#args[@]} ] ||
+  [ "$(grep -c "^$ADDR1 - - .*\"GET /file-[0-9]*.bin HTTP/1.1\" 200" "$CASE_DIR/srv.log")" = $((3 * ${#args[@]})) ] ||
     fail "server log lacks GETs from $ADDR1: $(tail -n 3 "$CASE_DIR/srv.log")"
 }

@@ -8,11 +8,14 @@ line; any mismatch or error exits non-zero with a message on stderr.
   progs.py blocking-server  --host H --port P [--conns N]
   progs.py selectors-server --host H --port P [--conns N]
   progs.py asyncio-server   --host H --port P [--conns N]
+  progs.py forking-server   --host H --port P [--conns N]
+  progs.py prefork-server   --host H --port P [--conns N]
   progs.py echo-client      --host H --port P --bytes B [--conns C] [--seed S]
   progs.py asyncio-client   --host H --port P --bytes B [--conns C] [--seed S]
   progs.py sockopts-server  --host H --port P
   progs.py sockopts-client  --host H --port P --file F
   progs.py http-get         --base URL NAME=SHA256...
+  progs.py http-keepalive   --base URL [--hold SECS] NAME=SHA256...
 """
 
 import argparse
@@ -154,6 +157,76 @@ def asyncio_server(a):
         print(f"served {served}", flush=True)
 
     asyncio.run(main())
+
+
+def forking_server(a):
+    """socketserver.ForkingTCPServer: the parent accepts, a forked child serves the connection
+    and the parent closes its copy (the classic inetd / PostgreSQL / Apache prefork pattern)."""
+    import socketserver
+
+    class Echo(socketserver.BaseRequestHandler):
+        def handle(self):
+            print(f"accepted {self.client_address[0]} {self.client_address[1]}", flush=True)
+            buf = bytearray(CHUNK)
+            while True:
+                n = self.request.recv_into(buf)
+                if n == 0:
+                    break
+                self.request.sendall(memoryview(buf)[:n])
+
+    class Server(socketserver.ForkingTCPServer):
+        allow_reuse_address = True
+
+    with Server((a.host, a.port), Echo) as srv:
+        listening(srv.socket)
+        for _ in range(a.conns):
+            srv.handle_request()
+        # Reap the children: each served one connection.
+        while srv.active_children:
+            srv.collect_children(blocking=True)
+    print(f"served {a.conns}", flush=True)
+
+
+def prefork_server(a):
+    """The parent listens and forks two workers that each accept() on the inherited socket
+    (nginx, Apache prefork, gunicorn); the parent only counts what they served."""
+    import signal
+
+    srv = bind(a.host, a.port)
+    listening(srv)
+    r, w = os.pipe()
+    pids = []
+    for _ in range(2):
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            try:
+                while True:
+                    conn, peer = srv.accept()
+                    print(f"accepted {peer[0]} {peer[1]} by {os.getpid()}", flush=True)
+                    buf = bytearray(CHUNK)
+                    with conn:
+                        while True:
+                            n = conn.recv_into(buf)
+                            if n == 0:
+                                break
+                            conn.sendall(memoryview(buf)[:n])
+                    os.write(w, b"x")
+            except BaseException as e:  # noqa: BLE001 - report anything, then leave
+                print(f"worker {os.getpid()}: {e!r}", flush=True)
+                os._exit(1)
+        pids.append(pid)
+    os.close(w)
+    served = 0
+    while served < a.conns:
+        d = os.read(r, 64)
+        if not d:
+            fail(f"workers gone after {served} connections")
+        served += len(d)
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+        os.waitpid(pid, 0)
+    print(f"served {served}", flush=True)
 
 
 # ------------------------------------------------------------------------------------------
@@ -397,6 +470,7 @@ def sockopts_client(a):
 
 
 def http_get(a):
+    """urllib: one connection per file (urllib asks the server to close)."""
     t0 = time.monotonic()
     results = {}
     for item in a.files:
@@ -406,17 +480,48 @@ def http_get(a):
             length = r.headers.get("Content-Length")
         got = hashlib.sha256(body).hexdigest()
         results[name] = {"bytes": len(body), "ok": got == want and str(len(body)) == length}
+    http_report(results, t0)
+
+
+def http_keepalive(a):
+    """http.client: every file twice on ONE persistent HTTP/1.1 connection, which then stays
+    open (idle) for --hold seconds, as a browser or a connection pool keeps it."""
+    import http.client
+    import urllib.parse
+
+    u = urllib.parse.urlsplit(a.base)
+    t0 = time.monotonic()
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    conn.connect()
+    sock = conn.sock
+    results = {}
+    for rnd in range(2):
+        for item in a.files:
+            name, want = item.split("=", 1)
+            conn.request("GET", f"/{name}")
+            r = conn.getresponse()
+            body = r.read()
+            ok = (r.status == 200 and hashlib.sha256(body).hexdigest() == want
+                  and conn.sock is sock and not r.will_close)
+            results[f"{name}#{rnd}"] = {"bytes": len(body), "ok": ok, "status": r.status}
+    time.sleep(a.hold)
+    conn.close()
+    http_report(results, t0)
+
+
+def http_report(results, t0):
     ok = all(r["ok"] for r in results.values())
     print(json.dumps({"ok": ok, "files": results, "seconds": round(time.monotonic() - t0, 3)}),
           flush=True)
     if not ok:
-        fail(f"http-get: {results}")
+        fail(f"http: {results}")
 
 
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("blocking-server", "selectors-server", "asyncio-server", "sockopts-server"):
+    for name in ("blocking-server", "selectors-server", "asyncio-server", "forking-server",
+                 "prefork-server", "sockopts-server"):
         sp = sub.add_parser(name)
         sp.add_argument("--host", required=True)
         sp.add_argument("--port", type=int, required=True)
@@ -430,19 +535,24 @@ def main():
         sp.add_argument("--conns", type=int, default=1)
         sp.add_argument("--seed", type=int, default=1)
         sp.add_argument("--file")
-    sp = sub.add_parser("http-get")
-    sp.add_argument("--base", required=True)
-    sp.add_argument("files", nargs="+", metavar="NAME=SHA256")
+    for name in ("http-get", "http-keepalive"):
+        sp = sub.add_parser(name)
+        sp.add_argument("--base", required=True)
+        sp.add_argument("--hold", type=float, default=0.0)
+        sp.add_argument("files", nargs="+", metavar="NAME=SHA256")
     a = p.parse_args()
     {
         "blocking-server": blocking_server,
         "selectors-server": selectors_server,
         "asyncio-server": asyncio_server,
+        "forking-server": forking_server,
+        "prefork-server": prefork_server,
         "echo-client": echo_client,
         "asyncio-client": asyncio_client,
         "sockopts-server": sockopts_server,
         "sockopts-client": sockopts_client,
         "http-get": http_get,
+        "http-keepalive": http_keepalive,
     }[a.cmd](a)
 
 

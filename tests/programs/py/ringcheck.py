@@ -37,6 +37,8 @@ def channel_bytes(st):
     """{(idx, gen): bytes both ways} for the channels in one status."""
     seen = {}
     for c in st.get("channels") or []:
+        if c.get("marker"):  # a decline marker, not a connection
+            continue
         b = (c.get("bytes_c2s") or 0) + (c.get("bytes_s2c") or 0)
         seen[f"{c.get('idx')}.{c.get('gen')}"] = b
     return seen
