@@ -175,7 +175,15 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
-trap 'log "interrupted"; exit 130' INT TERM HUP
+case_pid=""
+on_signal() {
+  log "interrupted"
+  failed=$((${failed:-0} + 1)) # keeps the logs
+  # timeout(1) passes the signal on to the case's process group.
+  [ -n "$case_pid" ] && kill -TERM "$case_pid" 2>/dev/null && wait "$case_pid" 2>/dev/null
+  exit 130
+}
+trap on_signal INT TERM HUP
 
 if ! "$ML" domains up 2 --prefix "$PREFIX" --subnet "$SUBNET" >"$RUN_DIR/domains.log" 2>&1; then
   cat "$RUN_DIR/domains.log" >&2
@@ -236,7 +244,12 @@ for c in "${cases[@]}"; do
     log "---- $c ($v)"
     t0=$EPOCHREALTIME
     rc=0
-    timeout -k 10 "$CASE_TIMEOUT" "$HERE/case.sh" "$c" >"$CASE_DIR/case.log" 2>&1 || rc=$?
+    # In the background so that a signal to run.sh is handled at once (bash runs traps only
+    # between foreground commands; `wait` is interruptible).
+    timeout -k 10 "$CASE_TIMEOUT" "$HERE/case.sh" "$c" >"$CASE_DIR/case.log" 2>&1 &
+    case_pid=$!
+    wait "$case_pid" || rc=$?
+    case_pid=""
     kill_domain_procs
     for r in "${mine[@]}"; do ring_watch_stop "$r"; done
     took=$(secs_since "$t0")

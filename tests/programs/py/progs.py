@@ -39,9 +39,14 @@ def fail(msg):
     sys.exit(1)
 
 
+def say(line):
+    """One line to stdout in ONE write: forked servers share the file and must not interleave."""
+    os.write(1, (line + "\n").encode())
+
+
 def listening(sock):
     host, port = sock.getsockname()[:2]
-    print(f"listening {host} {port}", flush=True)
+    say(f"listening {host} {port}")
 
 
 def bind(host, port, backlog=64):
@@ -62,7 +67,7 @@ def blocking_server(a):
     listening(srv)
     for _ in range(a.conns):
         conn, peer = srv.accept()
-        print(f"accepted {peer[0]} {peer[1]}", flush=True)
+        say(f"accepted {peer[0]} {peer[1]}")
         buf = bytearray(CHUNK)
         total = 0
         with conn:
@@ -72,7 +77,7 @@ def blocking_server(a):
                     break
                 conn.sendall(memoryview(buf)[:n])
                 total += n
-        print(f"echoed {total}", flush=True)
+        say(f"echoed {total}")
     srv.close()
 
 
@@ -90,7 +95,7 @@ def selectors_server(a):
         for key, events in sel.select(timeout=30):
             if key.data is None:
                 conn, peer = srv.accept()
-                print(f"accepted {peer[0]} {peer[1]}", flush=True)
+                say(f"accepted {peer[0]} {peer[1]}")
                 conn.setblocking(False)
                 pending[conn] = bytearray()
                 sel.register(conn, selectors.EVENT_READ, "conn")
@@ -126,7 +131,7 @@ def selectors_server(a):
                 done += 1
             else:
                 sel.modify(conn, want, "conn")
-    print(f"served {done}", flush=True)
+    say(f"served {done}")
 
 
 def asyncio_server(a):
@@ -137,7 +142,7 @@ def asyncio_server(a):
         async def handle(reader, writer):
             nonlocal served
             peer = writer.get_extra_info("peername")
-            print(f"accepted {peer[0]} {peer[1]}", flush=True)
+            say(f"accepted {peer[0]} {peer[1]}")
             while True:
                 data = await reader.read(CHUNK)
                 if not data:
@@ -154,7 +159,7 @@ def asyncio_server(a):
         listening(server.sockets[0])
         async with server:
             await done.wait()
-        print(f"served {served}", flush=True)
+        say(f"served {served}")
 
     asyncio.run(main())
 
@@ -166,7 +171,7 @@ def forking_server(a):
 
     class Echo(socketserver.BaseRequestHandler):
         def handle(self):
-            print(f"accepted {self.client_address[0]} {self.client_address[1]}", flush=True)
+            say(f"accepted {self.client_address[0]} {self.client_address[1]}")
             buf = bytearray(CHUNK)
             while True:
                 n = self.request.recv_into(buf)
@@ -184,7 +189,7 @@ def forking_server(a):
         # Reap the children: each served one connection.
         while srv.active_children:
             srv.collect_children(blocking=True)
-    print(f"served {a.conns}", flush=True)
+    say(f"served {a.conns}")
 
 
 def prefork_server(a):
@@ -203,7 +208,7 @@ def prefork_server(a):
             try:
                 while True:
                     conn, peer = srv.accept()
-                    print(f"accepted {peer[0]} {peer[1]} by {os.getpid()}", flush=True)
+                    say(f"accepted {peer[0]} {peer[1]} by {os.getpid()}")
                     buf = bytearray(CHUNK)
                     with conn:
                         while True:
@@ -213,7 +218,7 @@ def prefork_server(a):
                             conn.sendall(memoryview(buf)[:n])
                     os.write(w, b"x")
             except BaseException as e:  # noqa: BLE001 - report anything, then leave
-                print(f"worker {os.getpid()}: {e!r}", flush=True)
+                say(f"worker {os.getpid()}: {e!r}")
                 os._exit(1)
         pids.append(pid)
     os.close(w)
@@ -226,7 +231,7 @@ def prefork_server(a):
     for pid in pids:
         os.kill(pid, signal.SIGTERM)
         os.waitpid(pid, 0)
-    print(f"served {served}", flush=True)
+    say(f"served {served}")
 
 
 # ------------------------------------------------------------------------------------------
@@ -361,7 +366,7 @@ def sockopts_server(a):
     srv = bind(a.host, a.port)
     listening(srv)
     conn, peer = srv.accept()
-    print(f"accepted {peer[0]} {peer[1]}", flush=True)
+    say(f"accepted {peer[0]} {peer[1]}")
     # 1. Tell the client what we see: our address and theirs.
     info = json.dumps({"sockname": list(conn.getsockname()), "peername": list(peer)}).encode()
     conn.sendall(len(info).to_bytes(4, "big") + info)
@@ -398,7 +403,7 @@ def sockopts_server(a):
     conn.sendall(b"goodbye")
     conn.close()
     srv.close()
-    print("sockopts-server ok", flush=True)
+    say("sockopts-server ok")
 
 
 def sockopts_client(a):
