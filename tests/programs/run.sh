@@ -265,7 +265,12 @@ for c in "${cases[@]}"; do
     for r in "${mine[@]}"; do
       if [ "$v" = ring ]; then
         if ! assert_ring_used "$r" >>"$CASE_DIR/case.log" 2>&1; then
-          [ $verdict = PASS ] && note="results right but NO ring traffic in $r"
+          if [ $verdict = PASS ]; then
+            note="results right but NO ring traffic in $r"
+            if jq -e .ring_used "$CASE_DIR/ring-$r.json" >/dev/null 2>&1; then
+              note="results right, ring used, but fallbacks recorded in $r (ML_STRICT_RING)"
+            fi
+          fi
           verdict=FAIL
         fi
       elif ! assert_tcp_fallback "$r" >>"$CASE_DIR/case.log" 2>&1; then
