@@ -160,19 +160,13 @@ impl Path {
 struct Case {
     test: Test,
     size: usize,
-    /// Measured on the five main paths.
-    main: bool,
-    /// Part of the remote-cost comparison (veth+bridge vs veth+preload).
-    remote: bool,
 }
 
 impl Case {
+    /// The side-by-side cases run on every path but veth+preload, which only takes part in the
+    /// paired remote-cost runs.
     fn applies(&self, p: &PathDef) -> bool {
-        match p.name {
-            REMOTE => self.remote,
-            VETH => self.main || self.remote,
-            _ => self.main,
-        }
+        p.preload != Preload::Remote
     }
 
     fn label(&self) -> String {
@@ -194,6 +188,9 @@ struct Config {
     repeat: usize,
     /// (client, server) CPUs.
     cpus: Option<(usize, usize)>,
+    /// Remote cost: veth, veth+preload, veth runs per test and round, and their length.
+    aba: usize,
+    aba_dur: Duration,
 }
 
 impl Config {
@@ -235,40 +232,26 @@ impl Config {
             warmup: dur / 5,
             repeat: a.repeat.unwrap_or(if a.quick { 1 } else { 3 }).max(1),
             cpus: if a.no_pin { None } else { sys::two_cpus() },
+            aba: if a.quick { 2 } else { 4 },
+            aba_dur: (dur * 2 / 5).max(Duration::from_millis(50)),
         })
     }
 
     fn cases(&self) -> Vec<Case> {
-        let case = |test, size| Case {
-            test,
-            size,
-            main: true,
-            remote: false,
-        };
+        let case = |test, size| Case { test, size };
         let mut v: Vec<Case> = self.rr_sizes.iter().map(|&s| case(Test::Rr, s)).collect();
         v.extend(self.stream_sizes.iter().map(|&s| case(Test::Stream, s)));
         v.push(case(Test::Crr, 1));
         v.push(case(Test::SleepRr, SMALL));
-        for test in [Test::Rr, Test::Stream] {
-            match v.iter_mut().find(|c| c.test == test && c.size == SMALL) {
-                Some(c) => c.remote = true,
-                None => v.push(Case {
-                    test,
-                    size: SMALL,
-                    main: false,
-                    remote: true,
-                }),
-            }
-        }
         v
     }
 
-    fn request(&self, c: &Case) -> Request {
+    fn request(&self, c: &Case, dur: Duration) -> Request {
         Request {
             test: c.test,
             size: c.size,
-            warmup_s: self.warmup.as_secs_f64(),
-            dur_s: self.dur.as_secs_f64(),
+            warmup_s: self.warmup.min(dur).as_secs_f64(),
+            dur_s: dur.as_secs_f64(),
             sleep_us: SLEEP_US,
         }
     }
@@ -312,7 +295,9 @@ pub fn run(a: &TcpArgs) -> CliResult<()> {
             (Err(why), Preload::Ring | Preload::Remote) => p.unavailable = Some(why.clone()),
             _ => match start(&bed, def, &cfg, server_region, client_region) {
                 Ok(ends) => p.ends = Some(ends),
-                Err(e) if def.preload != Preload::No => p.unavailable = Some(e.to_string()),
+                Err(e) if def.preload != Preload::No => {
+                    p.unavailable = Some(format!("failed to start: {e}"))
+                }
                 Err(e) => return Err(e),
             },
         }
@@ -323,31 +308,26 @@ pub fn run(a: &TcpArgs) -> CliResult<()> {
     }
 
     let cases = cfg.cases();
-    let per_round: usize = cases
-        .iter()
-        .map(|c| {
-            paths
-                .iter()
-                .filter(|p| p.live() && c.applies(p.def))
-                .count()
-        })
-        .sum();
+    let live = |c: &Case| {
+        paths
+            .iter()
+            .filter(|p| p.live() && c.applies(p.def))
+            .count()
+    };
+    let per_round: usize = cases.iter().map(live).sum::<usize>() + REMOTE_CASES.len() * cfg.aba * 3;
     let bar = super::progress((per_round * cfg.repeat) as u64);
-    let mut raw = Vec::new();
+    let (mut raw, mut triples) = (Vec::new(), Vec::new());
     for _ in 0..cfg.repeat {
         for case in &cases {
             for p in paths.iter_mut().filter(|p| p.live() && case.applies(p.def)) {
                 bar.set_message(format!("{} over {}", case.label(), p.def.name));
-                match measure(p, case, &cfg) {
-                    Ok(r) => raw.extend(r),
-                    Err(e) if p.def.preload != Preload::No => {
-                        p.disable(format!("failed in {}: {e}", case.label()))
-                    }
-                    Err(e) => return Err(e),
+                if let Some(r) = measure_or_disable(p, case, &cfg, cfg.dur)? {
+                    raw.extend(r);
                 }
                 bar.inc(1);
             }
         }
+        remote_round(&mut paths, &cfg, &bar, &mut raw, &mut triples)?;
     }
     bar.finish_and_clear();
     // Stop the processes before reporting (the testbed goes when this function returns).
@@ -360,9 +340,76 @@ pub fn run(a: &TcpArgs) -> CliResult<()> {
         .map(|p| p.def.name)
         .collect();
     raw.retain(|r| !dead.contains(&r.path));
-    let spreads = table::spreads(&raw);
     let records = median_of_rounds(raw);
-    report(&records, &spreads, &paths, &cfg, &bed, a)
+    let remote = table::remote_rows(&triples);
+    report(&records, &remote, &paths, &cfg, &bed, a)
+}
+
+/// The remote-cost cases: 64 B request/response and stream.
+const REMOTE_CASES: [Case; 2] = [
+    Case {
+        test: Test::Rr,
+        size: SMALL,
+    },
+    Case {
+        test: Test::Stream,
+        size: SMALL,
+    },
+];
+
+/// The cost of the preload on traffic that cannot use a ring is small, so it is measured in
+/// tight triples — veth+bridge, veth+preload, veth+bridge again — each compared with the mean of
+/// its neighbours: drifts in the machine's load cancel, and the two plain runs of a triple
+/// compared with each other give the noise floor.
+fn remote_round(
+    paths: &mut [Path],
+    cfg: &Config,
+    bar: &indicatif::ProgressBar,
+    raw: &mut Vec<Record>,
+    triples: &mut Vec<table::Triple>,
+) -> CliResult<()> {
+    let at = |name| paths.iter().position(|p| p.def.name == name);
+    let (Some(v), Some(r)) = (at(VETH), at(REMOTE)) else {
+        return Ok(());
+    };
+    for case in &REMOTE_CASES {
+        for _ in 0..cfg.aba {
+            if !paths[v].live() || !paths[r].live() {
+                bar.inc(3);
+                continue;
+            }
+            bar.set_message(format!("{} over {VETH} / {REMOTE}", case.label()));
+            let a1 = measure_or_disable(&mut paths[v], case, cfg, cfg.aba_dur)?;
+            bar.inc(1);
+            let b = measure_or_disable(&mut paths[r], case, cfg, cfg.aba_dur)?;
+            bar.inc(1);
+            let a2 = measure_or_disable(&mut paths[v], case, cfg, cfg.aba_dur)?;
+            bar.inc(1);
+            if let (Some(a1), Some(b), Some(a2)) = (a1, b, a2) {
+                raw.extend(b.iter().cloned());
+                triples.push(table::Triple { a1, b, a2 });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Measures; a failure disables a preloaded path (its reason is reported) and is an error for
+/// a kernel path.
+fn measure_or_disable(
+    p: &mut Path,
+    case: &Case,
+    cfg: &Config,
+    dur: Duration,
+) -> CliResult<Option<Vec<Record>>> {
+    match measure(p, case, cfg, dur) {
+        Ok(r) => Ok(Some(r)),
+        Err(e) if p.def.preload != Preload::No => {
+            p.disable(format!("failed in {}: {e}", case.label()));
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Whether the memloop paths can run: the preload library and `memloop run` must exist.
@@ -514,9 +561,9 @@ fn timeout(cfg: &Config) -> Duration {
 }
 
 /// One measurement on one path, as records.
-fn measure(p: &mut Path, case: &Case, cfg: &Config) -> CliResult<Vec<Record>> {
+fn measure(p: &mut Path, case: &Case, cfg: &Config, dur: Duration) -> CliResult<Vec<Record>> {
     let (_, client) = p.ends.as_mut().expect("measured paths are live");
-    let r = client.ask(&cfg.request(case), timeout(cfg))?;
+    let r = client.ask(&cfg.request(case, dur), timeout(cfg))?;
     if r.count == 0 || r.elapsed_s <= 0.0 {
         return Err(fail(format!("{}: empty measurement {r:?}", p.def.name)));
     }
@@ -560,7 +607,7 @@ fn measure(p: &mut Path, case: &Case, cfg: &Config) -> CliResult<Vec<Record>> {
 
 fn report(
     records: &[Record],
-    spreads: &[table::Spread],
+    remote: &[table::RemoteRow],
     paths: &[Path],
     cfg: &Config,
     bed: &Testbed,
@@ -597,16 +644,19 @@ fn report(
         }
         println!();
     }
-    let remote = table::remote_rows(records, spreads);
     if !remote.is_empty() {
         println!(
-            "Cost of the preload on traffic that cannot use a ring ({VETH} vs {REMOTE}, {}):",
-            fmt_size(SMALL as u64)
+            "Cost of the preload on traffic that cannot use a ring ({VETH} vs {REMOTE}, {}; \
+             medians over {} {VETH} / {REMOTE} / {VETH} triples of {:.2} s runs; noise: the two \
+             {VETH} runs of a triple against each other):",
+            fmt_size(SMALL as u64),
+            cfg.aba * cfg.repeat,
+            cfg.aba_dur.as_secs_f64()
         );
-        print!("{}", table::remote_table(&remote));
+        print!("{}", table::remote_table(remote));
         println!();
     }
-    for line in table::targets(records, &remote) {
+    for line in table::targets(records, remote) {
         println!("{line}");
     }
     if let Some(file) = &a.json {
@@ -631,6 +681,8 @@ fn report(
                 "rr_sizes": cfg.rr_sizes,
                 "stream_sizes": cfg.stream_sizes,
                 "sleep_rr": { "size": SMALL, "pause_us": SLEEP_US },
+                "remote_cost": { "size": SMALL, "triples_per_round": cfg.aba,
+                                 "run_s": cfg.aba_dur.as_secs_f64() },
                 "pinning": pinning,
             },
             "paths": paths_json,

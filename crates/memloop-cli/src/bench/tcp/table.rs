@@ -148,41 +148,11 @@ fn align(lines: &[Vec<String>], left: usize) -> String {
 // ---------------------------------------------------------------------------------------------
 // The preload's cost on traffic that cannot use a ring.
 
-/// Round-to-round spread of one figure, before taking the median.
-pub struct Spread {
-    test: &'static str,
-    path: &'static str,
-    size: u64,
-    unit: &'static str,
-    /// (max - min) / median, %; `None` with a single round.
-    pct: Option<f64>,
-}
-
-/// Spreads of the figures the remote-cost comparison uses.
-pub fn spreads(raw: &[Record]) -> Vec<Spread> {
-    let mut out: Vec<Spread> = Vec::new();
-    for r in raw.iter().filter(|r| r.path == VETH || r.path == REMOTE) {
-        let same =
-            |x: &&Record| (x.test, x.path, x.size, x.unit) == (r.test, r.path, r.size, r.unit);
-        if out
-            .iter()
-            .any(|s| (s.test, s.path, s.size, s.unit) == (r.test, r.path, r.size, r.unit))
-        {
-            continue;
-        }
-        let mut v: Vec<f64> = raw.iter().filter(same).map(|x| x.value).collect();
-        v.sort_by(f64::total_cmp);
-        let med = v[v.len() / 2];
-        let pct = (v.len() > 1 && med > 0.0).then(|| (v[v.len() - 1] - v[0]) / med * 100.0);
-        out.push(Spread {
-            test: r.test,
-            path: r.path,
-            size: r.size,
-            unit: r.unit,
-            pct,
-        });
-    }
-    out
+/// One veth+bridge, veth+preload, veth+bridge triple of runs (the records of each).
+pub struct Triple {
+    pub a1: Vec<Record>,
+    pub b: Vec<Record>,
+    pub a2: Vec<Record>,
 }
 
 #[derive(Serialize, Clone, Debug)]
@@ -190,35 +160,44 @@ pub struct RemoteRow {
     pub test: &'static str,
     pub size: u64,
     pub metric: String,
-    /// veth+bridge without the preload.
+    /// veth+bridge without the preload (median over the triples' plain runs).
     pub plain: f64,
-    /// veth+bridge with the preload on both ends, no ring.
+    /// veth+bridge with the preload on both ends, no ring (median).
     pub preload: f64,
-    /// How much worse the preload makes it, % (negative: better).
+    /// How much worse the preload makes it, % (negative: better): the median over the triples
+    /// of the preloaded run against the mean of its two plain neighbours.
     pub cost_pct: f64,
-    /// Round-to-round spread of `plain` alone, % (the noise floor; null with one round).
-    pub plain_spread_pct: Option<f64>,
+    /// The noise floor, %: the median difference between the two plain runs of a triple.
+    pub noise_pct: f64,
+    /// Number of triples.
+    pub triples: usize,
     /// The brief's limit on `cost_pct`.
     pub target_pct: f64,
 }
 
-pub fn remote_rows(records: &[Record], spreads: &[Spread]) -> Vec<RemoteRow> {
-    let find = |path: &str, test: &str, unit: &str| {
-        records
-            .iter()
-            .find(|r| r.path == path && r.test == test && r.unit == unit && r.size == 64)
-    };
-    let spread = |test: &str, unit: &str| {
-        spreads
-            .iter()
-            .find(|s| s.path == VETH && s.test == test && s.unit == unit && s.size == 64)
-            .and_then(|s| s.pct)
-    };
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub fn remote_rows(triples: &[Triple]) -> Vec<RemoteRow> {
+    let metrics = [
+        ("rr", RTT, false, 2.0),
+        ("rr", RTT, true, 2.0),
+        ("rr", TPS, false, 2.0),
+        ("stream", GBIT, false, 1.0),
+    ];
     let mut out = Vec::new();
-    for (test, unit, target) in [("rr", RTT, 2.0), ("rr", TPS, 2.0), ("stream", GBIT, 1.0)] {
-        let (Some(plain), Some(pre)) = (find(VETH, test, unit), find(REMOTE, test, unit)) else {
-            continue;
+    for (test, unit, p99, target) in metrics {
+        let pick = |recs: &[Record]| {
+            let r = recs.iter().find(|r| r.test == test && r.unit == unit)?;
+            if p99 {
+                r.p99
+            } else {
+                Some(r.value)
+            }
         };
+        // Relative cost of `b` against `a`, %.
         let cost = |a: f64, b: f64| {
             if lower_is_better(unit) {
                 (b - a) / a * 100.0
@@ -226,43 +205,41 @@ pub fn remote_rows(records: &[Record], spreads: &[Spread]) -> Vec<RemoteRow> {
                 (a - b) / a * 100.0
             }
         };
-        let spread = spread(test, unit);
+        let (mut plain, mut pre, mut costs, mut noise) = (vec![], vec![], vec![], vec![]);
+        for t in triples {
+            let (Some(a1), Some(b), Some(a2)) = (pick(&t.a1), pick(&t.b), pick(&t.a2)) else {
+                continue;
+            };
+            if a1 <= 0.0 || a2 <= 0.0 {
+                continue;
+            }
+            let a = (a1 + a2) / 2.0;
+            plain.push(a);
+            pre.push(b);
+            costs.push(cost(a, b));
+            noise.push(cost(a1, a2).abs());
+        }
+        if costs.is_empty() {
+            continue;
+        }
         out.push(RemoteRow {
             test,
             size: 64,
-            metric: metric(unit, false),
-            plain: plain.value,
-            preload: pre.value,
-            cost_pct: cost(plain.value, pre.value),
-            plain_spread_pct: spread,
+            metric: metric(unit, p99),
+            triples: costs.len(),
+            plain: median(plain),
+            preload: median(pre),
+            cost_pct: median(costs),
+            noise_pct: median(noise),
             target_pct: target,
         });
-        if let (Some(a), Some(b)) = (plain.p99, pre.p99) {
-            out.push(RemoteRow {
-                test,
-                size: 64,
-                metric: metric(unit, true),
-                plain: a,
-                preload: b,
-                cost_pct: cost(a, b),
-                plain_spread_pct: spread,
-                target_pct: target,
-            });
-        }
     }
     out
 }
 
 pub fn remote_table(rows: &[RemoteRow]) -> String {
     let mut lines: Vec<Vec<String>> = vec![[
-        "test",
-        "size",
-        "metric",
-        VETH,
-        REMOTE,
-        "cost",
-        "target",
-        "veth spread",
+        "test", "size", "metric", VETH, REMOTE, "cost", "target", "noise",
     ]
     .map(String::from)
     .into()];
@@ -275,8 +252,7 @@ pub fn remote_table(rows: &[RemoteRow]) -> String {
             fmt_num(r.preload),
             format!("{:+.1}%", r.cost_pct),
             format!("≤ {:.0}%", r.target_pct),
-            r.plain_spread_pct
-                .map_or("-".into(), |p| format!("{p:.1}%")),
+            format!("±{:.1}%", r.noise_pct),
         ]);
     }
     align(&lines, 3)
@@ -349,15 +325,13 @@ pub fn targets(records: &[Record], remote: &[RemoteRow]) -> Vec<String> {
     }
     for r in remote.iter().filter(|r| !r.metric.contains("p99")) {
         out.push(format!(
-            "preload on remote traffic, {} {} {}: cost {:+.1}% (target ≤ {:.0}%{})",
+            "preload on remote traffic, {} {} {}: cost {:+.1}% (target ≤ {:.0}%; noise ±{:.1}%)",
             r.test,
             fmt_size(r.size),
             r.metric,
             r.cost_pct,
             r.target_pct,
-            r.plain_spread_pct.map_or(String::new(), |p| format!(
-                "; veth round-to-round spread {p:.1}%"
-            ))
+            r.noise_pct
         ));
     }
     out
@@ -401,25 +375,43 @@ mod tests {
 
     #[test]
     fn remote_cost_is_positive_when_the_preload_is_slower() {
-        let records = [
-            rec("rr", VETH, RTT, 50.0),
-            rec("rr", REMOTE, RTT, 51.0),
-            rec("stream", VETH, GBIT, 10.0),
-            rec("stream", REMOTE, GBIT, 9.9),
+        let run =
+            |rtt: f64, gbit: f64| vec![rec("rr", VETH, RTT, rtt), rec("stream", VETH, GBIT, gbit)];
+        // Load drifts up over each triple; the preloaded run sits 2% / 1% above the drift.
+        let triples = [
+            Triple {
+                a1: run(50.0, 10.0),
+                b: run(51.5, 9.8),
+                a2: run(51.0, 9.8),
+            },
+            Triple {
+                a1: run(40.0, 10.0),
+                b: run(40.8, 9.9),
+                a2: run(40.0, 10.0),
+            },
+            Triple {
+                a1: run(60.0, 10.0),
+                b: run(61.2, 9.9),
+                a2: run(60.0, 10.0),
+            },
         ];
-        let rows = remote_rows(&records, &spreads(&records));
-        let cost: Vec<(String, i64)> = rows
+        let rows = remote_rows(&triples);
+        let got: Vec<(String, i64, i64)> = rows
             .iter()
-            .map(|r| (r.metric.clone(), (r.cost_pct * 10.0).round() as i64))
+            .map(|r| {
+                let tenth = |x: f64| (x * 10.0).round() as i64;
+                (r.metric.clone(), tenth(r.cost_pct), tenth(r.noise_pct))
+            })
             .collect();
         assert_eq!(
-            cost,
+            got,
             [
-                ("RTT µs p50".to_string(), 20),
-                ("RTT µs p99".to_string(), 20),
-                ("Gbit/s".to_string(), 10)
+                ("RTT µs p50".to_string(), 20, 0),
+                ("RTT µs p99".to_string(), 20, 0),
+                ("Gbit/s".to_string(), 10, 0)
             ]
         );
-        assert_eq!(targets(&records, &rows).len(), 2);
+        assert!(rows.iter().all(|r| r.triples == 3 && r.plain > 0.0));
+        assert_eq!(targets(&[], &rows).len(), 2);
     }
 }
