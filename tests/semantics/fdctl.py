@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""File-descriptor control: O_NONBLOCK toggling (fcntl and FIONBIO, shared by dups), the dup
+family (F_DUPFD, dup, dup2, dup3; close of the original keeps the connection; dup2 over another
+connection closes that one), SO_RCVTIMEO/SO_SNDTIMEO, and EINTR vs SA_RESTART."""
+
+import ctypes
+import errno
+import fcntl
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+
+from semlib import (LIBC, Fail, check, cmd, command_server, dial, eq, libc_errno, now, pattern,
+                    recv_exact, run, serve_commands_n, serve_one, within)
+
+
+def commands(conn, args):
+    command_server(conn)
+
+
+def expect_eagain(fn, what):
+    t0 = now()
+    try:
+        fn()
+        raise Fail(f"{what}: no EAGAIN")
+    except BlockingIOError:
+        pass
+    within(now() - t0, 0, 0.5, f"{what}: EAGAIN at once")
+
+
+def read_exact_fd(fd, n):
+    out = b""
+    while len(out) < n:
+        b = os.read(fd, n - len(out))
+        check(b, f"EOF after {len(out)} of {n} bytes")
+        out += b
+    return out
+
+
+# ---- nonblock_toggle ---------------------------------------------------------------------------
+
+def nonblock_client(args):
+    s = dial(args)
+    fd = s.fileno()
+    fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+    check(not fl & os.O_NONBLOCK, "a fresh connection is non-blocking")
+    fcntl.fcntl(fd, fcntl.F_SETFL, fl | os.O_NONBLOCK)
+    check(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK, "F_GETFL after setting O_NONBLOCK")
+    expect_eagain(lambda: os.read(fd, 10), "read with O_NONBLOCK")
+    buf = ctypes.create_string_buffer(16)
+    eq((LIBC.recv(fd, buf, 16, 0), libc_errno()), (-1, errno.EAGAIN), "recv with O_NONBLOCK")
+    fcntl.fcntl(fd, fcntl.F_SETFL, fl)
+    t0 = now()
+    cmd(s, "send 5 91 300")
+    eq(read_exact_fd(fd, 5), pattern(5, 91), "blocking read after clearing O_NONBLOCK")
+    within(now() - t0, 0.2, 5, "the read blocked until the data came")
+    # FIONBIO (what Python's setblocking uses).
+    s.setblocking(False)
+    expect_eagain(lambda: s.recv(10), "recv after FIONBIO on")
+    s.setblocking(True)
+    t0 = now()
+    cmd(s, "send 5 92 300")
+    eq(recv_exact(s, 5), pattern(5, 92), "blocking recv after FIONBIO off")
+    within(now() - t0, 0.2, 5, "the recv blocked until the data came")
+    # The flag belongs to the open file: set through a dup, seen through the original.
+    d = os.dup(fd)
+    fcntl.fcntl(d, fcntl.F_SETFL, fcntl.fcntl(d, fcntl.F_GETFL) | os.O_NONBLOCK)
+    check(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK, "O_NONBLOCK set on a dup")
+    expect_eagain(lambda: os.read(fd, 10), "read on the original after O_NONBLOCK on a dup")
+    fcntl.fcntl(fd, fcntl.F_SETFL, fl)
+    t0 = now()
+    cmd(s, "send 5 93 300")
+    eq(read_exact_fd(d, 5), pattern(5, 93), "blocking read on the dup after clearing")
+    within(now() - t0, 0.2, 5, "the dup's read blocked until the data came")
+    os.close(d)
+    cmd(s, "close")
+    eq(s.recv(10), b"", "EOF")
+    s.close()
+
+
+# ---- dup_family ------------------------------------------------------------------------------
+
+def ping(wfd, rfd, what):
+    os.write(wfd, b"ping\n")
+    eq(read_exact_fd(rfd, 5), b"pong\n", what)
+
+
+def dup_client(args):
+    c1 = dial(args)
+    c2 = dial(args)
+    fd = c1.detach()
+    d1 = fcntl.fcntl(fd, fcntl.F_DUPFD, 100)
+    check(d1 >= 100, f"F_DUPFD returned {d1}")
+    d2 = os.dup(fd)  # F_DUPFD_CLOEXEC
+    pr, pw = os.pipe()
+    os.dup2(fd, pr)  # dup2 over an unrelated open fd
+    d4 = os.dup2(fd, 200, inheritable=False)  # dup3(O_CLOEXEC)
+    eq(d4, 200, "dup3 target")
+    os.write(d1, b"send 7 94\n")
+    eq(read_exact_fd(d2, 7), pattern(7, 94), "written via F_DUPFD, read via dup")
+    ping(pr, d4, "written via the dup2 target, read via dup3")
+    os.close(fd)
+    ping(d1, d2, "after closing the original")
+    os.close(d1)
+    os.close(d2)
+    os.close(pr)
+    ping(d4, d4, "through the last dup")
+    # dup2 over the other connection closes it (the server sees EOF there) and aliases c1.
+    c2fd = c2.detach()
+    os.dup2(d4, c2fd)
+    ping(c2fd, d4, "via the fd that was the other connection")
+    os.close(c2fd)
+    os.write(d4, b"close\n")
+    eq(os.read(d4, 10), b"", "EOF")
+    os.close(d4)
+    os.close(pw)
+
+
+# ---- timeouts ----------------------------------------------------------------------------------
+
+def timeval(sec):
+    return struct.pack("ll", int(sec), int((sec % 1) * 1e6))
+
+
+def timeo_client(args):
+    s = dial(args)
+    fd = s.fileno()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval(0.4))
+    for what, fn in [("recv", lambda: s.recv(10)), ("read", lambda: os.read(fd, 10))]:
+        t0 = now()
+        try:
+            fn()
+            raise Fail(f"{what} with SO_RCVTIMEO returned")
+        except BlockingIOError:
+            pass
+        within(now() - t0, 0.3, 1.5, f"{what} gave up after SO_RCVTIMEO")
+    cmd(s, "send 5 95 100")
+    eq(recv_exact(s, 5), pattern(5, 95), "data within SO_RCVTIMEO")
+    # SO_SNDTIMEO: the server sleeps; a big send returns short, the next one EAGAIN.
+    cmd(s, "ping")
+    eq(recv_exact(s, 5), b"pong\n", "pong")
+    cmd(s, "sleep 3000")
+    cmd(s, "sink")
+    time.sleep(0.1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(0.4))
+    big = pattern(16 << 20, 96)
+    n = 0
+    for i in range(10):
+        t0 = now()
+        try:
+            n += s.send(big[n:])
+            check(n < len(big), "16 MB went into a connection whose reader sleeps")
+        except BlockingIOError:
+            within(now() - t0, 0.3, 1.5, "a send on a full connection gave up after SO_SNDTIMEO")
+            break
+        # A send that got some bytes in returns them once SO_SNDTIMEO expires.
+        within(now() - t0, 0.3, 1.5, f"send {i} returned short after SO_SNDTIMEO")
+    else:
+        raise Fail("sends with SO_SNDTIMEO never failed with EAGAIN")
+    check(n > 0, "nothing was sent")
+    s.shutdown(socket.SHUT_WR)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval(10))
+    reply = recv_exact(s, 4).decode() + s.recv(200).decode()
+    eq(reply.split()[:2], ["got", str(n)], "what the server sank")
+    s.close()
+
+
+# ---- eintr ---------------------------------------------------------------------------------------
+
+class Interrupted(Exception):
+    pass
+
+
+def kill_me_later(seconds, sig=signal.SIGUSR1):
+    me = threading.get_ident()
+    t = threading.Timer(seconds, lambda: signal.pthread_kill(me, sig))
+    t.daemon = True
+    t.start()
+
+
+def eintr_client(args):
+    s = dial(args)
+    fd = s.fileno()
+    hits = []
+    signal.signal(signal.SIGUSR1, lambda *_: hits.append(now()))
+    buf = ctypes.create_string_buffer(64)
+
+    # Without SA_RESTART: the blocking recv fails with EINTR.
+    signal.siginterrupt(signal.SIGUSR1, True)
+    t0 = now()
+    kill_me_later(0.3)
+    r = LIBC.recv(fd, buf, 64, 0)
+    e = libc_errno()
+    eq((r, errno.errorcode.get(e, e)), (-1, "EINTR"), "recv interrupted without SA_RESTART")
+    within(now() - t0, 0.2, 1.5, "EINTR came with the signal")
+    time.sleep(0.01)
+    eq(len(hits), 1, "handler calls")
+
+    # The Python view: the handler's exception comes out of the blocked recv.
+    def raiser(*_):
+        raise Interrupted()
+
+    signal.signal(signal.SIGUSR1, raiser)
+    signal.siginterrupt(signal.SIGUSR1, True)
+    t0 = now()
+    kill_me_later(0.3)
+    try:
+        s.recv(64)
+        raise Fail("recv returned although interrupted")
+    except Interrupted:
+        pass
+    within(now() - t0, 0.2, 1.5, "the handler's exception came with the signal")
+
+    # With SA_RESTART: the recv continues and gets the data that comes later.
+    signal.signal(signal.SIGUSR1, lambda *_: hits.append(now()))
+    signal.siginterrupt(signal.SIGUSR1, False)
+    t0 = now()
+    cmd(s, "send 5 97 900")
+    kill_me_later(0.3)
+    r = LIBC.recv(fd, buf, 64, 0)
+    eq(r, 5, f"recv with SA_RESTART (errno {libc_errno()})")
+    eq(buf.raw[:5], pattern(5, 97), "data after the restarted recv")
+    within(now() - t0, 0.7, 3, "the restarted recv waited for the data")
+    time.sleep(0.01)
+    eq(len(hits), 2, "handler calls")
+
+    # With SO_RCVTIMEO the kernel never restarts: EINTR even with SA_RESTART.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval(3))
+    t0 = now()
+    kill_me_later(0.3)
+    r = LIBC.recv(fd, buf, 64, 0)
+    e = libc_errno()
+    eq((r, errno.errorcode.get(e, e)), (-1, "EINTR"), "recv with SO_RCVTIMEO and SA_RESTART")
+    within(now() - t0, 0.2, 1.5, "EINTR came with the signal")
+    cmd(s, "close")
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval(0))
+    eq(s.recv(10), b"", "EOF")
+    s.close()
+
+
+CASES = {
+    "nonblock_toggle": (serve_one(commands), nonblock_client),
+    "dup_family": (serve_commands_n(2), dup_client),
+    "sockopt_timeouts": (serve_one(commands), timeo_client),
+    "eintr": (serve_one(commands), eintr_client),
+}
+
+if __name__ == "__main__":
+    run(CASES)
