@@ -14,6 +14,7 @@ use memloop::registry::{
 };
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -168,12 +169,18 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
         return Accepted::Plain(FallbackReason::NotMember, None);
     }
     let reg = engine.registry();
+    let connecting = reg.endpoint_connecting(ep).ok();
     let start = Instant::now();
     let found = loop {
         if let Some(ch) = reg.find_offer_by_tuple(ep, &tuple) {
             break Some(ch);
         }
-        if start.elapsed() >= engine.cfg.server_wait {
+        let waited = start.elapsed();
+        // Past the short wait, keep waiting only while some client announced a connect that
+        // has not produced its offer yet (it may just be descheduled), up to the long bound.
+        let announced = connecting.as_ref().is_some_and(|w| w.load(SeqCst) > 0);
+        if waited >= engine.cfg.server_wait && (!announced || waited >= engine.cfg.server_wait_max)
+        {
             break None;
         }
         std::thread::yield_now();
@@ -206,6 +213,7 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
     });
     match conn {
         Ok(c) => {
+            reg.bump_counter(memloop::registry::COUNTER_RING_CONNS);
             // The client may be waiting for our decision in poll: wake it.
             real::ring_doorbell(fd);
             Accepted::Ring(c)

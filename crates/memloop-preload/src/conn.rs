@@ -60,6 +60,7 @@ pub struct Conn {
     created: Instant,
     same_kernel: bool,
     waiters: AtomicU32,
+    spinner: Spinner,
     resolving: ForkMutex<()>,
     plain: ForkMutex<Option<Arc<PlainTcp>>>,
     /// Our side is already closed in the registry (last holder closed).
@@ -79,6 +80,7 @@ pub struct ConnParts {
 
 impl Conn {
     pub fn new(p: ConnParts) -> Result<Arc<Conn>, FallbackReason> {
+        let spinner = Spinner::new(p.engine.cfg.spin);
         let reg = p.engine.registry();
         let rings = reg.rings(p.ch).map_err(|_| FallbackReason::Error)?;
         let (tx_view, rx_view) = match p.side {
@@ -111,6 +113,7 @@ impl Conn {
             created: Instant::now(),
             same_kernel: p.same_kernel,
             waiters: AtomicU32::new(0),
+            spinner,
             resolving: ForkMutex::new(()),
             plain: ForkMutex::new(None),
             released: AtomicBool::new(false),
@@ -210,8 +213,9 @@ impl Conn {
         self.shared.store(true, Release);
     }
 
-    /// In a fork child: one more process holds this end.
-    pub fn on_fork_child(&self) {
+    /// About to fork: the child will hold this end too (if the fork fails the count stays one
+    /// too high and the end is released by the peer's close or the reclaim of our member).
+    pub fn prepare_fork(&self) {
         self.mark_shared();
         if let Some(w) = &self.side_words {
             w.holders.fetch_add(1, AcqRel);
@@ -472,10 +476,15 @@ impl Conn {
         }
     }
 
+    /// Spins with this connection's adaptive window (poll over several fds borrows it).
+    pub fn spin(&self, ready: impl FnMut() -> bool) -> bool {
+        self.spinner.spin(self.engine.cfg.spin, ready)
+    }
+
     /// Blocks until `dir` is ready, the deadline passes (`EAGAIN`) or a signal arrives
     /// (`EINTR`, unless `SA_RESTART` made the kernel restart our sleep).
     fn wait(&self, dir: Dir, deadline: Option<Instant>) -> Result<(), c_int> {
-        if spin_until(self.engine.cfg.spin, || self.ready(dir)) {
+        if self.spinner.spin(self.engine.cfg.spin, || self.ready(dir)) {
             return Ok(());
         }
         loop {
@@ -574,14 +583,21 @@ impl Conn {
             return;
         }
         if let Some(w) = &self.side_words {
-            if self.shared.load(Acquire) && w.holders.fetch_sub(1, AcqRel) > 1 {
-                return;
+            if self.shared.load(Acquire) {
+                let before = w.holders.fetch_sub(1, AcqRel);
+                tracing::debug!(ch = ?self.ch, holders = before - 1, "shared end closed here");
+                if before > 1 {
+                    return;
+                }
             }
         }
         let _ = self.with_prod(|p| p.shutdown());
+        // The ring's tail counts every byte ever published, whichever process wrote it.
+        let sent = memloop_ring::header::totals(&self.tx_view).map(|(tail, _)| tail);
         let _ = self.with_cons(|c| c.close());
         real::ring_doorbell(self.kfd());
         let reg = self.engine.registry();
+        reg.add_counter(memloop::registry::COUNTER_RING_BYTES, sent.unwrap_or(0));
         if let Err(e) = reg.close(self.ch, self.side) {
             tracing::debug!(ch = ?self.ch, "close: {e}");
         }
@@ -647,7 +663,12 @@ fn process_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Spins (yielding now and then: on two cores the peer may need our CPU) until `ready`.
+/// Pure spinning (no yield) for up to this long: a peer on the other core usually answers
+/// well within it, and yielding early hands the CPU to unrelated work for a whole time slice.
+const PURE_SPIN: Duration = Duration::from_micros(10);
+
+/// Spins until `ready` or `window` passes; after the first [`PURE_SPIN`] it yields now and
+/// then, since on two cores the peer may need our CPU.
 pub fn spin_until(window: Duration, mut ready: impl FnMut() -> bool) -> bool {
     for _ in 0..16 {
         if ready() {
@@ -655,21 +676,52 @@ pub fn spin_until(window: Duration, mut ready: impl FnMut() -> bool) -> bool {
         }
         std::hint::spin_loop();
     }
+    if window.is_zero() {
+        return false;
+    }
     let start = Instant::now();
     let mut i = 0u32;
+    let mut yielding = false;
     loop {
         if ready() {
             return true;
         }
         i = i.wrapping_add(1);
-        if i % 8 == 0 && start.elapsed() >= window {
-            return false;
+        if i % 8 == 0 {
+            let t = start.elapsed();
+            if t >= window {
+                return false;
+            }
+            yielding = t >= PURE_SPIN;
         }
-        if i % 64 == 0 {
+        if yielding && i % 32 == 0 {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
         }
+    }
+}
+
+/// An adaptive spin window (per connection or wait set): halves when spinning fails (the peer
+/// is slow or shares our core, so sleeping is cheaper), doubles back when it succeeds.
+pub struct Spinner {
+    ns: AtomicU64,
+}
+
+impl Spinner {
+    pub fn new(max: Duration) -> Self {
+        Spinner {
+            ns: AtomicU64::new(max.as_nanos() as u64),
+        }
+    }
+
+    pub fn spin(&self, max: Duration, ready: impl FnMut() -> bool) -> bool {
+        let max_ns = max.as_nanos() as u64;
+        let cur = self.ns.load(Relaxed).min(max_ns);
+        let hit = spin_until(Duration::from_nanos(cur), ready);
+        let next = if hit { (cur * 2).max(1_000) } else { cur / 2 };
+        self.ns.store(next.clamp(max_ns / 8, max_ns), Relaxed);
+        hit
     }
 }
 

@@ -9,8 +9,9 @@ use crate::listen::Listener;
 use crate::plain::PlainTcp;
 use crate::table::{self, Entry, Fresh};
 use libc::c_int;
-use memloop::registry::FallbackReason;
+use memloop::registry::{EndpointInfo, FallbackReason};
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
 
 /// Where a data call on an fd goes.
@@ -55,22 +56,43 @@ pub fn is_candidate(fd: c_int) -> bool {
     }
 }
 
+/// A connect to a co-resident listener in progress: announced on the endpoint from before the
+/// real `connect` until the offer is published, so the server knows an offer is coming.
+pub struct Connecting {
+    engine: Arc<engine::Engine>,
+    ep: EndpointInfo,
+    dst: SocketAddr,
+    announced: Option<memloop::registry::ShmU32>,
+}
+
+impl Drop for Connecting {
+    fn drop(&mut self) {
+        if let Some(w) = &self.announced {
+            let _ = w.fetch_update(SeqCst, Relaxed, |v| Some(v.saturating_sub(1)));
+        }
+    }
+}
+
 /// Before the real connect: the co-resident listener, if any.
-pub fn before_connect(
-    fd: c_int,
-    dst: Option<SocketAddr>,
-) -> Option<(
-    Arc<engine::Engine>,
-    memloop::registry::EndpointInfo,
-    SocketAddr,
-)> {
+pub fn before_connect(fd: c_int, dst: Option<SocketAddr>) -> Option<Connecting> {
     if !is_candidate(fd) {
         return None;
     }
     let dst = dst?;
     let engine = engine::get()?;
     match agree::find_listener(&engine, dst) {
-        Ok(ep) => Some((engine, ep, dst)),
+        Ok(ep) => {
+            let announced = engine.registry().endpoint_connecting(ep.id).ok();
+            if let Some(w) = &announced {
+                w.fetch_add(1, SeqCst);
+            }
+            Some(Connecting {
+                engine,
+                ep,
+                dst,
+                announced,
+            })
+        }
         Err(reason) => {
             tracing::debug!(fd, %dst, %reason, "connect stays on TCP");
             engine.registry().count_fallback(reason);
@@ -80,14 +102,10 @@ pub fn before_connect(
 }
 
 /// After a real connect that succeeded or is in progress: offer the channel.
-pub fn after_connect(
-    fd: c_int,
-    engine: Arc<engine::Engine>,
-    ep: memloop::registry::EndpointInfo,
-    dst: SocketAddr,
-) {
+pub fn after_connect(fd: c_int, c: Connecting) {
     let fresh = fresh_epolls(fd);
-    match agree::client_offer(&engine, &ep, fd, dst) {
+    let (engine, dst) = (c.engine.clone(), c.dst);
+    match agree::client_offer(&engine, &c.ep, fd, dst) {
         Ok(conn) => {
             tracing::debug!(fd, %dst, "offered a ring");
             table::insert(fd, Entry::Conn(conn.clone()));
@@ -257,36 +275,20 @@ pub fn set_nonblock(fd: c_int, on: bool) {
 
 // ---- fork ---------------------------------------------------------------------------------
 
+/// Before fork: every ring connection gets one more holder (the child) *now*, so a parent
+/// that closes its copy right after fork cannot shut the rings under the child.
 pub fn fork_prepare() {
     engine::lock_for_fork();
-    table::lock_for_fork();
+    table::lock_for_fork(|c| c.prepare_fork());
 }
 
 pub fn fork_parent() {
     table::release_after_fork();
     engine::release_after_fork();
-    for c in unique_conns() {
-        c.mark_shared();
-    }
 }
 
 pub fn fork_child() {
     table::release_after_fork();
     engine::release_after_fork();
     engine::reset_in_child();
-    for c in unique_conns() {
-        c.on_fork_child();
-    }
-}
-
-fn unique_conns() -> Vec<Arc<Conn>> {
-    let mut out: Vec<Arc<Conn>> = Vec::new();
-    for (_, e) in table::all() {
-        if let Entry::Conn(c) = e {
-            if !out.iter().any(|o| Arc::ptr_eq(o, &c)) {
-                out.push(c);
-            }
-        }
-    }
-    out
 }

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 pub struct Config {
     /// How long a server waits at accept for the client's offer to appear.
     pub server_wait: Duration,
+    /// Longer bound while a client has announced a connect whose offer is still coming.
+    pub server_wait_max: Duration,
     /// How long a client waits for the server's decision before cancelling its offer.
     pub decide_wait: Duration,
     /// Spin window before a waiter arms its doorbell and sleeps.
@@ -34,6 +36,7 @@ impl Config {
             .unwrap_or(memloop::DEFAULT_RING_CAPACITY);
         Config {
             server_wait: env_us("MEMLOOP_SERVER_WAIT_US", 50),
+            server_wait_max: env_us("MEMLOOP_SERVER_WAIT_MAX_US", 2_000),
             decide_wait: env_us("MEMLOOP_DECIDE_WAIT_US", 20_000),
             spin: env_us("MEMLOOP_SPIN_US", 50),
             ring_capacity: ring,
@@ -67,8 +70,31 @@ enum Slot {
 const RETRY: Duration = Duration::from_secs(1);
 static ENGINE: ForkMutex<Slot> = ForkMutex::new(Slot::Unknown);
 
+/// The environment as it was when the library was loaded: some servers (nginx) give their
+/// workers a scrubbed environment, but the workers still run our code.
+struct Settings {
+    disabled: bool,
+    region: RegionSpec,
+    cfg: Config,
+}
+
+static SETTINGS: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();
+
+fn settings() -> &'static Settings {
+    SETTINGS.get_or_init(|| Settings {
+        disabled: std::env::var_os("MEMLOOP_DISABLE").is_some_and(|v| v != "0" && !v.is_empty()),
+        region: RegionSpec::from_env(),
+        cfg: Config::from_env(),
+    })
+}
+
+/// Reads the settings now (called from the library's constructor).
+pub fn capture_settings() {
+    settings();
+}
+
 pub fn disabled() -> bool {
-    std::env::var_os("MEMLOOP_DISABLE").is_some_and(|v| v != "0" && !v.is_empty())
+    settings().disabled
 }
 
 /// The engine, joining the region on first use; `None` while dormant.
@@ -95,8 +121,7 @@ fn start() -> Option<Arc<Engine>> {
     if disabled() {
         return None;
     }
-    let spec = RegionSpec::from_env();
-    let region = match Region::open(&spec) {
+    let region = match Region::open(&settings().region) {
         Ok(r) => r,
         Err(e) => {
             tracing::debug!("memloop dormant: {e}");
@@ -115,12 +140,12 @@ fn start() -> Option<Arc<Engine>> {
     Some(Arc::new(Engine {
         node,
         netns,
-        cfg: Config::from_env(),
+        cfg: settings().cfg.clone(),
     }))
 }
 
 pub fn lock_for_fork() {
-    ENGINE.acquire_for_fork();
+    ENGINE.acquire_for_fork(|_| {});
 }
 
 pub fn release_after_fork() {

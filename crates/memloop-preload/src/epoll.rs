@@ -4,7 +4,7 @@
 //! its doorbell byte (or FIN) wakes the set; the program's own interest (events, data, `ET`,
 //! `ONESHOT`) is kept here and answered from the rings' state. Kernel fds are untouched.
 
-use crate::conn::{spin_until, Conn, Dir, PENDING, RING, TCP};
+use crate::conn::{Conn, Dir, Spinner, PENDING, RING, TCP};
 use crate::forklock::ForkMutex;
 use crate::real;
 use libc::{c_int, epoll_event};
@@ -31,6 +31,7 @@ struct Interest {
 
 pub struct EpollSet {
     epfd: c_int,
+    spinner: Spinner,
     items: ForkMutex<BTreeMap<c_int, Interest>>,
 }
 
@@ -64,6 +65,7 @@ impl EpollSet {
     pub fn new(epfd: c_int) -> Arc<EpollSet> {
         Arc::new(EpollSet {
             epfd,
+            spinner: Spinner::new(Duration::from_micros(50)),
             items: ForkMutex::new(BTreeMap::new()),
         })
     }
@@ -179,7 +181,7 @@ impl EpollSet {
                 let spin = self.spin_window();
                 let mut i = 0u32;
                 let mut got = 0;
-                spin_until(spin, || {
+                self.spinner.spin(spin, || {
                     i += 1;
                     got = if i % 8 == 0 {
                         self.harvest(out, &mut tmp).unwrap_or(0)

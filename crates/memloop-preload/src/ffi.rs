@@ -118,9 +118,11 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     let found = dispatch::before_connect(fd, real::decode_sockaddr(addr, len));
     let r = real::connect()(fd, addr, len);
     let err = real::errno();
-    if let Some((engine, ep, dst)) = found {
+    if let Some(c) = found {
         if r == 0 || err == libc::EINPROGRESS {
-            dispatch::after_connect(fd, engine, ep, dst);
+            dispatch::after_connect(fd, c);
+        } else {
+            drop(c);
         }
         set_errno(err);
     }
@@ -842,6 +844,7 @@ extern "C" fn at_fork_child() {
 
 extern "C" fn on_load() {
     crate::init_logging();
+    crate::engine::capture_settings();
     // SAFETY: registering three plain functions; they only touch our own state.
     unsafe {
         libc::pthread_atfork(

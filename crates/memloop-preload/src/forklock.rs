@@ -46,9 +46,12 @@ impl<T> ForkMutex<T> {
         }
     }
 
-    /// Takes the lock without a guard (atfork prepare); pair with [`Self::release_after_fork`].
-    pub fn acquire_for_fork(&self) {
+    /// Takes the lock without a guard (atfork prepare), runs `f` on the value while holding
+    /// it, and keeps holding it; pair with [`Self::release_after_fork`].
+    pub fn acquire_for_fork(&self, f: impl FnOnce(&mut T)) {
         self.acquire();
+        // SAFETY: we hold the lock (just acquired, not released until release_after_fork).
+        f(unsafe { &mut *self.value.get() });
     }
 
     /// Releases a lock taken by [`Self::acquire_for_fork`] (atfork parent and child).

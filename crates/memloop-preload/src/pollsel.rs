@@ -2,7 +2,7 @@
 //! connections and kernel fds: rings answer from their state, kernel fds from the kernel, and
 //! a blocking wait sleeps in the kernel on the kernel fds plus each ring's doorbell socket.
 
-use crate::conn::{spin_until, Conn, Dir, PENDING, RING};
+use crate::conn::{Conn, Dir, PENDING, RING};
 use crate::real;
 use crate::table;
 use libc::{c_int, pollfd};
@@ -84,23 +84,23 @@ pub fn poll(
     if n > 0 || timeout == Some(Duration::ZERO) {
         return Ok(n);
     }
-    let spin = rings
-        .first()
-        .map_or(Duration::ZERO, |(_, c)| c.engine.cfg.spin);
     let mut found = 0;
     let mut i = 0u32;
-    spin_until(spin, || {
-        i += 1;
-        found = if i % 8 == 0 {
-            scan(fds, &rings).unwrap_or(0)
-        } else {
-            rings
-                .iter()
-                .filter(|(j, c)| ring_revents(c, fds[*j].events) != 0)
-                .count()
-        };
-        found > 0
-    });
+    // The first ring's adaptive window stands for the whole set.
+    if let Some((_, first)) = rings.first().cloned() {
+        first.spin(|| {
+            i += 1;
+            found = if i % 8 == 0 {
+                scan(fds, &rings).unwrap_or(0)
+            } else {
+                rings
+                    .iter()
+                    .filter(|(j, c)| ring_revents(c, fds[*j].events) != 0)
+                    .count()
+            };
+            found > 0
+        });
+    }
     if found > 0 {
         return scan(fds, &rings);
     }

@@ -114,8 +114,20 @@ pub fn all() -> Vec<(i32, Entry)> {
         .collect()
 }
 
-pub fn lock_for_fork() {
-    ENTRIES.acquire_for_fork();
+/// atfork prepare: takes the table lock (held across fork) and runs `f` on every connection
+/// under it, so no connection can appear between `f` and the fork.
+pub fn lock_for_fork(mut f: impl FnMut(&Arc<Conn>)) {
+    ENTRIES.acquire_for_fork(|entries| {
+        let mut seen: Vec<&Arc<Conn>> = Vec::new();
+        for e in entries.values() {
+            if let Entry::Conn(c) = e {
+                if !seen.iter().any(|s| Arc::ptr_eq(s, c)) {
+                    f(c);
+                    seen.push(c);
+                }
+            }
+        }
+    });
 }
 
 pub fn release_after_fork() {

@@ -14,6 +14,7 @@
 //! | --- | --- |
 //! | 0 | state · 8 doorbell seq u32 · 12 listener-waiting u32 · 16 accept backlog |
 //! | 24 | owner (packed member id) · 32 key hash · 40 key (72 B) |
+//! | 112 | connecting u32: clients between their real `connect` and their offer (a hint) |
 
 use crate::error::RegistryError;
 use crate::header::ENDPOINT_BYTES;
@@ -38,6 +39,7 @@ const O_BACKLOG: u64 = 16;
 const O_OWNER: u64 = 24;
 const O_HASH: u64 = 32;
 const O_KEY: u64 = 40;
+const O_CONNECTING: u64 = 112;
 /// How long the lower-indexed of two racing inserters waits for the other to resolve.
 const RESOLVE_SPINS: usize = 100_000;
 
@@ -145,6 +147,7 @@ impl Registry {
         let base = self.endpoint_off(idx);
         self.st(base + O_OWNER, pack_id(owner.idx, owner.gen))?;
         self.st(base + O_HASH, hash)?;
+        self.view.u32_at(base + O_CONNECTING)?.store(0, Relaxed);
         self.st(base + O_BACKLOG, 0)?;
         self.view.u32_at(base + O_WAITING)?.store(0, Relaxed);
         self.view.write(base + O_KEY, &enc)?;
@@ -335,6 +338,15 @@ impl Registry {
             self.view.u32_at(off + O_SEQ)?,
             self.view.u32_at(off + O_WAITING)?,
         ))
+    }
+
+    /// Clients of a LIVE endpoint that are between their real `connect` and their offer. A
+    /// transparent server that finds no offer for a new connection waits longer while this is
+    /// non-zero, because an offer is on its way. Only a hint: a client that dies in between
+    /// leaves it high, which costs servers a bounded wait, never a wrong decision.
+    pub fn endpoint_connecting(&self, id: EndpointId) -> Result<ShmU32, RegistryError> {
+        let off = self.live_endpoint(id)?;
+        Ok(self.view.u32_at(off + O_CONNECTING)?)
     }
 
     /// Offers currently waiting for the endpoint (a hint: maintained by offer/accept/cancel).

@@ -122,11 +122,18 @@ pub fn counter_name(i: usize) -> Option<&'static str> {
     match FallbackReason::ALL.get(i) {
         Some(r) => Some(r.name()),
         None if i == COUNTER_CONNS_DROPPED => Some("conn_records_dropped"),
+        None if i == COUNTER_RING_CONNS => Some("ring_connections"),
+        None if i == COUNTER_RING_BYTES => Some("ring_bytes"),
         None => None,
     }
 }
 
-const _: () = assert!(COUNTER_CONNS_DROPPED < NCOUNTERS);
+/// Header counter: transparent connections that took a ring (bumped by the accepting server).
+pub const COUNTER_RING_CONNS: usize = COUNTER_CONNS_DROPPED + 1;
+/// Header counter: bytes that crossed transparent rings (each side adds what it sent, at close).
+pub const COUNTER_RING_BYTES: usize = COUNTER_CONNS_DROPPED + 2;
+
+const _: () = assert!(COUNTER_RING_BYTES < NCOUNTERS);
 
 impl Registry {
     /// Counts one connection that fell back to TCP for `reason` (a header counter).

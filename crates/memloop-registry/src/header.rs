@@ -331,13 +331,18 @@ impl Registry {
         &self.view
     }
 
-    /// Adds one to global counter `i` (ignored if `i >= 16`).
-    pub fn bump_counter(&self, i: usize) {
+    /// Adds `n` to global counter `i` (ignored if `i >= 16`).
+    pub fn add_counter(&self, i: usize, n: u64) {
         if i < NCOUNTERS {
             if let Ok(w) = self.view.u64_at(H_COUNTERS + 8 * i as u64) {
-                w.fetch_add(1, Relaxed);
+                w.fetch_add(n, Relaxed);
             }
         }
+    }
+
+    /// Adds one to global counter `i` (ignored if `i >= 16`).
+    pub fn bump_counter(&self, i: usize) {
+        self.add_counter(i, 1);
     }
 
     /// All global counters.

@@ -34,7 +34,9 @@ pub use channels::{ChannelInfo, ChannelRings, ChannelState, Side, SideWords};
 pub use conns::{ConnRecord, ConnRecordId};
 pub use endpoints::EndpointInfo;
 pub use error::RegistryError;
-pub use fallback::{counter_name, FallbackReason, COUNTER_CONNS_DROPPED};
+pub use fallback::{
+    counter_name, FallbackReason, COUNTER_CONNS_DROPPED, COUNTER_RING_BYTES, COUNTER_RING_CONNS,
+};
 pub use header::{RegionParams, DEFAULT_RING_CAPACITY};
 pub use key::{ChannelId, ConnTuple, EndpointId, EndpointKey, MemberId, Proto, MAX_NATIVE_NAME};
 pub use members::{MemberIdentity, MemberInfo, MemberState, MAX_ADDRESSES, MAX_MEMBER_NAME};
