@@ -167,6 +167,8 @@ mod tests {
         assert!(!seen.contains(&COUNTER_CONNS_DROPPED));
         assert_eq!(FallbackReason::from_code(0), None);
         assert_eq!(FallbackReason::from_code(14), None);
-        assert_eq!(counter_name(15), None);
+        assert_eq!(counter_name(COUNTER_RING_CONNS), Some("ring_connections"));
+        assert_eq!(counter_name(COUNTER_RING_BYTES), Some("ring_bytes"));
+        assert_eq!(counter_name(NCOUNTERS), None);
     }
 }
