@@ -155,6 +155,15 @@ pub fn after_listen(fd: c_int) {
     }
 }
 
+/// Before a (possibly blocking) accept on a listener of ours: join the region now, not after
+/// a connection arrived (a forked worker's first accept would otherwise keep its client
+/// waiting for the join).
+pub fn before_accept(lfd: c_int) {
+    if table::kind(lfd) == table::K_OBJ && matches!(table::get(lfd), Some(Entry::Listener(_))) {
+        let _ = engine::get();
+    }
+}
+
 /// After a real accept on `lfd` produced `fd`.
 pub fn after_accept(lfd: c_int, fd: c_int) {
     if fd < 0 || table::kind(lfd) != table::K_OBJ {

@@ -14,7 +14,8 @@ pub struct Config {
     pub server_wait: Duration,
     /// Longer bound while a client has announced a connect whose offer is still coming.
     pub server_wait_max: Duration,
-    /// How long a client waits for the server's decision before cancelling its offer.
+    /// How long a client waits for the server's decision before cancelling its offer (only
+    /// spent when the server program is slow to call accept, or never does).
     pub decide_wait: Duration,
     /// Spin window before a waiter arms its doorbell and sleeps.
     pub spin: Duration,
@@ -37,7 +38,7 @@ impl Config {
         Config {
             server_wait: env_us("MEMLOOP_SERVER_WAIT_US", 50),
             server_wait_max: env_us("MEMLOOP_SERVER_WAIT_MAX_US", 2_000),
-            decide_wait: env_us("MEMLOOP_DECIDE_WAIT_US", 20_000),
+            decide_wait: env_us("MEMLOOP_DECIDE_WAIT_US", 50_000),
             spin: env_us("MEMLOOP_SPIN_US", 50),
             ring_capacity: ring,
         }

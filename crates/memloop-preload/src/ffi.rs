@@ -142,6 +142,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    dispatch::before_accept(fd);
     let nfd = real::accept()(fd, addr, len);
     if nfd >= 0 && table::kind(fd) == table::K_OBJ {
         dispatch::after_accept(fd, nfd);
@@ -156,6 +157,7 @@ pub unsafe extern "C" fn accept4(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    dispatch::before_accept(fd);
     let nfd = real::accept4()(fd, addr, len, flags);
     if nfd >= 0 && table::kind(fd) == table::K_OBJ {
         dispatch::after_accept(fd, nfd);
