@@ -341,17 +341,12 @@ impl Conn {
         skip: usize,
         peek: bool,
     ) -> Result<usize, c_int> {
-        let mut rest = advance_mut(bufs, skip);
-        let r = self.with_cons(|c| {
-            if peek {
-                match rest.first_mut() {
-                    Some(b) => c.peek(b),
-                    None => Ok(0),
-                }
-            } else {
-                c.read_vectored(&mut rest)
-            }
-        })?;
+        let r = if skip == 0 {
+            self.with_cons(|c| read_into(c, bufs, peek))?
+        } else {
+            let mut rest = advance_mut(bufs, skip);
+            self.with_cons(|c| read_into(c, &mut rest, peek))?
+        };
         r.map_err(|e| self.ring_error(e))
     }
 
@@ -392,8 +387,12 @@ impl Conn {
             if self.shut_wr.load(Acquire) || self.peer_closed() {
                 return self.broken_pipe(sent, nosignal);
             }
-            let rest = advance(bufs, sent);
-            let r = self.with_prod(|p| p.write_vectored(&rest))?;
+            let r = if sent == 0 {
+                self.with_prod(|p| p.write_vectored(bufs))?
+            } else {
+                let rest = advance(bufs, sent);
+                self.with_prod(|p| p.write_vectored(&rest))?
+            };
             match r {
                 Ok(n) => sent += n,
                 Err(memloop_ring::RingError::Closed) => return self.broken_pipe(sent, nosignal),
@@ -451,13 +450,22 @@ impl Conn {
         ev
     }
 
+    /// Whether a `dir` call would not block (only that direction's ring is read).
     pub fn ready(&self, dir: Dir) -> bool {
-        let ev = self.revents();
-        let want = match dir {
-            Dir::Read => libc::POLLIN,
-            Dir::Write => libc::POLLOUT,
-        };
-        ev & (want | libc::POLLERR | libc::POLLHUP) != 0
+        if self.peer_closed() {
+            return true;
+        }
+        match dir {
+            Dir::Read => {
+                self.shut_rd.load(Relaxed)
+                    || self
+                        .rx_probe()
+                        .map_or(true, |p| p.used > 0 || p.writer_shut)
+            }
+            Dir::Write => self
+                .tx_probe()
+                .map_or(true, |p| p.free() > 0 || p.reader_closed),
+        }
     }
 
     /// Arms our doorbell flag for `dir`: the peer's next publication (or release) will send a
@@ -722,6 +730,20 @@ impl Spinner {
         let next = if hit { (cur * 2).max(1_000) } else { cur / 2 };
         self.ns.store(next.clamp(max_ns / 8, max_ns), Relaxed);
         hit
+    }
+}
+
+fn read_into(
+    c: &mut StreamConsumer,
+    bufs: &mut [IoSliceMut<'_>],
+    peek: bool,
+) -> Result<usize, memloop_ring::RingError> {
+    if !peek {
+        return c.read_vectored(bufs);
+    }
+    match bufs.first_mut() {
+        Some(b) => c.peek(b),
+        None => Ok(0),
     }
 }
 

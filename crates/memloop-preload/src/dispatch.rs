@@ -28,12 +28,12 @@ pub fn route(fd: c_int) -> Route {
     if table::kind(fd) != table::K_OBJ {
         return Route::Real;
     }
-    match table::get(fd) {
+    match table::get(fd).as_deref() {
         Some(Entry::Conn(c)) => match c.resolve(true) {
-            RING => Route::Ring(c),
+            RING => Route::Ring(c.clone()),
             _ => c.plain().map_or(Route::Real, Route::Counted),
         },
-        Some(Entry::Plain(p)) => Route::Counted(p),
+        Some(Entry::Plain(p)) => Route::Counted(p.clone()),
         _ => Route::Real,
     }
 }
@@ -51,7 +51,7 @@ pub fn on_socket(fd: c_int, domain: c_int, ty: c_int, proto: c_int) {
 pub fn is_candidate(fd: c_int) -> bool {
     match table::kind(fd) {
         table::K_TCP => true,
-        table::K_OBJ => matches!(table::get(fd), Some(Entry::Fresh(_))),
+        table::K_OBJ => matches!(table::get(fd).as_deref(), Some(Entry::Fresh(_))),
         _ => false,
     }
 }
@@ -120,7 +120,7 @@ pub fn after_connect(fd: c_int, c: Connecting) {
 }
 
 fn fresh_epolls(fd: c_int) -> Vec<(c_int, u32, u64)> {
-    match table::get(fd) {
+    match table::get(fd).as_deref() {
         Some(Entry::Fresh(f)) => f.epolls.lock().clone(),
         _ => Vec::new(),
     }
@@ -136,8 +136,8 @@ fn adopt_epolls(fd: c_int, conn: &Arc<Conn>, regs: Vec<(c_int, u32, u64)>) {
 
 /// Our record of epoll set `epfd`, created on first use.
 pub fn epoll_set(epfd: c_int) -> Arc<EpollSet> {
-    if let Some(Entry::Epoll(s)) = table::get(epfd) {
-        return s;
+    if let Some(Entry::Epoll(s)) = table::get(epfd).as_deref() {
+        return s.clone();
     }
     let s = EpollSet::new(epfd);
     table::insert(epfd, Entry::Epoll(s.clone()));
@@ -159,7 +159,8 @@ pub fn after_listen(fd: c_int) {
 /// a connection arrived (a forked worker's first accept would otherwise keep its client
 /// waiting for the join).
 pub fn before_accept(lfd: c_int) {
-    if table::kind(lfd) == table::K_OBJ && matches!(table::get(lfd), Some(Entry::Listener(_))) {
+    let listener = matches!(table::get(lfd).as_deref(), Some(Entry::Listener(_)));
+    if table::kind(lfd) == table::K_OBJ && listener {
         let _ = engine::get();
     }
 }
@@ -169,7 +170,8 @@ pub fn after_accept(lfd: c_int, fd: c_int) {
     if fd < 0 || table::kind(lfd) != table::K_OBJ {
         return;
     }
-    let Some(Entry::Listener(l)) = table::get(lfd) else {
+    let Some(e) = table::get(lfd) else { return };
+    let Entry::Listener(l) = &*e else {
         return;
     };
     let Some(engine) = engine::get() else { return };
@@ -198,11 +200,9 @@ pub fn before_close(fd: c_int) {
         table::remove(fd);
         return;
     };
-    if let Entry::Conn(c) = &e {
-        for (_, other) in table::all() {
-            if let Entry::Epoll(s) = other {
-                s.forget(fd);
-            }
+    if let Entry::Conn(c) = &*e {
+        for s in table::epoll_sets() {
+            s.forget(fd);
         }
         if c.close_fd(fd) {
             if c.path() == PENDING {
@@ -212,7 +212,7 @@ pub fn before_close(fd: c_int) {
             }
         }
     }
-    if let Entry::Listener(l) = &e {
+    if let Entry::Listener(l) = &*e {
         l.unregister();
     }
     table::remove(fd);
@@ -237,9 +237,9 @@ pub fn epoll_ctl(
         table::K_TCP => return None,
         _ => return None,
     }
-    match table::get(fd)? {
+    match &*table::get(fd)? {
         Entry::Conn(c) if c.path() == PENDING || c.path() == RING => {
-            Some(epoll_set(epfd).ctl(op, fd, &c, ev))
+            Some(epoll_set(epfd).ctl(op, fd, c, ev))
         }
         _ => None,
     }
@@ -250,8 +250,8 @@ pub fn note_fresh_epoll(epfd: c_int, op: c_int, fd: c_int, ev: Option<(u32, u64)
     if !is_candidate(fd) {
         return;
     }
-    let fresh = match table::get(fd) {
-        Some(Entry::Fresh(f)) => f,
+    let fresh = match table::get(fd).as_deref() {
+        Some(Entry::Fresh(f)) => f.clone(),
         _ => {
             let f = Arc::new(Fresh::default());
             table::insert(fd, Entry::Fresh(f.clone()));
@@ -269,8 +269,8 @@ pub fn note_fresh_epoll(epfd: c_int, op: c_int, fd: c_int, ev: Option<(u32, u64)
 
 /// Whether `fd` is an epoll set with ring interests.
 pub fn epoll_of(epfd: c_int) -> Option<Arc<EpollSet>> {
-    match table::get(epfd)? {
-        Entry::Epoll(s) => Some(s),
+    match &*table::get(epfd)? {
+        Entry::Epoll(s) => Some(s.clone()),
         _ => None,
     }
 }

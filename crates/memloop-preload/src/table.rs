@@ -1,12 +1,13 @@
 //! Which fds memloop knows about. The hot check is one relaxed load from a flat array, so a
-//! call on an fd that is not ours costs a table lookup and no system call.
+//! call on an fd that is not ours costs a table lookup and no system call; an fd that is ours
+//! is found with a lock-free load (`arc-swap`), so data calls never take a lock here.
 
 use crate::conn::Conn;
 use crate::epoll::EpollSet;
 use crate::forklock::ForkMutex;
 use crate::listen::Listener;
 use crate::plain::PlainTcp;
-use std::collections::BTreeMap;
+use arc_swap::ArcSwapOption;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -20,9 +21,14 @@ pub const K_TCP: u8 = 1;
 pub const K_OBJ: u8 = 2;
 
 static KIND: [AtomicU8; MAX_FD] = [const { AtomicU8::new(K_NONE) }; MAX_FD];
-static ENTRIES: ForkMutex<BTreeMap<i32, Entry>> = ForkMutex::new(BTreeMap::new());
+static SLOTS: [ArcSwapOption<Entry>; MAX_FD] = [const { ArcSwapOption::const_empty() }; MAX_FD];
+/// Serialises changes (not lookups) so the fork handlers see a stable set of connections.
+static CHANGES: ForkMutex<()> = ForkMutex::new(());
+/// Highest fd ever given an entry + 1: bounds the scans below.
+static HIGH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// The epoll sets we track (a close must drop the fd from each).
+static EPOLLS: ForkMutex<Vec<(i32, Arc<EpollSet>)>> = ForkMutex::new(Vec::new());
 
-#[derive(Clone)]
 pub enum Entry {
     /// A TCP socket not connected yet that the program already put into epoll sets.
     Fresh(Arc<Fresh>),
@@ -39,91 +45,107 @@ pub struct Fresh {
     pub epolls: ForkMutex<Vec<(i32, u32, u64)>>,
 }
 
-fn slot(fd: i32) -> Option<&'static AtomicU8> {
-    usize::try_from(fd).ok().and_then(|i| KIND.get(i))
+fn index(fd: i32) -> Option<usize> {
+    usize::try_from(fd).ok().filter(|&i| i < MAX_FD)
 }
 
 #[inline]
 pub fn kind(fd: i32) -> u8 {
-    slot(fd).map_or(K_NONE, |k| k.load(Relaxed))
+    index(fd).map_or(K_NONE, |i| KIND[i].load(Relaxed))
 }
 
 pub fn mark_tcp(fd: i32) {
-    if let Some(k) = slot(fd) {
-        k.store(K_TCP, Relaxed);
+    if let Some(i) = index(fd) {
+        KIND[i].store(K_TCP, Relaxed);
     }
 }
 
-pub fn get(fd: i32) -> Option<Entry> {
-    if kind(fd) != K_OBJ {
+pub fn get(fd: i32) -> Option<Arc<Entry>> {
+    let i = index(fd)?;
+    if KIND[i].load(Relaxed) != K_OBJ {
         return None;
     }
-    ENTRIES.lock().get(&fd).cloned()
+    SLOTS[i].load_full()
 }
 
 pub fn conn(fd: i32) -> Option<Arc<Conn>> {
-    match get(fd)? {
-        Entry::Conn(c) => Some(c),
+    match &*get(fd)? {
+        Entry::Conn(c) => Some(c.clone()),
         _ => None,
     }
 }
 
 /// Installs `e` for `fd` (false if the fd is too large to track).
 pub fn insert(fd: i32, e: Entry) -> bool {
-    let Some(k) = slot(fd) else { return false };
-    ENTRIES.lock().insert(fd, e);
-    k.store(K_OBJ, Relaxed);
+    let Some(i) = index(fd) else { return false };
+    let _g = CHANGES.lock();
+    if let Entry::Epoll(s) = &e {
+        EPOLLS.lock().push((fd, s.clone()));
+    }
+    SLOTS[i].store(Some(Arc::new(e)));
+    KIND[i].store(K_OBJ, Relaxed);
+    HIGH.fetch_max(i + 1, Relaxed);
     true
 }
 
 /// Forgets `fd` (closed, or reused by the kernel for something else).
-pub fn remove(fd: i32) -> Option<Entry> {
-    let k = slot(fd)?;
-    let prev = k.swap(K_NONE, Relaxed);
-    if prev == K_OBJ {
-        ENTRIES.lock().remove(&fd)
-    } else {
-        None
+pub fn remove(fd: i32) -> Option<Arc<Entry>> {
+    let i = index(fd)?;
+    let _g = CHANGES.lock();
+    let prev = KIND[i].swap(K_NONE, Relaxed);
+    let e = SLOTS[i].swap(None);
+    if matches!(e.as_deref(), Some(Entry::Epoll(_))) {
+        EPOLLS.lock().retain(|(f, _)| *f != fd);
     }
+    (prev == K_OBJ).then_some(e).flatten()
 }
 
-/// Copies `old`'s state to `new` (dup family); returns what `new` held before.
-pub fn duplicate(old: i32, new: i32) -> Option<Entry> {
-    let prev = remove(new);
+/// Copies `old`'s state to `new` (dup family).
+pub fn duplicate(old: i32, new: i32) {
+    remove(new);
     match kind(old) {
         K_TCP => mark_tcp(new),
         K_OBJ => {
-            if let Some(e) = get(old) {
-                if let Entry::Conn(c) = &e {
-                    c.add_fd(new);
-                }
-                insert(new, e);
+            let (Some(i), Some(e)) = (index(new), get(old)) else {
+                return;
+            };
+            if let Entry::Conn(c) = &*e {
+                c.add_fd(new);
             }
+            let _g = CHANGES.lock();
+            if let Entry::Epoll(s) = &*e {
+                EPOLLS.lock().push((new, s.clone()));
+            }
+            SLOTS[i].store(Some(e));
+            KIND[i].store(K_OBJ, Relaxed);
+            HIGH.fetch_max(i + 1, Relaxed);
         }
         _ => {}
     }
-    prev
 }
 
-/// Every entry (fork handlers, epoll clean-up).
-pub fn all() -> Vec<(i32, Entry)> {
-    ENTRIES
-        .lock()
-        .iter()
-        .map(|(k, v)| (*k, v.clone()))
+/// Every entry.
+pub fn all() -> Vec<(i32, Arc<Entry>)> {
+    (0..HIGH.load(Relaxed) as i32)
+        .filter_map(|fd| get(fd).map(|e| (fd, e)))
         .collect()
 }
 
-/// atfork prepare: takes the table lock (held across fork) and runs `f` on every connection
-/// under it, so no connection can appear between `f` and the fork.
+/// Every epoll set we track.
+pub fn epoll_sets() -> Vec<Arc<EpollSet>> {
+    EPOLLS.lock().iter().map(|(_, s)| s.clone()).collect()
+}
+
+/// atfork prepare: holds the change lock across fork and runs `f` on every connection under
+/// it, so no connection can appear between `f` and the fork.
 pub fn lock_for_fork(mut f: impl FnMut(&Arc<Conn>)) {
-    ENTRIES.acquire_for_fork(|entries| {
-        let mut seen: Vec<&Arc<Conn>> = Vec::new();
-        for e in entries.values() {
-            if let Entry::Conn(c) = e {
+    CHANGES.acquire_for_fork(|_| {
+        let mut seen: Vec<Arc<Conn>> = Vec::new();
+        for (_, e) in all() {
+            if let Entry::Conn(c) = &*e {
                 if !seen.iter().any(|s| Arc::ptr_eq(s, c)) {
                     f(c);
-                    seen.push(c);
+                    seen.push(c.clone());
                 }
             }
         }
@@ -131,5 +153,5 @@ pub fn lock_for_fork(mut f: impl FnMut(&Arc<Conn>)) {
 }
 
 pub fn release_after_fork() {
-    ENTRIES.release_after_fork();
+    CHANGES.release_after_fork();
 }
