@@ -486,7 +486,30 @@ fn start(
         ),
     )?;
     client.ready()?;
+    if def.preload != Preload::No {
+        for end in [&server, &client] {
+            check_preloaded(end)?;
+        }
+    }
     Ok((server, client))
+}
+
+/// Fails unless the preload library is mapped into the peer (the dynamic loader only warns when
+/// it cannot preload a library, and the program would then run on plain TCP).
+fn check_preloaded(end: &Proc) -> CliResult<()> {
+    let pid = end
+        .pid()
+        .ok_or_else(|| fail(format!("{}: no pid", end.what())))?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .context(format!("reading the mappings of {}", end.what()))?;
+    if maps.contains("libmemloop_preload") {
+        Ok(())
+    } else {
+        Err(fail(format!(
+            "{}: the preload library is not loaded in the process",
+            end.what()
+        )))
+    }
 }
 
 /// A short exchange on a preloaded path while we watch the regions: the memloop paths must show
@@ -528,7 +551,9 @@ fn probe(p: &mut Path, cfg: &Config, bench_region: &str, far_region: &str) {
                 "unexpected: {bytes} bytes went through a ring although the ends are in different regions"
             ))
         }
-        (Ok(_), _) => p.note = Some("no ring used, as intended (TCP fallback)".into()),
+        (Ok(_), _) => {
+            p.note = Some("preload loaded in both ends, no ring used (TCP fallback), as intended".into())
+        }
     }
 }
 

@@ -68,6 +68,15 @@ impl Proc {
         })
     }
 
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+
+    /// The peer's own pid, once it said it is ready.
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
     /// Waits for the peer's `ready` line.
     pub fn ready(&mut self) -> CliResult<Value> {
         let v = self.next_json(Duration::from_secs(15))?;
