@@ -65,6 +65,8 @@ pub struct Conn {
     plain: ForkMutex<Option<Arc<PlainTcp>>>,
     /// Our side is already closed in the registry (last holder closed).
     released: AtomicBool,
+    /// The program's TCP_NODELAY, restored if the connection stays on TCP.
+    nodelay: c_int,
 }
 
 /// What creating a connection needs.
@@ -81,6 +83,10 @@ pub struct ConnParts {
 impl Conn {
     pub fn new(p: ConnParts) -> Result<Arc<Conn>, FallbackReason> {
         let spinner = Spinner::new(p.engine.cfg.spin);
+        // Doorbells are single bytes the peer never answers on TCP: with Nagle on, the second
+        // one would wait for the delayed ACK of the first (~40 ms).
+        let nodelay = real::sockopt_int(p.fd, libc::IPPROTO_TCP, libc::TCP_NODELAY).unwrap_or(0);
+        real::set_sockopt_int(p.fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
         let reg = p.engine.registry();
         let rings = reg.rings(p.ch).map_err(|_| FallbackReason::Error)?;
         let (tx_view, rx_view) = match p.side {
@@ -117,6 +123,7 @@ impl Conn {
             resolving: ForkMutex::new(()),
             plain: ForkMutex::new(None),
             released: AtomicBool::new(false),
+            nodelay,
         }))
     }
 
@@ -201,6 +208,12 @@ impl Conn {
     }
 
     fn to_tcp(&self, reason: FallbackReason) {
+        real::set_sockopt_int(
+            self.kfd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            self.nodelay,
+        );
         let plain = PlainTcp::record(&self.engine, &self.tuple, reason, None);
         *self.plain.lock() = Some(plain);
         self.path.store(TCP, Release);

@@ -246,6 +246,20 @@ pub fn sockopt_int(fd: c_int, level: c_int, opt: c_int) -> Option<c_int> {
     (r == 0).then_some(v)
 }
 
+/// `setsockopt` of an int-valued option (errors ignored: callers treat it as best effort).
+pub fn set_sockopt_int(fd: c_int, level: c_int, opt: c_int, v: c_int) {
+    // SAFETY: buffer and length describe `v`.
+    unsafe {
+        setsockopt()(
+            fd,
+            level,
+            opt,
+            (&v as *const c_int).cast(),
+            std::mem::size_of::<c_int>() as socklen_t,
+        )
+    };
+}
+
 /// A `timeval`-valued socket option (SO_RCVTIMEO / SO_SNDTIMEO); `None` = no timeout.
 pub fn sockopt_timeout(fd: c_int, opt: c_int) -> Option<std::time::Duration> {
     // SAFETY: zeroed timeval is valid.

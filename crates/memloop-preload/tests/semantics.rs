@@ -458,7 +458,9 @@ fn run_pair(s: &Scenario, mode: Mode, region: Option<&str>, doms: Option<&Domain
         }
         None => ExitStatus::from_raw(255 << 8),
     };
-    let server = wait_bounded(&mut server, Duration::from_secs(PROCESS_TIMEOUT + 10));
+    // Once the client is done the server has little left to do: do not wait out its watchdog
+    // when it hangs (e.g. in accept after a client that failed before connecting).
+    let server = wait_bounded(&mut server, Duration::from_secs(15));
     let read = |n: &str| fs::read_to_string(dir.join(n)).unwrap_or_default();
     Outcome {
         server,
@@ -605,6 +607,42 @@ fn write_to_closed_peer_raises_sigpipe() {
     check(sc("stream", "sigpipe"));
 }
 
+#[test]
+#[ignore = "slow: 256 MB echoed with sha256 both ways"]
+fn echo_256mb_sha256_both_ways() {
+    check(sc("stream", "echo_10mb").extra("268435456"));
+}
+
+#[test]
+#[ignore = "bug: MSG_PEEK|MSG_WAITALL returns what is there instead of waiting for the whole \
+            length as the kernel does — conn.rs Conn::recv, `waitall = … && !peek`"]
+fn msg_peek_with_waitall_waits_for_all() {
+    check(sc("flags", "peek_waitall"));
+}
+
+#[test]
+#[ignore = "bug: after our own shutdown(SHUT_RD) recv returns EOF although data is queued (the \
+            kernel returns the queued data first) and poll lacks POLLRDHUP — conn.rs \
+            Conn::recv returns Ok(0) as soon as shut_rd is set; Conn::revents sets POLLRDHUP \
+            only for the peer's shutdown"]
+fn shutdown_rd_still_reads_queued_data() {
+    check(sc("flags", "shut_rd"));
+}
+
+#[test]
+#[ignore = "bug (not emulated): MSG_OOB goes inline on a ring; the receiver never sees POLLPRI \
+            nor the urgent byte — ffi.rs send/recv pass MSG_OOB to the ring as a plain send"]
+fn msg_oob_urgent_byte() {
+    check(sc("flags", "oob"));
+}
+
+#[test]
+#[ignore = "bug (not emulated): ioctl(TIOCOUTQ/SIOCOUTQ) is answered by the idle kernel socket \
+            (always 0) — ffi.rs ioctl emulates FIONREAD only"]
+fn siocoutq_counts_unsent_bytes() {
+    check(sc("flags", "siocoutq"));
+}
+
 // ---- non-blocking -------------------------------------------------------------------------------
 
 #[test]
@@ -664,8 +702,17 @@ fn pollrdhup_and_pollhup_after_shutdowns() {
 }
 
 #[test]
-fn pollrdhup_without_pollhup_after_peer_close() {
+fn pollrdhup_after_peer_close() {
     check(sc("readiness", "close_hup"));
+}
+
+#[test]
+#[ignore = "bug: once the peer's close (a FIN) has been noticed, a ring reports POLLHUP/EPOLLHUP; \
+            the kernel reports POLLIN|POLLRDHUP only (POLLHUP needs both directions shut or a \
+            reset), and programs that treat POLLHUP as a dead connection drop unread data — \
+            conn.rs Conn::revents sets POLLHUP when `peer_closed` (kernel-socket EOF)"]
+fn no_pollhup_after_peer_close_alone() {
+    check(sc("readiness", "close_hup_strict"));
 }
 
 #[test]
@@ -744,6 +791,16 @@ fn eintr_without_sa_restart_and_restart_with_it() {
     check(sc("fdctl", "eintr"));
 }
 
+#[test]
+fn ppoll_pselect_epoll_pwait_apply_their_sigmask() {
+    check(sc("signals", "sigmask_waits"));
+}
+
+#[test]
+fn blocked_send_eintr_and_sa_restart() {
+    check(sc("signals", "eintr_send"));
+}
+
 // ---- threads ------------------------------------------------------------------------------------
 
 #[test]
@@ -753,18 +810,10 @@ fn concurrent_send_and_recv_from_two_threads() {
 
 // ---- processes ----------------------------------------------------------------------------------
 
+/// With parent and child on one CPU the parent closes its copy before the child runs at all.
 #[test]
-#[ignore = "bug (racy, shows within 5 runs): a parent that closes its copy right after fork \
-            ends the connection for the child — the child's holder count is added in the \
-            child's atfork handler (conn.rs Conn::on_fork_child), so the parent's close can \
-            see holders == 1 and shut the rings (conn.rs Conn::release)"]
 fn fork_child_serves_parent_closes_at_once() {
-    check(sc("procs", "fork_child_serves").repeat(5));
-}
-
-#[test]
-fn fork_child_serves_parent_closes_later() {
-    check(sc("procs", "fork_child_serves").extra("late_close"));
+    check(sc("procs", "fork_child_serves").extra("one_cpu").repeat(2));
 }
 
 #[test]
@@ -778,22 +827,12 @@ fn exec_keeps_an_inherited_connection() {
 }
 
 #[test]
-#[ignore = "bug (racy, shows within 5 runs): as fork_child_serves_parent_closes_at_once, with \
-            an exec in the child"]
 fn fork_exec_child_serves_parent_closes_at_once() {
     check(
         sc("procs", "fork_exec_inherit")
+            .extra("one_cpu")
             .evidence("inherited ring connection adopted after exec")
-            .repeat(5),
-    );
-}
-
-#[test]
-fn fork_exec_child_serves_parent_closes_later() {
-    check(
-        sc("procs", "fork_exec_inherit")
-            .extra("late_close")
-            .evidence("inherited ring connection adopted after exec"),
+            .repeat(2),
     );
 }
 
@@ -845,6 +884,17 @@ fn peer_killed_while_we_send_epipe_or_reset() {
     check(sc("death", "killed_while_sending").dies());
 }
 
+#[test]
+#[ignore = "slow: 20 SIGKILLs of a streaming peer at random moments"]
+fn peer_killed_at_random_moments() {
+    check(
+        sc("death", "killed_streaming")
+            .dies()
+            .extra("random")
+            .repeat(20),
+    );
+}
+
 // ---- programs -----------------------------------------------------------------------------------
 
 #[test]
@@ -870,23 +920,13 @@ fn xdom_nonblocking_connect_pollout_so_error() {
 }
 
 #[test]
-fn xdom_shutdown_wr() {
-    check_domains(sc("shutdown", "shut_wr"));
-}
-
-#[test]
 fn xdom_pollrdhup_and_pollhup_after_shutdowns() {
     check_domains(sc("readiness", "hup_rdhup"));
 }
 
 #[test]
-fn xdom_epoll_edge_triggered() {
-    check_domains(sc("readiness", "epoll_et").rings(2));
-}
-
-#[test]
 fn xdom_fork_child_serves() {
-    check_domains(sc("procs", "fork_child_serves").extra("late_close"));
+    check_domains(sc("procs", "fork_child_serves").extra("one_cpu"));
 }
 
 #[test]
@@ -894,11 +934,6 @@ fn xdom_exec_keeps_an_inherited_connection() {
     check_domains(
         sc("procs", "exec_inherit").evidence("inherited ring connection adopted after exec"),
     );
-}
-
-#[test]
-fn xdom_getsockname_getpeername() {
-    check_domains(sc("names", "names"));
 }
 
 #[test]
