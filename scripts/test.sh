@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test command of the README (and of CI): formatting, lints, unit + cross-process tests in
-# release mode, then the loom models. `scripts/test.sh --slow` adds the long suites.
+# release mode (including the socket-semantics scenarios under the preload), the real-program
+# suite across two network-namespace domains, then the loom models. `scripts/test.sh --slow`
+# adds the long suites.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +11,9 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
 slow=0
 [ "${1:-}" = "--slow" ] && slow=1
+
+echo "== test programs (apt-get: python3, nginx, redis, iperf3, sockperf, postgresql, curl)"
+tests/programs/install-deps.sh
 
 echo "== fmt + clippy"
 cargo fmt --all -- --check
@@ -25,6 +30,12 @@ else
   export MEMLOOP_KILL_TRIALS=${MEMLOOP_KILL_TRIALS:-200}
 fi
 cargo test --workspace --release
+if [ $slow = 1 ]; then
+  cargo test --release -p memloop-preload -- --ignored
+fi
+
+echo "== real programs across two domains, ring and TCP-fallback variants"
+cargo test --release -p memloop-cli --test programs -- --ignored --nocapture
 
 echo "== loom models"
 LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-2} RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
