@@ -9,6 +9,7 @@ The server writes the CLOCK_MONOTONIC time of its death next to the port file (b
 
 import errno
 import os
+import random
 import select
 import signal
 import socket
@@ -60,7 +61,8 @@ def ended(args, what):
 
 def streaming_server(lsock, args):
     conn, _ = lsock.accept()
-    die_later(args, 0.4)
+    # --extra random: die at a random moment (the slow test repeats this many times).
+    die_later(args, random.uniform(0.02, 0.6) if args.extra == "random" else 0.4)
     i = 0
     while True:
         conn.sendall(pattern(CHUNK, 500 + i % 64))

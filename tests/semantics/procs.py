@@ -6,7 +6,9 @@
   exec_inherit        the accepted socket survives execv (os.set_inheritable) into a new python;
   fork_exec_inherit   fork, then execv in the child (inetd style); the parent closes its copy;
   spawn_inherit       subprocess.Popen(pass_fds=...) (vfork/posix_spawn); the parent closes.
-The server role prints OK only once the process that served the connection succeeded."""
+The server role prints OK only once the process that served the connection succeeded.
+With --extra one_cpu the forking server pins itself to one CPU first, so after fork the parent
+runs on (and closes its copy) before the child has run at all."""
 
 import os
 import socket
@@ -82,15 +84,21 @@ def echo_client_check(s, seed):
 
 # ---- fork_child_serves ----------------------------------------------------------------------------
 
+def one_cpu(args):
+    """--extra one_cpu: parent and child share one CPU, so the parent runs on after fork (and
+    closes its copy) before the child runs at all."""
+    if args.extra == "one_cpu":
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
 def fork_serve_server(lsock, args):
     conn, _ = lsock.accept()
+    one_cpu(args)
     pid = os.fork()
     if pid == 0:
         lsock.close()
         in_child(lambda: (echo_until_eof(conn), conn.close()))
-    if args.extra == "late_close":
-        time.sleep(0.3)  # the child is surely running by now
-    conn.close()  # the parent's copy goes (at once, unless late_close)
+    conn.close()  # the parent's copy goes at once
     lsock.close()
     eq(wait_child(pid), 0, "the serving child's exit code")
 
@@ -169,12 +177,11 @@ def fork_exec_server(lsock, args):
     lsock.close()
     handshake_server(conn)
     fd = conn.fileno()
+    one_cpu(args)
     pid = os.fork()
     if pid == 0:
         os.set_inheritable(fd, True)
         os.execv(sys.executable, child_argv(fd, args.case + "-child"))
-    if args.extra == "late_close":
-        time.sleep(0.3)  # the child is surely running by now
     conn.close()
     eq(wait_child(pid), 0, "the exec'd child's exit code")
 

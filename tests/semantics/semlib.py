@@ -61,7 +61,10 @@ def log(*a):
 
 
 def pattern(n, seed):
-    return random.Random(seed).randbytes(n)
+    r = random.Random(seed)
+    if n <= 1 << 24:
+        return r.randbytes(n)
+    return b"".join(r.randbytes(min(1 << 24, n - i)) for i in range(0, n, 1 << 24))
 
 
 def sha(b):

@@ -171,11 +171,11 @@ def dontwait_client(args):
     check(poll1(s, select.POLLIN, 3000) & select.POLLIN, "data never became readable")
     eq(s.recv(100, socket.MSG_DONTWAIT), pattern(64, 9), "MSG_DONTWAIT read")
     # The server sleeps, then sinks everything: meanwhile we fill until EAGAIN.
-    cmd(s, "sleep 1500")
+    cmd(s, "sleep 800")
     cmd(s, "sink")
     t0 = now()
     total, digest = fill_hashing(s, 10)
-    within(now() - t0, 0.0, 1.4, "filling until EAGAIN")
+    within(now() - t0, 0.0, 0.7, "filling until EAGAIN")
     check(total > 0, "nothing could be sent before EAGAIN")
     s.shutdown(socket.SHUT_WR)
     reply = b""
