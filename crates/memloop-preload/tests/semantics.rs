@@ -5,13 +5,19 @@
 //! debug log must show that its connections were accepted on rings. `xdom_*` tests put the
 //! server and the client in two network-namespace domains (`memloop domains`, needs root).
 //!
-//! Run (the library and the `memloop` binary of the same profile must be built first):
+//! Run (`cargo test` builds the library next to this test binary; the `xdom_*` tests also need
+//! the `memloop` binary, from the same profile or `target/release`):
 //!
 //! ```sh
-//! cargo build --release -p memloop-preload -p memloop-cli
-//! cargo test --release -p memloop-preload --test semantics            # fast set
-//! cargo test --release -p memloop-preload --test semantics -- --ignored   # slow ones + known bugs
+//! cargo build --release -p memloop-cli
+//! cargo test --release -p memloop-preload --test semantics            # fast set, ~50 s
+//! cargo test --release -p memloop-preload --test semantics -- --ignored --skip bug_  # slow ones
+//! cargo test --release -p memloop-preload --test semantics bug_ -- --ignored  # known bugs (fail)
 //! ```
+//!
+//! Tests named `bug_*` are ignored because the preload deviates from the kernel there (the
+//! reason says how, and where in the source); they pass on kernel TCP and will pass once the
+//! bug is fixed. The other ignored tests are merely slow.
 //!
 //! `MEMLOOP_PRELOAD_LIB` and `MEMLOOP_BIN` override where the library and the CLI are taken
 //! from (default: next to this test binary's profile directory, then `target/release`).
@@ -616,7 +622,7 @@ fn echo_256mb_sha256_both_ways() {
 #[test]
 #[ignore = "bug: MSG_PEEK|MSG_WAITALL returns what is there instead of waiting for the whole \
             length as the kernel does — conn.rs Conn::recv, `waitall = … && !peek`"]
-fn msg_peek_with_waitall_waits_for_all() {
+fn bug_msg_peek_with_waitall_waits_for_all() {
     check(sc("flags", "peek_waitall"));
 }
 
@@ -625,21 +631,21 @@ fn msg_peek_with_waitall_waits_for_all() {
             kernel returns the queued data first) and poll lacks POLLRDHUP — conn.rs \
             Conn::recv returns Ok(0) as soon as shut_rd is set; Conn::revents sets POLLRDHUP \
             only for the peer's shutdown"]
-fn shutdown_rd_still_reads_queued_data() {
+fn bug_shutdown_rd_still_reads_queued_data() {
     check(sc("flags", "shut_rd"));
 }
 
 #[test]
 #[ignore = "bug (not emulated): MSG_OOB goes inline on a ring; the receiver never sees POLLPRI \
             nor the urgent byte — ffi.rs send/recv pass MSG_OOB to the ring as a plain send"]
-fn msg_oob_urgent_byte() {
+fn bug_msg_oob_urgent_byte() {
     check(sc("flags", "oob"));
 }
 
 #[test]
 #[ignore = "bug (not emulated): ioctl(TIOCOUTQ/SIOCOUTQ) is answered by the idle kernel socket \
             (always 0) — ffi.rs ioctl emulates FIONREAD only"]
-fn siocoutq_counts_unsent_bytes() {
+fn bug_siocoutq_counts_unsent_bytes() {
     check(sc("flags", "siocoutq"));
 }
 
@@ -711,7 +717,7 @@ fn pollrdhup_after_peer_close() {
             the kernel reports POLLIN|POLLRDHUP only (POLLHUP needs both directions shut or a \
             reset), and programs that treat POLLHUP as a dead connection drop unread data — \
             conn.rs Conn::revents sets POLLHUP when `peer_closed` (kernel-socket EOF)"]
-fn no_pollhup_after_peer_close_alone() {
+fn bug_no_pollhup_after_peer_close_alone() {
     check(sc("readiness", "close_hup_strict"));
 }
 
@@ -719,7 +725,7 @@ fn no_pollhup_after_peer_close_alone() {
 #[ignore = "bug: after our own shutdown(SHUT_WR) poll/select/epoll never report POLLOUT on a \
             ring (the kernel does; a program waiting to write blocks forever) — \
             conn.rs Conn::revents, `!self.shut_wr` in the POLLOUT condition"]
-fn pollout_after_own_shutdown_wr() {
+fn bug_pollout_after_own_shutdown_wr() {
     check(sc("readiness", "shut_wr_pollout"));
 }
 
@@ -732,7 +738,7 @@ fn epoll_edge_triggered_reports_once_per_new_data() {
 #[ignore = "bug: an EPOLLIN|EPOLLET interest fires again when the peer merely reads what we \
             sent (no new data for us) — epoll.rs EpollSet::collect compares Conn::progress(), \
             which includes our tx ring's head, whatever the interest"]
-fn epoll_edge_triggered_quiet_when_peer_reads_our_data() {
+fn bug_epoll_edge_triggered_quiet_when_peer_reads_our_data() {
     check(sc("readiness", "epoll_et_quiet"));
 }
 
@@ -760,7 +766,7 @@ fn select_mixes_rings_pipes_and_kernel_sockets() {
 #[ignore = "bug: epoll_wait reports a ready ring fd twice in one call when kernel fds in the \
             same set are ready too — epoll.rs EpollSet::harvest collects ring events, then \
             after translating kernel events collects them again"]
-fn epoll_mixes_rings_pipes_and_kernel_sockets() {
+fn bug_epoll_mixes_rings_pipes_and_kernel_sockets() {
     check(sc("readiness", "mixed_epoll"));
 }
 
@@ -841,7 +847,7 @@ fn fork_exec_child_serves_parent_closes_at_once() {
             parent ends the connection: the parent's close is taken as the last holder's \
             (conn.rs Conn::release), the rings shut and the spawned child finds its socket \
             reset; inherit.rs adopt_inherited does not count the new holder"]
-fn spawned_child_keeps_connection_after_parent_closes() {
+fn bug_spawned_child_keeps_connection_after_parent_closes() {
     check(sc("procs", "spawn_inherit").evidence("inherited ring connection adopted after exec"));
 }
 
