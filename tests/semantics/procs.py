@@ -5,7 +5,8 @@
                       only once both closed;
   exec_inherit        the accepted socket survives execv (os.set_inheritable) into a new python;
   fork_exec_inherit   fork, then execv in the child (inetd style); the parent closes its copy;
-  spawn_inherit       subprocess.Popen(pass_fds=...) (vfork/posix_spawn); the parent closes.
+  spawn_inherit       subprocess.Popen(pass_fds=...) (vfork/posix_spawn); the parent closes;
+  fork_shared_nonblock  O_NONBLOCK set by a forked child is seen by the parent (one open file).
 The server role prints OK only once the process that served the connection succeeded.
 With --extra one_cpu the forking server pins itself to one CPU first, so after fork the parent
 runs on (and closes its copy) before the child has run at all."""
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from semlib import Fail, check, dial, eq, pattern, recv_all, recv_exact, run, sha
+from semlib import Fail, check, dial, eq, pattern, recv_all, recv_exact, run, serve_one, sha
 
 SIZE = 1 << 20
 
@@ -217,7 +218,45 @@ def exec_client(args):
     s.close()
 
 
+# ---- fork_shared_nonblock: O_NONBLOCK belongs to the open file, shared with a forked child ---------
+
+def shared_nonblock_client(args):
+    import fcntl
+    import struct
+
+    from semlib import cmd, now, within
+
+    s = dial(args)
+    fd = s.fileno()
+    # Bound a wrongly blocking recv: EAGAIN after 2 s at the latest.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 2, 0))
+    pid = os.fork()
+    if pid == 0:
+        in_child(lambda: fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL)
+                                     | os.O_NONBLOCK))
+    eq(wait_child(pid), 0, "the child's exit code")
+    check(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK, "O_NONBLOCK set by the child")
+    t0 = now()
+    try:
+        s.recv(10)
+        raise Fail("recv returned data")
+    except BlockingIOError:
+        pass
+    within(now() - t0, 0, 0.5, "EAGAIN at once (the child made the file non-blocking)")
+    cmd(s, "close")
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    eq(s.recv(10), b"", "EOF")
+    s.close()
+
+
+def commands(conn, args):
+    from semlib import command_server
+
+    command_server(conn)
+
+
 CASES = {
+    "fork_shared_nonblock": (serve_one(commands), shared_nonblock_client),
     "fork_child_serves": (fork_serve_server, fork_serve_client),
     "fork_both_write": (both_server, both_client),
     "exec_inherit": (exec_server, exec_client),
