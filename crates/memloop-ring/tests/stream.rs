@@ -235,7 +235,10 @@ fn probe_reports_levels_and_flags() {
     let mut p = StreamProducer::attach(view.clone()).unwrap();
     let mut c = StreamConsumer::attach(view.clone()).unwrap();
     let pr = memloop_ring::header::probe(&view).unwrap();
-    assert_eq!((pr.used, pr.free(), pr.writer_shut, pr.reader_closed), (0, 256, false, false));
+    assert_eq!(
+        (pr.used, pr.free(), pr.writer_shut, pr.reader_closed),
+        (0, 256, false, false)
+    );
     p.write(&[7; 100]).unwrap();
     assert_eq!(memloop_ring::header::probe(&view).unwrap().used, 100);
     p.shutdown();
@@ -243,6 +246,8 @@ fn probe_reports_levels_and_flags() {
     let pr = memloop_ring::header::probe(&view).unwrap();
     assert!(pr.writer_shut && pr.reader_closed);
     // A tail beyond head + capacity is corruption: no probe.
-    view.u64_at(0).unwrap().store(10_000, std::sync::atomic::Ordering::Relaxed);
+    view.u64_at(0)
+        .unwrap()
+        .store(10_000, std::sync::atomic::Ordering::Relaxed);
     assert!(memloop_ring::header::probe(&view).is_none());
 }
