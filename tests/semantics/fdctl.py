@@ -91,6 +91,10 @@ def ping(wfd, rfd, what):
 def dup_client(args):
     c1 = dial(args)
     c2 = dial(args)
+    # Both connections in use first (so both are settled, on rings under the preload).
+    for c in (c1, c2):
+        cmd(c, "ping")
+        eq(recv_exact(c, 5), b"pong\n", "pong")
     fd = c1.detach()
     d1 = fcntl.fcntl(fd, fcntl.F_DUPFD, 100)
     check(d1 >= 100, f"F_DUPFD returned {d1}")
