@@ -166,6 +166,14 @@ def shut_wr_pollout_client(args):
     s.close()
 
 
+def eof_pause_close(conn, args):
+    # The client polls right after its SHUT_WR: our FIN must not race that poll (on a ring it
+    # arrives within a microsecond, which would add POLLIN|POLLRDHUP to what the client sees).
+    eq(recv_all(conn), b"", "nothing but EOF")
+    time.sleep(0.5)
+    conn.close()
+
+
 def eof_then_close(conn, args):
     eq(recv_all(conn), b"", "nothing but EOF")
     conn.close()
@@ -470,7 +478,7 @@ CASES = {
     "epoll_et_quiet": (serve_one(commands), et_quiet_client),
     "epoll_oneshot": (serve_one(commands), oneshot_client),
     "epoll_two_sets": (serve_one(commands), two_sets_client),
-    "shut_wr_pollout": (serve_one(eof_then_close), shut_wr_pollout_client),
+    "shut_wr_pollout": (serve_one(eof_pause_close), shut_wr_pollout_client),
     "mixed_poll": (serve_one(commands), mixed_client("poll")),
     "mixed_select": (serve_one(commands), mixed_client("select")),
     "mixed_epoll": (serve_one(commands), mixed_client("epoll")),

@@ -53,6 +53,9 @@ pub struct Conn {
     shut_rd: AtomicBool,
     shut_wr: AtomicBool,
     peer_closed: AtomicBool,
+    /// The peer's socket was reset: after the ring drains, one ECONNRESET, then EOF.
+    peer_reset: AtomicBool,
+    reset_reported: AtomicBool,
     /// Set after fork: other processes may use this end, so ring operations take the
     /// cross-process side lock and reload the indices.
     shared: AtomicBool,
@@ -114,6 +117,8 @@ impl Conn {
             shut_rd: AtomicBool::new(false),
             shut_wr: AtomicBool::new(false),
             peer_closed: AtomicBool::new(false),
+            peer_reset: AtomicBool::new(false),
+            reset_reported: AtomicBool::new(false),
             shared: AtomicBool::new(false),
             side_words,
             created: Instant::now(),
@@ -296,16 +301,27 @@ impl Conn {
         self.peer_closed.load(Acquire)
     }
 
+    /// The peer's kernel socket is gone: every process holding that end closed it or died,
+    /// so its side of the channel can be released even if its holder count says otherwise.
     pub fn set_peer_closed(&self) {
         if !self.peer_closed.swap(true, AcqRel) {
             tracing::debug!(ch = ?self.ch, "peer's socket closed");
+            let _ = self
+                .engine
+                .registry()
+                .peer_socket_closed(self.ch, self.side);
         }
     }
 
-    /// Drains doorbells from the kernel socket, noting a closed peer.
+    /// Drains doorbells from the kernel socket, noting a closed or reset peer.
     pub fn drain(&self) {
-        if real::drain_doorbells(self.kfd()) == Drain::Closed {
-            self.set_peer_closed();
+        match real::drain_doorbells(self.kfd()) {
+            Drain::Open => {}
+            Drain::Closed => self.set_peer_closed(),
+            Drain::Reset => {
+                self.peer_reset.store(true, Release);
+                self.set_peer_closed();
+            }
         }
     }
 
@@ -314,12 +330,14 @@ impl Conn {
     /// `recv` family on a ring connection. `Ok(0)` is EOF.
     pub fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: c_int) -> Result<usize, c_int> {
         let want: usize = bufs.iter().map(|b| b.len()).sum();
-        if want == 0 || self.shut_rd.load(Acquire) {
+        if want == 0 {
             return Ok(0);
         }
         let peek = flags & libc::MSG_PEEK != 0;
-        let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
-        let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblock.load(Relaxed);
+        let waitall = flags & libc::MSG_WAITALL != 0;
+        // After our own SHUT_RD the kernel still hands out what was queued, then EOF.
+        let shut_rd = self.shut_rd.load(Acquire);
+        let dontwait = shut_rd || flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
         let timeout = if dontwait {
             None
         } else {
@@ -328,16 +346,24 @@ impl Conn {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut got = 0usize;
         loop {
-            let n = self.read_some(bufs, got, peek)?;
-            got += n;
-            if got == want || (got > 0 && !waitall) {
-                return Ok(got);
+            // MSG_PEEK|MSG_WAITALL: wait until the whole length is there, then peek it.
+            let enough = !(peek && waitall) || self.readable_bytes() >= want;
+            if enough {
+                let n = self.read_some(bufs, got, peek)?;
+                got = if peek { n } else { got + n };
+                if got == want || (got > 0 && !waitall) {
+                    return Ok(got);
+                }
             }
             if self.rx_at_eof()? {
-                return Ok(got);
+                return self.eof(got);
             }
             if dontwait {
-                return if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
+                return match (got, shut_rd) {
+                    (0, true) => Ok(0),
+                    (0, false) => Err(libc::EAGAIN),
+                    _ => Ok(got),
+                };
             }
             match self.wait(Dir::Read, deadline) {
                 Ok(()) => {}
@@ -345,6 +371,28 @@ impl Conn {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// End of the stream: a reset peer gives one ECONNRESET (after everything it sent).
+    fn eof(&self, got: usize) -> Result<usize, c_int> {
+        if got == 0 && self.reset() && !self.reset_reported.swap(true, AcqRel) {
+            return Err(libc::ECONNRESET);
+        }
+        Ok(got)
+    }
+
+    /// The peer reset the connection (flagged in the ring, or seen on the kernel socket).
+    fn reset(&self) -> bool {
+        self.peer_reset.load(Acquire) || self.rx_probe().is_some_and(|p| p.writer_reset)
+    }
+
+    /// O_NONBLOCK. After fork the open file description (and its flags) is shared with other
+    /// processes, which may change it: then ask the kernel.
+    fn nonblocking(&self) -> bool {
+        if self.shared.load(Relaxed) {
+            return real::status_flags(self.kfd()) & libc::O_NONBLOCK != 0;
+        }
+        self.nonblock.load(Relaxed)
     }
 
     /// Copies into `bufs` starting `skip` bytes in.
@@ -370,7 +418,7 @@ impl Conn {
             return Ok(false);
         }
         // Re-read after the flag: bytes published before the shutdown are visible by now.
-        let shut = p.writer_shut || self.peer_closed();
+        let shut = p.writer_shut || p.writer_reset || self.peer_closed();
         Ok(shut && self.rx_probe().is_some_and(|p| p.used == 0))
     }
 
@@ -388,7 +436,7 @@ impl Conn {
     pub fn send(&self, bufs: &[IoSlice<'_>], flags: c_int) -> Result<usize, c_int> {
         let want: usize = bufs.iter().map(|b| b.len()).sum();
         let nosignal = flags & libc::MSG_NOSIGNAL != 0;
-        let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblock.load(Relaxed);
+        let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
         let timeout = if dontwait {
             None
         } else {
@@ -446,19 +494,27 @@ impl Conn {
         let (Some(rx), Some(tx)) = (self.rx_probe(), self.tx_probe()) else {
             return libc::POLLERR | libc::POLLIN | libc::POLLOUT;
         };
-        let gone = self.peer_closed();
+        // As the kernel: the peer's FIN is POLLIN|POLLRDHUP; POLLHUP needs both directions
+        // shut (or a reset); after our own SHUT_WR a write fails at once, so POLLOUT.
+        let reset = rx.writer_reset || self.peer_reset.load(Relaxed);
+        let fin = rx.writer_shut || reset || self.peer_closed();
+        let shut_rd = self.shut_rd.load(Relaxed);
+        let shut_wr = self.shut_wr.load(Relaxed);
         let mut ev = 0;
-        if rx.used > 0 || rx.writer_shut || gone || self.shut_rd.load(Relaxed) {
+        if rx.used > 0 || fin || shut_rd {
             ev |= libc::POLLIN;
         }
-        if rx.writer_shut || gone {
+        if fin || shut_rd {
             ev |= libc::POLLRDHUP;
         }
-        if (tx.free() > 0 && !self.shut_wr.load(Relaxed)) || tx.reader_closed || gone {
+        if tx.free() > 0 || shut_wr || tx.reader_closed || self.peer_closed() {
             ev |= libc::POLLOUT;
         }
-        if gone || (rx.writer_shut && self.shut_wr.load(Relaxed)) {
+        if reset || (fin && shut_wr) {
             ev |= libc::POLLHUP;
+        }
+        if reset && !self.reset_reported.load(Relaxed) {
+            ev |= libc::POLLERR;
         }
         ev
     }
@@ -612,11 +668,23 @@ impl Conn {
                 }
             }
         }
-        let _ = self.with_prod(|p| p.shutdown());
+        let fd = self.kfd();
+        // As the kernel: closing with data unread, or with SO_LINGER {1, 0}, resets the
+        // connection. The real close then sends the RST; the peer reads what we sent, then
+        // gets ECONNRESET (so the ring is not marked shut, which would read as a clean EOF).
+        let abort = self.readable_bytes() > 0 || real::linger_zero(fd);
+        if abort {
+            let _ = self.with_prod(|p| p.reset());
+            real::set_linger_zero(fd);
+        } else {
+            let _ = self.with_prod(|p| p.shutdown());
+            // Doorbells left unread would make the kernel reset instead of closing cleanly.
+            self.drain();
+        }
         // The ring's tail counts every byte ever published, whichever process wrote it.
         let sent = memloop_ring::header::totals(&self.tx_view).map(|(tail, _)| tail);
         let _ = self.with_cons(|c| c.close());
-        real::ring_doorbell(self.kfd());
+        real::ring_doorbell(fd);
         let reg = self.engine.registry();
         reg.add_counter(memloop::registry::COUNTER_RING_BYTES, sent.unwrap_or(0));
         if let Err(e) = reg.close(self.ch, self.side) {
@@ -643,6 +711,30 @@ impl Conn {
             libc::SO_RCVTIMEO => self.rcvtimeo_us.store(v, Relaxed),
             libc::SO_SNDTIMEO => self.sndtimeo_us.store(v, Relaxed),
             _ => {}
+        }
+    }
+
+    /// SIOCOUTQ: bytes we sent that the peer has not read yet.
+    pub fn unread_by_peer(&self) -> usize {
+        self.tx_probe().map_or(0, |p| p.used as usize)
+    }
+
+    /// Waits (unless `nonblock`) until the tx ring has room; returns how much (≤ `max`).
+    pub fn wait_room(&self, max: usize, nonblock: bool) -> Result<usize, c_int> {
+        let dontwait = nonblock || self.nonblocking();
+        let deadline = us(&self.sndtimeo_us).map(|t| Instant::now() + t);
+        loop {
+            if self.shut_wr.load(Acquire) || self.peer_closed() {
+                return Err(libc::EPIPE);
+            }
+            let free = self.tx_probe().map_or(0, |p| p.free() as usize);
+            if free > 0 {
+                return Ok(free.min(max).max(1));
+            }
+            if dontwait {
+                return Err(libc::EAGAIN);
+            }
+            self.wait(Dir::Write, deadline)?;
         }
     }
 

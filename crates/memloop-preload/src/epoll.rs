@@ -218,18 +218,20 @@ impl EpollSet {
 
     /// Ring readiness plus a non-blocking look at the kernel set.
     fn harvest(&self, out: &mut [epoll_event], tmp: &mut [epoll_event]) -> Result<usize, c_int> {
-        let n = self.collect(out);
+        let mut reported = Vec::new();
+        let n = self.collect_except(out, &mut reported);
         if n == out.len() {
             return Ok(n);
         }
         let k = real_wait(self.epfd, &mut tmp[..out.len() - n], 0, std::ptr::null())?;
         let extra = self.translate(&tmp[..k], &mut out[n..]);
-        // Doorbells may have made rings readable: look again if there is room.
+        // Doorbells may have made more rings readable: look again (not at those already
+        // reported) if there is room.
         let m = n + extra;
         if extra == 0 || m == out.len() {
             return Ok(m);
         }
-        Ok(m + self.collect(&mut out[m..]))
+        Ok(m + self.collect_except(&mut out[m..], &mut reported))
     }
 
     /// Arms every ring interest, re-checks, then sleeps in the kernel.
@@ -284,16 +286,21 @@ impl EpollSet {
 
     /// Ready ring interests → program events.
     fn collect(&self, out: &mut [epoll_event]) -> usize {
+        self.collect_except(out, &mut Vec::new())
+    }
+
+    /// Like [`Self::collect`], skipping the fds in `reported` and adding those it reports.
+    fn collect_except(&self, out: &mut [epoll_event], reported: &mut Vec<c_int>) -> usize {
         if out.is_empty() {
             return 0;
         }
         let mut items = self.items.lock();
         let mut n = 0;
-        for it in items.values_mut() {
+        for (fd, it) in items.iter_mut() {
             if n == out.len() {
                 break;
             }
-            if it.disabled || it.conn.path() != RING {
+            if it.disabled || it.conn.path() != RING || reported.contains(fd) {
                 continue;
             }
             let ready = poll_to_epoll(it.conn.revents());
@@ -303,7 +310,20 @@ impl EpollSet {
                 continue;
             }
             if it.events & libc::EPOLLET as u32 != 0 {
-                let now = (it.conn.progress(), report);
+                // Edge: report again only when something this interest watches moved (new
+                // data for EPOLLIN, freed space for EPOLLOUT) or the ready set changed.
+                let (rx_tail, tx_head) = it.conn.progress();
+                let rx = if it.events & libc::EPOLLIN as u32 != 0 {
+                    rx_tail
+                } else {
+                    0
+                };
+                let tx = if it.events & libc::EPOLLOUT as u32 != 0 {
+                    tx_head
+                } else {
+                    0
+                };
+                let now = ((rx, tx), report);
                 if it.last == Some(now) {
                     continue;
                 }
@@ -316,6 +336,7 @@ impl EpollSet {
                 events: report,
                 u64: it.data,
             };
+            reported.push(*fd);
             n += 1;
         }
         n

@@ -768,8 +768,14 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c
 pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int {
     if table::kind(fd) == table::K_OBJ {
         if let Route::Ring(c) = dispatch::route(fd) {
-            if req == libc::FIONREAD && arg != 0 {
-                *(arg as *mut c_int) = c.readable_bytes().min(c_int::MAX as usize) as c_int;
+            // FIONREAD = SIOCINQ; TIOCOUTQ = SIOCOUTQ: bytes we sent that the peer has not read.
+            let answer = match req {
+                libc::FIONREAD => Some(c.readable_bytes()),
+                libc::TIOCOUTQ => Some(c.unread_by_peer()),
+                _ => None,
+            };
+            if let (Some(v), true) = (answer, arg != 0) {
+                *(arg as *mut c_int) = v.min(c_int::MAX as usize) as c_int;
                 return 0;
             }
         }
@@ -830,6 +836,125 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
         dispatch::after_dup(old, r);
     }
     r
+}
+
+/// `vfork` becomes `fork`: a vforked child shares our memory and skips the fork handlers, so
+/// ring connections it inherits (and keeps across exec) would not be counted as held by it.
+/// A full fork is a valid implementation of vfork.
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    libc::fork()
+}
+
+/// splice with a ring connection on one side: the pipe or file side is read or written
+/// for real, the connection side through the ring; never more than fits on the other side,
+/// so no byte is taken that cannot be delivered.
+#[no_mangle]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    len: size_t,
+    flags: libc::c_uint,
+) -> ssize_t {
+    let nonblock = flags & libc::SPLICE_F_NONBLOCK != 0;
+    match (dispatch::route(fd_in), dispatch::route(fd_out)) {
+        (_, Route::Ring(c)) => ret_len(guarded(|| {
+            let room = c.wait_room(len.min(1 << 20), nonblock)?;
+            let mut buf = vec![0u8; room];
+            let n = if off_in.is_null() {
+                real::read()(fd_in, buf.as_mut_ptr().cast(), room)
+            } else {
+                let n = libc::pread64(fd_in, buf.as_mut_ptr().cast(), room, *off_in);
+                if n > 0 {
+                    *off_in += n as i64;
+                }
+                n
+            };
+            if n < 0 {
+                return Err(real::errno());
+            }
+            c.send(&[IoSlice::new(&buf[..n as usize])], libc::MSG_NOSIGNAL)
+        })),
+        (Route::Ring(c), _) => ret_len(guarded(|| {
+            let room = real::pipe_room(fd_out).unwrap_or(65536).min(len).max(1);
+            let mut buf = vec![0u8; room];
+            let f = if nonblock { libc::MSG_DONTWAIT } else { 0 };
+            let n = c.recv(&mut [IoSliceMut::new(&mut buf)], f)?;
+            let w = if off_out.is_null() {
+                real::write()(fd_out, buf.as_ptr().cast(), n)
+            } else {
+                let w = libc::pwrite64(fd_out, buf.as_ptr().cast(), n, *off_out);
+                if w > 0 {
+                    *off_out += w as i64;
+                }
+                w
+            };
+            if w < 0 {
+                return Err(real::errno());
+            }
+            Ok(w as usize)
+        })),
+        _ => real::splice()(fd_in, off_in, fd_out, off_out, len, flags),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    n: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    let Route::Ring(_) = dispatch::route(fd) else {
+        return real::sendmmsg()(fd, msgs, n, flags);
+    };
+    let mut done = 0;
+    for i in 0..n as usize {
+        let m = &mut *msgs.add(i);
+        let r = sendmsg(fd, &m.msg_hdr, flags);
+        if r < 0 {
+            return if done > 0 { done } else { -1 };
+        }
+        m.msg_len = r as libc::c_uint;
+        done += 1;
+    }
+    done
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    n: libc::c_uint,
+    flags: c_int,
+    timeout: *mut libc::timespec,
+) -> c_int {
+    let Route::Ring(_) = dispatch::route(fd) else {
+        return real::recvmmsg()(fd, msgs, n, flags, timeout);
+    };
+    let mut done = 0;
+    let mut f = flags & !libc::MSG_WAITFORONE;
+    for i in 0..n as usize {
+        let m = &mut *msgs.add(i);
+        let r = recvmsg(fd, &mut m.msg_hdr, f);
+        if r <= 0 {
+            return if done > 0 {
+                done
+            } else if r == 0 {
+                0
+            } else {
+                -1
+            };
+        }
+        m.msg_len = r as libc::c_uint;
+        done += 1;
+        if flags & libc::MSG_WAITFORONE != 0 {
+            f |= libc::MSG_DONTWAIT;
+        }
+    }
+    done
 }
 
 // ---- start-up ---------------------------------------------------------------------------------

@@ -80,6 +80,9 @@ real_fns! {
     setsockopt: fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int;
     sendfile: fn(c_int, c_int, *mut libc::off_t, size_t) -> ssize_t;
     sendfile64: fn(c_int, c_int, *mut libc::off64_t, size_t) -> ssize_t;
+    splice: fn(c_int, *mut libc::loff_t, c_int, *mut libc::loff_t, size_t, libc::c_uint) -> ssize_t;
+    sendmmsg: fn(c_int, *mut libc::mmsghdr, libc::c_uint, c_int) -> c_int;
+    recvmmsg: fn(c_int, *mut libc::mmsghdr, libc::c_uint, c_int, *mut libc::timespec) -> c_int;
 }
 
 pub fn errno() -> c_int {
@@ -120,8 +123,10 @@ pub fn ring_doorbell(fd: c_int) {
 pub enum Drain {
     /// Nothing (more) to read: the connection is up.
     Open,
-    /// The peer's socket is gone (EOF or reset): every process on that side closed it.
+    /// The peer's socket is gone (EOF): every process on that side closed it.
     Closed,
+    /// The connection was reset (the peer closed abortively, or with data unread).
+    Reset,
 }
 
 /// Reads and discards everything queued on the kernel socket (doorbell bytes).
@@ -135,6 +140,7 @@ pub fn drain_doorbells(fd: c_int) -> Drain {
             Ok(_) => continue,
             Err(libc::EINTR) => continue,
             Err(libc::EAGAIN) => return Drain::Open,
+            Err(libc::ECONNRESET) | Err(libc::EPIPE) => return Drain::Reset,
             Err(_) => return Drain::Closed,
         }
     }
@@ -256,6 +262,61 @@ pub fn set_sockopt_int(fd: c_int, level: c_int, opt: c_int, v: c_int) {
             opt,
             (&v as *const c_int).cast(),
             std::mem::size_of::<c_int>() as socklen_t,
+        )
+    };
+}
+
+/// Free space of a pipe (capacity minus queued bytes); `None` if `fd` is not a pipe.
+pub fn pipe_room(fd: c_int) -> Option<usize> {
+    // SAFETY: F_GETPIPE_SZ takes no argument.
+    let cap = unsafe { fcntl()(fd, libc::F_GETPIPE_SZ, 0) };
+    if cap <= 0 {
+        return None;
+    }
+    let mut used: c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    let r = unsafe {
+        ioctl()(
+            fd,
+            libc::FIONREAD,
+            (&mut used as *mut c_int) as libc::c_ulong,
+        )
+    };
+    (r == 0).then(|| (cap - used).max(0) as usize)
+}
+
+/// Whether SO_LINGER is {on, 0 s}: close resets the connection.
+pub fn linger_zero(fd: c_int) -> bool {
+    // SAFETY: zeroed linger is valid.
+    let mut l: libc::linger = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::linger>() as socklen_t;
+    // SAFETY: buffer and length describe `l`.
+    let r = unsafe {
+        getsockopt()(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&mut l as *mut libc::linger).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && l.l_onoff != 0 && l.l_linger == 0
+}
+
+/// Makes the coming close send a reset.
+pub fn set_linger_zero(fd: c_int) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: buffer and length describe `l`.
+    unsafe {
+        setsockopt()(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as socklen_t,
         )
     };
 }

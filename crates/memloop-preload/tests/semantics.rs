@@ -620,18 +620,12 @@ fn echo_256mb_sha256_both_ways() {
 }
 
 #[test]
-#[ignore = "bug: MSG_PEEK|MSG_WAITALL returns what is there instead of waiting for the whole \
-            length as the kernel does — conn.rs Conn::recv, `waitall = … && !peek`"]
-fn bug_msg_peek_with_waitall_waits_for_all() {
+fn msg_peek_with_waitall_waits_for_all() {
     check(sc("flags", "peek_waitall"));
 }
 
 #[test]
-#[ignore = "bug: after our own shutdown(SHUT_RD) recv returns EOF although data is queued (the \
-            kernel returns the queued data first) and poll lacks POLLRDHUP — conn.rs \
-            Conn::recv returns Ok(0) as soon as shut_rd is set; Conn::revents sets POLLRDHUP \
-            only for the peer's shutdown"]
-fn bug_shutdown_rd_still_reads_queued_data() {
+fn shutdown_rd_still_reads_queued_data() {
     check(sc("flags", "shut_rd"));
 }
 
@@ -643,9 +637,7 @@ fn bug_msg_oob_urgent_byte() {
 }
 
 #[test]
-#[ignore = "bug (not emulated): ioctl(TIOCOUTQ/SIOCOUTQ) is answered by the idle kernel socket \
-            (always 0) — ffi.rs ioctl emulates FIONREAD only"]
-fn bug_siocoutq_counts_unsent_bytes() {
+fn siocoutq_counts_unsent_bytes() {
     check(sc("flags", "siocoutq"));
 }
 
@@ -691,19 +683,12 @@ fn close_delivers_queued_data_then_eof() {
 }
 
 #[test]
-#[ignore = "bug: a close with SO_LINGER {1, 0} reaches a ring peer as an orderly EOF; the kernel \
-            resets (the peer reads what came first, then ECONNRESET; poll shows \
-            POLLERR|POLLHUP) — conn.rs Conn::release always shuts the ring gracefully, and the \
-            survivor's Conn::drain treats the kernel socket's reset like a FIN (peer_closed)"]
-fn bug_abortive_close_linger0_is_a_reset() {
+fn abortive_close_linger0_is_a_reset() {
     check(sc("resets", "linger0"));
 }
 
 #[test]
-#[ignore = "bug: closing with the peer's data still unread resets a kernel connection \
-            (ECONNRESET after the data that came first, POLLERR|POLLHUP); on a ring the peer \
-            gets an orderly EOF — same place as bug_abortive_close_linger0_is_a_reset"]
-fn bug_close_with_unread_data_is_a_reset() {
+fn close_with_unread_data_is_a_reset() {
     check(sc("resets", "close_unread"));
 }
 
@@ -730,19 +715,12 @@ fn pollrdhup_after_peer_close() {
 }
 
 #[test]
-#[ignore = "bug: once the peer's close (a FIN) has been noticed, a ring reports POLLHUP/EPOLLHUP; \
-            the kernel reports POLLIN|POLLRDHUP only (POLLHUP needs both directions shut or a \
-            reset), and programs that treat POLLHUP as a dead connection drop unread data — \
-            conn.rs Conn::revents sets POLLHUP when `peer_closed` (kernel-socket EOF)"]
-fn bug_no_pollhup_after_peer_close_alone() {
+fn no_pollhup_after_peer_close_alone() {
     check(sc("readiness", "close_hup_strict"));
 }
 
 #[test]
-#[ignore = "bug: after our own shutdown(SHUT_WR) poll/select/epoll never report POLLOUT on a \
-            ring (the kernel does; a program waiting to write blocks forever) — \
-            conn.rs Conn::revents, `!self.shut_wr` in the POLLOUT condition"]
-fn bug_pollout_after_own_shutdown_wr() {
+fn pollout_after_own_shutdown_wr() {
     check(sc("readiness", "shut_wr_pollout"));
 }
 
@@ -752,10 +730,7 @@ fn epoll_edge_triggered_reports_once_per_new_data() {
 }
 
 #[test]
-#[ignore = "bug: an EPOLLIN|EPOLLET interest fires again when the peer merely reads what we \
-            sent (no new data for us) — epoll.rs EpollSet::collect compares Conn::progress(), \
-            which includes our tx ring's head, whatever the interest"]
-fn bug_epoll_edge_triggered_quiet_when_peer_reads_our_data() {
+fn epoll_edge_triggered_quiet_when_peer_reads_our_data() {
     check(sc("readiness", "epoll_et_quiet"));
 }
 
@@ -780,10 +755,7 @@ fn select_mixes_rings_pipes_and_kernel_sockets() {
 }
 
 #[test]
-#[ignore = "bug: epoll_wait reports a ready ring fd twice in one call when kernel fds in the \
-            same set are ready too — epoll.rs EpollSet::harvest collects ring events, then \
-            after translating kernel events collects them again"]
-fn bug_epoll_mixes_rings_pipes_and_kernel_sockets() {
+fn epoll_mixes_rings_pipes_and_kernel_sockets() {
     check(sc("readiness", "mixed_epoll"));
 }
 
@@ -860,20 +832,12 @@ fn fork_exec_child_serves_parent_closes_at_once() {
 }
 
 #[test]
-#[ignore = "bug: subprocess.Popen(pass_fds) (vfork, no atfork handlers) then close in the \
-            parent ends the connection: the parent's close is taken as the last holder's \
-            (conn.rs Conn::release), the rings shut and the spawned child finds its socket \
-            reset; inherit.rs adopt_inherited does not count the new holder"]
-fn bug_spawned_child_keeps_connection_after_parent_closes() {
+fn spawned_child_keeps_connection_after_parent_closes() {
     check(sc("procs", "spawn_inherit").evidence("inherited ring connection adopted after exec"));
 }
 
 #[test]
-#[ignore = "bug: O_NONBLOCK set by a forked child (one open file description) is not seen by \
-            the parent's ring connection: its recv blocks (here until SO_RCVTIMEO) where the \
-            kernel says EAGAIN at once — conn.rs Conn::nonblock is a per-process copy, updated \
-            only by this process's fcntl/ioctl (dispatch.rs set_nonblock)"]
-fn bug_o_nonblock_shared_with_forked_child() {
+fn o_nonblock_shared_with_forked_child() {
     check(sc("procs", "fork_shared_nonblock"));
 }
 
@@ -885,11 +849,7 @@ fn sendfile_from_a_file() {
 }
 
 #[test]
-#[ignore = "bug: splice(2) is not intercepted: bytes spliced into a ring connection go to the \
-            idle kernel socket, where the peer drains them as doorbells (lost; the reader \
-            stalls), and splicing out of one reads doorbells instead of data — ffi.rs exports \
-            no splice (nor tee/vmsplice, sendmmsg/recvmmsg, copy_file_range)"]
-fn bug_splice_to_and_from_a_connection() {
+fn splice_to_and_from_a_connection() {
     check(sc("sendfile", "splice"));
 }
 

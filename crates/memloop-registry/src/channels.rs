@@ -640,6 +640,14 @@ impl Registry {
         Ok(false)
     }
 
+    /// `side` learnt from the kernel that the peer's socket is gone (every process holding that
+    /// end closed it or died): mark the other side dead, which frees the channel once `side`
+    /// closes too. Needed when the peer's holders could not all say goodbye (killed, or a
+    /// forked child that exec'd without closing its inherited copy).
+    pub fn peer_socket_closed(&self, ch: ChannelId, side: Side) -> Result<bool, RegistryError> {
+        self.mark_dead(ch, other(side))
+    }
+
     /// Has the other side closed or died (or, for a client, did the server decline)?
     pub fn peer_gone(&self, ch: ChannelId, side: Side) -> Result<bool, RegistryError> {
         let w = self.check_channel(ch)?;

@@ -28,6 +28,11 @@ pub const RING_HEADER_BYTES: u64 = 256;
 pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"MLRING01");
 /// Writer flag: the producer is done; the consumer sees EOF once it has drained the ring.
 pub const WFLAG_SHUTDOWN: u32 = 1;
+/// Writer flag: the writer aborted (a TCP reset): the reader gets what was published, then an
+/// error instead of EOF.
+pub const WFLAG_RESET: u32 = 2;
+/// Every writer flag a valid header may carry.
+pub const WFLAGS_KNOWN: u32 = WFLAG_SHUTDOWN | WFLAG_RESET;
 /// Reader flag: the consumer is gone; the producer gets [`RingError::Closed`].
 pub const RFLAG_CLOSED: u32 = 1;
 /// Smallest allowed capacity.
@@ -196,6 +201,7 @@ pub struct Probe {
     pub used: u64,
     pub capacity: u64,
     pub writer_shut: bool,
+    pub writer_reset: bool,
     pub reader_closed: bool,
 }
 
@@ -225,6 +231,7 @@ pub fn probe(view: &ShmSlice) -> Option<Probe> {
                 used,
                 capacity,
                 writer_shut: wflags & WFLAG_SHUTDOWN != 0,
+                writer_reset: wflags & WFLAG_RESET != 0,
                 reader_closed: rflags & RFLAG_CLOSED != 0,
             });
         }

@@ -5,7 +5,7 @@
 //! Every re-read is validated: the peer's index may only move forward, never past ours (or
 //! more than `capacity` ahead of it), and stays a multiple of the flavour's granule.
 
-use crate::header::{Header, RingKind, RFLAG_CLOSED, WFLAG_SHUTDOWN};
+use crate::header::{Header, RingKind, RFLAG_CLOSED, WFLAGS_KNOWN, WFLAG_RESET, WFLAG_SHUTDOWN};
 use crate::wait::{block_until, Spinner, WaitPolicy};
 use crate::RingError;
 use memloop_shm::sync::Ordering::{Acquire, Release};
@@ -149,6 +149,12 @@ impl ProdCore {
         self.doorbell |= self.h.cons.notify();
     }
 
+    /// The writer aborts (a TCP reset): the consumer reads what was published, then an error.
+    pub fn reset(&mut self) {
+        self.h.wflags.fetch_or(WFLAG_RESET, Release);
+        self.doorbell |= self.h.cons.notify();
+    }
+
     /// Re-reads this side's own index from shared memory, for a producer shared between
     /// processes (after `fork`) that another holder may have advanced under a lock.
     pub fn resync(&mut self) -> Result<(), RingError> {
@@ -283,7 +289,7 @@ impl ConsCore {
     /// Whether the writer shut down (load before re-reading the tail: acquire makes every
     /// byte published before the shutdown visible).
     pub fn writer_shut(&self) -> Result<bool, RingError> {
-        Ok(load_flags(&self.h.wflags, WFLAG_SHUTDOWN, "writer flags")? & WFLAG_SHUTDOWN != 0)
+        Ok(load_flags(&self.h.wflags, WFLAGS_KNOWN, "writer flags")? & WFLAG_SHUTDOWN != 0)
     }
 
     /// True when the writer shut down and everything published has been consumed.

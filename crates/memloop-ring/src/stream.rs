@@ -68,6 +68,12 @@ impl StreamProducer {
         self.core.shutdown();
     }
 
+    /// Writer aborts: the consumer reads what was published, then sees the reset
+    /// ([`crate::header::Probe::writer_reset`]).
+    pub fn reset(&mut self) {
+        self.core.reset();
+    }
+
     /// Whether the reader closed (garbage in its flag word counts as closed).
     pub fn reader_closed(&self) -> bool {
         self.core.reader_closed()
