@@ -277,6 +277,11 @@ impl Registry {
         Err(RegistryError::RegionFull { what: "channels" })
     }
 
+    /// The c2s ring offset recorded in the entry (possibly stale: callers verify by tag).
+    pub(crate) fn channel_c2s(&self, ch: ChannelId) -> Option<u64> {
+        self.ld(self.channel_off(ch.idx) + O_C2S).ok()
+    }
+
     /// Bytes between the starts of the two rings (cache-line aligned).
     fn ring_stride(cap: u64) -> u64 {
         ring_bytes(cap).div_ceil(64) * 64
@@ -362,6 +367,9 @@ impl Registry {
         }
         if c_phase(w) == C_OFFERED {
             self.backlog_add(ep, false);
+        }
+        if is_marker(w) {
+            self.markers_gone(1);
         }
         let segs = self.release_segments(id);
         tracing::trace!(?id, segs, "channel freed");

@@ -54,6 +54,9 @@ pub(crate) const H_JOIN_SEQ: u64 = 120;
 const H_COUNTERS: u64 = 128;
 const H_CONNS: u64 = 256;
 const H_CONNS_OFF: u64 = 264;
+/// Decline markers currently published: lets a client skip the marker scan when there are
+/// none (see `markers.rs` for why that keeps the Dekker guarantee).
+pub(crate) const H_MARKERS: u64 = 272;
 
 /// Sizes of a region, chosen at init and recorded in its header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

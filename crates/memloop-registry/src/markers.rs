@@ -25,7 +25,7 @@ use crate::key::{
 };
 use crate::Registry;
 use memloop_shm::sync::fence;
-use memloop_shm::sync::Ordering::{Acquire, SeqCst};
+use memloop_shm::sync::Ordering::{Acquire, Relaxed, SeqCst};
 use std::net::SocketAddr;
 
 /// Same address and port, ignoring IPv6 flow info and scope, and IPv4-mapped IPv6 (a dual-stack
@@ -46,6 +46,22 @@ impl Registry {
     ) -> Result<ChannelId, RegistryError> {
         self.live_member(server)?;
         self.live_endpoint(ep)?;
+        // Counted before it is published (and before our scan of the offers), so a client that
+        // reads zero after publishing its offer is ordered before us: we will see its offer.
+        self.markers_word()?.fetch_add(1, SeqCst);
+        let published = self.publish_marker(server, ep, tuple);
+        if published.is_err() {
+            self.markers_gone(1);
+        }
+        published
+    }
+
+    fn publish_marker(
+        &self,
+        server: MemberId,
+        ep: EndpointId,
+        tuple: &ConnTuple,
+    ) -> Result<ChannelId, RegistryError> {
         let (id, reserved) = self.reserve(server)?;
         if let Err(e) = self.write_marker(id, server, ep, tuple) {
             self.free_channel(id, reserved).ok();
@@ -88,7 +104,21 @@ impl Registry {
     /// this right after its offer is published, and cancels the offer if one matches.
     pub fn markers_for_client(&self, client: SocketAddr) -> Vec<(ChannelId, ConnTuple)> {
         fence(SeqCst); // Dekker: our offer's CAS before, the markers' words after
+        if self.markers_word().is_ok_and(|w| w.load(SeqCst) == 0) {
+            return Vec::new();
+        }
         self.scan_tuples(client, |w| is_marker(w) && c_phase(w) == C_DECLINED)
+    }
+
+    fn markers_word(&self) -> Result<memloop_shm::ShmU64, RegistryError> {
+        Ok(self.view.u64_at(crate::header::H_MARKERS)?)
+    }
+
+    /// `n` markers were freed (saturating: a count that stays too high only costs scans).
+    pub(crate) fn markers_gone(&self, n: u64) {
+        if let Ok(w) = self.markers_word() {
+            let _ = w.fetch_update(SeqCst, Relaxed, |v| Some(v.saturating_sub(n)));
+        }
     }
 
     /// Offers (OFFERED, not yet accepted) from `client`. The server uses it after publishing a

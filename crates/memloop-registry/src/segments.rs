@@ -78,6 +78,12 @@ impl Registry {
     /// Frees every segment tagged with channel incarnation `ch`; returns how many.
     pub(crate) fn release_segments(&self, ch: ChannelId) -> u64 {
         let tag = pack_id(ch.idx, ch.gen);
+        // Fast path: the run the channel entry points at (a closing connection must not scan
+        // the whole heap). The entry may be stale if the offer failed half-built; then scan.
+        let freed = self.release_run(ch, tag);
+        if freed > 0 {
+            return freed;
+        }
         let mut freed = 0;
         for s in 0..self.layout.nsegments {
             if self.tag(s) == tag {
@@ -87,6 +93,30 @@ impl Registry {
             }
         }
         freed
+    }
+
+    /// Frees the segments from the channel's first ring on while they carry `tag`.
+    fn release_run(&self, ch: ChannelId, tag: u64) -> u64 {
+        let Some(first) = self.channel_first_segment(ch) else {
+            return 0;
+        };
+        let mut freed = 0;
+        for s in first..self.layout.nsegments {
+            let Ok(w) = self.tag_word(s) else { break };
+            if w.compare_exchange(tag, 0, SeqCst, Relaxed).is_err() {
+                break;
+            }
+            freed += 1;
+        }
+        freed
+    }
+
+    /// The segment holding the start of the channel's first ring, if the entry names one.
+    fn channel_first_segment(&self, ch: ChannelId) -> Option<u64> {
+        let off = self.channel_c2s(ch)?;
+        let rel = off.checked_sub(self.layout.heap_off)?;
+        let seg = rel / self.layout.params.segment_size;
+        (rel % self.layout.params.segment_size == 0 && seg < self.layout.nsegments).then_some(seg)
     }
 
     pub(crate) fn segments_used(&self) -> u64 {
