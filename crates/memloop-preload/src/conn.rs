@@ -575,20 +575,20 @@ impl Conn {
             self.waiters.fetch_add(1, AcqRel);
             self.arm(dir);
             let r = if self.ready(dir) {
-                Ok(())
+                Ok(false)
             } else {
                 self.sleep(left)
             };
             self.disarm(dir);
             let last = self.waiters.fetch_sub(1, AcqRel) == 1;
             // Another thread waiting on the same socket may need that doorbell byte too.
-            if last {
+            if last && !matches!(r, Ok(true)) {
                 self.drain();
             }
             match r {
                 Err(libc::EAGAIN) if dir == Dir::Write => {} // SO_RCVTIMEO cut our sleep short
                 Err(e) => return Err(e),
-                Ok(()) => {}
+                Ok(_) => {}
             }
             if self.ready(dir) {
                 return Ok(());
@@ -599,30 +599,44 @@ impl Conn {
         }
     }
 
-    /// One sleep until a doorbell, FIN or signal. Same kernel: a blocking `MSG_PEEK` receive,
-    /// which the kernel restarts after `SA_RESTART` signals exactly as it would the program's
-    /// own call; otherwise a bounded poll so a vanished VM is noticed.
-    fn sleep(&self, left: Option<Duration>) -> Result<(), c_int> {
+    /// One sleep until a doorbell, FIN or signal; `Ok(true)` if it also consumed every
+    /// doorbell. Same kernel: a blocking receive on the socket, which the kernel restarts after
+    /// `SA_RESTART` signals exactly as it would the program's own call — it consumes the
+    /// doorbells when we are this process's only waiter and no other process shares the end
+    /// (one system call per wake-up), else only peeks so other waiters wake too. Otherwise a
+    /// bounded poll, so a vanished VM is noticed.
+    fn sleep(&self, left: Option<Duration>) -> Result<bool, c_int> {
         let fd = self.kfd();
         if self.same_kernel && !self.nonblock.load(Relaxed) && left.is_none() {
-            let mut b = [0u8; 1];
-            return match real::peek_blocking(fd, &mut b) {
+            let alone = self.waiters.load(Acquire) == 1 && !self.shared.load(Relaxed);
+            let mut b = [0u8; 64];
+            let r = if alone {
+                real::recv_blocking(fd, &mut b)
+            } else {
+                real::peek_blocking(fd, &mut b[..1])
+            };
+            return match r {
                 Ok(0) => {
                     self.set_peer_closed();
-                    Ok(())
+                    Ok(false)
                 }
-                Ok(_) => Ok(()),
+                Ok(n) => Ok(alone && n < b.len()),
                 Err(e) if e == libc::EINTR || e == libc::EAGAIN => Err(e),
+                Err(libc::ECONNRESET) => {
+                    self.peer_reset.store(true, Release);
+                    self.set_peer_closed();
+                    Ok(false)
+                }
                 Err(_) => {
                     self.set_peer_closed();
-                    Ok(())
+                    Ok(false)
                 }
             };
         }
         let slice = left.map_or(LIVENESS_SLICE, |l| l.min(LIVENESS_SLICE));
         match real::wait_fd(fd, libc::POLLIN, Some(slice)) {
             Err(libc::EINTR) => Err(libc::EINTR),
-            _ => Ok(()),
+            _ => Ok(false),
         }
     }
 

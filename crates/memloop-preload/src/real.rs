@@ -360,11 +360,18 @@ pub fn getpid() -> u32 {
     std::process::id()
 }
 
-/// A blocking one-byte `MSG_PEEK` receive: sleeps until a doorbell, FIN or signal. The
-/// kernel applies `SO_RCVTIMEO` (→ `EAGAIN`) and `SA_RESTART` to it as to any receive.
-pub fn peek_blocking(fd: c_int, b: &mut [u8; 1]) -> Result<usize, c_int> {
-    // SAFETY: valid one-byte buffer.
-    let r = unsafe { recv()(fd, b.as_mut_ptr().cast(), 1, libc::MSG_PEEK) };
+/// A blocking `MSG_PEEK` receive: sleeps until a doorbell, FIN or signal. The kernel applies
+/// `SO_RCVTIMEO` (→ `EAGAIN`) and `SA_RESTART` to it as to any receive.
+pub fn peek_blocking(fd: c_int, b: &mut [u8]) -> Result<usize, c_int> {
+    // SAFETY: valid buffer of the given length.
+    let r = unsafe { recv()(fd, b.as_mut_ptr().cast(), b.len(), libc::MSG_PEEK) };
+    check(r)
+}
+
+/// Like [`peek_blocking`], consuming what it reads.
+pub fn recv_blocking(fd: c_int, b: &mut [u8]) -> Result<usize, c_int> {
+    // SAFETY: valid buffer of the given length.
+    let r = unsafe { recv()(fd, b.as_mut_ptr().cast(), b.len(), 0) };
     check(r)
 }
 
