@@ -311,6 +311,8 @@ impl Scenario {
 enum Mode {
     Kernel,
     Preload,
+    /// Preloaded, but with `MEMLOOP_DISABLE=1`.
+    Disabled,
 }
 
 struct Outcome {
@@ -362,7 +364,10 @@ fn role_cmd(
         "PYTHONDONTWRITEBYTECODE=1".into(),
         "PYTHONUNBUFFERED=1".into(),
     ];
-    if mode == Mode::Preload {
+    if mode == Mode::Disabled {
+        v.push("MEMLOOP_DISABLE=1".into());
+    }
+    if mode != Mode::Kernel {
         v.push(format!("LD_PRELOAD={}", preload_lib().display()));
         v.push(format!("MEMLOOP_REGION={}", region.expect("region")));
         v.push("MEMLOOP_LOG=debug".into());
@@ -574,6 +579,33 @@ fn check(s: Scenario) {
 fn check_domains(s: Scenario) {
     let Some(d) = Domains::up() else { return };
     check_with(s, Some(&d));
+}
+
+// ---- MEMLOOP_DISABLE ----------------------------------------------------------------------------
+
+/// `MEMLOOP_DISABLE=1`: the library stays loaded but dormant: the data still arrives, over the
+/// kernel, and the region never hears of the programs.
+#[test]
+fn memloop_disable_keeps_everything_on_tcp() {
+    let s = sc("stream", "echo_10mb");
+    let region = RegionGuard::new(s.case);
+    let o = run_pair(&s, Mode::Disabled, Some(&region.0), None);
+    assert_passed(&s, &o, "stream/echo_10mb with MEMLOOP_DISABLE=1");
+    for (who, log) in [("server", &o.server_err), ("client", &o.client_err)] {
+        for active in [
+            "transparent layer active",
+            "accepted on a ring",
+            "offered a ring",
+        ] {
+            assert!(
+                !log.contains(active),
+                "{}",
+                o.report(&format!(
+                    "MEMLOOP_DISABLE=1 but the {who}'s log says {active:?}"
+                ))
+            );
+        }
+    }
 }
 
 // ---- stream -----------------------------------------------------------------------------------
