@@ -69,7 +69,7 @@ pub struct Conn {
     /// Our side is already closed in the registry (last holder closed).
     released: AtomicBool,
     /// The program's TCP_NODELAY, restored if the connection stays on TCP.
-    nodelay: c_int,
+    nodelay: std::sync::atomic::AtomicI32,
 }
 
 /// What creating a connection needs.
@@ -128,7 +128,7 @@ impl Conn {
             resolving: ForkMutex::new(()),
             plain: ForkMutex::new(None),
             released: AtomicBool::new(false),
-            nodelay,
+            nodelay: std::sync::atomic::AtomicI32::new(nodelay),
         }))
     }
 
@@ -217,7 +217,7 @@ impl Conn {
             self.kfd(),
             libc::IPPROTO_TCP,
             libc::TCP_NODELAY,
-            self.nodelay,
+            self.nodelay.load(Relaxed),
         );
         let plain = PlainTcp::record(&self.engine, &self.tuple, reason, None);
         *self.plain.lock() = Some(plain);
@@ -716,6 +716,15 @@ impl Conn {
                 self.release();
             }
         }
+    }
+
+    /// TCP_NODELAY as the program set it (the kernel socket keeps it on for the doorbells).
+    pub fn app_nodelay(&self) -> c_int {
+        self.nodelay.load(Relaxed)
+    }
+
+    pub fn set_app_nodelay(&self, v: c_int) {
+        self.nodelay.store(v, Relaxed);
     }
 
     /// The program changed SO_RCVTIMEO or SO_SNDTIMEO: re-read it from the kernel.

@@ -795,6 +795,15 @@ pub unsafe extern "C" fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    let nodelay = level == libc::IPPROTO_TCP && opt == libc::TCP_NODELAY;
+    if nodelay && table::kind(fd) == table::K_OBJ && !val.is_null() && len as usize >= 4 {
+        if let Some(c) = table::conn(fd).filter(|c| c.path() != crate::conn::TCP) {
+            // Remembered for getsockopt (and restored if the connection ends up on TCP); the
+            // kernel socket keeps it on for the doorbells.
+            c.set_app_nodelay((*(val as *const c_int) != 0) as c_int);
+            return 0;
+        }
+    }
     let r = real::setsockopt()(fd, level, opt, val, len);
     let timeo = opt == libc::SO_RCVTIMEO || opt == libc::SO_SNDTIMEO;
     if r == 0 && level == libc::SOL_SOCKET && timeo && table::kind(fd) == table::K_OBJ {
@@ -803,6 +812,25 @@ pub unsafe extern "C" fn setsockopt(
         }
     }
     r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    opt: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    let nodelay = level == libc::IPPROTO_TCP && opt == libc::TCP_NODELAY;
+    if nodelay && table::kind(fd) == table::K_OBJ && !val.is_null() && !len.is_null() && *len >= 4 {
+        if let Some(c) = table::conn(fd).filter(|c| c.path() != crate::conn::TCP) {
+            *(val as *mut c_int) = c.app_nodelay();
+            *len = 4;
+            return 0;
+        }
+    }
+    real::getsockopt()(fd, level, opt, val, len)
 }
 
 #[no_mangle]
