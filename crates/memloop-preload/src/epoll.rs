@@ -9,6 +9,7 @@ use crate::forklock::ForkMutex;
 use crate::real;
 use libc::{c_int, epoll_event};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,14 @@ use std::time::{Duration, Instant};
 const TAG: u64 = 0x4d4c_7470_0000_0000;
 const TAG_MASK: u64 = 0xffff_ffff_0000_0000;
 const SLICE: Duration = Duration::from_millis(200);
+/// While rings keep the set busy, the kernel's own fds are polled on one call in this many.
+const KERNEL_EVERY: u32 = 4;
+/// Most kernel events fetched per call (the rest wait for the next call, as with the kernel).
+const MAX_KERNEL_BATCH: usize = 1024;
+
+thread_local! {
+    static TMP: std::cell::RefCell<Vec<epoll_event>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 struct Interest {
     conn: Arc<Conn>,
@@ -31,6 +40,7 @@ struct Interest {
 
 pub struct EpollSet {
     epfd: c_int,
+    calls: AtomicU32,
     spinner: Spinner,
     items: ForkMutex<BTreeMap<c_int, Interest>>,
 }
@@ -65,6 +75,7 @@ impl EpollSet {
     pub fn new(epfd: c_int) -> Arc<EpollSet> {
         Arc::new(EpollSet {
             epfd,
+            calls: AtomicU32::new(0),
             spinner: Spinner::new(Duration::from_micros(50)),
             items: ForkMutex::new(BTreeMap::new()),
         })
@@ -169,10 +180,29 @@ impl EpollSet {
         sigmask: *const libc::sigset_t,
     ) -> Result<usize, c_int> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let mut tmp = vec![epoll_event { events: 0, u64: 0 }; out.len()];
+        // The program may offer room for thousands of events (redis: its whole fd limit): take
+        // at most MAX_KERNEL_BATCH from the kernel per call, in a buffer kept per thread.
+        let room = out.len().min(MAX_KERNEL_BATCH);
+        TMP.with(|t| {
+            let mut tmp = t.borrow_mut();
+            if tmp.len() < room {
+                tmp.resize(room, epoll_event { events: 0, u64: 0 });
+            }
+            self.wait_with(out, &mut tmp[..room], timeout, deadline, sigmask)
+        })
+    }
+
+    fn wait_with(
+        &self,
+        out: &mut [epoll_event],
+        tmp: &mut [epoll_event],
+        timeout: Option<Duration>,
+        deadline: Option<Instant>,
+        sigmask: *const libc::sigset_t,
+    ) -> Result<usize, c_int> {
         let mut spun = false;
         loop {
-            let n = self.harvest(out, &mut tmp)?;
+            let n = self.harvest(out, tmp)?;
             if n > 0 || timeout == Some(Duration::ZERO) {
                 return Ok(n);
             }
@@ -184,7 +214,7 @@ impl EpollSet {
                 self.spinner.spin(spin, || {
                     i += 1;
                     got = if i % 8 == 0 {
-                        self.harvest(out, &mut tmp).unwrap_or(0)
+                        self.harvest(out, tmp).unwrap_or(0)
                     } else {
                         self.collect(out)
                     };
@@ -201,7 +231,7 @@ impl EpollSet {
                 },
                 None => SLICE,
             };
-            let n = self.block(out, &mut tmp, left.min(SLICE), sigmask)?;
+            let n = self.block(out, tmp, left.min(SLICE), sigmask)?;
             if n > 0 {
                 return Ok(n);
             }
@@ -220,10 +250,14 @@ impl EpollSet {
     fn harvest(&self, out: &mut [epoll_event], tmp: &mut [epoll_event]) -> Result<usize, c_int> {
         let mut reported = Vec::new();
         let n = self.collect_except(out, &mut reported);
-        if n == out.len() {
+        // With rings ready, look at the kernel's fds only every few calls: the system call
+        // costs as much as a ring round trip, and a kernel fd still waits at most a few calls.
+        let turn = self.calls.fetch_add(1, Relaxed);
+        if n == out.len() || (n > 0 && turn % KERNEL_EVERY != 0) {
             return Ok(n);
         }
-        let k = real_wait(self.epfd, &mut tmp[..out.len() - n], 0, std::ptr::null())?;
+        let want = (out.len() - n).min(tmp.len());
+        let k = real_wait(self.epfd, &mut tmp[..want], 0, std::ptr::null())?;
         let extra = self.translate(&tmp[..k], &mut out[n..]);
         // Doorbells may have made more rings readable: look again (not at those already
         // reported) if there is room.
