@@ -19,6 +19,9 @@ echo "== fmt + clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 
+echo "== build (the tests run the memloop binary and the preload library as real programs)"
+cargo build --release --workspace
+
 echo "== tests (release)"
 if [ $slow = 1 ]; then
   export MEMLOOP_STRESS_BYTES=${MEMLOOP_STRESS_BYTES:-4000000000}
