@@ -5,6 +5,7 @@ mod native;
 mod pingpong;
 pub mod proto;
 mod report;
+pub mod study;
 mod sys;
 pub mod tcp;
 
@@ -27,6 +28,8 @@ pub enum BenchCmd {
     Native(NativeArgs),
     /// Unmodified TCP programs over memloop (`memloop run`) vs veth+bridge, loopback TCP, Unix.
     Tcp(tcp::TcpArgs),
+    /// The residency study on every path: report.md, results.json and one SVG per experiment.
+    Study(study::StudyArgs),
 }
 
 #[derive(clap::Args)]
@@ -62,6 +65,7 @@ pub fn run(cmd: BenchCmd) -> CliResult<()> {
     match cmd {
         BenchCmd::Native(a) => run_native(&a),
         BenchCmd::Tcp(a) => tcp::run(&a),
+        BenchCmd::Study(a) => study::run(&a),
     }
 }
 

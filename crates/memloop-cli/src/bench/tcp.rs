@@ -17,9 +17,9 @@
 //! collects replies and reports.
 
 pub mod peer;
-mod procs;
+pub(crate) mod procs;
 mod table;
-mod wire;
+pub(crate) mod wire;
 
 use super::report::{median_of_rounds, Record};
 use super::sys;
@@ -413,7 +413,7 @@ fn measure_or_disable(
 }
 
 /// Whether the memloop paths can run: the preload library and `memloop run` must exist.
-fn preload_status(exe: &std::path::Path) -> Result<(), String> {
+pub(crate) fn preload_status(exe: &std::path::Path) -> Result<(), String> {
     // Where `memloop run` looks: $MEMLOOP_PRELOAD_LIB, else next to the binary, else ../lib.
     let so = match std::env::var_os("MEMLOOP_PRELOAD_LIB").filter(|p| !p.is_empty()) {
         Some(p) => PathBuf::from(p),
@@ -496,7 +496,7 @@ fn start(
 
 /// Fails unless the preload library is mapped into the peer (the dynamic loader only warns when
 /// it cannot preload a library, and the program would then run on plain TCP).
-fn check_preloaded(end: &Proc) -> CliResult<()> {
+pub(crate) fn check_preloaded(end: &Proc) -> CliResult<()> {
     let pid = end
         .pid()
         .ok_or_else(|| fail(format!("{}: no pid", end.what())))?;
@@ -558,7 +558,7 @@ fn probe(p: &mut Path, cfg: &Config, bench_region: &str, far_region: &str) {
 }
 
 /// Largest total of bytes seen in the region's channel rings until `stop` (0 if unreadable).
-fn ring_bytes_while(region: &str, stop: &AtomicBool) -> u64 {
+pub(crate) fn ring_bytes_while(region: &str, stop: &AtomicBool) -> u64 {
     let Ok(region) = Region::open(&RegionSpec::parse(region)) else {
         return 0;
     };

@@ -246,8 +246,13 @@ impl Testbed {
 
     /// Creates a region for this run (removed on drop).
     pub fn create_region(&mut self, name: &str) -> CliResult<()> {
+        self.create_region_with(name, &CreateRegion::default())
+    }
+
+    /// Creates a region for this run with the given parameters (removed on drop).
+    pub fn create_region_with(&mut self, name: &str, opts: &CreateRegion) -> CliResult<()> {
         let spec = RegionSpec::parse(name);
-        Region::open_or_create(&spec, &CreateRegion::default())
+        Region::open_or_create(&spec, opts)
             .context(format!("creating region {}", spec.path().display()))?;
         self.regions.push(name.to_owned());
         Ok(())

@@ -1,0 +1,166 @@
+//! `memloop bench study [--quick] [--out DIR] [--only N,..]`: the residency study reproduced on
+//! every path in one run — message sizes, mixed local:remote flows, the cost of interception,
+//! core placement, ring sizes, CPU cost, connection setup — written as DIR/report.md,
+//! DIR/results.json and one SVG figure per experiment.
+//!
+//! Every measurement uses the unmodified socket programs of `memloop bench tcp`
+//! (`bench-tcp-peer`) in network-namespace domains, so the figures are those any TCP program
+//! would see.
+
+mod exps;
+mod lab;
+mod plot;
+mod report;
+
+use crate::error::{fail, CliResult, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct StudyArgs {
+    /// Short measurements (0.1 s each, fewer sizes): the whole study within 2 minutes (CI).
+    #[arg(long)]
+    quick: bool,
+    /// Where report.md, results.json and the figures go.
+    #[arg(long, value_name = "DIR", default_value = "study-results")]
+    out: PathBuf,
+    /// Only these experiments (numbers, comma separated).
+    #[arg(long, value_delimiter = ',', value_name = "N")]
+    only: Option<Vec<u32>>,
+}
+
+/// One figure of results.json.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Rec {
+    pub experiment: u32,
+    pub test: String,
+    pub path: String,
+    /// Message size in bytes (or the varied size: ring bytes, endpoint count).
+    pub size: u64,
+    pub unit: String,
+    pub value: f64,
+    /// What else this figure depends on (placement, mix, endpoint count, end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+    /// Remote cost: % change of the preloaded run against the plain runs around it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl Rec {
+    pub fn new(exp: u32, test: &str, path: &str, size: u64, unit: &str, value: f64) -> Rec {
+        Rec {
+            experiment: exp,
+            test: test.into(),
+            path: path.into(),
+            size,
+            unit: unit.into(),
+            value,
+            variant: None,
+            change_pct: None,
+            note: None,
+        }
+    }
+
+    pub fn variant(mut self, v: impl Into<String>) -> Rec {
+        self.variant = Some(v.into());
+        self
+    }
+}
+
+/// The outcome of one experiment.
+#[derive(Serialize, Clone, Debug)]
+pub struct Outcome {
+    pub id: u32,
+    pub title: &'static str,
+    /// "measured", "failed: …", "not yet measured", "skipped".
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plot: Option<String>,
+    pub seconds: f64,
+}
+
+pub fn run(a: &StudyArgs) -> CliResult<()> {
+    let t0 = Instant::now();
+    std::fs::create_dir_all(&a.out).context(format!("creating {}", a.out.display()))?;
+    let wanted = |id: u32| a.only.as_ref().is_none_or(|o| o.contains(&id));
+    let exps: Vec<&exps::Exp> = exps::ALL.iter().filter(|e| wanted(e.id)).collect();
+    let mut lab = lab::Lab::up(a.quick)?;
+    let steps: u64 = exps.iter().map(|e| (e.steps)(&lab)).sum::<u64>().max(1);
+    let bar = ProgressBar::new(steps);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}, ~{eta} left] {msg}")
+            .expect("valid template"),
+    );
+    let mut records: Vec<Rec> = Vec::new();
+    let mut outcomes = Vec::new();
+    for e in &exps {
+        let start = Instant::now();
+        bar.set_message(format!("{}. {}", e.id, e.title));
+        let mut mine = Vec::new();
+        let status = match (e.run)(&mut lab, &bar, &mut mine) {
+            Ok(()) if mine.is_empty() => "no figures (its paths are unavailable)".to_owned(),
+            Ok(()) => "measured".into(),
+            Err(err) => format!("failed: {err}"),
+        };
+        let plot = if mine.is_empty() {
+            None
+        } else {
+            let name = format!("exp{}-{}.svg", e.id, e.slug);
+            plot::draw(&(e.figures)(&mine), &a.out.join(&name))?;
+            Some(name)
+        };
+        records.extend(mine);
+        outcomes.push(Outcome {
+            id: e.id,
+            title: e.title,
+            status,
+            plot,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+    }
+    bar.finish_and_clear();
+    for e in exps::LATER.iter().filter(|e| wanted(e.0)) {
+        outcomes.push(Outcome {
+            id: e.0,
+            title: e.1,
+            status: "not yet measured".into(),
+            plot: None,
+            seconds: 0.0,
+        });
+    }
+    let ctx = report::Context {
+        quick: a.quick,
+        only: a.only.clone(),
+        machine: lab::machine(),
+        pinning: lab.pinning(),
+        dur: lab.dur,
+        preload: lab.preload.clone().err(),
+        unavailable: lab.unavailable.clone(),
+        notes: lab.notes.clone(),
+        seconds: t0.elapsed().as_secs_f64(),
+    };
+    drop(lab);
+    report::write(&a.out, &ctx, &outcomes, &records)?;
+    println!(
+        "memloop bench study: {} figures from {} experiments in {:.1} s; report in {}",
+        records.len(),
+        outcomes.iter().filter(|o| o.status == "measured").count(),
+        t0.elapsed().as_secs_f64(),
+        a.out.join("report.md").display()
+    );
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter(|o| o.status.starts_with("failed"))
+        .map(|o| format!("experiment {}: {}", o.id, o.status))
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(fail(failed.join("; ")))
+    }
+}

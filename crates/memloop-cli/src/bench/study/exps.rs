@@ -1,0 +1,800 @@
+//! The experiments: what each runs, how many measurements it takes (for the progress bar), and
+//! its figure.
+
+use super::lab::{Kind, Lab, Meas, Opts, Pair};
+use super::plot::{Figure, Series, XAxis};
+use super::Rec;
+use crate::bench::tcp::procs::Proc;
+use crate::bench::tcp::wire::Test;
+use crate::error::{fail, CliResult};
+use crate::units::fmt_size;
+use indicatif::ProgressBar;
+use memloop::{Listener, Node, Region, RegionSpec};
+use std::time::Duration;
+
+pub struct Exp {
+    pub id: u32,
+    pub slug: &'static str,
+    pub title: &'static str,
+    pub about: &'static str,
+    pub steps: fn(&Lab) -> u64,
+    pub run: fn(&mut Lab, &ProgressBar, &mut Vec<Rec>) -> CliResult<()>,
+    pub figures: fn(&[Rec]) -> Vec<Figure>,
+}
+
+/// Experiments of the issue not measured yet: (id, title).
+pub const LATER: [(u32, &str); 2] = [
+    (
+        8,
+        "Real programs (redis-benchmark, nginx with wrk/ab, pgbench)",
+    ),
+    (9, "The seeds side by side (papers' ratios vs ours)"),
+];
+
+pub const ALL: [Exp; 7] = [
+    Exp {
+        id: 1,
+        slug: "sizes",
+        title: "Message size sweep",
+        about: "Stream throughput (Nagle on) and request/response rate (TCP_NODELAY) of one \
+                connection, per message size, on each path.",
+        steps: |l| (sizes(l).len() * 2 * Kind::MAIN.len()) as u64,
+        run: exp1,
+        figures: fig1,
+    },
+    Exp {
+        id: 7,
+        slug: "connections",
+        title: "Connection setup rate",
+        about: "Short connections one after the other: connect, 1-byte request and response, \
+                the server closes.",
+        steps: |_| Kind::MAIN.len() as u64,
+        run: exp7,
+        figures: fig7,
+    },
+    Exp {
+        id: 6,
+        slug: "cpu-cost",
+        title: "CPU cost per byte and per transaction",
+        about: "CPU time both ends spent (the kernel's accounting of each process, \
+                /proc/PID/task/*/schedstat or stat, as getrusage reports it) divided by the bytes \
+                streamed (64 KB messages), the 64-byte round trips, or the short connections made.",
+        steps: |_| (Kind::MAIN.len() * 3) as u64,
+        run: exp6,
+        figures: fig6,
+    },
+    Exp {
+        id: 5,
+        slug: "ring-size",
+        title: "Ring size sweep (memloop)",
+        about: "MEMLOOP_RING_BYTES, the preload's ring size per direction, set in both ends; \
+                stream of 64 KB messages and 1 KB request/response across the two domains.",
+        steps: |l| (rings(l).len() * 2) as u64,
+        run: exp5,
+        figures: fig5,
+    },
+    Exp {
+        id: 3,
+        slug: "remote-cost",
+        title: "Cost of interception on remote traffic",
+        about: "veth+bridge with and without the preload loaded in both ends (ends in different \
+                regions, so no ring: the traffic stays on TCP). Each preloaded run sits between \
+                two plain runs and is compared with their mean. Then the same with 1, 100 and \
+                10 000 endpoints registered in the client's region.",
+        steps: |l| (remote_sizes(l).len() * 2 * 3 + ENDPOINTS.len() * 2 * 3) as u64,
+        run: exp3,
+        figures: fig3,
+    },
+    Exp {
+        id: 4,
+        slug: "placement",
+        title: "Core placement",
+        about: "Both ends pinned to one core vs to separate cores: 64-byte request/response \
+                and a stream of 16 KB messages, with the CPU utilisation of each end.",
+        steps: |_| (Kind::MAIN.len() * 2 * 2) as u64,
+        run: exp4,
+        figures: fig4,
+    },
+    Exp {
+        id: 2,
+        slug: "mixes",
+        title: "Mixed local:remote workloads",
+        about: "Five concurrent streams of 1 KB messages from domain 1 to domain 0. With \
+                memloop: a local flow's ends share a region (ring), a remote flow's server is \
+                in another region (a domain outside ours: TCP). Without memloop: all five on \
+                veth+bridge. Aggregate throughput per remote:local mix. Ends not pinned.",
+        steps: |_| (MIXES * 2) as u64,
+        run: exp2,
+        figures: fig2,
+    },
+];
+
+const KB: usize = 1024;
+const ENDPOINTS: [usize; 3] = [1, 100, 10_000];
+const MIXES: usize = 6;
+const FLOWS: usize = 5;
+
+fn sizes(l: &Lab) -> Vec<usize> {
+    if l.quick {
+        vec![64, KB, 64 * KB]
+    } else {
+        vec![64, 256, KB, 4 * KB, 16 * KB, 64 * KB]
+    }
+}
+
+fn rings(l: &Lab) -> Vec<usize> {
+    if l.quick {
+        vec![4 * KB, 64 * KB, 1 << 20]
+    } else {
+        vec![4 * KB, 16 * KB, 64 * KB, 256 * KB, 1 << 20, 4 << 20]
+    }
+}
+
+fn remote_sizes(l: &Lab) -> Vec<usize> {
+    if l.quick {
+        vec![4, KB, 64 * KB]
+    } else {
+        vec![4, 64, 256, KB, 4 * KB, 16 * KB, 64 * KB]
+    }
+}
+
+/// Starts a pair; a preloaded path that cannot start is disabled (and reported), a kernel path
+/// that cannot start is an error.
+fn start(l: &mut Lab, kind: Kind, o: &Opts) -> CliResult<Option<Pair>> {
+    if !l.usable(kind) {
+        return Ok(None);
+    }
+    match l.pair(kind, o) {
+        Ok(p) => Ok(Some(p)),
+        Err(e) if matches!(kind, Kind::Memloop | Kind::VethPreload) => {
+            l.disable(kind, format!("failed to start: {e}"));
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A measurement; on a preloaded path a failure is noted and skipped.
+fn try_measure(
+    l: &mut Lab,
+    exp: u32,
+    p: &mut Pair,
+    test: Test,
+    size: usize,
+    cold: bool,
+) -> CliResult<Option<Meas>> {
+    match l.measure(p, test, size, cold) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if matches!(p.kind, Kind::Memloop | Kind::VethPreload) => {
+            l.notes
+                .push((p.kind.name(), format!("experiment {exp}: {e}")));
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1: sizes.
+
+fn exp1(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
+    let sizes = sizes(l);
+    for kind in Kind::MAIN {
+        let Some(mut p) = start(l, kind, &Opts::default())? else {
+            bar.inc((sizes.len() * 2) as u64);
+            continue;
+        };
+        for &s in &sizes {
+            bar.set_message(format!(
+                "1. sizes: {} over {}",
+                fmt_size(s as u64),
+                kind.name()
+            ));
+            if let Some(m) = try_measure(l, 1, &mut p, Test::Rr, s, false)? {
+                out.push(Rec::new(
+                    1,
+                    "rr",
+                    kind.name(),
+                    s as u64,
+                    "transactions/s",
+                    m.rate(),
+                ));
+            }
+            bar.inc(1);
+            if let Some(m) = try_measure(l, 1, &mut p, Test::Stream, s, false)? {
+                out.push(Rec::new(
+                    1,
+                    "stream",
+                    kind.name(),
+                    s as u64,
+                    "Gbit/s",
+                    m.gbit(),
+                ));
+            }
+            bar.inc(1);
+        }
+    }
+    Ok(())
+}
+
+/// Series per path (and variant) of the records of `test` in `unit`, x = size.
+fn by_path(recs: &[Rec], test: &str, unit: &str) -> Vec<Series> {
+    let mut v: Vec<Series> = Vec::new();
+    for r in recs.iter().filter(|r| r.test == test && r.unit == unit) {
+        let name = match &r.variant {
+            Some(x) => format!("{} ({x})", r.path),
+            None => r.path.clone(),
+        };
+        match v.iter_mut().find(|s| s.name == name) {
+            Some(s) => s.points.push((r.size as f64, r.value)),
+            None => v.push(Series {
+                name,
+                points: vec![(r.size as f64, r.value)],
+            }),
+        }
+    }
+    v
+}
+
+fn sizes_fig(title: &str, y: &str, series: Vec<Series>) -> Figure {
+    Figure {
+        title: title.into(),
+        x: XAxis::Bytes,
+        x_label: "message size".into(),
+        y_label: y.into(),
+        series,
+    }
+}
+
+fn fig1(r: &[Rec]) -> Vec<Figure> {
+    vec![
+        sizes_fig(
+            "1. Stream throughput by message size",
+            "Gbit/s",
+            by_path(r, "stream", "Gbit/s"),
+        ),
+        sizes_fig(
+            "1. Request/response rate by message size",
+            "transactions/s",
+            by_path(r, "rr", "transactions/s"),
+        ),
+    ]
+}
+
+/// Bars: categories in order of first appearance of `cat(r)`, one series per `ser(r)`.
+fn bars(
+    title: &str,
+    y: &str,
+    recs: &[Rec],
+    keep: impl Fn(&Rec) -> bool,
+    cat: impl Fn(&Rec) -> String,
+    ser: impl Fn(&Rec) -> String,
+) -> Figure {
+    let mut cats: Vec<String> = Vec::new();
+    let mut series: Vec<Series> = Vec::new();
+    for r in recs.iter().filter(|r| keep(r)) {
+        let c = cat(r);
+        let i = cats.iter().position(|x| *x == c).unwrap_or_else(|| {
+            cats.push(c);
+            cats.len() - 1
+        });
+        let s = ser(r);
+        match series.iter_mut().find(|x| x.name == s) {
+            Some(x) => x.points.push((i as f64, r.value)),
+            None => series.push(Series {
+                name: s,
+                points: vec![(i as f64, r.value)],
+            }),
+        }
+    }
+    Figure {
+        title: title.into(),
+        x: XAxis::Categories(cats),
+        x_label: String::new(),
+        y_label: y.into(),
+        series,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7: connection setup.
+
+fn exp7(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
+    for kind in Kind::MAIN {
+        bar.set_message(format!("7. short connections over {}", kind.name()));
+        if let Some(mut p) = start(l, kind, &Opts::default())? {
+            if let Some(m) = try_measure(l, 7, &mut p, Test::Crr, 1, false)? {
+                let mut r = Rec::new(7, "crr", kind.name(), 1, "connections/s", m.rate());
+                r.note = m.reply.phases_p50_ns.map(|[c, x, e]| {
+                    format!(
+                        "p50 per phase: connect {:.1} µs, request/response {:.1} µs, close {:.1} µs",
+                        c / 1e3,
+                        x / 1e3,
+                        e / 1e3
+                    )
+                });
+                out.push(r);
+            }
+        }
+        bar.inc(1);
+    }
+    Ok(())
+}
+
+fn fig7(r: &[Rec]) -> Vec<Figure> {
+    vec![bars(
+        "7. Connection setup rate (connect, 1-byte request/response, close)",
+        "connections/s",
+        r,
+        |_| true,
+        |r| r.path.clone(),
+        |_| "short connections".into(),
+    )]
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6: CPU cost.
+
+fn exp6(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
+    for kind in Kind::MAIN {
+        let Some(mut p) = start(l, kind, &Opts::default())? else {
+            bar.inc(3);
+            continue;
+        };
+        let name = kind.name();
+        bar.set_message(format!("6. CPU cost over {name}"));
+        let cases = [
+            (Test::Stream, 64 * KB, "stream", "CPU ns/KB"),
+            (Test::Rr, 64, "rr", "CPU µs/transaction"),
+            (Test::Crr, 1, "crr", "CPU µs/connection"),
+        ];
+        for (test, size, label, unit) in cases {
+            if let Some(m) = try_measure(l, 6, &mut p, test, size, true)? {
+                let per = |cpu: f64| match test {
+                    Test::Stream => cpu * 1e9 / (m.reply.bytes as f64 / 1024.0),
+                    _ => cpu * 1e6 / m.reply.count as f64,
+                };
+                let (c, s) = (per(m.cpu_client), per(m.cpu_server));
+                // The measured part is most of the run; the count covers the measured part only
+                // for streams, so the stream figure slightly overstates the cost.
+                out.push(Rec::new(6, label, name, size as u64, unit, c + s).variant("both ends"));
+                for (end, v) in [("client", c), ("server", s)] {
+                    if v > 0.0 {
+                        out.push(Rec::new(6, label, name, size as u64, unit, v).variant(end));
+                    }
+                }
+            }
+            bar.inc(1);
+        }
+    }
+    Ok(())
+}
+
+fn fig6(r: &[Rec]) -> Vec<Figure> {
+    let both = |r: &Rec| r.variant.as_deref() == Some("both ends");
+    let panel = |test: &'static str, title: &str, unit: &str| {
+        bars(
+            title,
+            unit,
+            r,
+            move |x| x.test == test && !both(x),
+            |x| x.path.clone(),
+            |x| x.variant.clone().unwrap_or_default(),
+        )
+    };
+    vec![
+        panel(
+            "stream",
+            "6. CPU per KB streamed (64 KB messages), each end",
+            "CPU ns/KB",
+        ),
+        panel(
+            "rr",
+            "6. CPU per 64-byte transaction, each end",
+            "CPU µs/transaction",
+        ),
+        panel(
+            "crr",
+            "6. CPU per short connection, each end",
+            "CPU µs/connection",
+        ),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5: ring sizes.
+
+fn exp5(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
+    for ring in rings(l) {
+        bar.set_message(format!("5. ring {} per direction", fmt_size(ring as u64)));
+        let o = Opts {
+            env: vec![("MEMLOOP_RING_BYTES".into(), ring.to_string())],
+            ..Opts::default()
+        };
+        let Some(mut p) = start(l, Kind::Memloop, &o)? else {
+            bar.inc(2);
+            continue;
+        };
+        if let Some(m) = try_measure(l, 5, &mut p, Test::Stream, 64 * KB, false)? {
+            out.push(
+                Rec::new(5, "stream", "memloop", ring as u64, "Gbit/s", m.gbit())
+                    .variant("64 KB messages"),
+            );
+        }
+        bar.inc(1);
+        if let Some(m) = try_measure(l, 5, &mut p, Test::Rr, KB, false)? {
+            out.push(
+                Rec::new(5, "rr", "memloop", ring as u64, "transactions/s", m.rate())
+                    .variant("1 KB messages"),
+            );
+        }
+        bar.inc(1);
+    }
+    Ok(())
+}
+
+fn fig5(r: &[Rec]) -> Vec<Figure> {
+    let mut v = vec![
+        sizes_fig(
+            "5. memloop stream throughput by ring size",
+            "Gbit/s",
+            by_path(r, "stream", "Gbit/s"),
+        ),
+        sizes_fig(
+            "5. memloop request/response rate by ring size",
+            "transactions/s",
+            by_path(r, "rr", "transactions/s"),
+        ),
+    ];
+    for f in &mut v {
+        f.x_label = "ring size per direction (MEMLOOP_RING_BYTES)".into();
+    }
+    v
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3: remote cost.
+
+/// veth / veth+preload / veth on the same test; records the preloaded run against the mean of
+/// the plain ones.
+#[allow(clippy::too_many_arguments)]
+fn aba(
+    l: &mut Lab,
+    plain: &mut Pair,
+    pre: &mut Pair,
+    test: Test,
+    size: usize,
+    variant: Option<String>,
+    bar: &ProgressBar,
+    out: &mut Vec<Rec>,
+) -> CliResult<()> {
+    let figure = |m: &Meas| match test {
+        Test::Stream => m.gbit(),
+        _ => m.rate(),
+    };
+    let (label, unit) = match test {
+        Test::Stream => ("stream", "Gbit/s"),
+        Test::Crr => ("crr", "connections/s"),
+        _ => ("rr", "transactions/s"),
+    };
+    let a1 = figure(&l.measure(plain, test, size, false)?);
+    bar.inc(1);
+    let b = try_measure(l, 3, pre, test, size, false)?.map(|m| figure(&m));
+    bar.inc(1);
+    let a2 = figure(&l.measure(plain, test, size, false)?);
+    bar.inc(1);
+    let Some(b) = b else { return Ok(()) };
+    let a = (a1 + a2) / 2.0;
+    let with = |r: Rec| match &variant {
+        Some(v) => r.variant(v.clone()),
+        None => r,
+    };
+    out.push(with(Rec::new(
+        3,
+        label,
+        "veth+bridge",
+        size as u64,
+        unit,
+        a,
+    )));
+    let mut r = with(Rec::new(3, label, "veth+preload", size as u64, unit, b));
+    r.change_pct = Some((b / a - 1.0) * 100.0);
+    r.note = Some(format!(
+        "{:+.1}% against the mean of the plain runs around it ({a1:.4} and {a2:.4}; their \
+         difference, the noise: {:.1}%)",
+        (b / a - 1.0) * 100.0,
+        ((a2 / a1) - 1.0).abs() * 100.0
+    ));
+    out.push(r);
+    out.push(with(Rec::new(
+        3,
+        label,
+        "veth+preload",
+        size as u64,
+        "preloaded/plain",
+        b / a,
+    )));
+    Ok(())
+}
+
+fn exp3(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
+    let sizes = remote_sizes(l);
+    let skip = (sizes.len() * 6 + ENDPOINTS.len() * 6) as u64;
+    let Some(mut plain) = start(l, Kind::Veth, &Opts::default())? else {
+        bar.inc(skip);
+        return Ok(());
+    };
+    let Some(mut pre) = start(l, Kind::VethPreload, &Opts::default())? else {
+        bar.inc(skip);
+        return Ok(());
+    };
+    for &s in &sizes {
+        for test in [Test::Rr, Test::Stream] {
+            bar.set_message(format!("3. remote cost {}", fmt_size(s as u64)));
+            aba(l, &mut plain, &mut pre, test, s, None, bar, out)?;
+        }
+    }
+    drop(pre);
+    // The endpoint-count variant: the client's region holds N endpoints (held by a member in
+    // this process) when the preloaded client connects.
+    let wide = Region::open(&RegionSpec::parse(&l.wide))
+        .map_err(|e| fail(format!("opening region {}: {e}", l.wide)))?;
+    let node = Node::join(wide, "study-endpoints")
+        .map_err(|e| fail(format!("joining region {}: {e}", l.wide)))?;
+    let mut held: Vec<Listener> = Vec::new();
+    for n in ENDPOINTS {
+        bar.set_message(format!("3. remote cost with {n} endpoints"));
+        while held.len() < n {
+            let name = format!("study-dummy-{}", held.len());
+            held.push(
+                Listener::bind(&node, &name)
+                    .map_err(|e| fail(format!("registering endpoint {name}: {e}")))?,
+            );
+        }
+        let o = Opts {
+            client_region: Some(l.wide.clone()),
+            ..Opts::default()
+        };
+        let Some(mut pre) = start(l, Kind::VethPreload, &o)? else {
+            bar.inc(6);
+            continue;
+        };
+        let v = Some(format!("{n} endpoints"));
+        aba(l, &mut plain, &mut pre, Test::Rr, 64, v.clone(), bar, out)?;
+        aba(l, &mut plain, &mut pre, Test::Crr, 1, v, bar, out)?;
+    }
+    Ok(())
+}
+
+fn fig3(r: &[Rec]) -> Vec<Figure> {
+    let ratio = |x: &Rec| x.unit == "preloaded/plain";
+    let sized: Vec<Rec> = r
+        .iter()
+        .filter(|x| ratio(x) && x.variant.is_none())
+        .cloned()
+        .collect();
+    let mut series = by_path(&sized, "rr", "preloaded/plain");
+    series.extend(by_path(&sized, "stream", "preloaded/plain"));
+    let names = ["transactions/s", "throughput"];
+    for (s, n) in series.iter_mut().zip(names) {
+        s.name = format!("{n}, preloaded / plain");
+    }
+    vec![
+        sizes_fig(
+            "3. Remote traffic with the preload loaded, relative to without (1 = no cost)",
+            "preloaded / plain",
+            series,
+        ),
+        bars(
+            "3. Relative rate with N endpoints registered in the client's region",
+            "preloaded / plain",
+            r,
+            |x| ratio(x) && x.variant.is_some(),
+            |x| x.variant.clone().unwrap_or_default(),
+            |x| match x.test.as_str() {
+                "crr" => "short connections/s".into(),
+                _ => "64 B transactions/s".into(),
+            },
+        ),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4: placement.
+
+fn exp4(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
+    let placements: Vec<(&str, Option<(usize, usize)>)> = match l.cpus {
+        Some((a, b)) => vec![
+            ("same core", Some((a, a))),
+            ("separate cores", Some((a, b))),
+        ],
+        None => vec![("unpinned", None)],
+    };
+    for kind in Kind::MAIN {
+        for &(label, cpus) in &placements {
+            let o = Opts {
+                cpus,
+                unpinned: cpus.is_none(),
+                ..Opts::default()
+            };
+            let Some(mut p) = start(l, kind, &o)? else {
+                bar.inc(2);
+                continue;
+            };
+            bar.set_message(format!("4. {label} over {}", kind.name()));
+            for (test, size, name, unit) in [
+                (Test::Rr, 64, "rr", "transactions/s"),
+                (Test::Stream, 16 * KB, "stream", "Gbit/s"),
+            ] {
+                if let Some(m) = try_measure(l, 4, &mut p, test, size, false)? {
+                    let v = match test {
+                        Test::Stream => m.gbit(),
+                        _ => m.rate(),
+                    };
+                    let (c, s) = m.util();
+                    out.push(Rec::new(4, name, kind.name(), size as u64, unit, v).variant(label));
+                    for (end, u) in [("client", c), ("server", s)] {
+                        if u > 0.0 {
+                            out.push(
+                                Rec::new(4, name, kind.name(), size as u64, "cpu%", u)
+                                    .variant(format!("{label}, {end}")),
+                            );
+                        }
+                    }
+                }
+                bar.inc(1);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fig4(r: &[Rec]) -> Vec<Figure> {
+    let panel = |test: &'static str, unit: &'static str, title: &str| {
+        bars(
+            title,
+            unit,
+            r,
+            move |x| x.test == test && x.unit == unit,
+            |x| x.path.clone(),
+            |x| x.variant.clone().unwrap_or_default(),
+        )
+    };
+    vec![
+        panel(
+            "rr",
+            "transactions/s",
+            "4. 64-byte request/response: both ends on one core vs on two",
+        ),
+        panel(
+            "stream",
+            "Gbit/s",
+            "4. Stream of 16 KB messages: both ends on one core vs on two",
+        ),
+        panel(
+            "rr",
+            "cpu%",
+            "4. CPU utilisation of each end during request/response (% of a CPU)",
+        ),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2: mixes.
+
+/// Runs a 1 KB stream on every client at once; the aggregate Gbit/s.
+fn concurrent(l: &Lab, clients: &mut [&mut Proc]) -> CliResult<f64> {
+    let req = l.request(Test::Stream, KB, l.dur, l.warmup);
+    let timeout = l.dur + l.warmup + Duration::from_secs(30);
+    let results: Vec<CliResult<f64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = clients
+            .iter_mut()
+            .map(|c| {
+                s.spawn(move || {
+                    let r = c.ask(&req, timeout)?;
+                    if r.bytes == 0 || r.elapsed_s <= 0.0 {
+                        return Err(fail(format!("{}: empty measurement", c.what())));
+                    }
+                    Ok(r.bytes as f64 * 8.0 / r.elapsed_s / 1e9)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(fail("a flow panicked"))))
+            .collect()
+    });
+    results.into_iter().sum()
+}
+
+fn exp2(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
+    let o = Opts {
+        unpinned: true,
+        ..Opts::default()
+    };
+    let mix = |k: usize| format!("{k}:{} remote:local", FLOWS - k);
+    // Without memloop: five flows over veth+bridge, whatever the mix.
+    let (_server, addr) = l.server(Kind::Veth, &o)?;
+    let mut plain = (0..FLOWS)
+        .map(|_| l.client(Kind::Veth, &addr, &o))
+        .collect::<CliResult<Vec<_>>>()?;
+    for k in (0..=FLOWS).rev() {
+        bar.set_message(format!("2. {} without memloop", mix(k)));
+        let mut all: Vec<&mut Proc> = plain.iter_mut().collect();
+        let g = concurrent(l, &mut all)?;
+        out.push(Rec::new(2, "stream", "veth+bridge", KB as u64, "Gbit/s", g).variant(mix(k)));
+        bar.inc(1);
+    }
+    drop(plain);
+    // With memloop: local flows through the ring, remote ones to a server in another region.
+    if !(l.usable(Kind::Memloop) && l.usable(Kind::VethPreload)) {
+        bar.inc(MIXES as u64);
+        return Ok(());
+    }
+    let started = (|| -> CliResult<_> {
+        let (ls, la) = l.server(Kind::Memloop, &o)?;
+        let (rs, ra) = l.server(Kind::VethPreload, &o)?;
+        let local = (0..FLOWS)
+            .map(|_| l.client(Kind::Memloop, &la, &o))
+            .collect::<CliResult<Vec<_>>>()?;
+        let remote = (0..FLOWS)
+            .map(|_| l.client(Kind::VethPreload, &ra, &o))
+            .collect::<CliResult<Vec<_>>>()?;
+        Ok((ls, rs, local, remote))
+    })();
+    let (_ls, _rs, mut local, mut remote) = match started {
+        Ok(x) => x,
+        Err(e) => {
+            l.notes
+                .push(("memloop", format!("experiment 2: failed to start: {e}")));
+            bar.inc(MIXES as u64);
+            return Ok(());
+        }
+    };
+    for k in (0..=FLOWS).rev() {
+        bar.set_message(format!("2. {} with memloop", mix(k)));
+        let mut all: Vec<&mut Proc> = remote.iter_mut().take(k).collect();
+        all.extend(local.iter_mut().take(FLOWS - k));
+        match concurrent(l, &mut all) {
+            Ok(g) => {
+                out.push(Rec::new(2, "stream", "memloop", KB as u64, "Gbit/s", g).variant(mix(k)))
+            }
+            Err(e) => l.notes.push(("memloop", format!("experiment 2: {e}"))),
+        }
+        bar.inc(1);
+    }
+    Ok(())
+}
+
+fn fig2(r: &[Rec]) -> Vec<Figure> {
+    vec![bars(
+        "2. Aggregate throughput of five 1 KB streams by remote:local mix",
+        "Gbit/s",
+        r,
+        |_| true,
+        |x| x.variant.clone().unwrap_or_default(),
+        |x| match x.path.as_str() {
+            "memloop" => "with memloop".into(),
+            _ => "without memloop (veth+bridge)".into(),
+        },
+    )]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_come_from_records() {
+        let recs = vec![
+            Rec::new(1, "stream", "unix", 64, "Gbit/s", 1.0),
+            Rec::new(1, "stream", "unix", 1024, "Gbit/s", 2.0),
+            Rec::new(1, "rr", "memloop", 64, "transactions/s", 3.0),
+        ];
+        let f = fig1(&recs);
+        assert_eq!(f[0].series.len(), 1);
+        assert_eq!(f[0].series[0].points.len(), 2);
+        assert_eq!(f[1].series[0].name, "memloop");
+        let f = fig7(&[Rec::new(7, "crr", "unix", 1, "connections/s", 5.0)]);
+        assert!(matches!(&f[0].x, XAxis::Categories(c) if c == &["unix".to_string()]));
+    }
+}

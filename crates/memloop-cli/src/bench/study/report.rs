@@ -1,0 +1,166 @@
+//! DIR/report.md and DIR/results.json.
+
+use super::exps::ALL;
+use super::lab::Kind;
+use super::{Outcome, Rec};
+use crate::error::{CliResult, Context as _};
+use crate::units::fmt_size;
+use serde_json::json;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+pub struct Context {
+    pub quick: bool,
+    pub only: Option<Vec<u32>>,
+    pub machine: Vec<(String, String)>,
+    pub pinning: String,
+    pub dur: Duration,
+    pub preload: Option<String>,
+    pub unavailable: Vec<(&'static str, String)>,
+    pub notes: Vec<(&'static str, String)>,
+    pub seconds: f64,
+}
+
+fn command(ctx: &Context, id: Option<u32>) -> String {
+    let mut c = "sudo memloop bench study".to_owned();
+    if ctx.quick {
+        c.push_str(" --quick");
+    }
+    if let Some(id) = id {
+        let _ = write!(c, " --only {id}");
+    }
+    c + " --out DIR"
+}
+
+fn value(v: f64) -> String {
+    if v.abs() >= 1000.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+pub fn write(dir: &Path, ctx: &Context, outcomes: &[Outcome], records: &[Rec]) -> CliResult<()> {
+    let mut md = String::new();
+    let _ = writeln!(md, "# memloop residency study\n");
+    let _ = writeln!(md, "## Machine\n");
+    for (k, v) in &ctx.machine {
+        let _ = writeln!(md, "- **{k}**: {v}");
+    }
+    let _ = writeln!(
+        md,
+        "\n## Run\n\n- command: `{}`\n- {} s per measurement (plus a fifth of that as warm-up), \
+         one round{}\n- {}\n- whole run: {:.1} s\n",
+        command(ctx, None),
+        ctx.dur.as_secs_f64(),
+        if ctx.quick {
+            " (`--quick`: a smoke run, not figures to quote)"
+        } else {
+            ""
+        },
+        ctx.pinning,
+        ctx.seconds
+    );
+    let _ = writeln!(md, "## Paths\n");
+    let _ = writeln!(md, "| path | what | state |\n| --- | --- | --- |");
+    for k in [
+        Kind::Memloop,
+        Kind::Veth,
+        Kind::Loopback,
+        Kind::Unix,
+        Kind::VethPreload,
+    ] {
+        let state = ctx
+            .unavailable
+            .iter()
+            .find(|(n, _)| *n == k.name())
+            .map(|(_, w)| w.clone())
+            .or_else(|| {
+                matches!(k, Kind::Memloop | Kind::VethPreload)
+                    .then(|| ctx.preload.clone())
+                    .flatten()
+            })
+            .unwrap_or_else(|| "measured".into());
+        let _ = writeln!(md, "| {} | {} | {} |", k.name(), k.what(), state);
+    }
+    if !ctx.notes.is_empty() {
+        let _ = writeln!(md, "\nNotes:\n");
+        for (p, n) in &ctx.notes {
+            let _ = writeln!(md, "- {p}: {n}");
+        }
+    }
+    let mut sorted: Vec<&Outcome> = outcomes.iter().collect();
+    sorted.sort_by_key(|o| o.id);
+    for o in sorted {
+        let _ = writeln!(md, "\n## {}. {}\n", o.id, o.title);
+        if let Some(e) = ALL.iter().find(|e| e.id == o.id) {
+            let _ = writeln!(md, "{}\n", e.about);
+        }
+        if o.status != "measured" {
+            let _ = writeln!(md, "**{}**\n", o.status);
+        }
+        if let Some(p) = &o.plot {
+            let _ = writeln!(md, "![experiment {}]({p})\n", o.id);
+        }
+        if o.status != "not yet measured" {
+            let _ = writeln!(
+                md,
+                "Reproduce: `{}` ({:.1} s in this run)\n",
+                command(ctx, Some(o.id)),
+                o.seconds
+            );
+        }
+        let mine: Vec<&Rec> = records.iter().filter(|r| r.experiment == o.id).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "| test | path | size | variant | value | unit | note |\n| --- | --- | ---: | --- | ---: | --- | --- |"
+        );
+        for r in mine {
+            let size = if o.id == 3 && r.test == "crr" {
+                "-".to_string()
+            } else {
+                fmt_size(r.size)
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                r.test,
+                r.path,
+                size,
+                r.variant.as_deref().unwrap_or(""),
+                value(r.value),
+                r.unit,
+                r.note.as_deref().unwrap_or("")
+            );
+        }
+    }
+    let file = dir.join("report.md");
+    std::fs::write(&file, md).context(format!("writing {}", file.display()))?;
+
+    let machine: serde_json::Map<String, serde_json::Value> = ctx
+        .machine
+        .iter()
+        .map(|(k, v)| (k.clone(), json!(v)))
+        .collect();
+    let v = json!({
+        "study": "memloop residency study",
+        "quick": ctx.quick,
+        "only": ctx.only,
+        "machine": machine,
+        "duration_s": ctx.dur.as_secs_f64(),
+        "pinning": ctx.pinning,
+        "unavailable": ctx.unavailable.iter().map(|(p, w)| json!({"path": p, "reason": w})).collect::<Vec<_>>(),
+        "notes": ctx.notes.iter().map(|(p, w)| json!({"path": p, "note": w})).collect::<Vec<_>>(),
+        "experiments": outcomes,
+        "records": records,
+    });
+    let file = dir.join("results.json");
+    std::fs::write(&file, serde_json::to_string_pretty(&v)? + "\n")
+        .context(format!("writing {}", file.display()))
+}
