@@ -301,22 +301,28 @@ impl Lab {
 
     /// Runs `test` at `size` on `pair` (warm-up included unless `cold`), with CPU accounting.
     pub fn measure(&self, pair: &mut Pair, test: Test, size: usize, cold: bool) -> CliResult<Meas> {
-        let warmup = if cold { Duration::ZERO } else { self.warmup };
-        let req = self.request(test, size, self.dur, warmup);
-        measure_req(pair, &req, self.dur + warmup + Duration::from_secs(20))
+        // CPU accounting counts 10 ms ticks: cold runs (the CPU-cost ones) last at least 0.5 s.
+        let (warmup, dur) = if cold {
+            (Duration::ZERO, self.dur.max(Duration::from_millis(500)))
+        } else {
+            (self.warmup, self.dur)
+        };
+        let req = self.request(test, size, dur, warmup);
+        measure_req(pair, &req, dur + warmup + Duration::from_secs(20))
     }
 }
 
-/// Sends `req` to the pair's client and accounts both ends' CPU time (/proc/PID: schedstat or
-/// stat, i.e. the kernel's accounting of each process, as getrusage reports it).
-fn measure_req(pair: &mut Pair, req: &Request, timeout: Duration) -> CliResult<Meas> {
+/// Sends `req` to the pair's client and accounts both ends' CPU time from each process's own
+/// accounting in /proc/PID/stat (utime + stime, which, like getrusage, include the threads that
+/// have exited: the server's connection threads end with their connection).
+pub fn measure_req(pair: &mut Pair, req: &Request, timeout: Duration) -> CliResult<Meas> {
     let pids = (pair.client.pid(), pair.server.pid());
-    let cpu = |p: Option<u32>| p.map_or(Ok(Duration::ZERO), sys::cpu_time);
-    let (c0, s0) = (cpu(pids.0)?, cpu(pids.1)?);
+    let cpu = |p: Option<u32>| p.and_then(process_cpu).unwrap_or(Duration::ZERO);
+    let (c0, s0) = (cpu(pids.0), cpu(pids.1));
     let t = Instant::now();
     let reply = pair.client.ask(req, timeout)?;
     let wall = t.elapsed().as_secs_f64();
-    let (c1, s1) = (cpu(pids.0)?, cpu(pids.1)?);
+    let (c1, s1) = (cpu(pids.0), cpu(pids.1));
     if reply.count == 0 || reply.elapsed_s <= 0.0 {
         return Err(fail(format!(
             "{}: empty measurement {reply:?}",
@@ -326,9 +332,17 @@ fn measure_req(pair: &mut Pair, req: &Request, timeout: Duration) -> CliResult<M
     Ok(Meas {
         reply,
         wall,
-        cpu_client: (c1 - c0).as_secs_f64(),
-        cpu_server: (s1 - s0).as_secs_f64(),
+        cpu_client: c1.saturating_sub(c0).as_secs_f64(),
+        cpu_server: s1.saturating_sub(s0).as_secs_f64(),
     })
+}
+
+/// utime + stime of a whole process (fields 14 and 15 of /proc/PID/stat, clock ticks of 10 ms).
+fn process_cpu(pid: u32) -> Option<Duration> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut f = s[s.rfind(')')? + 2..].split_whitespace().skip(11);
+    let ticks = f.next()?.parse::<u64>().ok()? + f.next()?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
 }
 
 /// The machine, for the report's first lines.
