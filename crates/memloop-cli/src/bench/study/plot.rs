@@ -106,7 +106,7 @@ fn draw_on(
         .y_desc(&fig.y_label)
         .x_labels(xlabels)
         .x_label_formatter(&xfmt)
-        .y_label_formatter(&|y| format!("{y:.3}"))
+        .y_label_formatter(&|y| tick(*y))
         .draw()
         .map_err(err(file))?;
     let n = fig.series.len().max(1) as f64;
@@ -155,6 +155,17 @@ fn draw_on(
             .map_err(err(file))?;
     }
     Ok(())
+}
+
+/// A y-axis label: integers for large values, a few decimals for small ones.
+fn tick(y: f64) -> String {
+    if y.abs() >= 100.0 {
+        format!("{y:.0}")
+    } else if y.abs() >= 1.0 {
+        format!("{y:.1}")
+    } else {
+        format!("{y:.3}")
+    }
 }
 
 #[cfg(test)]
