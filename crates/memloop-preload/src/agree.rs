@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The address as both ends compare it: IPv4-mapped IPv6 as IPv4, no flow info or scope.
 pub fn canonical(a: SocketAddr) -> SocketAddr {
@@ -142,6 +142,11 @@ pub fn client_offer(
         fd,
         path,
         same_kernel: owner_same_kernel(engine, ep),
+        decide_wait: if ep.owner == engine.me() {
+            engine.cfg.decide_wait_self
+        } else {
+            engine.cfg.decide_wait
+        },
     });
     if conn.is_err() {
         let _ = reg.cancel(ch, engine.me());
@@ -210,6 +215,7 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
         fd,
         path: RING,
         same_kernel: same_kernel(engine, ch, Side::Server),
+        decide_wait: Duration::ZERO,
     });
     match conn {
         Ok(c) => {

@@ -68,6 +68,7 @@ pub struct Conn {
     plain: ForkMutex<Option<Arc<PlainTcp>>>,
     /// Our side is already closed in the registry (last holder closed).
     released: AtomicBool,
+    decide_wait: Duration,
     /// The program's TCP_NODELAY, restored if the connection stays on TCP.
     nodelay: std::sync::atomic::AtomicI32,
 }
@@ -81,6 +82,8 @@ pub struct ConnParts {
     pub fd: c_int,
     pub path: u8,
     pub same_kernel: bool,
+    /// How long a pending client waits for the server's decision.
+    pub decide_wait: Duration,
 }
 
 impl Conn {
@@ -128,6 +131,7 @@ impl Conn {
             resolving: ForkMutex::new(()),
             plain: ForkMutex::new(None),
             released: AtomicBool::new(false),
+            decide_wait: p.decide_wait,
             nodelay: std::sync::atomic::AtomicI32::new(nodelay),
         }))
     }
@@ -170,7 +174,7 @@ impl Conn {
             return p;
         }
         let _g = self.resolving.lock();
-        let deadline = self.created + self.engine.cfg.decide_wait;
+        let deadline = self.created + self.decide_wait;
         let mut polls = 0u32;
         loop {
             let p = self.path();
@@ -198,18 +202,24 @@ impl Conn {
                     polls += 1;
                     if polls < 200 {
                         std::thread::yield_now();
-                    } else {
-                        // The server's accept doorbell (or anything else) ends this early.
-                        let _ = real::wait_fd(
-                            self.kfd(),
-                            libc::POLLIN,
-                            Some(Duration::from_micros(200)),
-                        );
+                    } else if self.connection_failed() {
+                        // Reset before any accept (listener closed, backlog dropped): TCP,
+                        // where the program meets the kernel's error.
+                        if reg.cancel(self.ch, self.engine.me()).is_ok() {
+                            self.to_tcp(FallbackReason::Cancelled);
+                        }
                     }
                 }
                 _ => self.to_tcp(FallbackReason::Error),
             }
         }
+    }
+
+    /// Sleeps up to 200 µs on the kernel socket (the server's accept doorbell ends it early);
+    /// true if the connection failed meanwhile.
+    fn connection_failed(&self) -> bool {
+        let r = real::wait_fd(self.kfd(), libc::POLLIN, Some(Duration::from_micros(200)));
+        matches!(r, Ok(ev) if ev & (libc::POLLERR | libc::POLLHUP) != 0)
     }
 
     fn to_tcp(&self, reason: FallbackReason) {

@@ -17,6 +17,9 @@ pub struct Config {
     /// How long a client waits for the server's decision before cancelling its offer (only
     /// spent when the server program is slow to call accept, or never does).
     pub decide_wait: Duration,
+    /// The same when the listener is our own process's: a program that connects to itself
+    /// may not accept before it writes (with TCP the write would just be buffered).
+    pub decide_wait_self: Duration,
     /// Spin window before a waiter arms its doorbell and sleeps.
     pub spin: Duration,
     /// Capacity of each direction's ring.
@@ -38,7 +41,8 @@ impl Config {
         Config {
             server_wait: env_us("MEMLOOP_SERVER_WAIT_US", 50),
             server_wait_max: env_us("MEMLOOP_SERVER_WAIT_MAX_US", 2_000),
-            decide_wait: env_us("MEMLOOP_DECIDE_WAIT_US", 50_000),
+            decide_wait: env_us("MEMLOOP_DECIDE_WAIT_US", 500_000),
+            decide_wait_self: env_us("MEMLOOP_DECIDE_WAIT_SELF_US", 5_000),
             spin: env_us("MEMLOOP_SPIN_US", 50),
             ring_capacity: ring,
         }

@@ -94,6 +94,7 @@ pub fn adopt_inherited() {
             fd,
             path: RING,
             same_kernel: true,
+            decide_wait: std::time::Duration::ZERO,
         };
         if let Ok(conn) = Conn::new(parts) {
             conn.mark_shared();
