@@ -115,11 +115,31 @@ fn quick_study_writes_report_records_and_plots() {
             "report lacks the command for {id}"
         );
     }
+    // 8: real programs, measured or unavailable (programs not installed); 9: the seeds' ratios
+    // next to ours, measured (it needs 1, 3 and 8; without the programs, rows of 1 and 3 remain).
     for id in [8u64, 9] {
         let e = exps.iter().find(|e| e["id"] == id).expect("listed");
-        assert_eq!(e["status"], "not yet measured");
+        let status = e["status"].as_str().expect("a status");
+        let mine: Vec<&Value> = records.iter().filter(|r| r["experiment"] == id).collect();
+        if id == 8 && status.starts_with("unavailable: ") {
+            assert!(mine.is_empty(), "unavailable yet records: {e}");
+            continue;
+        }
+        assert_eq!(status, "measured", "{e}");
+        assert!(!mine.is_empty(), "experiment {id}: no records");
+        let plot = e["plot"].as_str().expect("a plot");
+        assert!(report.contains(&format!("({plot})")), "report lacks {plot}");
+        if id == 8 {
+            assert!(
+                mine.iter().any(|r| r["unit"] == "ratio"),
+                "experiment 8: no memloop/veth ratio"
+            );
+        } else {
+            assert!(mine.iter().all(|r| r["unit"] == "ratio"), "experiment 9");
+            assert!(report.contains("| paper's ratio |"), "no seeds table");
+        }
     }
-    assert!(report.contains("not yet measured"));
+    assert!(!report.contains("not yet measured"));
     let _ = std::fs::remove_dir_all(&dir);
 
     // Nothing left behind: domains, bridge, regions.
@@ -133,7 +153,7 @@ fn quick_study_writes_report_records_and_plots() {
         "leftover netns"
     );
     assert!(!show(&["link", "show"]).contains(&prefix), "leftover links");
-    for r in ["", "-far", "-wide"] {
+    for r in ["", "-far", "-wide", "-prog"] {
         let name = format!("memloop-study-{pid}{r}");
         assert!(
             !Path::new("/dev/shm").join(&name).exists(),

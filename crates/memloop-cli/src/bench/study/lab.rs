@@ -79,6 +79,10 @@ pub struct Lab {
     pub far: String,
     /// A region with room for 16 384 endpoints (the endpoint-count variant).
     pub wide: String,
+    /// A region of mode 666 for the real programs (servers that drop privileges attach too).
+    pub prog: String,
+    /// The domains' prefix (`memloop domains exec N --prefix P`).
+    pub prefix: String,
     pub preload: Result<(), String>,
     /// Default (client, server) CPUs.
     pub cpus: Option<(usize, usize)>,
@@ -125,12 +129,13 @@ impl Meas {
 impl Lab {
     pub fn up(quick: bool) -> CliResult<Lab> {
         let pid = std::process::id();
-        let (near, far, wide) = (
+        let (near, far, wide, prog) = (
             format!("study-{pid}"),
             format!("study-{pid}-far"),
             format!("study-{pid}-wide"),
+            format!("study-{pid}-prog"),
         );
-        let mut bed = Testbed::up(&[near.clone(), far.clone(), wide.clone()])?;
+        let mut bed = Testbed::up(&[near.clone(), far.clone(), wide.clone(), prog.clone()])?;
         let preload = preload_status(bed.exe());
         if preload.is_ok() {
             bed.create_region(&near)?;
@@ -146,6 +151,13 @@ impl Lab {
                     ..CreateRegion::default()
                 },
             )?;
+            bed.create_region_with(
+                &prog,
+                &CreateRegion {
+                    mode: 0o666,
+                    ..CreateRegion::default()
+                },
+            )?;
         }
         let dur = Duration::from_secs_f64(if quick { 0.1 } else { 1.0 });
         Ok(Lab {
@@ -153,6 +165,9 @@ impl Lab {
             near,
             far,
             wide,
+            prog,
+            // As `Testbed::up` names them.
+            prefix: format!("mlb{pid}"),
             preload,
             cpus: sys::two_cpus(),
             quick,
@@ -172,6 +187,29 @@ impl Lab {
             ),
             None => "ends not pinned (fewer than two CPUs)".into(),
         }
+    }
+
+    /// Domain `i`'s address.
+    pub fn addr(&self, i: u8) -> std::net::Ipv4Addr {
+        self.bed.addr(i)
+    }
+
+    /// The argv running `cmd` in domain `domain`, under `memloop run --region R` if given.
+    pub fn in_domain(&self, domain: u8, region: Option<&str>, cmd: &[String]) -> Vec<String> {
+        let exe = self.bed.exe().to_string_lossy().into_owned();
+        let mut v = vec![
+            exe.clone(),
+            "domains".into(),
+            "exec".into(),
+            domain.to_string(),
+        ];
+        v.extend(["--prefix".into(), self.prefix.clone(), "--".into()]);
+        if let Some(r) = region {
+            v.extend([exe, "run".into(), "--no-create".into(), "--region".into()]);
+            v.extend([r.into(), "--".into()]);
+        }
+        v.extend_from_slice(cmd);
+        v
     }
 
     /// Whether a path can run at all.
