@@ -766,18 +766,18 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c
 
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int {
-    if table::kind(fd) == table::K_OBJ {
+    // Only the queue sizes depend on the ring (and so on the connection's decision); anything
+    // else (FIONBIO right after connect, say) must not wait for the server to accept.
+    let queue = req == libc::FIONREAD || req == libc::TIOCOUTQ;
+    if queue && arg != 0 && table::kind(fd) == table::K_OBJ {
         if let Route::Ring(c) = dispatch::route(fd) {
             // FIONREAD = SIOCINQ; TIOCOUTQ = SIOCOUTQ: bytes we sent that the peer has not read.
-            let answer = match req {
-                libc::FIONREAD => Some(c.readable_bytes()),
-                libc::TIOCOUTQ => Some(c.unread_by_peer()),
-                _ => None,
+            let v = match req {
+                libc::FIONREAD => c.readable_bytes(),
+                _ => c.unread_by_peer(),
             };
-            if let (Some(v), true) = (answer, arg != 0) {
-                *(arg as *mut c_int) = v.min(c_int::MAX as usize) as c_int;
-                return 0;
-            }
+            *(arg as *mut c_int) = v.min(c_int::MAX as usize) as c_int;
+            return 0;
         }
     }
     let r = real::ioctl()(fd, req, arg);
