@@ -1,11 +1,12 @@
 //! `memloop bench study [--quick] [--out DIR] [--only N,..]`: the residency study reproduced on
 //! every path in one run — message sizes, mixed local:remote flows, the cost of interception,
-//! core placement, ring sizes, CPU cost, connection setup — written as DIR/report.md,
-//! DIR/results.json and one SVG figure per experiment.
+//! core placement, ring sizes, CPU cost, connection setup, real programs (redis-benchmark,
+//! pgbench, nginx with ab), and the seed papers' ratios next to ours — written as
+//! DIR/report.md, DIR/results.json and one SVG figure per experiment.
 //!
-//! Every measurement uses the unmodified socket programs of `memloop bench tcp`
+//! Experiments 1-7 use the unmodified socket programs of `memloop bench tcp`
 //! (`bench-tcp-peer`) in network-namespace domains, so the figures are those any TCP program
-//! would see.
+//! would see; experiment 8 runs the Debian programs themselves (or says they are unavailable).
 
 mod exps;
 mod lab;
@@ -79,7 +80,7 @@ impl Rec {
 pub struct Outcome {
     pub id: u32,
     pub title: &'static str,
-    /// "measured", "failed: …", "not yet measured", "skipped".
+    /// "measured", "failed: …", "unavailable: …" (8), "not measured: …" (9 without 1, 3, 8).
     pub status: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plot: Option<String>,
