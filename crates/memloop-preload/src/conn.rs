@@ -59,6 +59,9 @@ pub struct Conn {
     /// Set after fork: other processes may use this end, so ring operations take the
     /// cross-process side lock and reload the indices.
     shared: AtomicBool,
+    /// Reload the indices before the next operation (this end just stopped being shared).
+    resync_prod: AtomicBool,
+    resync_cons: AtomicBool,
     side_words: Option<SideWords>,
     created: Instant,
     same_kernel: bool,
@@ -123,6 +126,8 @@ impl Conn {
             peer_reset: AtomicBool::new(false),
             reset_reported: AtomicBool::new(false),
             shared: AtomicBool::new(false),
+            resync_prod: AtomicBool::new(false),
+            resync_cons: AtomicBool::new(false),
             side_words,
             created: Instant::now(),
             same_kernel: p.same_kernel,
@@ -250,8 +255,35 @@ impl Conn {
         }
     }
 
-    fn side_lock(&self) -> Option<SideLock<'_>> {
+    /// Shared since a fork — unless every other holder has closed its copy since: then this
+    /// end goes back to the lock-free path (the indices are reloaded once, as other processes
+    /// may have moved them). Decided while no fork can happen in this process, so a fork
+    /// cannot add a holder between the check and the switch.
+    fn still_shared(&self) -> bool {
         if !self.shared.load(Acquire) {
+            return false;
+        }
+        let Some(w) = &self.side_words else {
+            return true;
+        };
+        if w.holders.load(Acquire) > 1 {
+            return true;
+        }
+        crate::table::without_fork(|| {
+            if w.holders.load(Acquire) <= 1 && self.shared.load(Acquire) {
+                let nb = real::status_flags(self.kfd()) & libc::O_NONBLOCK != 0;
+                self.nonblock.store(nb, Relaxed);
+                self.resync_prod.store(true, Release);
+                self.resync_cons.store(true, Release);
+                self.shared.store(false, Release);
+                tracing::debug!(ch = ?self.ch, "sole holder again: ring end no longer shared");
+            }
+        });
+        self.shared.load(Acquire)
+    }
+
+    fn side_lock(&self) -> Option<SideLock<'_>> {
+        if !self.still_shared() {
             return None;
         }
         let w = self.side_words.as_ref()?;
@@ -276,7 +308,7 @@ impl Conn {
     fn with_prod<R>(&self, f: impl FnOnce(&mut StreamProducer) -> R) -> Result<R, c_int> {
         let mut p = self.prod.lock();
         let _l = self.side_lock();
-        if _l.is_some() {
+        if _l.is_some() || self.resync_prod.swap(false, AcqRel) {
             p.resync().map_err(|_| libc::EIO)?;
         }
         let r = f(&mut p);
@@ -289,7 +321,7 @@ impl Conn {
     fn with_cons<R>(&self, f: impl FnOnce(&mut StreamConsumer) -> R) -> Result<R, c_int> {
         let mut c = self.cons.lock();
         let _l = self.side_lock();
-        if _l.is_some() {
+        if _l.is_some() || self.resync_cons.swap(false, AcqRel) {
             c.resync().map_err(|_| libc::EIO)?;
         }
         let r = f(&mut c);
@@ -399,7 +431,7 @@ impl Conn {
     /// O_NONBLOCK. After fork the open file description (and its flags) is shared with other
     /// processes, which may change it: then ask the kernel.
     fn nonblocking(&self) -> bool {
-        if self.shared.load(Relaxed) {
+        if self.still_shared() {
             return real::status_flags(self.kfd()) & libc::O_NONBLOCK != 0;
         }
         self.nonblock.load(Relaxed)

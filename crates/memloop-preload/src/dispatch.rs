@@ -297,6 +297,7 @@ pub fn fork_parent() {
 }
 
 pub fn fork_child() {
+    crate::real::forget_pid();
     table::release_after_fork();
     engine::release_after_fork();
     engine::reset_in_child();

@@ -356,8 +356,23 @@ pub fn raise_sigpipe() {
     unsafe { libc::raise(libc::SIGPIPE) };
 }
 
+static PID: AtomicUsize = AtomicUsize::new(0);
+
+/// Our pid, cached (glibc no longer caches it, and the shared-ring lock needs it per call);
+/// the fork child handler calls [`forget_pid`].
 pub fn getpid() -> u32 {
-    std::process::id()
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            let p = std::process::id();
+            PID.store(p as usize, Ordering::Relaxed);
+            p
+        }
+        p => p as u32,
+    }
+}
+
+pub fn forget_pid() {
+    PID.store(0, Ordering::Relaxed);
 }
 
 /// A blocking `MSG_PEEK` receive: sleeps until a doorbell, FIN or signal. The kernel applies

@@ -152,6 +152,12 @@ pub fn lock_for_fork(mut f: impl FnMut(&Arc<Conn>)) {
     });
 }
 
+/// Runs `f` while no fork can happen in this process (the fork handlers hold this lock).
+pub fn without_fork<R>(f: impl FnOnce() -> R) -> R {
+    let _g = CHANGES.lock();
+    f()
+}
+
 pub fn release_after_fork() {
     CHANGES.release_after_fork();
 }
