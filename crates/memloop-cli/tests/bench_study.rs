@@ -8,18 +8,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_memloop");
-const PRELOAD: &str = "libmemloop_preload.so";
-
-fn unsupported() -> Option<&'static str> {
-    if !rustix::process::geteuid().is_root() {
-        return Some("not root");
-    }
-    if Command::new("ip").arg("-V").output().is_err() {
-        return Some("`ip` (iproute2) missing");
-    }
-    None
-}
+mod common;
+use common::{memloop_with_preload, unsupported};
 
 /// Experiments that need the preload (no figures without it).
 const NEED_PRELOAD: [u64; 1] = [5];
@@ -30,19 +20,9 @@ fn quick_study_writes_report_records_and_plots() {
         eprintln!("skipping: {why}");
         return;
     }
-    let bin = Path::new(BIN);
-    let preload = [
-        bin.with_file_name("deps").join(PRELOAD),
-        bin.with_file_name(PRELOAD),
-    ]
-    .into_iter()
-    .find(|p| p.is_file());
     let dir = std::env::temp_dir().join(format!("bench-study-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut cmd = Command::new(BIN);
-    if let Some(lib) = &preload {
-        cmd.env("MEMLOOP_PRELOAD_LIB", lib);
-    }
+    let (mut cmd, preload_built) = memloop_with_preload();
     let t0 = Instant::now();
     let child = cmd
         .args(["bench", "study", "--quick", "--out"])
@@ -79,7 +59,7 @@ fn quick_study_writes_report_records_and_plots() {
     let records = v["records"].as_array().expect("records");
     let exps = v["experiments"].as_array().expect("experiments");
     let preload_ok = v["unavailable"].as_array().is_some_and(|u| u.is_empty());
-    if preload.is_some() {
+    if preload_built {
         assert!(preload_ok, "paths unavailable: {}", v["unavailable"]);
     }
     for r in records {

@@ -6,18 +6,8 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_memloop");
-const PRELOAD: &str = "libmemloop_preload.so";
-
-fn unsupported() -> Option<&'static str> {
-    if !rustix::process::geteuid().is_root() {
-        return Some("not root");
-    }
-    if Command::new("ip").arg("-V").output().is_err() {
-        return Some("`ip` (iproute2) missing");
-    }
-    None
-}
+mod common;
+use common::{memloop_with_preload, unsupported};
 
 /// The tests each path must have figures for.
 fn tests_of(path: &str) -> &'static [&'static str] {
@@ -33,20 +23,8 @@ fn quick_run_reports_positive_figures_for_every_path() {
         eprintln!("skipping: {why}");
         return;
     }
-    // `cargo test` builds the preload into deps/ without copying it next to the binary: point
-    // `memloop run` (and the bench) at the freshest copy there is.
-    let bin = Path::new(BIN);
-    let preload = [
-        bin.with_file_name("deps").join(PRELOAD),
-        bin.with_file_name(PRELOAD),
-    ]
-    .into_iter()
-    .find(|p| p.is_file());
     let json = std::env::temp_dir().join(format!("bench-tcp-{}.json", std::process::id()));
-    let mut cmd = Command::new(BIN);
-    if let Some(lib) = &preload {
-        cmd.env("MEMLOOP_PRELOAD_LIB", lib);
-    }
+    let (mut cmd, preload_built) = memloop_with_preload();
     let child = cmd
         .args(["bench", "tcp", "--quick", "--json"])
         .arg(&json)
@@ -90,7 +68,6 @@ fn quick_run_reports_positive_figures_for_every_path() {
             "veth+preload"
         ]
     );
-    let preload_built = preload.is_some();
     for p in paths {
         let name = p["name"].as_str().unwrap();
         let mine: Vec<&Value> = records.iter().filter(|r| r["path"] == name).collect();
