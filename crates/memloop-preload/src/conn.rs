@@ -24,6 +24,9 @@ pub const PENDING: u8 = 0;
 pub const RING: u8 = 1;
 pub const TCP: u8 = 2;
 
+/// `waiters` bit: a thread is draining doorbells; nobody may start sleeping meanwhile.
+const DRAINING: u32 = 1 << 31;
+
 /// Longest sleep between liveness checks when the peer is in another kernel (no FIN from a
 /// powered-off VM).
 const LIVENESS_SLICE: Duration = Duration::from_millis(200);
@@ -356,7 +359,24 @@ impl Conn {
     }
 
     /// Drains doorbells from the kernel socket, noting a closed or reset peer.
+    ///
+    /// Doorbells are consumed only while no thread of ours sleeps on this socket, and no thread
+    /// starts sleeping until the drain is over (the DRAINING bit of `waiters`): a drain
+    /// overlapping another thread's arm-recheck-sleep could otherwise swallow the doorbell that
+    /// thread is waiting for.
     pub fn drain(&self) {
+        if self
+            .waiters
+            .compare_exchange(0, DRAINING, AcqRel, Acquire)
+            .is_err()
+        {
+            return; // a sleeper will drain when it is the last one out
+        }
+        self.drain_now();
+        self.waiters.store(0, Release);
+    }
+
+    fn drain_now(&self) {
         match real::drain_doorbells(self.kfd()) {
             Drain::Open => {}
             Drain::Closed => self.set_peer_closed(),
@@ -614,23 +634,23 @@ impl Conn {
                 },
                 None => None,
             };
-            self.waiters.fetch_add(1, AcqRel);
+            self.enter_wait();
             self.arm(dir);
             let r = if self.ready(dir) {
-                Ok(false)
+                Ok(())
             } else {
                 self.sleep(left)
             };
             self.disarm(dir);
-            let last = self.waiters.fetch_sub(1, AcqRel) == 1;
-            // Another thread waiting on the same socket may need that doorbell byte too.
-            if last && !matches!(r, Ok(true)) {
+            // Another thread waiting on the same socket may need that doorbell byte too: the
+            // last one out drains.
+            if self.waiters.fetch_sub(1, AcqRel) == 1 {
                 self.drain();
             }
             match r {
                 Err(libc::EAGAIN) if dir == Dir::Write => {} // SO_RCVTIMEO cut our sleep short
                 Err(e) => return Err(e),
-                Ok(_) => {}
+                Ok(()) => {}
             }
             if self.ready(dir) {
                 return Ok(());
@@ -641,44 +661,55 @@ impl Conn {
         }
     }
 
-    /// One sleep until a doorbell, FIN or signal; `Ok(true)` if it also consumed every
-    /// doorbell. Same kernel: a blocking receive on the socket, which the kernel restarts after
-    /// `SA_RESTART` signals exactly as it would the program's own call — it consumes the
-    /// doorbells when we are this process's only waiter and no other process shares the end
-    /// (one system call per wake-up), else only peeks so other waiters wake too. Otherwise a
-    /// bounded poll, so a vanished VM is noticed.
-    fn sleep(&self, left: Option<Duration>) -> Result<bool, c_int> {
+    /// Counts this thread as a sleeper, after any drain in progress has finished.
+    fn enter_wait(&self) {
+        loop {
+            let v = self.waiters.load(Acquire);
+            if v & DRAINING != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            if self
+                .waiters
+                .compare_exchange_weak(v, v + 1, AcqRel, Acquire)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+
+    /// One sleep until a doorbell, FIN or signal. Same kernel: a blocking `MSG_PEEK` receive,
+    /// which the kernel restarts after `SA_RESTART` signals exactly as it would the program's
+    /// own call. It only peeks: another thread may be asleep on the same socket for the other
+    /// direction, and a doorbell consumed here would leave it asleep for good (the last waiter
+    /// drains). Otherwise a bounded poll, so a vanished VM is noticed.
+    fn sleep(&self, left: Option<Duration>) -> Result<(), c_int> {
         let fd = self.kfd();
         if self.same_kernel && !self.nonblock.load(Relaxed) && left.is_none() {
-            let alone = self.waiters.load(Acquire) == 1 && !self.shared.load(Relaxed);
-            let mut b = [0u8; 64];
-            let r = if alone {
-                real::recv_blocking(fd, &mut b)
-            } else {
-                real::peek_blocking(fd, &mut b[..1])
-            };
-            return match r {
+            let mut b = [0u8; 1];
+            return match real::peek_blocking(fd, &mut b) {
                 Ok(0) => {
                     self.set_peer_closed();
-                    Ok(false)
+                    Ok(())
                 }
-                Ok(n) => Ok(alone && n < b.len()),
+                Ok(_) => Ok(()),
                 Err(e) if e == libc::EINTR || e == libc::EAGAIN => Err(e),
                 Err(libc::ECONNRESET) => {
                     self.peer_reset.store(true, Release);
                     self.set_peer_closed();
-                    Ok(false)
+                    Ok(())
                 }
                 Err(_) => {
                     self.set_peer_closed();
-                    Ok(false)
+                    Ok(())
                 }
             };
         }
         let slice = left.map_or(LIVENESS_SLICE, |l| l.min(LIVENESS_SLICE));
         match real::wait_fd(fd, libc::POLLIN, Some(slice)) {
             Err(libc::EINTR) => Err(libc::EINTR),
-            _ => Ok(false),
+            _ => Ok(()),
         }
     }
 

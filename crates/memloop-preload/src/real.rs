@@ -383,13 +383,6 @@ pub fn peek_blocking(fd: c_int, b: &mut [u8]) -> Result<usize, c_int> {
     check(r)
 }
 
-/// Like [`peek_blocking`], consuming what it reads.
-pub fn recv_blocking(fd: c_int, b: &mut [u8]) -> Result<usize, c_int> {
-    // SAFETY: valid buffer of the given length.
-    let r = unsafe { recv()(fd, b.as_mut_ptr().cast(), b.len(), 0) };
-    check(r)
-}
-
 pub fn epoll_ctl_raw(
     epfd: c_int,
     op: c_int,
