@@ -327,21 +327,10 @@ impl Registry {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::{MemberIdentity, RegionParams, ShmSlice};
     use proptest::prelude::*;
 
     fn populated() -> (Registry, MemberId, ConnTuple) {
-        let p = RegionParams::small(1 << 20);
-        let r = Registry::init(ShmSlice::new_heap(p.size as usize), &p).unwrap();
-        let ident = MemberIdentity {
-            pid: 1,
-            start_time: 0,
-            boot_id: [0; 16],
-            pid_ns: 0,
-            net_ns: 0,
-            name: "m".into(),
-        };
-        let m = r.join(&ident).unwrap();
+        let (r, m) = crate::members::test_registry_with_member("m");
         let t = ConnTuple {
             client: "10.0.0.1:1".parse().unwrap(),
             server: "[::1]:2".parse().unwrap(),

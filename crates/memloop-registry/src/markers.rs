@@ -211,21 +211,11 @@ impl Registry {
 mod tests {
     use super::*;
     use crate::members::{m_word, M_FREE};
-    use crate::{EndpointKey, MemberIdentity, RegionParams, ShmSlice};
+    use crate::EndpointKey;
 
     #[test]
     fn markers_of_an_owner_declared_dead_meanwhile_are_swept() {
-        let p = RegionParams::small(1 << 20);
-        let r = Registry::init(ShmSlice::new_heap(p.size as usize), &p).unwrap();
-        let ident = MemberIdentity {
-            pid: 1,
-            start_time: 0,
-            boot_id: [0; 16],
-            pid_ns: 0,
-            net_ns: 0,
-            name: "s".into(),
-        };
-        let s = r.join(&ident).unwrap();
+        let (r, s) = crate::members::test_registry_with_member("s");
         let ep = r.add_endpoint(s, &EndpointKey::Native("x".into())).unwrap();
         let t = ConnTuple {
             client: "10.0.0.1:1".parse().unwrap(),

@@ -387,6 +387,23 @@ impl Registry {
     }
 }
 
+/// Unit tests elsewhere in the crate: a small heap region with one live member `name`.
+#[cfg(all(test, not(loom)))]
+pub(crate) fn test_registry_with_member(name: &str) -> (Registry, MemberId) {
+    let p = crate::RegionParams::small(1 << 20);
+    let r = Registry::init(memloop_shm::ShmSlice::new_heap(p.size as usize), &p).unwrap();
+    let ident = MemberIdentity {
+        pid: 1,
+        start_time: 0,
+        boot_id: [0; 16],
+        pid_ns: 0,
+        net_ns: 0,
+        name: name.into(),
+    };
+    let m = r.join(&ident).unwrap();
+    (r, m)
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
