@@ -9,10 +9,12 @@
 //! would see; experiment 8 runs the Debian programs themselves (or says they are unavailable).
 
 mod exps;
+mod headline;
 mod lab;
 mod plot;
 mod progs;
 mod report;
+mod rounds;
 mod seeds;
 
 use crate::error::{fail, CliResult, Context};
@@ -32,6 +34,10 @@ pub struct StudyArgs {
     /// Only these experiments (numbers, comma separated).
     #[arg(long, value_delimiter = ',', value_name = "N")]
     only: Option<Vec<u32>>,
+    /// Rounds of the whole study; every figure is the median of its rounds (default 3, 1 with
+    /// --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=20))]
+    repeat: Option<u32>,
 }
 
 /// One figure of results.json.
@@ -52,6 +58,13 @@ pub struct Rec {
     pub change_pct: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// With --repeat > 1: how many rounds measured this figure, and their extremes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rounds: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
 }
 
 impl Rec {
@@ -66,6 +79,9 @@ impl Rec {
             variant: None,
             change_pct: None,
             note: None,
+            rounds: None,
+            min: None,
+            max: None,
         }
     }
 
@@ -92,25 +108,45 @@ pub fn run(a: &StudyArgs) -> CliResult<()> {
     std::fs::create_dir_all(&a.out).context(format!("creating {}", a.out.display()))?;
     let wanted = |id: u32| a.only.as_ref().is_none_or(|o| o.contains(&id));
     let exps: Vec<&exps::Exp> = exps::ALL.iter().filter(|e| wanted(e.id)).collect();
+    let repeat = a.repeat.unwrap_or(if a.quick { 1 } else { 3 });
     let mut lab = lab::Lab::up(a.quick)?;
     let steps: u64 = exps.iter().map(|e| (e.steps)(&lab)).sum::<u64>().max(1);
-    let bar = ProgressBar::new(steps);
+    let bar = ProgressBar::new(steps * u64::from(repeat));
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}, ~{eta} left] {msg}")
             .expect("valid template"),
     );
+    // Per experiment: its records of every round, and how its rounds went.
+    let mut per_exp: Vec<(Vec<Vec<Rec>>, Vec<String>, f64)> =
+        exps.iter().map(|_| (Vec::new(), Vec::new(), 0.0)).collect();
+    for round in 1..=repeat {
+        for (e, acc) in exps.iter().zip(per_exp.iter_mut()) {
+            let start = Instant::now();
+            bar.set_message(format!("round {round}/{repeat}: {}. {}", e.id, e.title));
+            let mut mine = Vec::new();
+            let status = match (e.run)(&mut lab, &bar, &mut mine) {
+                Ok(()) if mine.is_empty() => "no figures (its paths are unavailable)".to_owned(),
+                Ok(()) => "measured".into(),
+                Err(err) if err.to_string().starts_with("unavailable") => err.to_string(),
+                Err(err) if repeat > 1 => format!("failed in round {round}: {err}"),
+                Err(err) => format!("failed: {err}"),
+            };
+            acc.0.push(mine);
+            acc.1.push(status);
+            acc.2 += start.elapsed().as_secs_f64();
+        }
+    }
     let mut records: Vec<Rec> = Vec::new();
     let mut outcomes = Vec::new();
-    for e in &exps {
-        let start = Instant::now();
-        bar.set_message(format!("{}. {}", e.id, e.title));
-        let mut mine = Vec::new();
-        let status = match (e.run)(&mut lab, &bar, &mut mine) {
-            Ok(()) if mine.is_empty() => "no figures (its paths are unavailable)".to_owned(),
-            Ok(()) => "measured".into(),
-            Err(err) if err.to_string().starts_with("unavailable") => err.to_string(),
-            Err(err) => format!("failed: {err}"),
-        };
+    for (e, (rounds, statuses, seconds)) in exps.iter().zip(per_exp) {
+        let mine = rounds::merge(&rounds);
+        // The worst round speaks for the experiment: a failure is never hidden by a median.
+        let status = statuses
+            .iter()
+            .find(|s| s.starts_with("failed"))
+            .or_else(|| statuses.iter().find(|s| *s != "measured"))
+            .cloned()
+            .unwrap_or_else(|| "measured".into());
         let plot = if mine.is_empty() {
             None
         } else {
@@ -124,7 +160,7 @@ pub fn run(a: &StudyArgs) -> CliResult<()> {
             title: e.title,
             status,
             plot,
-            seconds: start.elapsed().as_secs_f64(),
+            seconds,
         });
     }
     bar.finish_and_clear();
@@ -154,12 +190,13 @@ pub fn run(a: &StudyArgs) -> CliResult<()> {
     let ctx = report::Context {
         quick: a.quick,
         only: a.only.clone(),
+        repeat,
         machine: lab::machine(),
         pinning: lab.pinning(),
         dur: lab.dur,
         preload: lab.preload.clone().err(),
         unavailable: lab.unavailable.clone(),
-        notes: lab.notes.clone(),
+        notes: unique(&lab.notes),
         seconds: t0.elapsed().as_secs_f64(),
     };
     drop(lab);
@@ -181,4 +218,10 @@ pub fn run(a: &StudyArgs) -> CliResult<()> {
     } else {
         Err(fail(failed.join("; ")))
     }
+}
+
+/// Notes in first-seen order, each once (rounds repeat them).
+fn unique(notes: &[(&'static str, String)]) -> Vec<(&'static str, String)> {
+    let mut seen = std::collections::HashSet::new();
+    notes.iter().filter(|n| seen.insert(*n)).cloned().collect()
 }

@@ -1,6 +1,7 @@
 //! DIR/report.md and DIR/results.json.
 
 use super::exps::{ALL, SEEDS};
+use super::headline::{losses, Line};
 use super::lab::Kind;
 use super::seeds::ROWS;
 use super::{Outcome, Rec};
@@ -14,6 +15,7 @@ use std::time::Duration;
 pub struct Context {
     pub quick: bool,
     pub only: Option<Vec<u32>>,
+    pub repeat: u32,
     pub machine: Vec<(String, String)>,
     pub pinning: String,
     pub dur: Duration,
@@ -28,6 +30,9 @@ fn command(ctx: &Context, id: Option<u32>) -> String {
     if ctx.quick {
         c.push_str(" --quick");
     }
+    if ctx.repeat != if ctx.quick { 1 } else { 3 } {
+        let _ = write!(c, " --repeat {}", ctx.repeat);
+    }
     match id {
         // Experiment 9 reads the figures of 1, 3 and 8.
         Some(9) => c.push_str(" --only 1,3,8,9"),
@@ -37,6 +42,44 @@ fn command(ctx: &Context, id: Option<u32>) -> String {
         None => {}
     }
     c + " --out DIR"
+}
+
+/// The spread of a figure's rounds, "min–max", when there was more than one.
+fn spread(r: &Rec) -> String {
+    match (r.rounds, r.min, r.max) {
+        (Some(n), Some(lo), Some(hi)) if n > 1 => {
+            format!("{}–{} ({n} rounds)", value(lo), value(hi))
+        }
+        _ => String::new(),
+    }
+}
+
+/// The headline ratios, then where memloop loses.
+fn headline(md: &mut String, lines: &[Line]) {
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "## Headline\n\nmemloop's figure over the baseline's in this run (above 1: memloop is \
+         better).\n\n| figure | ratio | detail |\n| --- | ---: | --- |"
+    );
+    for l in lines {
+        let _ = writeln!(md, "| {} | {:.2}× | {} |", l.figure, l.ratio, l.detail);
+    }
+    let losses = losses(lines);
+    if losses.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nmemloop is behind its baseline (by more than 5 %) nowhere.\n"
+        );
+        return;
+    }
+    let _ = writeln!(md, "\nWhere memloop loses (by more than 5 %):\n");
+    for l in losses {
+        let _ = writeln!(md, "- {}: {:.2}×", l.figure, l.ratio);
+    }
+    let _ = writeln!(md);
 }
 
 fn value(v: f64) -> String {
@@ -81,6 +124,7 @@ fn seeds_table(md: &mut String, records: &[Rec]) {
 }
 
 pub fn write(dir: &Path, ctx: &Context, outcomes: &[Outcome], records: &[Rec]) -> CliResult<()> {
+    let lines = super::headline::lines(records);
     let mut md = String::new();
     let _ = writeln!(md, "# memloop residency study\n");
     let _ = writeln!(md, "## Machine\n");
@@ -90,9 +134,18 @@ pub fn write(dir: &Path, ctx: &Context, outcomes: &[Outcome], records: &[Rec]) -
     let _ = writeln!(
         md,
         "\n## Run\n\n- command: `{}`\n- {} s per measurement (plus a fifth of that as warm-up), \
-         one round{}\n- {}\n- whole run: {:.1} s\n",
+         {}{}\n- {}\n- whole run: {:.1} s\n",
         command(ctx, None),
         ctx.dur.as_secs_f64(),
+        if ctx.repeat > 1 {
+            format!(
+                "{} rounds of the whole study one after the other; every figure is the median \
+                 of its rounds (spread in the tables and in results.json)",
+                ctx.repeat
+            )
+        } else {
+            "one round".to_owned()
+        },
         if ctx.quick {
             " (`--quick`: a smoke run, not figures to quote)"
         } else {
@@ -101,6 +154,7 @@ pub fn write(dir: &Path, ctx: &Context, outcomes: &[Outcome], records: &[Rec]) -
         ctx.pinning,
         ctx.seconds
     );
+    headline(&mut md, &lines);
     let _ = writeln!(md, "## Paths\n");
     let _ = writeln!(md, "| path | what | state |\n| --- | --- | --- |");
     for k in [
@@ -162,7 +216,7 @@ pub fn write(dir: &Path, ctx: &Context, outcomes: &[Outcome], records: &[Rec]) -
         }
         let _ = writeln!(
             md,
-            "| test | path | size | variant | value | unit | note |\n| --- | --- | ---: | --- | ---: | --- | --- |"
+            "| test | path | size | variant | value | unit | spread | note |\n| --- | --- | ---: | --- | ---: | --- | --- | --- |"
         );
         for r in mine {
             let size = if o.id == 3 && r.test == "crr" {
@@ -172,13 +226,14 @@ pub fn write(dir: &Path, ctx: &Context, outcomes: &[Outcome], records: &[Rec]) -
             };
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.test,
                 r.path,
                 size,
                 r.variant.as_deref().unwrap_or(""),
                 value(r.value),
                 r.unit,
+                spread(r),
                 r.note.as_deref().unwrap_or("")
             );
         }
@@ -197,6 +252,8 @@ pub fn write(dir: &Path, ctx: &Context, outcomes: &[Outcome], records: &[Rec]) -
         "only": ctx.only,
         "machine": machine,
         "duration_s": ctx.dur.as_secs_f64(),
+        "rounds": ctx.repeat,
+        "headline": lines,
         "pinning": ctx.pinning,
         "unavailable": ctx.unavailable.iter().map(|(p, w)| json!({"path": p, "reason": w})).collect::<Vec<_>>(),
         "notes": ctx.notes.iter().map(|(p, w)| json!({"path": p, "note": w})).collect::<Vec<_>>(),
