@@ -23,18 +23,18 @@ pub fn canonical(a: SocketAddr) -> SocketAddr {
     SocketAddr::new(a.ip().to_canonical(), a.port())
 }
 
-/// The network namespace that owns `ip`, from the members' advertised addresses: ours for
-/// loopback; an address owned in two namespaces is ambiguous.
+/// The network scope (namespace of one kernel) that owns `ip`, from the members' advertised
+/// addresses: ours for loopback; an address owned in two scopes is ambiguous.
 fn scope_of(engine: &Engine, ip: IpAddr) -> Result<u64, FallbackReason> {
     if ip.is_loopback() {
-        return Ok(engine.netns);
+        return Ok(engine.scope);
     }
     let scopes: BTreeSet<u64> = engine
         .registry()
         .members()
         .into_iter()
         .filter(|m| m.addresses.iter().any(|a| a.to_canonical() == ip))
-        .map(|m| m.identity.net_ns)
+        .map(|m| m.identity.net_scope())
         .collect();
     match scopes.len() {
         0 => Err(FallbackReason::NotMember),

@@ -626,6 +626,10 @@ impl Conn {
         if self.spinner.spin(self.engine.cfg.spin, || self.ready(dir)) {
             return Ok(());
         }
+        // Across kernels, time a death during this wait from now (the first heartbeat look).
+        if !self.same_kernel {
+            self.check_peer();
+        }
         loop {
             let left = match deadline {
                 Some(d) => match d.checked_duration_since(Instant::now()) {
@@ -655,10 +659,40 @@ impl Conn {
             if self.ready(dir) {
                 return Ok(());
             }
-            if self.peer_dead_in_registry() {
-                self.set_peer_closed();
-            }
+            self.check_peer();
         }
+    }
+
+    /// For poll and epoll after an idle slice: a peer in another kernel may have vanished.
+    pub fn watch_peer(&self) {
+        if !self.same_kernel && self.path() == RING {
+            self.check_peer();
+        }
+    }
+
+    /// Notes a peer that closed its end or died. In our kernel its death closes the kernel
+    /// socket too; across kernels nothing tells a powered-off VM's peer but the VM's heartbeat,
+    /// and the connection ends as TCP's would once it gave up: reset.
+    fn check_peer(&self) {
+        let reg = self.engine.registry();
+        if reg.peer_gone(self.ch, self.side).unwrap_or(true) {
+            self.set_peer_closed();
+        } else if !self.same_kernel && !self.peer_alive() {
+            self.peer_reset.store(true, Release);
+            self.set_peer_closed();
+        }
+    }
+
+    /// The peer member's heartbeat (or /proc) says it lives; reclaims it if not.
+    fn peer_alive(&self) -> bool {
+        let Ok(info) = self.engine.registry().channel(self.ch) else {
+            return false;
+        };
+        let peer = match self.side {
+            Side::Client => info.server,
+            Side::Server => Some(info.client),
+        };
+        peer.map_or(true, |p| self.engine.node.peer_alive(p))
     }
 
     /// Counts this thread as a sleeper, after any drain in progress has finished.
@@ -711,13 +745,6 @@ impl Conn {
             Err(libc::EINTR) => Err(libc::EINTR),
             _ => Ok(()),
         }
-    }
-
-    fn peer_dead_in_registry(&self) -> bool {
-        self.engine
-            .registry()
-            .peer_gone(self.ch, self.side)
-            .unwrap_or(true)
     }
 
     // ---- shutdown, close, fork ------------------------------------------------------------

@@ -51,7 +51,8 @@ impl Config {
 
 pub struct Engine {
     pub node: Node,
-    pub netns: u64,
+    /// Our network namespace in this kernel (see `memloop::registry::net_scope`).
+    pub scope: u64,
     pub cfg: Config,
 }
 
@@ -140,11 +141,11 @@ fn start() -> Option<Arc<Engine>> {
             return None;
         }
     };
-    let netns = memloop::identity::namespace_inode("net");
-    tracing::debug!(member = ?node.id(), netns, "memloop transparent layer active");
+    let scope = memloop::identity::net_scope();
+    tracing::debug!(member = ?node.id(), scope, "memloop transparent layer active");
     Some(Arc::new(Engine {
         node,
-        netns,
+        scope,
         cfg: settings().cfg.clone(),
     }))
 }

@@ -235,7 +235,14 @@ impl EpollSet {
             if n > 0 {
                 return Ok(n);
             }
+            self.watch_peers();
         }
+    }
+
+    /// Across kernels nothing closes a vanished VM's socket: look at the peers' heartbeats.
+    fn watch_peers(&self) {
+        let conns: Vec<_> = self.items.lock().values().map(|i| i.conn.clone()).collect();
+        conns.iter().for_each(|c| c.watch_peer());
     }
 
     fn spin_window(&self) -> Duration {

@@ -21,7 +21,7 @@ impl Listener {
     /// `SO_REUSEPORT` siblings) keeps its registration; offers are matched by tuple anyway.
     pub fn register(engine: &Arc<Engine>, fd: c_int) -> Option<Arc<Listener>> {
         let local = real::local_addr(fd)?;
-        let key = listener_key(engine.netns, local);
+        let key = listener_key(engine.scope, local);
         let reg = engine.registry();
         let owned = match reg.add_endpoint(engine.me(), &key) {
             Ok(id) => Some((engine.clone(), id)),

@@ -118,6 +118,7 @@ pub fn poll(
         if n > 0 {
             return Ok(n);
         }
+        rings.iter().for_each(|(_, c)| c.watch_peer());
     }
 }
 

@@ -39,7 +39,9 @@ pub use fallback::{
 };
 pub use header::{RegionParams, DEFAULT_RING_CAPACITY};
 pub use key::{ChannelId, ConnTuple, EndpointId, EndpointKey, MemberId, Proto, MAX_NATIVE_NAME};
-pub use members::{MemberIdentity, MemberInfo, MemberState, MAX_ADDRESSES, MAX_MEMBER_NAME};
+pub use members::{
+    net_scope, MemberIdentity, MemberInfo, MemberState, MAX_ADDRESSES, MAX_MEMBER_NAME,
+};
 pub use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 pub use reclaim::ReclaimReport;
 

@@ -57,6 +57,24 @@ pub struct MemberIdentity {
     pub name: String,
 }
 
+impl MemberIdentity {
+    /// The network namespace this member's socket addresses belong to, across kernels.
+    pub fn net_scope(&self) -> u64 {
+        net_scope(&self.boot_id, self.net_ns)
+    }
+}
+
+/// One network namespace of one kernel. Namespace inode numbers repeat across kernels (every
+/// kernel's initial namespace has the same one, so two VMs and their host would look alike), so
+/// the kernel's boot id is folded in (FNV-1a; 0 is never returned, it means "unknown").
+pub fn net_scope(boot_id: &[u8; 16], net_ns: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in boot_id.iter().chain(net_ns.to_le_bytes().iter()) {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h.max(1)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemberState {
     Claiming,

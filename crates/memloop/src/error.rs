@@ -7,6 +7,8 @@ use std::path::PathBuf;
 pub enum Error {
     #[error("no memloop region at {0} (create one with `memloop region create`)")]
     NoRegion(PathBuf),
+    #[error("{0}")]
+    NoDevice(String),
     #[error("region mapping: {0}")]
     Mapping(#[from] memloop_shm::MappingError),
     #[error("region registry: {0}")]

@@ -41,6 +41,11 @@ pub fn namespace_inode(kind: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Our network namespace in this kernel, as [`memloop_registry::net_scope`] names it.
+pub fn net_scope() -> u64 {
+    memloop_registry::net_scope(&boot_id(), namespace_inode("net"))
+}
+
 /// The identity of the calling process.
 pub fn current(name: &str) -> MemberIdentity {
     let pid = std::process::id();

@@ -15,6 +15,7 @@
 
 mod error;
 pub mod identity;
+pub mod ivshmem;
 mod listener;
 pub mod liveness;
 mod node;

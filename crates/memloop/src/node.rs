@@ -59,6 +59,17 @@ impl Node {
     pub fn region(&self) -> &Region {
         &self.inner.region
     }
+    /// Is `peer` alive (by /proc in our pid namespace, else by its heartbeat)? A dead peer is
+    /// reclaimed on the spot, so its channels read as dead for everyone.
+    pub fn peer_alive(&self, peer: MemberId) -> bool {
+        self.inner.check_peer(peer)
+    }
+
+    /// Does `peer` run in our kernel (so the kernel can vouch for it and futexes reach it)?
+    pub fn same_kernel(&self, peer: MemberId) -> bool {
+        self.inner.same_kernel(peer)
+    }
+
     /// Reclaims every member found dead; returns how many.
     pub fn reclaim_dead(&self) -> usize {
         self.inner.reclaim_dead()
@@ -146,11 +157,15 @@ impl NodeInner {
     }
 
     /// Futex wake-ups only work with a peer in our kernel; otherwise poll with back-off.
-    pub(crate) fn wait_policy(&self, peer: MemberId) -> WaitPolicy {
-        let same = match self.region.registry().member(peer) {
+    pub(crate) fn same_kernel(&self, peer: MemberId) -> bool {
+        match self.region.registry().member(peer) {
             Ok(info) => self.liveness.same_kernel(&info.identity),
             Err(_) => true,
-        };
+        }
+    }
+
+    pub(crate) fn wait_policy(&self, peer: MemberId) -> WaitPolicy {
+        let same = self.same_kernel(peer);
         let mode = if same {
             WakeMode::Futex
         } else {

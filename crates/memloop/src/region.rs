@@ -25,6 +25,8 @@ pub enum RegionSpec {
     Hugetlbfs(PathBuf),
     /// Any mappable file or device, e.g. `/sys/bus/pci/devices/0000:00:04.0/resource2`.
     Device(PathBuf),
+    /// Inside a VM: the ivshmem PCI device at this address, or the only one (see [`crate::ivshmem`]).
+    Ivshmem(Option<String>),
 }
 
 impl RegionSpec {
@@ -33,9 +35,16 @@ impl RegionSpec {
         Self::parse(&std::env::var("MEMLOOP_REGION").unwrap_or_else(|_| "default".into()))
     }
 
-    /// A name, or a path if it contains '/': a path on hugetlbfs is [`Self::Hugetlbfs`], a path
-    /// under /sys or /dev (except /dev/shm) is a [`Self::Device`], anything else a [`Self::File`].
+    /// `ivshmem` or `ivshmem:BDF` (a VM's ivshmem device), a name, or a path if it contains '/':
+    /// a path on hugetlbfs is [`Self::Hugetlbfs`], a path under /sys or /dev (except /dev/shm)
+    /// is a [`Self::Device`], anything else a [`Self::File`].
     pub fn parse(s: &str) -> Self {
+        if s == "ivshmem" {
+            return Self::Ivshmem(None);
+        }
+        if let Some(bdf) = s.strip_prefix("ivshmem:") {
+            return Self::Ivshmem(Some(bdf.to_string()));
+        }
         if !s.contains('/') {
             return Self::Named(s.to_string());
         }
@@ -53,6 +62,18 @@ impl RegionSpec {
         match self {
             Self::Named(n) => PathBuf::from(format!("/dev/shm/memloop-{n}")),
             Self::File(p) | Self::Hugetlbfs(p) | Self::Device(p) => p.clone(),
+            Self::Ivshmem(bdf) => PathBuf::from(format!(
+                "/sys/bus/pci/devices/{}/resource2",
+                bdf.as_deref().unwrap_or("<ivshmem>")
+            )),
+        }
+    }
+
+    /// The spec with an ivshmem device looked up: a [`Self::Device`].
+    pub fn resolve(&self) -> Result<Self, Error> {
+        match self {
+            Self::Ivshmem(bdf) => Ok(Self::Device(crate::ivshmem::find(bdf.as_deref())?)),
+            other => Ok(other.clone()),
         }
     }
 
@@ -60,7 +81,7 @@ impl RegionSpec {
         match self {
             Self::Named(_) | Self::File(_) => Backend::File,
             Self::Hugetlbfs(_) => Backend::Hugetlbfs,
-            Self::Device(_) => Backend::Device,
+            Self::Device(_) | Self::Ivshmem(_) => Backend::Device,
         }
     }
 }
@@ -104,6 +125,7 @@ const INIT_WAIT: Duration = Duration::from_secs(5);
 impl Region {
     /// Opens an existing region; fails with [`Error::NoRegion`] if there is none.
     pub fn open(spec: &RegionSpec) -> Result<Self, Error> {
+        let spec = &spec.resolve()?;
         let mapping = Self::map_existing(spec)?;
         let registry = if spec.backend() == Backend::Device {
             Registry::attach(mapping.view())?
@@ -121,6 +143,7 @@ impl Region {
     /// else opens it. For devices, initialises the memory if it holds no region yet.
     pub fn open_or_create(spec: &RegionSpec, opts: &CreateRegion) -> Result<Self, Error> {
         opts.params.validate()?;
+        let spec = &spec.resolve()?;
         if spec.backend() == Backend::Device {
             return Self::init_device(spec, opts, false);
         }
@@ -156,6 +179,7 @@ impl Region {
 
     /// Initialises a device-backed region; with `force`, even over an existing one.
     pub fn init_device(spec: &RegionSpec, opts: &CreateRegion, force: bool) -> Result<Self, Error> {
+        let spec = &spec.resolve()?;
         let mapping = Mapping::open(&spec.path(), Backend::Device, true)?;
         let registry = match Registry::attach(mapping.view()) {
             Ok(r) if !force => r,
@@ -192,6 +216,7 @@ impl Region {
 
     /// Removes the region's file. Members that have it mapped keep their mapping until they exit.
     pub fn destroy(spec: &RegionSpec) -> Result<(), Error> {
+        let spec = &spec.resolve()?;
         if spec.backend() == Backend::Device {
             let mapping = Mapping::open(&spec.path(), Backend::Device, true)?;
             mapping.view().fill(0, mapping.len() as u64, 0)?;

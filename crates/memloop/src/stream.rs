@@ -10,7 +10,7 @@ use crate::node::{Node, NodeInner};
 use memloop_registry::{
     ChannelId, ChannelState, EndpointKey, MemberId, RegistryError, Side, DEFAULT_RING_CAPACITY,
 };
-use memloop_ring::{RingError, StreamConsumer, StreamProducer, WaitPolicy};
+use memloop_ring::{RingError, StreamConsumer, StreamProducer, WaitPolicy, WakeMode};
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
@@ -212,6 +212,11 @@ impl Stream {
             } else {
                 Error::WouldBlock
             });
+        }
+        // Across kernels the peer's heartbeat is the only sign of life: look at it now, so a
+        // death during this wait is timed from here rather than from our first idle slice.
+        if self.policy.mode == WakeMode::SleepPoll && !self.node.check_peer(self.peer) {
+            return Err(Error::PeerDead);
         }
         loop {
             let slice = match deadline {

@@ -4,6 +4,7 @@ mod baselines;
 mod native;
 mod pingpong;
 pub mod proto;
+mod remote;
 mod report;
 pub mod study;
 mod sys;
@@ -30,6 +31,10 @@ pub enum BenchCmd {
     Tcp(tcp::TcpArgs),
     /// The residency study on every path: report.md, results.json and one SVG per experiment.
     Study(study::StudyArgs),
+    /// The server end of one measurement, started by hand (e.g. in another VM).
+    Serve(remote::ServeArgs),
+    /// The client end: one measurement against `bench serve`, printed as a JSON line.
+    Probe(remote::ProbeArgs),
 }
 
 #[derive(clap::Args)]
@@ -66,6 +71,8 @@ pub fn run(cmd: BenchCmd) -> CliResult<()> {
         BenchCmd::Native(a) => run_native(&a),
         BenchCmd::Tcp(a) => tcp::run(&a),
         BenchCmd::Study(a) => study::run(&a),
+        BenchCmd::Serve(a) => remote::serve(&a),
+        BenchCmd::Probe(a) => remote::probe(&a),
     }
 }
 

@@ -72,6 +72,11 @@ fn server(addr: &Addr) -> CliResult<()> {
     let listener = addr.listen().context("listening")?;
     say(json!({ "ready": true, "pid": std::process::id(), "addr": listener.local()? }));
     exit_when_stdin_closes();
+    serve(&listener)
+}
+
+/// Serves every connection's measurement (in a thread each, short connections in line).
+pub fn serve(listener: &wire::Listener) -> ! {
     loop {
         let mut c = match listener.accept() {
             Ok(c) => c,

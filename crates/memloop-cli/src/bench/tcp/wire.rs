@@ -104,17 +104,32 @@ pub fn verify(msg: &[u8], seq: u64) -> io::Result<()> {
 // ---------------------------------------------------------------------------------------------
 // Addresses and connections.
 
-/// `host:port` (TCP) or `unix:@name` (abstract Unix stream socket).
+/// `host:port` (TCP), `unix:@name` (abstract Unix stream socket) or `memloop:NAME` (a native
+/// memloop service in the region of `MEMLOOP_REGION`).
 #[derive(Clone, Debug)]
 pub enum Addr {
     Tcp(SocketAddr),
     Unix(String),
+    Native(String),
+}
+
+/// This process's membership, for native addresses (joined on first use, kept to the end).
+fn node() -> io::Result<&'static memloop::Node> {
+    static NODE: std::sync::OnceLock<memloop::Node> = std::sync::OnceLock::new();
+    if let Some(n) = NODE.get() {
+        return Ok(n);
+    }
+    let n = memloop::Node::join_default("bench")?;
+    Ok(NODE.get_or_init(|| n))
 }
 
 impl Addr {
     pub fn parse(s: &str) -> io::Result<Addr> {
         if let Some(name) = s.strip_prefix("unix:@") {
             return Ok(Addr::Unix(name.to_owned()));
+        }
+        if let Some(name) = s.strip_prefix("memloop:") {
+            return Ok(Addr::Native(name.to_owned()));
         }
         let a = s
             .to_socket_addrs()?
@@ -138,6 +153,10 @@ impl Addr {
                 Ok(Conn::Tcp(s))
             }
             Addr::Unix(n) => Ok(Conn::Unix(UnixStream::connect_addr(&Self::unix(n)?)?)),
+            Addr::Native(n) => Ok(Conn::Native(Box::new(memloop::Stream::connect(
+                node()?,
+                n,
+            )?))),
         }
     }
 
@@ -145,6 +164,7 @@ impl Addr {
         match self {
             Addr::Tcp(a) => Ok(Listener::Tcp(TcpListener::bind(a)?)),
             Addr::Unix(n) => Ok(Listener::Unix(UnixListener::bind_addr(&Self::unix(n)?)?)),
+            Addr::Native(n) => Ok(Listener::Native(memloop::Listener::bind(node()?, n)?)),
         }
     }
 }
@@ -152,6 +172,7 @@ impl Addr {
 pub enum Listener {
     Tcp(TcpListener),
     Unix(UnixListener),
+    Native(memloop::Listener),
 }
 
 impl Listener {
@@ -159,6 +180,7 @@ impl Listener {
         match self {
             Listener::Tcp(l) => Ok(Conn::Tcp(l.accept()?.0)),
             Listener::Unix(l) => Ok(Conn::Unix(l.accept()?.0)),
+            Listener::Native(l) => Ok(Conn::Native(Box::new(l.accept()?))),
         }
     }
 
@@ -171,6 +193,7 @@ impl Listener {
                 let name = a.as_abstract_name().unwrap_or_default();
                 Ok(format!("unix:@{}", String::from_utf8_lossy(name)))
             }
+            Listener::Native(l) => Ok(format!("memloop:{}", l.name())),
         }
     }
 }
@@ -178,20 +201,26 @@ impl Listener {
 pub enum Conn {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// Boxed: a memloop stream is much larger than a socket.
+    Native(Box<memloop::Stream>),
 }
 
 impl Conn {
-    pub fn shutdown_write(&self) -> io::Result<()> {
+    pub fn shutdown_write(&mut self) -> io::Result<()> {
         match self {
             Conn::Tcp(s) => s.shutdown(Shutdown::Write),
             Conn::Unix(s) => s.shutdown(Shutdown::Write),
+            Conn::Native(s) => {
+                s.shutdown_write();
+                Ok(())
+            }
         }
     }
 
     pub fn set_nodelay(&self) -> io::Result<()> {
         match self {
             Conn::Tcp(s) => s.set_nodelay(true),
-            Conn::Unix(_) => Ok(()),
+            Conn::Unix(_) | Conn::Native(_) => Ok(()),
         }
     }
 
@@ -232,6 +261,7 @@ impl Read for Conn {
         match self {
             Conn::Tcp(s) => s.read(buf),
             Conn::Unix(s) => s.read(buf),
+            Conn::Native(s) => s.read(buf),
         }
     }
 }
@@ -241,6 +271,7 @@ impl Write for Conn {
         match self {
             Conn::Tcp(s) => s.write(buf),
             Conn::Unix(s) => s.write(buf),
+            Conn::Native(s) => s.write(buf),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -311,7 +342,7 @@ pub fn serve_crr(c: &mut Conn) -> io::Result<()> {
 // ---------------------------------------------------------------------------------------------
 // What the driver asks the client for, and the answer.
 
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Test {
     /// Request/response on one connection, back to back.
