@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod cat;
 mod domains;
 mod error;
 mod peer;
@@ -46,6 +47,8 @@ enum Cmd {
     Domains(domains::DomainsCmd),
     /// Run an unmodified program with TCP to co-resident peers over shared memory (LD_PRELOAD).
     Run(run::RunArgs),
+    /// Copy stdin into a native memloop stream, or one stream to stdout (netcat for services).
+    Cat(cat::CatArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Cmd::BenchTcpPeer(a) => bench::tcp::peer::run(&a),
         Cmd::Domains(c) => domains::run(c),
         Cmd::Run(a) => run::run(&a),
+        Cmd::Cat(a) => cat::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
