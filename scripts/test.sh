@@ -34,7 +34,8 @@ else
 fi
 cargo test --workspace --release
 if [ $slow = 1 ]; then
-  cargo test --release -p memloop-preload -- --ignored
+  # bug_* scenarios document known failures (ignored on purpose): not part of the slow tier.
+  cargo test --release -p memloop-preload -- --ignored --skip bug_
 fi
 
 echo "== real programs across two domains, ring and TCP-fallback variants"
