@@ -66,6 +66,14 @@ if [ -n "$ifc" ] && [ -n "$VM_IP" ]; then
   [ -n "$VM_IP6" ] && ip -6 addr add "$VM_IP6/64" dev "$ifc"
   ip link set "$ifc" up
   [ -n "$VM_GW" ] && ip route add default via "$VM_GW"
+  # Wait for the carrier (up to 2 s), then announce the address: peers that already tried to
+  # reach it (a FAILED neighbour entry) would otherwise drop their first replies to us.
+  i=0
+  while [ "$(cat "/sys/class/net/$ifc/carrier" 2>/dev/null)" != 1 ] && [ $i -lt 40 ]; do
+    sleep 0.05
+    i=$((i + 1))
+  done
+  arping -U -c 1 -I "$ifc" "$VM_IP" >/dev/null 2>&1 &
 else
   echo "init: no network interface (or no address configured)"
 fi

@@ -20,6 +20,8 @@ HOST_IP6=fd77::1
 # Kernel modules the guests load (their dependencies are added); built-in ones are skipped.
 MODULES=${MEMLOOP_VM_MODULES:-virtio_pci virtio_net tun}
 PACKAGES=(qemu-system-x86 busybox-static cpio socat sockperf xz-utils iproute2)
+# Dynamically linked host programs copied into the guests (with their libraries) as /usr/bin/NAME.
+PROGRAMS=${MEMLOOP_VM_PROGRAMS:-socat sockperf}
 
 log() { printf '[vm] %s\n' "$*" >&2; }
 die() {
@@ -166,15 +168,24 @@ libs_of() {
     /^\t\// { print $1 }' | sort -u
 }
 
+# Paths of the PROGRAMS.
+program_paths() {
+  local p
+  for p in $PROGRAMS; do
+    command -v "$p" || die "program $p (MEMLOOP_VM_PROGRAMS) is not installed"
+  done
+}
+
 image_inputs() {
   # Everything whose change must rebuild the initramfs, as "path size mtime" lines.
+  local progs libs
+  mapfile -t progs < <(program_paths)
   local files=("$BIN_DIR/memloop" "$BIN_DIR/libmemloop_preload.so" "$SCRIPT_DIR/init.sh" "$SCRIPT_DIR/region.sh"
-    "${BASH_SOURCE[0]}" /bin/busybox "$(command -v socat)" "$(command -v sockperf)")
-  local libs
-  mapfile -t libs < <(libs_of "$BIN_DIR/memloop" "$BIN_DIR/libmemloop_preload.so" \
-    "$(command -v socat)" "$(command -v sockperf)")
+    "${BASH_SOURCE[0]}" /bin/busybox "${progs[@]}")
+  mapfile -t libs < <(libs_of "$BIN_DIR/memloop" "$BIN_DIR/libmemloop_preload.so" "${progs[@]}")
   stat -L -c '%n %s %Y' "${files[@]}" "${libs[@]}"
   echo "modules: $MODULES"
+  echo "programs: $PROGRAMS"
   echo "kernel: $(cat "$VM_DIR/kernel/current/kver")"
 }
 
@@ -193,8 +204,13 @@ build_image() {
   fi
   ensure_packages
 
-  local kpkg kdir
-  kpkg=$(kernel_package)
+  local kpkg="" kdir cur=$VM_DIR/kernel/current/package
+  # Resolving linux-image-amd64 costs ~0.8 s: only when the apt lists changed since the last time.
+  if [ ! -f "$cur" ] || [ -n "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -newer "$cur" 2>/dev/null | head -1)" ]; then
+    kpkg=$(kernel_package)
+  else
+    kpkg=$(cat "$cur")
+  fi
   if [ -z "$kpkg" ]; then
     [ -f "$VM_DIR/kernel/current/vmlinux" ] || die "cannot resolve linux-image-amd64 (apt-get update?)"
     kpkg=$(cat "$VM_DIR/kernel/current/package")
@@ -204,9 +220,13 @@ build_image() {
   if [ ! -f "$kdir/vmlinux" ] || [ "$(cat "$kdir/modules.wanted" 2>/dev/null)" != "$MODULES" ]; then
     fetch_kernel "$kpkg" "$kdir"
     echo "$MODULES" >"$kdir/modules.wanted"
-    echo "$kpkg" >"$kdir/package"
   fi
+  echo "$kpkg" >"$kdir/package"
   ln -sfn "$kpkg" "$VM_DIR/kernel/current"
+  local k
+  for k in "$VM_DIR"/kernel/linux-image-*; do
+    [ "$k" = "$kdir" ] || rm -rf "$k" # superseded kernels
+  done
 
   rm -rf "$VM_DIR"/image.?????? "$VM_DIR"/kernel-dl.?????? # left by an interrupted build
   local stamp
@@ -233,12 +253,13 @@ build_image() {
     cp "$BIN_DIR/memloop" "$st/usr/bin/memloop"
   strip --strip-debug -o "$st/usr/lib/memloop/libmemloop_preload.so" "$BIN_DIR/libmemloop_preload.so" 2>/dev/null ||
     cp "$BIN_DIR/libmemloop_preload.so" "$st/usr/lib/memloop/libmemloop_preload.so"
-  cp "$(command -v socat)" "$(command -v sockperf)" "$st/usr/bin/"
-  local lib
+  local progs lib
+  mapfile -t progs < <(program_paths)
+  cp "${progs[@]}" "$st/usr/bin/"
   while read -r lib; do
     mkdir -p "$st$(dirname "$lib")"
     cp -L "$lib" "$st$lib"
-  done < <(libs_of "$BIN_DIR/memloop" "$BIN_DIR/libmemloop_preload.so" "$(command -v socat)" "$(command -v sockperf)")
+  done < <(libs_of "$BIN_DIR/memloop" "$BIN_DIR/libmemloop_preload.so" "${progs[@]}")
   [ -e "$st/lib64/ld-linux-x86-64.so.2" ] || die "the dynamic loader was not found by ldd"
 
   : >"$st/etc/memloop-vm/modules"
@@ -259,7 +280,6 @@ build_image() {
   # Uncompressed: unpacking 10 MB of gzip costs the emulated guest ~0.4 s more than copying 26 MB.
   (cd "$st" && find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) >"$tmp/initramfs.cpio"
   mv "$tmp/initramfs.cpio" "$VM_DIR/initramfs.cpio"
-  cp "$kdir/vmlinux" "$VM_DIR/vmlinux.tmp" && mv "$VM_DIR/vmlinux.tmp" "$VM_DIR/vmlinux"
   echo "$stamp" >"$VM_DIR/image.stamp"
   log "initramfs $(du -h "$VM_DIR/initramfs.cpio" | cut -f1) ($(du -sh "$st" | cut -f1) unpacked), kernel $kver"
   rm -rf "$tmp"
@@ -396,7 +416,11 @@ cmd_run() {
   mkdir -p "$VM_DIR/run"
   cmd_cleanup # a previous run killed with SIGKILL may have left QEMUs or the namespace behind
 
-  [ -n "$log_dir" ] || log_dir=$(mktemp -d /tmp/memloop-vm.XXXXXX)
+  local tmp_logs=0
+  if [ -z "$log_dir" ]; then
+    log_dir=$(mktemp -d /tmp/memloop-vm.XXXXXX)
+    tmp_logs=1
+  fi
   mkdir -p "$log_dir"
   STATE_DIR=$(mktemp -d /tmp/memloop-vm-state.XXXXXX)
   trap run_cleanup EXIT
@@ -432,6 +456,7 @@ cmd_run() {
   if [ -n "$host_cmd" ]; then
     : >"$log_dir/host.log"
     MEMLOOP_REGION=$region MEMLOOP_VM_NETNS=$NETNS MEMLOOP_VM_LOG_DIR=$log_dir \
+      MEMLOOP_VM_HOST=$HOST_IP MEMLOOP_VM_A=10.77.0.2 MEMLOOP_VM_B=10.77.0.3 \
       ip netns exec "$NETNS" bash -c "$host_cmd" </dev/null >"$log_dir/host.log" 2>&1 &
     HOST_PID=$!
     [ $quiet = 1 ] || stream "$log_dir/host.log" "[host]" "$HOST_PID"
@@ -453,7 +478,7 @@ cmd_run() {
       qemu-system-x86_64 -name "memloop-$g" -accel tcg,thread=multi -cpu max -m "$mem" -smp 1 -M q35
       -nographic -nodefaults -no-reboot -pidfile "${QPIDFILE[$g]}"
       -serial "file:$log_dir/$g.log"
-      -kernel "$VM_DIR/vmlinux" -initrd "$STATE_DIR/initrd-$g" -append "$append"
+      -kernel "$VM_DIR/kernel/current/vmlinux" -initrd "$STATE_DIR/initrd-$g" -append "$append"
       -object "memory-backend-file,id=hostmem,size=$size,share=on,mem-path=$region"
       -device ivshmem-plain,memdev=hostmem
       -netdev "tap,id=n0,ifname=mlvm-$g,script=no,downscript=no"
@@ -558,10 +583,15 @@ cmd_run() {
       [ -f "$log_dir/$g.log" ] && sed -e "$CLEAN" -e "s/^/[$g] /" "$log_dir/$g.log"
     done
   fi
-  log "total $(secs "$t0" "$t_end") s; logs in $log_dir"
   if [ $fail = 1 ]; then
-    log "run FAILED"
+    log "total $(secs "$t0" "$t_end") s; run FAILED; logs in $log_dir"
     return 1
+  fi
+  if [ $tmp_logs = 1 ]; then
+    rm -rf "$log_dir"
+    log "total $(secs "$t0" "$t_end") s; ok"
+  else
+    log "total $(secs "$t0" "$t_end") s; ok; logs in $log_dir"
   fi
   return 0
 }

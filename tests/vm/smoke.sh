@@ -6,8 +6,8 @@
 #     the host side (in the harness's network namespace) pings both guests.
 #  2. --kill-b-on: guest b is SIGKILLed when its console shows a string; the run still succeeds.
 # Needs root. Exit status 0 = passed.
-set -euo pipefail
 # shellcheck disable=SC2016 # (guest job scripts are single-quoted on purpose)
+set -euo pipefail
 cd "$(dirname "$0")/../.."
 VM=scripts/vm/vm.sh
 
