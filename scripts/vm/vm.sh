@@ -329,6 +329,7 @@ kill_guests() {
   done
 }
 
+# shellcheck disable=SC2317 # (runs from the EXIT trap)
 run_cleanup() {
   local p rc=$?
   set +e
@@ -343,6 +344,7 @@ run_cleanup() {
   exit "$rc"
 }
 
+# Kills the QEMUs and removes the namespace that a run killed with SIGKILL left behind.
 cmd_cleanup() {
   local f q
   for f in "$VM_DIR"/run/*.qpid; do
@@ -372,7 +374,7 @@ now() { printf '%s' "$EPOCHREALTIME"; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 
 stream() { # LOG PREFIX PID
-  tail -n +1 -s 0.2 --pid="$3" -F "$1" 2>/dev/null | sed -u -e "$CLEAN" -e "s/^/$2 /" &
+  tail -n +1 -s 0.2 --pid="$3" -F "$1" 2>/dev/null 9>&- | sed -u -e "$CLEAN" -e "s/^/$2 /" 9>&- &
   TAIL_PIDS+=($!)
 }
 
@@ -381,6 +383,10 @@ cmd_run() {
   declare -A job=()
   local adds=()
   while [ $# -gt 0 ]; do
+    case $1 in
+      --quiet | --help | -h | --) ;;
+      *) [ $# -ge 2 ] || die "$1 needs a value" ;;
+    esac
     case $1 in
       --region) region=$2; shift 2 ;;
       --a) job[a]=$2; shift 2 ;;
@@ -422,6 +428,7 @@ cmd_run() {
     tmp_logs=1
   fi
   mkdir -p "$log_dir"
+  log_dir=$(cd "$log_dir" && pwd)
   STATE_DIR=$(mktemp -d /tmp/memloop-vm-state.XXXXXX)
   trap run_cleanup EXIT
   trap 'log "interrupted"; exit 130' INT TERM HUP
@@ -457,7 +464,7 @@ cmd_run() {
     : >"$log_dir/host.log"
     MEMLOOP_REGION=$region MEMLOOP_VM_NETNS=$NETNS MEMLOOP_VM_LOG_DIR=$log_dir \
       MEMLOOP_VM_HOST=$HOST_IP MEMLOOP_VM_A=10.77.0.2 MEMLOOP_VM_B=10.77.0.3 \
-      ip netns exec "$NETNS" bash -c "$host_cmd" </dev/null >"$log_dir/host.log" 2>&1 &
+      ip netns exec "$NETNS" bash -c "$host_cmd" </dev/null >"$log_dir/host.log" 2>&1 9>&- &
     HOST_PID=$!
     [ $quiet = 1 ] || stream "$log_dir/host.log" "[host]" "$HOST_PID"
   fi
@@ -487,7 +494,7 @@ cmd_run() {
     (
       "${qemu[@]}" </dev/null >"$STATE_DIR/qemu-$g.err" 2>&1
       exit $?
-    ) 2>/dev/null &
+    ) 2>/dev/null 9>&- & # (fd 9 holds the run lock: a QEMU outliving a killed vm.sh must not keep it)
     PID[$g]=$!
     [ $quiet = 1 ] || stream "$log_dir/$g.log" "[$g]" "${PID[$g]}"
   done
@@ -596,10 +603,21 @@ cmd_run() {
   return 0
 }
 
-case ${1:-} in
-  image) shift; cmd_image "$@" ;;
-  run) shift; cmd_run "$@" ;;
-  cleanup) cmd_cleanup ;;
-  -h | --help | help | "") usage ;;
-  *) die "unknown command $1 (image, run, cleanup)" ;;
-esac
+main() {
+  case ${1:-} in
+    image) shift; cmd_image "$@" ;;
+    run) shift; cmd_run "$@" ;;
+    cleanup)
+      [ "$(id -u)" = 0 ] || die "needs root"
+      mkdir -p "$VM_DIR"
+      exec 9>"$VM_DIR/run.lock"
+      flock -n 9 || die "a run is in progress (it holds $VM_DIR/run.lock)"
+      cmd_cleanup
+      ;;
+    -h | --help | help | "") usage ;;
+    *) die "unknown command $1 (image, run, cleanup)" ;;
+  esac
+}
+
+# One line, read whole before it runs: editing this file during a run cannot derail the run.
+main "$@"; exit $?
