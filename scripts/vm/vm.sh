@@ -356,6 +356,7 @@ cmd_cleanup() {
     fi
     rm -f "$f"
   done
+  rm -rf "$VM_DIR/run/state"
   net_down
 }
 
@@ -429,7 +430,9 @@ cmd_run() {
   fi
   mkdir -p "$log_dir"
   log_dir=$(cd "$log_dir" && pwd)
-  STATE_DIR=$(mktemp -d /tmp/memloop-vm-state.XXXXXX)
+  # Per-run files (initrds, QEMU stderr); runs hold the lock, so one at a time.
+  STATE_DIR=$VM_DIR/run/state
+  mkdir -p "$STATE_DIR"
   trap run_cleanup EXIT
   trap 'log "interrupted"; exit 130' INT TERM HUP
 
