@@ -52,8 +52,9 @@ memloop bench serve --addr memloop:a-echo &
 memloop run -- memloop bench serve --addr 0.0.0.0:7000 &
 memloop bench serve --addr 0.0.0.0:7001 &
 memloop run -- socat -u TCP-LISTEN:7002,reuseaddr - | sha256sum | sed "s/ .*//; s/^/a tcp sha256 /" &
+tcp_sum=$!
 memloop cat --listen a-sink | sha256sum | sed "s/ .*//; s/^/a native sha256 /"
-wait %4
+wait $tcp_sum
 # b says when it is done (its probes need the servers until then).
 socat -u TCP-LISTEN:7009,reuseaddr - >/dev/null
 echo "a: done"'
@@ -81,6 +82,11 @@ done
 echo STATUS-BEGIN; memloop status --json; echo STATUS-END
 echo done | socat -u - TCP:10.77.0.2:7009,retry=100,interval=0.1
 echo "b: done"'
+
+# The host side runs our binaries from the build tree.
+host_path="export PATH=$PWD/target/release:\$PATH"
+job_host="$host_path
+$job_host"
 
 echo "== run 1: two guests and the host on one region"
 t0=$(date +%s.%N)
@@ -151,10 +157,11 @@ for f in fails:
     print("vm-test: FAILED:", f)
 sys.exit(1 if fails else 0)
 EOF
-[ ${PIPESTATUS[0]:-0} ] && true
 
+# The run ended by powering a off and killing the host's servers: reclaim them as an operator would.
+"$M" region reclaim --region "$region"
 after=$(usage)
-if [ "$after" = "$baseline" ]; then ok "region usage back to baseline after run 1 ($after)"; else bad "region usage after run 1: $after, before: $baseline"; fi
+if [ "$after" = "$baseline" ]; then ok "region usage back to baseline after run 1 and a reclaim ($after)"; else bad "region usage after run 1: $after, before: $baseline"; fi
 rm -f "$region"
 
 # ---------------------------------------------------------------------------------------------
@@ -185,6 +192,9 @@ memloop cat --connect host-sink < /dev/zero &
 sleep 2
 echo STREAMING-NOW
 sleep 100'
+
+job_host="$host_path
+$job_host"
 
 echo "== run 2: guest b powered off mid-stream"
 if "$VM" run --region "$region" --timeout 120 --quiet --log-dir "$logs/poweroff" \

@@ -35,6 +35,9 @@ pub enum RegionCmd {
     },
     /// Remove a region. Members that have it mapped keep their mapping until they exit.
     Destroy(RegionArg),
+    /// Reclaim dead members now (their endpoints, channels and ring memory). Members in other
+    /// kernels (VMs) are judged by their heartbeat, which takes watching for 1.5 s.
+    Reclaim(RegionArg),
 }
 
 #[derive(clap::Args)]
@@ -66,8 +69,34 @@ pub fn run(cmd: RegionCmd) -> CliResult<()> {
         RegionCmd::Create(a) => create(&a),
         RegionCmd::Inspect { region, json } => inspect(&region.spec(), json),
         RegionCmd::Destroy(r) => destroy(&r.spec()),
+        RegionCmd::Reclaim(r) => reclaim(&r.spec()),
     }
 }
+
+fn reclaim(spec: &RegionSpec) -> CliResult<()> {
+    let region = open(spec)?;
+    let before = region.registry().members().len();
+    // Joining reclaims those /proc proves dead; a heartbeat must stand still for its timeout.
+    let node = memloop::Node::join(region, "reclaim").context("joining the region")?;
+    let reg = node.region().registry();
+    let remote = reg
+        .members()
+        .iter()
+        .any(|m| m.id != node.id() && !node.same_kernel(m.id));
+    if remote {
+        std::thread::sleep(memloop::liveness::HEARTBEAT_TIMEOUT + HEARTBEAT_SLACK);
+        node.reclaim_dead();
+    }
+    let after = reg.members().len() - 1; // not counting ourselves
+    println!(
+        "{} dead member(s) reclaimed, {after} live",
+        before - after.min(before)
+    );
+    Ok(())
+}
+
+/// Beyond the heartbeat timeout, so the last look falls after it.
+const HEARTBEAT_SLACK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Opens an existing region, explaining how to create one if there is none.
 pub fn open(spec: &RegionSpec) -> CliResult<Region> {

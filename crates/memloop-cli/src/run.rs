@@ -81,7 +81,8 @@ fn prepare(a: &RunArgs) -> CliResult<RunEnv> {
 }
 
 /// `$MEMLOOP_PRELOAD_LIB` (which must exist), else the library next to this executable, else
-/// in `../lib/` from it. Always an absolute, canonical path.
+/// in `../lib/` or `../lib/memloop/` from it (installed layouts). Always an absolute, canonical
+/// path.
 fn find_library() -> CliResult<PathBuf> {
     if let Some(p) = std::env::var_os(PRELOAD_LIB_ENV).filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
@@ -94,7 +95,11 @@ fn find_library() -> CliResult<PathBuf> {
     }
     let exe = std::env::current_exe().context("locating the memloop executable")?;
     let dir = exe.parent().unwrap_or(Path::new("/"));
-    let candidates = [dir.join(PRELOAD_LIB), dir.join("../lib").join(PRELOAD_LIB)];
+    let candidates = [
+        dir.join(PRELOAD_LIB),
+        dir.join("../lib").join(PRELOAD_LIB),
+        dir.join("../lib/memloop").join(PRELOAD_LIB),
+    ];
     candidates
         .iter()
         .find(|p| p.is_file())
@@ -104,10 +109,13 @@ fn find_library() -> CliResult<PathBuf> {
         })
         .unwrap_or_else(|| {
             Err(fail(format!(
-                "{PRELOAD_LIB} not found (looked at {} and {}): build it with \
+                "{PRELOAD_LIB} not found (looked at {}): build it with \
                  `cargo build --release -p memloop-preload`, or set {PRELOAD_LIB_ENV}",
-                candidates[0].display(),
-                candidates[1].display()
+                candidates
+                    .iter()
+                    .map(|c| c.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )))
         })
 }

@@ -79,6 +79,19 @@ pub fn plausible_member(engine: &Engine, peer: SocketAddr) -> bool {
     scope_of(engine, canonical(peer).ip()).is_ok()
 }
 
+/// Whether the members behind `ip` run in another kernel (a VM, or the host of ours).
+fn in_other_kernel(engine: &Engine, ip: IpAddr) -> bool {
+    let reg = engine.registry();
+    let Ok(me) = reg.member(engine.me()) else {
+        return false;
+    };
+    !ip.is_loopback()
+        && reg.members().iter().any(|m| {
+            m.identity.boot_id != me.identity.boot_id
+                && m.addresses.iter().any(|a| a.to_canonical() == ip)
+        })
+}
+
 fn same_kernel(engine: &Engine, ch: ChannelId, side: Side) -> bool {
     let reg = engine.registry();
     let Ok(info) = reg.channel(ch) else {
@@ -173,6 +186,13 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
     if !plausible_member(engine, peer) {
         return Accepted::Plain(FallbackReason::NotMember, None);
     }
+    // A client in another kernel (an emulated VM especially) may take milliseconds from its
+    // connect returning to its offer: wait longer for it while it has announced a connect.
+    let wait_max = if in_other_kernel(engine, canonical(peer).ip()) {
+        engine.cfg.server_wait_vm
+    } else {
+        engine.cfg.server_wait_max
+    };
     let reg = engine.registry();
     let connecting = reg.endpoint_connecting(ep).ok();
     let start = Instant::now();
@@ -184,8 +204,7 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
         // Past the short wait, keep waiting only while some client announced a connect that
         // has not produced its offer yet (it may just be descheduled), up to the long bound.
         let announced = connecting.as_ref().is_some_and(|w| w.load(SeqCst) > 0);
-        if waited >= engine.cfg.server_wait && (!announced || waited >= engine.cfg.server_wait_max)
-        {
+        if waited >= engine.cfg.server_wait && (!announced || waited >= wait_max) {
             break None;
         }
         std::thread::yield_now();

@@ -94,7 +94,11 @@ pub struct ConnParts {
 
 impl Conn {
     pub fn new(p: ConnParts) -> Result<Arc<Conn>, FallbackReason> {
-        let spinner = Spinner::new(p.engine.cfg.spin);
+        let spinner = Spinner::new(if p.same_kernel {
+            p.engine.cfg.spin
+        } else {
+            p.engine.cfg.spin_vm
+        });
         // Doorbells are single bytes the peer never answers on TCP: with Nagle on, the second
         // one would wait for the delayed ACK of the first (~40 ms).
         let nodelay = real::sockopt_int(p.fd, libc::IPPROTO_TCP, libc::TCP_NODELAY).unwrap_or(0);
@@ -615,15 +619,24 @@ impl Conn {
         }
     }
 
+    /// The longest spin before sleeping: longer towards another kernel.
+    pub fn spin_window(&self) -> Duration {
+        if self.same_kernel {
+            self.engine.cfg.spin
+        } else {
+            self.engine.cfg.spin_vm
+        }
+    }
+
     /// Spins with this connection's adaptive window (poll over several fds borrows it).
     pub fn spin(&self, ready: impl FnMut() -> bool) -> bool {
-        self.spinner.spin(self.engine.cfg.spin, ready)
+        self.spinner.spin(self.spin_window(), ready)
     }
 
     /// Blocks until `dir` is ready, the deadline passes (`EAGAIN`) or a signal arrives
     /// (`EINTR`, unless `SA_RESTART` made the kernel restart our sleep).
     fn wait(&self, dir: Dir, deadline: Option<Instant>) -> Result<(), c_int> {
-        if self.spinner.spin(self.engine.cfg.spin, || self.ready(dir)) {
+        if self.spinner.spin(self.spin_window(), || self.ready(dir)) {
             return Ok(());
         }
         // Across kernels, time a death during this wait from now (the first heartbeat look).

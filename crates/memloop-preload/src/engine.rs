@@ -14,6 +14,9 @@ pub struct Config {
     pub server_wait: Duration,
     /// Longer bound while a client has announced a connect whose offer is still coming.
     pub server_wait_max: Duration,
+    /// The same for a client in another kernel (a VM): its offer can trail its connect by
+    /// milliseconds under emulation.
+    pub server_wait_vm: Duration,
     /// How long a client waits for the server's decision before cancelling its offer (only
     /// spent when the server program is slow to call accept, or never does).
     pub decide_wait: Duration,
@@ -22,6 +25,8 @@ pub struct Config {
     pub decide_wait_self: Duration,
     /// Spin window before a waiter arms its doorbell and sleeps.
     pub spin: Duration,
+    /// The same towards a peer in another kernel (a VM), whose doorbell crosses a network.
+    pub spin_vm: Duration,
     /// Capacity of each direction's ring.
     pub ring_capacity: u64,
 }
@@ -41,9 +46,11 @@ impl Config {
         Config {
             server_wait: env_us("MEMLOOP_SERVER_WAIT_US", 50),
             server_wait_max: env_us("MEMLOOP_SERVER_WAIT_MAX_US", 2_000),
+            server_wait_vm: env_us("MEMLOOP_SERVER_WAIT_VM_US", 50_000),
             decide_wait: env_us("MEMLOOP_DECIDE_WAIT_US", 500_000),
             decide_wait_self: env_us("MEMLOOP_DECIDE_WAIT_SELF_US", 5_000),
             spin: env_us("MEMLOOP_SPIN_US", 50),
+            spin_vm: memloop::vm_spin_from_env(),
             ring_capacity: ring,
         }
     }

@@ -250,7 +250,7 @@ impl EpollSet {
             .lock()
             .values()
             .next()
-            .map_or(Duration::ZERO, |i| i.conn.engine.cfg.spin)
+            .map_or(Duration::ZERO, |i| i.conn.spin_window())
     }
 
     /// Ring readiness plus a non-blocking look at the kernel set.

@@ -15,9 +15,19 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
         tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
         tv_nsec: timeout.subsec_nanos() as _,
     };
-    // Errors (EAGAIN: value changed, EINTR, ETIMEDOUT) all mean "re-check".
-    let _ = futex::wait(word, futex::Flags::empty(), expected, Some(&ts));
+    match futex::wait(word, futex::Flags::empty(), expected, Some(&ts)) {
+        // The value changed, a signal, or the time is up: the caller re-checks.
+        Ok(_) | Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+        Err(rustix::io::Errno::TIMEDOUT) => {}
+        // The kernel cannot futex on this memory (a device mapping such as an ivshmem BAR is
+        // not page-backed: EFAULT): sleep a little instead, so no caller turns into a busy loop.
+        Err(_) => std::thread::sleep(timeout.min(FALLBACK_SLEEP)),
+    }
 }
+
+/// The sleep that stands in for a futex wait the kernel refused.
+#[cfg(not(loom))]
+const FALLBACK_SLEEP: Duration = Duration::from_millis(1);
 
 /// Wakes up to `n` waiters on `word` (shared, not process-private: waiters are other processes).
 #[cfg(not(loom))]

@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 
 /// Longest sleep in `accept` between checks (a doorbell normally wakes us earlier).
 const ACCEPT_SLICE: Duration = Duration::from_millis(100);
+/// Polling bounds for an accept where futexes do not work (a device-backed region in a VM).
+const MIN_POLL: Duration = Duration::from_micros(50);
+const MAX_POLL: Duration = Duration::from_millis(5);
 
 pub struct Listener {
     node: Arc<NodeInner>,
@@ -59,6 +62,7 @@ impl Listener {
 
     pub fn accept_timeout(&self, timeout: Option<Duration>) -> Result<Stream, Error> {
         let deadline = timeout.map(|t| Instant::now() + t);
+        let mut backoff = MIN_POLL;
         loop {
             if let Some(s) = self.try_accept()? {
                 return Ok(s);
@@ -69,7 +73,13 @@ impl Listener {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Error::TimedOut);
             }
-            self.sleep_on_doorbell(deadline)?;
+            if self.node.region.futex_usable() {
+                self.sleep_on_doorbell(deadline)?;
+            } else {
+                // No futex on a device mapping: poll, backing off to a few ms between looks.
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(MAX_POLL);
+            }
         }
     }
 

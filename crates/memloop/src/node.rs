@@ -23,6 +23,19 @@ pub(crate) struct NodeInner {
     pub(crate) region: Region,
     pub(crate) id: MemberId,
     pub(crate) liveness: Liveness,
+    /// Spin window towards peers in another kernel (see [`vm_spin_from_env`]).
+    vm_spin: Duration,
+}
+
+/// How long a waiter spins before sleeping when its peer runs in another kernel:
+/// `MEMLOOP_SPIN_VM_US`, 1000 µs by default. No cheap wake-up crosses kernels (a sleeping
+/// poll, or a doorbell through the VMs' network, costs hundreds of µs), so spinning longer pays.
+pub fn vm_spin_from_env() -> Duration {
+    let us = std::env::var("MEMLOOP_SPIN_VM_US")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000);
+    Duration::from_micros(us)
 }
 
 impl Node {
@@ -40,6 +53,7 @@ impl Node {
             region,
             id,
             liveness,
+            vm_spin: vm_spin_from_env(),
         });
         inner.reclaim_dead();
         spawn_heartbeat(Arc::downgrade(&inner));
@@ -166,15 +180,16 @@ impl NodeInner {
 
     pub(crate) fn wait_policy(&self, peer: MemberId) -> WaitPolicy {
         let same = self.same_kernel(peer);
-        let mode = if same {
+        let mode = if same && self.region.futex_usable() {
             WakeMode::Futex
         } else {
             WakeMode::SleepPoll
         };
+        let base = WaitPolicy::default();
         WaitPolicy {
             mode,
+            spin: if same { base.spin } else { self.vm_spin },
             max_sleep: Duration::from_millis(if same { 100 } else { 5 }),
-            ..WaitPolicy::default()
         }
     }
 }

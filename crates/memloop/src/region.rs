@@ -240,6 +240,11 @@ impl Region {
     pub fn size(&self) -> u64 {
         self.mapping.len() as u64
     }
+    /// Whether futexes work on this memory: not on a device mapping (an ivshmem BAR is not
+    /// page-backed, so the kernel refuses futexes there even between processes of one guest).
+    pub fn futex_usable(&self) -> bool {
+        self.spec.backend() != Backend::Device
+    }
 }
 
 /// Initialises a freshly created file; it was created locked, so openers wait for us.

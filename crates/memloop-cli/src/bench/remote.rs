@@ -53,8 +53,9 @@ pub fn probe(a: &ProbeArgs) -> CliResult<()> {
         dur_s: a.secs,
         sleep_us: 0,
     };
-    let r = run_when_listening(&req, &addr, a.tries)
-        .context(format!("{:?} against {}", a.test, a.addr))?;
+    let r = run_when_listening(&req, &addr, a.tries);
+    super::tcp::wire::leave_region();
+    let r = r.context(format!("{:?} against {}", a.test, a.addr))?;
     println!("{}", serde_json::to_string(&r)?);
     match r.error {
         Some(e) => Err(fail(e)),

@@ -113,14 +113,21 @@ pub enum Addr {
     Native(String),
 }
 
-/// This process's membership, for native addresses (joined on first use, kept to the end).
-fn node() -> io::Result<&'static memloop::Node> {
-    static NODE: std::sync::OnceLock<memloop::Node> = std::sync::OnceLock::new();
-    if let Some(n) = NODE.get() {
-        return Ok(n);
+/// This process's membership, for native addresses (joined on first use).
+static NODE: std::sync::Mutex<Option<memloop::Node>> = std::sync::Mutex::new(None);
+
+fn node() -> io::Result<memloop::Node> {
+    let mut n = NODE.lock().unwrap_or_else(|p| p.into_inner());
+    if n.is_none() {
+        *n = Some(memloop::Node::join_default("bench")?);
     }
-    let n = memloop::Node::join_default("bench")?;
-    Ok(NODE.get_or_init(|| n))
+    Ok(n.clone().expect("joined above"))
+}
+
+/// Leaves the region once the last native stream is gone (a process that just exits would
+/// stay listed until someone reclaims it).
+pub fn leave_region() {
+    NODE.lock().unwrap_or_else(|p| p.into_inner()).take();
 }
 
 impl Addr {
@@ -154,7 +161,7 @@ impl Addr {
             }
             Addr::Unix(n) => Ok(Conn::Unix(UnixStream::connect_addr(&Self::unix(n)?)?)),
             Addr::Native(n) => Ok(Conn::Native(Box::new(memloop::Stream::connect(
-                node()?,
+                &node()?,
                 n,
             )?))),
         }
@@ -164,7 +171,7 @@ impl Addr {
         match self {
             Addr::Tcp(a) => Ok(Listener::Tcp(TcpListener::bind(a)?)),
             Addr::Unix(n) => Ok(Listener::Unix(UnixListener::bind_addr(&Self::unix(n)?)?)),
-            Addr::Native(n) => Ok(Listener::Native(memloop::Listener::bind(node()?, n)?)),
+            Addr::Native(n) => Ok(Listener::Native(memloop::Listener::bind(&node()?, n)?)),
         }
     }
 }
