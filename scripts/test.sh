@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command of the README (and of CI): formatting, lints, unit + cross-process tests in
 # release mode (including the socket-semantics scenarios under the preload), the real-program
-# suite across two network-namespace domains, then the loom models. `scripts/test.sh --slow`
+# suite across two network-namespace domains, memloop between two QEMU guests, then the loom
+# models. `scripts/test.sh --slow`
 # adds the long suites.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +41,10 @@ fi
 
 echo "== real programs across two domains, ring and TCP-fallback variants"
 cargo test --release -p memloop-cli --test programs -- --ignored --nocapture
+
+echo "== two QEMU guests on one ivshmem region (harness smoke test, then memloop between them)"
+tests/vm/smoke.sh
+tests/vm/memloop.sh
 
 echo "== loom models"
 LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-2} RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
