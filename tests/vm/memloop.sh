@@ -3,7 +3,8 @@
 # Two runs of scripts/vm/vm.sh:
 #
 #  1. pair: the native API between the guests and guest <-> host (8 MB, sha256 on both ends),
-#     unmodified socat under the preload between the guests (8 MB, sha256) with the ring used,
+#     unmodified socat under the preload between the guests and guest -> host (8 MB, sha256)
+#     with the ring used,
 #     a preloaded client against a host server outside the region (TCP, counted fallback), and
 #     request/response + 64 KB stream measurements through memloop (native and transparent)
 #     and through virtio-net, printed side by side with their ratios.
@@ -44,7 +45,10 @@ memloop bench serve --addr memloop:host-echo &
 memloop run -- memloop bench serve --addr 0.0.0.0:7100 &
 # A server outside the region: a preloaded client must reach it over TCP.
 memloop bench serve --addr 0.0.0.0:7101 &
+memloop run -- socat -u TCP-LISTEN:7102,reuseaddr - | sha256sum | sed "s/ .*//; s/^/host tcp sha256 /" &
+tcp_sum=$!
 memloop cat --listen host-sink | sha256sum | sed "s/ .*//; s/^/host native sha256 /"
+wait $tcp_sum
 '
 
 job_a='set -e
@@ -65,6 +69,7 @@ echo "b data sha256 $(sha256sum < /tmp/data | sed "s/ .*//")"
 memloop cat --connect a-sink < /tmp/data
 memloop cat --connect host-sink < /tmp/data
 memloop run -- socat -u FILE:/tmp/data TCP:10.77.0.2:7002,retry=100,interval=0.1
+memloop run -- socat -u FILE:/tmp/data TCP:10.77.0.1:7102,retry=100,interval=0.1
 probe() { # NAME ADDR TEST SIZE [memloop run]
   name=$1 addr=$2 test=$3 size=$4; shift 4
   echo "RESULT $name $test $size $("$@" memloop bench probe --addr "$addr" --test "$test" --size "$size" --secs 1)"
@@ -106,7 +111,7 @@ def grab(g, pat):
     return m.group(1) if m else None
 fails = []
 want = grab("b", r"b data sha256 ([0-9a-f]{64})")
-for g, what in (("a", "native"), ("a", "tcp"), ("host", "native")):
+for g, what in (("a", "native"), ("a", "tcp"), ("host", "native"), ("host", "tcp")):
     got = grab(g, rf"{g} {what} sha256 ([0-9a-f]{{64}})")
     if not want or got != want:
         fails.append(f"{g} {what}: sha256 {got} != sent {want}")
@@ -120,9 +125,9 @@ for line in text["b"].splitlines():
 s = text["b"]
 status = json.loads(s[s.index("STATUS-BEGIN") + 12 : s.index("STATUS-END")])
 ring_conns, fb = status["counters"][14], status["fallbacks"]
-# b -> a: socat, rr, stream; b -> host: rr, stream. The outside server must stay on TCP.
-if ring_conns < 5:
-    fails.append(f"only {ring_conns} ring connections in the region (want >= 5)")
+# b -> a and b -> host: socat, rr, stream each. The outside server must stay on TCP.
+if ring_conns < 6:
+    fails.append(f"only {ring_conns} ring connections in the region (want >= 6)")
 if fb.get("no_listener", 0) < 2:
     fails.append(f"the outside-region peer: no_listener fallbacks {fb.get('no_listener')} (want 2)")
 print(f"vm-test: region counters: {ring_conns} ring connections, fallbacks {dict((k, v) for k, v in fb.items() if v)}")

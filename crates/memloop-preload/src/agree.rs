@@ -23,22 +23,38 @@ pub fn canonical(a: SocketAddr) -> SocketAddr {
     SocketAddr::new(a.ip().to_canonical(), a.port())
 }
 
+/// Who owns an address: its network scope, and whether that is in another kernel.
+struct Owner {
+    scope: u64,
+    other_kernel: bool,
+}
+
 /// The network scope (namespace of one kernel) that owns `ip`, from the members' advertised
-/// addresses: ours for loopback; an address owned in two scopes is ambiguous.
-fn scope_of(engine: &Engine, ip: IpAddr) -> Result<u64, FallbackReason> {
+/// addresses (one pass over the member table): ours for loopback; an address owned in two
+/// scopes is ambiguous.
+fn owner_of(engine: &Engine, ip: IpAddr) -> Result<Owner, FallbackReason> {
     if ip.is_loopback() {
-        return Ok(engine.scope);
+        return Ok(Owner {
+            scope: engine.scope,
+            other_kernel: false,
+        });
     }
-    let scopes: BTreeSet<u64> = engine
+    let owners: BTreeSet<(u64, bool)> = engine
         .registry()
         .members()
         .into_iter()
         .filter(|m| m.addresses.iter().any(|a| a.to_canonical() == ip))
-        .map(|m| m.identity.net_scope())
+        .map(|m| (m.identity.net_scope(), m.identity.boot_id != engine.boot_id))
         .collect();
-    match scopes.len() {
+    match owners.len() {
         0 => Err(FallbackReason::NotMember),
-        1 => Ok(*scopes.first().unwrap_or(&0)),
+        1 => {
+            let (scope, other_kernel) = *owners.first().unwrap_or(&(0, false));
+            Ok(Owner {
+                scope,
+                other_kernel,
+            })
+        }
         _ => Err(FallbackReason::Ambiguous),
     }
 }
@@ -56,7 +72,7 @@ pub fn listener_key(scope: u64, addr: SocketAddr) -> EndpointKey {
 /// The co-resident listener for `dst`, if one is registered.
 pub fn find_listener(engine: &Engine, dst: SocketAddr) -> Result<EndpointInfo, FallbackReason> {
     let dst = canonical(dst);
-    let scope = scope_of(engine, dst.ip())?;
+    let scope = owner_of(engine, dst.ip())?.scope;
     let wild: &[IpAddr] = match dst.ip() {
         IpAddr::V4(_) => &[
             IpAddr::V4(Ipv4Addr::UNSPECIFIED),
@@ -72,24 +88,6 @@ pub fn find_listener(engine: &Engine, dst: SocketAddr) -> Result<EndpointInfo, F
                 .lookup(&listener_key(scope, SocketAddr::new(ip, dst.port())))
         })
         .ok_or(FallbackReason::NoListener)
-}
-
-/// Whether a member could be behind `peer` (only then does a server wait for an offer).
-pub fn plausible_member(engine: &Engine, peer: SocketAddr) -> bool {
-    scope_of(engine, canonical(peer).ip()).is_ok()
-}
-
-/// Whether the members behind `ip` run in another kernel (a VM, or the host of ours).
-fn in_other_kernel(engine: &Engine, ip: IpAddr) -> bool {
-    let reg = engine.registry();
-    let Ok(me) = reg.member(engine.me()) else {
-        return false;
-    };
-    !ip.is_loopback()
-        && reg.members().iter().any(|m| {
-            m.identity.boot_id != me.identity.boot_id
-                && m.addresses.iter().any(|a| a.to_canonical() == ip)
-        })
 }
 
 fn same_kernel(engine: &Engine, ch: ChannelId, side: Side) -> bool {
@@ -183,12 +181,13 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
         client: canonical(peer),
         server: canonical(local),
     };
-    if !plausible_member(engine, peer) {
+    // Only a member can be behind the peer's address; one in another kernel (an emulated VM
+    // especially) may take milliseconds from its connect returning to its offer, so wait
+    // longer for it while it has announced a connect.
+    let Ok(owner) = owner_of(engine, canonical(peer).ip()) else {
         return Accepted::Plain(FallbackReason::NotMember, None);
-    }
-    // A client in another kernel (an emulated VM especially) may take milliseconds from its
-    // connect returning to its offer: wait longer for it while it has announced a connect.
-    let wait_max = if in_other_kernel(engine, canonical(peer).ip()) {
+    };
+    let wait_max = if owner.other_kernel {
         engine.cfg.server_wait_vm
     } else {
         engine.cfg.server_wait_max

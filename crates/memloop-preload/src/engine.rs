@@ -60,6 +60,8 @@ pub struct Engine {
     pub node: Node,
     /// Our network namespace in this kernel (see `memloop::registry::net_scope`).
     pub scope: u64,
+    /// Our kernel's boot id: members with another one are in another kernel.
+    pub boot_id: [u8; 16],
     pub cfg: Config,
 }
 
@@ -153,6 +155,7 @@ fn start() -> Option<Arc<Engine>> {
     Some(Arc::new(Engine {
         node,
         scope,
+        boot_id: memloop::identity::boot_id(),
         cfg: settings().cfg.clone(),
     }))
 }

@@ -16,6 +16,9 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How often a wait may begin with a look at a cross-kernel peer's heartbeat.
+const PEER_LOOK: Duration = Duration::from_millis(100);
+
 /// Longest wait between two liveness checks of the peer.
 pub const LIVENESS_SLICE: Duration = Duration::from_millis(200);
 
@@ -31,6 +34,8 @@ pub struct Stream {
     read_timeout: Option<Duration>,
     write_timeout: Option<Duration>,
     write_shut: bool,
+    /// When we last looked at a cross-kernel peer's heartbeat on entering a wait.
+    peer_looked: Instant,
 }
 
 #[derive(Clone, Copy)]
@@ -96,6 +101,7 @@ impl Stream {
             read_timeout: None,
             write_timeout: None,
             write_shut: false,
+            peer_looked: Instant::now(),
         })
     }
 
@@ -213,10 +219,14 @@ impl Stream {
                 Error::WouldBlock
             });
         }
-        // Across kernels the peer's heartbeat is the only sign of life: look at it now, so a
-        // death during this wait is timed from here rather than from our first idle slice.
-        if self.policy.mode == WakeMode::SleepPoll && !self.node.check_peer(self.peer) {
-            return Err(Error::PeerDead);
+        // Across kernels the peer's heartbeat is the only sign of life: look at it on entering
+        // a wait (at most every PEER_LOOK: it costs more than a round trip), so a death during
+        // this wait is timed from about here rather than from our first idle slice.
+        if self.policy.mode == WakeMode::SleepPoll && self.peer_looked.elapsed() >= PEER_LOOK {
+            self.peer_looked = Instant::now();
+            if !self.node.check_peer(self.peer) {
+                return Err(Error::PeerDead);
+            }
         }
         loop {
             let slice = match deadline {
