@@ -27,10 +27,6 @@ pub const TCP: u8 = 2;
 /// `waiters` bit: a thread is draining doorbells; nobody may start sleeping meanwhile.
 const DRAINING: u32 = 1 << 31;
 
-/// Longest sleep between liveness checks when the peer is in another kernel (no FIN from a
-/// powered-off VM).
-const LIVENESS_SLICE: Duration = Duration::from_millis(200);
-
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Dir {
     Read,
@@ -688,11 +684,22 @@ impl Conn {
     /// and the connection ends as TCP's would once it gave up: reset.
     fn check_peer(&self) {
         let reg = self.engine.registry();
-        if reg.peer_gone(self.ch, self.side).unwrap_or(true) {
-            self.set_peer_closed();
-        } else if !self.same_kernel && !self.peer_alive() {
+        if !self.same_kernel && (self.peer_reclaimed() || !self.peer_alive()) {
             self.peer_reset.store(true, Release);
             self.set_peer_closed();
+        } else if reg.peer_gone(self.ch, self.side).unwrap_or(true) {
+            self.set_peer_closed();
+        }
+    }
+
+    /// Whether someone found the peer dead and reclaimed it (its side carries the dead bit).
+    fn peer_reclaimed(&self) -> bool {
+        match self.engine.registry().channel(self.ch) {
+            Ok(info) => match self.side {
+                Side::Client => info.server_dead,
+                Side::Server => info.client_dead,
+            },
+            Err(_) => false,
         }
     }
 
@@ -753,7 +760,9 @@ impl Conn {
                 }
             };
         }
-        let slice = left.map_or(LIVENESS_SLICE, |l| l.min(LIVENESS_SLICE));
+        let slice = left.map_or(memloop::LIVENESS_SLICE_VM, |l| {
+            l.min(memloop::LIVENESS_SLICE_VM)
+        });
         match real::wait_fd(fd, libc::POLLIN, Some(slice)) {
             Err(libc::EINTR) => Err(libc::EINTR),
             _ => Ok(()),

@@ -27,7 +27,7 @@ pub use listener::Listener;
 pub use memloop_registry::DEFAULT_RING_CAPACITY;
 pub use node::{vm_spin_from_env, Node};
 pub use region::{CreateRegion, Region, RegionSpec};
-pub use stream::{Stream, LIVENESS_SLICE};
+pub use stream::{Stream, LIVENESS_SLICE, LIVENESS_SLICE_VM};
 
 pub use memloop_registry as registry;
 pub use memloop_ring as ring;

@@ -2,6 +2,7 @@
 //! (merged) records of this run; a ratio whose inputs were not measured is left out.
 
 use super::Rec;
+use crate::units::fmt_size;
 use serde::Serialize;
 
 #[derive(Serialize, Clone, Debug, PartialEq)]
@@ -99,6 +100,36 @@ fn mixes(r: &[Rec], out: &mut Vec<Line>) {
     }
 }
 
+/// Experiment 4: memloop against veth+bridge with both ends on one core and on two.
+fn placement(r: &[Rec], out: &mut Vec<Line>) {
+    for m in r
+        .iter()
+        .filter(|x| x.experiment == 4 && x.path == "memloop")
+    {
+        let Some(place) = m.variant.as_deref().filter(|v| !v.contains(',')) else {
+            continue; // the per-end CPU figures
+        };
+        let base = r.iter().find(|x| {
+            x.experiment == 4
+                && x.path == "veth+bridge"
+                && x.test == m.test
+                && x.variant == m.variant
+                && x.value > 0.0
+        });
+        if let Some(b) = base {
+            out.push(Line {
+                figure: format!(
+                    "{} {}, ends on {place}, vs veth+bridge",
+                    m.test,
+                    fmt_size(m.size)
+                ),
+                ratio: m.value / b.value,
+                detail: format!("{} vs {} {}", fmt(m.value), fmt(b.value), m.unit),
+            });
+        }
+    }
+}
+
 /// Experiment 8's ratio records.
 fn programs(r: &[Rec], out: &mut Vec<Line>) {
     for x in r.iter().filter(|x| x.experiment == 8 && x.unit == "ratio") {
@@ -116,6 +147,7 @@ pub fn lines(r: &[Rec]) -> Vec<Line> {
     versus(r, 1, "stream", Some(65536), "64 KB stream", &mut out);
     remote_cost(r, &mut out);
     mixes(r, &mut out);
+    placement(r, &mut out);
     versus(r, 7, "crr", None, "connection setup rate", &mut out);
     programs(r, &mut out);
     out
