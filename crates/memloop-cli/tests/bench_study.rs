@@ -95,6 +95,18 @@ fn quick_study_writes_report_records_and_plots() {
             "report lacks the command for {id}"
         );
     }
+    // 10: the VM paths take about a minute: listed, but not run by --quick.
+    let vm = exps
+        .iter()
+        .find(|e| e["id"] == 10)
+        .expect("experiment 10 listed");
+    assert!(
+        vm["status"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("unavailable: ")),
+        "{vm}"
+    );
+    assert!(records.iter().all(|r| r["experiment"] != 10));
     // 8: real programs, measured or unavailable (programs not installed); 9: the seeds' ratios
     // next to ours, measured (it needs 1, 3 and 8; without the programs, rows of 1 and 3 remain).
     for id in [8u64, 9] {

@@ -46,7 +46,7 @@ impl Config {
         Config {
             server_wait: env_us("MEMLOOP_SERVER_WAIT_US", 50),
             server_wait_max: env_us("MEMLOOP_SERVER_WAIT_MAX_US", 2_000),
-            server_wait_vm: env_us("MEMLOOP_SERVER_WAIT_VM_US", 50_000),
+            server_wait_vm: env_us("MEMLOOP_SERVER_WAIT_VM_US", 200_000),
             decide_wait: env_us("MEMLOOP_DECIDE_WAIT_US", 500_000),
             decide_wait_self: env_us("MEMLOOP_DECIDE_WAIT_SELF_US", 5_000),
             spin: env_us("MEMLOOP_SPIN_US", 50),

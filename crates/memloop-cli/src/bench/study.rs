@@ -16,6 +16,7 @@ mod progs;
 mod report;
 mod rounds;
 mod seeds;
+mod vms;
 
 use crate::error::{fail, CliResult, Context};
 use indicatif::{ProgressBar, ProgressStyle};

@@ -130,6 +130,43 @@ fn placement(r: &[Rec], out: &mut Vec<Line>) {
     }
 }
 
+/// Experiment 10: memloop (native and transparent) against virtio-net between VMs. Round trips
+/// are times (lower is better), so their ratio is the baseline's over ours.
+fn vms(r: &[Rec], out: &mut Vec<Line>) {
+    for m in r
+        .iter()
+        .filter(|x| x.experiment == 10 && x.path.starts_with("memloop"))
+    {
+        let Some(b) = r.iter().find(|x| {
+            x.experiment == 10
+                && x.path == "virtio-net"
+                && x.test == m.test
+                && x.variant == m.variant
+        }) else {
+            continue;
+        };
+        let ratio = if m.test == "rr" {
+            b.value / m.value
+        } else {
+            m.value / b.value
+        };
+        out.push(Line {
+            figure: format!(
+                "VMs, {}: {} {} vs virtio-net",
+                m.variant.as_deref().unwrap_or(""),
+                m.path,
+                if m.test == "rr" {
+                    "64 B round trip"
+                } else {
+                    "64 KB stream"
+                }
+            ),
+            ratio,
+            detail: format!("{} vs {} {}", fmt(m.value), fmt(b.value), m.unit),
+        });
+    }
+}
+
 /// Experiment 8's ratio records.
 fn programs(r: &[Rec], out: &mut Vec<Line>) {
     for x in r.iter().filter(|x| x.experiment == 8 && x.unit == "ratio") {
@@ -150,6 +187,7 @@ pub fn lines(r: &[Rec]) -> Vec<Line> {
     placement(r, &mut out);
     versus(r, 7, "crr", None, "connection setup rate", &mut out);
     programs(r, &mut out);
+    vms(r, &mut out);
     out
 }
 
