@@ -90,11 +90,7 @@ pub struct ConnParts {
 
 impl Conn {
     pub fn new(p: ConnParts) -> Result<Arc<Conn>, FallbackReason> {
-        let spinner = Spinner::new(if p.same_kernel {
-            p.engine.cfg.spin
-        } else {
-            p.engine.cfg.spin_vm
-        });
+        let spinner = Spinner::new(p.engine.cfg.spin_for(p.same_kernel));
         // Doorbells are single bytes the peer never answers on TCP: with Nagle on, the second
         // one would wait for the delayed ACK of the first (~40 ms).
         let nodelay = real::sockopt_int(p.fd, libc::IPPROTO_TCP, libc::TCP_NODELAY).unwrap_or(0);
@@ -617,11 +613,7 @@ impl Conn {
 
     /// The longest spin before sleeping: longer towards another kernel.
     pub fn spin_window(&self) -> Duration {
-        if self.same_kernel {
-            self.engine.cfg.spin
-        } else {
-            self.engine.cfg.spin_vm
-        }
+        self.engine.cfg.spin_for(self.same_kernel)
     }
 
     /// Spins with this connection's adaptive window (poll over several fds borrows it).

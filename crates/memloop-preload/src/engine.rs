@@ -37,6 +37,15 @@ fn env_us(name: &str, default: u64) -> Duration {
 }
 
 impl Config {
+    /// The longest spin before sleeping towards a peer in our kernel or in another one.
+    pub fn spin_for(&self, same_kernel: bool) -> Duration {
+        if same_kernel {
+            self.spin
+        } else {
+            self.spin_vm
+        }
+    }
+
     fn from_env() -> Self {
         let ring = std::env::var("MEMLOOP_RING_BYTES")
             .ok()
