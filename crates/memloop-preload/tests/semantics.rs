@@ -28,116 +28,27 @@
 //! (`MEMLOOP_SERVER_WAIT_US`), so that a loaded machine does not turn a test's connection into
 //! a (correct, but for this suite useless) plain-TCP one.
 
-use memloop::{CreateRegion, Region, RegionSpec};
+mod support;
+
 use std::fs;
-use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use support::{
+    is_root, killed, memloop_bin, not_started, preload_lib, spawn, wait_bounded, wait_for_port,
+    workspace, Outcome, RegionGuard, Scratch,
+};
 
 /// Seconds each script may run (its own watchdog fires earlier, at `DEADLINE`).
 const PROCESS_TIMEOUT: u64 = 60;
 const DEADLINE: u64 = 45;
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-fn unique() -> u32 {
-    COUNTER.fetch_add(1, Ordering::Relaxed)
-}
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 fn scripts() -> PathBuf {
     workspace().join("tests/semantics")
 }
 
-/// The profile directory this test binary was built into (`target/<profile>`).
-fn profile_dir() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    Some(exe.parent()?.parent()?.to_path_buf())
-}
-
-/// A build artifact: `$var`, else the file next to this profile, else in `target/release`.
-fn artifact(var: &str, name: &str, build: &str) -> PathBuf {
-    if let Some(p) = std::env::var_os(var) {
-        return PathBuf::from(p);
-    }
-    let candidates = [
-        profile_dir().map(|d| d.join(name)),
-        Some(workspace().join("target/release").join(name)),
-    ];
-    for c in candidates.into_iter().flatten() {
-        if c.exists() {
-            return c.canonicalize().unwrap_or(c);
-        }
-    }
-    panic!("{name} not found: build it first (`{build}`) or set {var}");
-}
-
-fn preload_lib() -> PathBuf {
-    artifact(
-        "MEMLOOP_PRELOAD_LIB",
-        "libmemloop_preload.so",
-        "cargo build --release -p memloop-preload",
-    )
-}
-
-fn memloop_bin() -> PathBuf {
-    artifact(
-        "MEMLOOP_BIN",
-        "memloop",
-        "cargo build --release -p memloop-cli",
-    )
-}
-
 // ---- guards -----------------------------------------------------------------------------------
-
-/// A scratch directory, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let d = std::env::temp_dir().join(format!(
-            "memloop-semantics-{}-{tag}-{}",
-            std::process::id(),
-            unique()
-        ));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).expect("create scratch dir");
-        Scratch(d)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A fresh region, destroyed on drop.
-struct RegionGuard(String);
-
-impl RegionGuard {
-    fn new(tag: &str) -> RegionGuard {
-        let name = format!("sem-{}-{tag}-{}", std::process::id(), unique());
-        let spec = RegionSpec::parse(&name);
-        let _ = Region::destroy(&spec);
-        let mut opts = CreateRegion::default();
-        opts.params.size = 64 << 20;
-        drop(Region::open_or_create(&spec, &opts).expect("create region"));
-        RegionGuard(name)
-    }
-}
-
-impl Drop for RegionGuard {
-    fn drop(&mut self) {
-        let _ = Region::destroy(&RegionSpec::parse(&self.0));
-    }
-}
 
 /// Two network-namespace domains on a bridge, on a subnet nobody else routes; removed on drop.
 struct Domains {
@@ -217,29 +128,6 @@ impl Drop for Domains {
     }
 }
 
-fn is_root() -> bool {
-    fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
-}
-
-/// A child process killed (by its process-group-less pid) if still running on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
 // ---- scenarios --------------------------------------------------------------------------------
 
 #[derive(Clone, Copy)]
@@ -315,34 +203,6 @@ enum Mode {
     Disabled,
 }
 
-struct Outcome {
-    server: ExitStatus,
-    client: ExitStatus,
-    server_out: String,
-    server_err: String,
-    client_out: String,
-    client_err: String,
-}
-
-fn tail(s: &str, lines: usize) -> String {
-    let v: Vec<&str> = s.lines().collect();
-    v[v.len().saturating_sub(lines)..].join("\n")
-}
-
-impl Outcome {
-    fn report(&self, what: &str) -> String {
-        format!(
-            "{what}\n--- server ({}) stdout:\n{}\n--- server stderr:\n{}\n--- client ({}) stdout:\n{}\n--- client stderr:\n{}",
-            self.server,
-            tail(&self.server_out, 20),
-            tail(&self.server_err, 60),
-            self.client,
-            tail(&self.client_out, 20),
-            tail(&self.client_err, 60),
-        )
-    }
-}
-
 /// `timeout … [env LD_PRELOAD=… MEMLOOP_…] python3 SCRIPT ROLE ARGS`.
 fn role_cmd(
     s: &Scenario,
@@ -390,34 +250,9 @@ fn role_cmd(
     v
 }
 
-fn spawn(cmd: &[String], out: &Path, err: &Path) -> Proc {
-    let c = Command::new(&cmd[0])
-        .args(&cmd[1..])
-        .stdin(Stdio::null())
-        .stdout(fs::File::create(out).expect("stdout file"))
-        .stderr(fs::File::create(err).expect("stderr file"))
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    Proc(c)
-}
-
-fn wait_bounded(p: &mut Proc, limit: Duration) -> ExitStatus {
-    let end = Instant::now() + limit;
-    loop {
-        if let Some(st) = p.0.try_wait().expect("wait") {
-            return st;
-        }
-        if Instant::now() > end {
-            let _ = p.0.kill();
-            return p.0.wait().expect("wait after kill");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// One run of the scenario: the server, then (once it published its port) the client.
 fn run_pair(s: &Scenario, mode: Mode, region: Option<&str>, doms: Option<&Domains>) -> Outcome {
-    let scratch = Scratch::new(s.case);
+    let scratch = Scratch::new("semantics", s.case);
     let dir = &scratch.0;
     let port_file = dir.join("port");
     let host = match doms {
@@ -438,18 +273,7 @@ fn run_pair(s: &Scenario, mode: Mode, region: Option<&str>, doms: Option<&Domain
         scmd = d.wrap(0, scmd);
     }
     let mut server = spawn(&scmd, &dir.join("s.out"), &dir.join("s.err"));
-    let end = Instant::now() + Duration::from_secs(20);
-    let port = loop {
-        if let Ok(p) = fs::read_to_string(&port_file) {
-            if let Ok(p) = p.trim().parse::<u16>() {
-                break Some(p);
-            }
-        }
-        if Instant::now() > end || server.0.try_wait().ok().flatten().is_some() {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let port = wait_for_port(&mut server, &port_file, Duration::from_secs(20));
     let client = match port {
         Some(port) => {
             let cargs = vec![
@@ -467,7 +291,7 @@ fn run_pair(s: &Scenario, mode: Mode, region: Option<&str>, doms: Option<&Domain
             let mut c = spawn(&ccmd, &dir.join("c.out"), &dir.join("c.err"));
             wait_bounded(&mut c, Duration::from_secs(PROCESS_TIMEOUT + 10))
         }
-        None => ExitStatus::from_raw(255 << 8),
+        None => not_started(),
     };
     // Once the client is done the server has little left to do: do not wait out its watchdog
     // when it hangs (e.g. in accept after a client that failed before connecting).
@@ -481,10 +305,6 @@ fn run_pair(s: &Scenario, mode: Mode, region: Option<&str>, doms: Option<&Domain
         client_out: read("c.out"),
         client_err: read("c.err"),
     }
-}
-
-fn killed(st: &ExitStatus) -> bool {
-    st.signal() == Some(9) || st.code() == Some(137)
 }
 
 /// The scenario's own verdict: both roles said OK (a dying server: was SIGKILLed).
@@ -549,7 +369,7 @@ fn check_with(s: Scenario, doms: Option<&Domains>) {
     );
     let t1 = Instant::now();
     for i in 0..s.repeat {
-        let region = RegionGuard::new(s.case);
+        let region = RegionGuard::new("sem", s.case, 64 << 20);
         let o = run_pair(&s, Mode::Preload, Some(&region.0), doms);
         let what = format!(
             "{}/{} under the preload {place} (run {} of {})",
@@ -588,7 +408,7 @@ fn check_domains(s: Scenario) {
 #[test]
 fn memloop_disable_keeps_everything_on_tcp() {
     let s = sc("stream", "echo_10mb");
-    let region = RegionGuard::new(s.case);
+    let region = RegionGuard::new("sem", s.case, 64 << 20);
     let o = run_pair(&s, Mode::Disabled, Some(&region.0), None);
     assert_passed(&s, &o, "stream/echo_10mb with MEMLOOP_DISABLE=1");
     for (who, log) in [("server", &o.server_err), ("client", &o.client_err)] {
