@@ -64,7 +64,11 @@ pub struct Conn {
     side_words: Option<SideWords>,
     created: Instant,
     same_kernel: bool,
+    /// Threads (and sleeping epoll sets) asleep on the kernel socket, plus the DRAINING bit.
     waiters: AtomicU32,
+    /// Doorbell arms per direction (read, write): several waiters of this process may sleep
+    /// on one ring end; its flag is cleared only when the last of them disarms.
+    arms: [AtomicU32; 2],
     spinner: Spinner,
     resolving: ForkMutex<()>,
     plain: ForkMutex<Option<Arc<PlainTcp>>>,
@@ -131,6 +135,7 @@ impl Conn {
             created: Instant::now(),
             same_kernel: p.same_kernel,
             waiters: AtomicU32::new(0),
+            arms: [AtomicU32::new(0), AtomicU32::new(0)],
             spinner,
             resolving: ForkMutex::new(()),
             plain: ForkMutex::new(None),
@@ -596,18 +601,41 @@ impl Conn {
     }
 
     /// Arms our doorbell flag for `dir`: the peer's next publication (or release) will send a
-    /// doorbell byte. The caller re-checks readiness afterwards.
+    /// doorbell byte. Counted: the flag stays armed until every arm is matched by a disarm.
+    /// The caller re-checks readiness afterwards.
     pub fn arm(&self, dir: Dir) {
-        match dir {
-            Dir::Read => self.cons.lock().arm_doorbell(),
-            Dir::Write => self.prod.lock().arm_doorbell(),
-        }
+        self.with_flag(dir, |arms, flag| {
+            arms.fetch_add(1, Relaxed);
+            flag.arm();
+        });
+    }
+
+    /// Arms `dir` again for a waiter that already holds an arm: a doorbell the peer sent
+    /// cleared the flag, and this waiter is about to sleep once more.
+    pub fn rearm(&self, dir: Dir) {
+        self.with_flag(dir, |arms, flag| {
+            if arms.load(Relaxed) > 0 {
+                flag.arm();
+            }
+        });
     }
 
     pub fn disarm(&self, dir: Dir) {
+        self.with_flag(dir, |arms, flag| {
+            let left = arms.load(Relaxed).saturating_sub(1);
+            arms.store(left, Relaxed);
+            if left == 0 {
+                flag.disarm();
+            }
+        });
+    }
+
+    /// Runs `f` on `dir`'s arm count and ring flag under that ring end's lock, so an arm and
+    /// the last disarm of another thread cannot interleave between count and flag.
+    fn with_flag(&self, dir: Dir, f: impl FnOnce(&AtomicU32, &dyn DoorbellFlag)) {
         match dir {
-            Dir::Read => self.cons.lock().disarm(),
-            Dir::Write => self.prod.lock().disarm(),
+            Dir::Read => f(&self.arms[0], &*self.cons.lock()),
+            Dir::Write => f(&self.arms[1], &*self.prod.lock()),
         }
     }
 
@@ -647,11 +675,7 @@ impl Conn {
                 self.sleep(left)
             };
             self.disarm(dir);
-            // Another thread waiting on the same socket may need that doorbell byte too: the
-            // last one out drains.
-            if self.waiters.fetch_sub(1, AcqRel) == 1 {
-                self.drain();
-            }
+            self.leave_wait();
             match r {
                 Err(libc::EAGAIN) if dir == Dir::Write => {} // SO_RCVTIMEO cut our sleep short
                 Err(e) => return Err(e),
@@ -707,8 +731,9 @@ impl Conn {
         peer.map_or(true, |p| self.engine.node.peer_alive(p))
     }
 
-    /// Counts this thread as a sleeper, after any drain in progress has finished.
-    fn enter_wait(&self) {
+    /// Counts a sleeper on the kernel socket (a thread, or an epoll set with a sleeping
+    /// thread), after any drain in progress has finished.
+    pub fn enter_wait(&self) {
         loop {
             let v = self.waiters.load(Acquire);
             if v & DRAINING != 0 {
@@ -722,6 +747,14 @@ impl Conn {
             {
                 return;
             }
+        }
+    }
+
+    /// The sleeper is awake. Another one may need the doorbell byte too: the last one out
+    /// drains.
+    pub fn leave_wait(&self) {
+        if self.waiters.fetch_sub(1, AcqRel) == 1 {
+            self.drain();
         }
     }
 
@@ -911,6 +944,30 @@ impl Drop for SideLock<'_> {
 
 fn process_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// A ring end's doorbell flag, as both ring ends expose it.
+trait DoorbellFlag {
+    fn arm(&self);
+    fn disarm(&self);
+}
+
+impl DoorbellFlag for StreamConsumer {
+    fn arm(&self) {
+        self.arm_doorbell();
+    }
+    fn disarm(&self) {
+        StreamConsumer::disarm(self);
+    }
+}
+
+impl DoorbellFlag for StreamProducer {
+    fn arm(&self) {
+        self.arm_doorbell();
+    }
+    fn disarm(&self) {
+        StreamProducer::disarm(self);
+    }
 }
 
 /// Pure spinning (no yield) for up to this long: a peer on the other core usually answers

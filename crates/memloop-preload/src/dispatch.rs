@@ -4,7 +4,7 @@
 use crate::agree::{self, Accepted};
 use crate::conn::{Conn, PENDING, RING};
 use crate::engine;
-use crate::epoll::EpollSet;
+use crate::epoll::{EpollSet, Target};
 use crate::listen::Listener;
 use crate::plain::PlainTcp;
 use crate::table::{self, Entry, Fresh};
@@ -129,8 +129,14 @@ fn fresh_epolls(fd: c_int) -> Vec<(c_int, u32, u64)> {
 /// Moves epoll registrations made before the connection became ours into our epoll sets.
 fn adopt_epolls(fd: c_int, conn: &Arc<Conn>, regs: Vec<(c_int, u32, u64)>) {
     for (epfd, events, data) in regs {
-        let set = epoll_set(epfd);
-        let _ = set.adopt(fd, conn, events, data);
+        epoll_set(epfd).adopt(epfd, fd, conn, events, data);
+    }
+}
+
+/// A new epoll set: known from birth, so that every wait on it filters our registrations.
+pub fn after_epoll_create(epfd: c_int) {
+    if epfd >= 0 && !engine::disabled() {
+        table::insert(epfd, Entry::Epoll(EpollSet::new(epfd)));
     }
 }
 
@@ -200,22 +206,43 @@ pub fn before_close(fd: c_int) {
         table::remove(fd);
         return;
     };
-    if let Entry::Conn(c) = &*e {
-        for s in table::epoll_sets() {
-            s.forget(fd);
-        }
-        if c.close_fd(fd) {
-            if c.path() == PENDING {
-                c.abandon();
-            } else {
-                c.release_with(fd);
+    match &*e {
+        Entry::Conn(c) => {
+            let last = c.close_fd(fd);
+            let target = Target::Conn(c.clone());
+            for s in table::epoll_sets() {
+                s.fd_closed(fd, &target, last);
+            }
+            if last {
+                if c.path() == PENDING {
+                    c.abandon();
+                } else {
+                    c.release_with(fd);
+                }
             }
         }
-    }
-    if let Entry::Listener(l) = &*e {
-        l.unregister();
+        Entry::Epoll(set) => epoll_closed(fd, set),
+        Entry::Listener(l) => l.unregister(),
+        _ => {}
     }
     table::remove(fd);
+}
+
+/// An epoll fd closes: with its last fd the set leaves every set it was nested in.
+fn epoll_closed(fd: c_int, set: &Arc<EpollSet>) {
+    let others: Vec<c_int> = table::epoll_fds_of(set)
+        .into_iter()
+        .filter(|&f| f != fd)
+        .collect();
+    if let Some(&f) = others.first() {
+        set.set_fd(f);
+    }
+    let target = Target::Set(set.clone());
+    for s in table::epoll_sets() {
+        if !Arc::ptr_eq(&s, set) {
+            s.fd_closed(fd, &target, others.is_empty());
+        }
+    }
 }
 
 /// After a successful dup of `old` into `new` (the kernel already closed `new`'s old file).
@@ -232,16 +259,28 @@ pub fn epoll_ctl(
     fd: c_int,
     ev: Option<(u32, u64)>,
 ) -> Option<Result<(), c_int>> {
-    match table::kind(fd) {
-        table::K_OBJ => {}
-        table::K_TCP => return None,
-        _ => return None,
+    if table::kind(fd) != table::K_OBJ {
+        return None;
     }
-    match &*table::get(fd)? {
-        Entry::Conn(c) if c.path() == PENDING || c.path() == RING => {
-            Some(epoll_set(epfd).ctl(op, fd, c, ev))
+    let target = match &*table::get(fd)? {
+        Entry::Conn(c) if c.path() == PENDING || c.path() == RING => Target::Conn(c.clone()),
+        Entry::Conn(_) => {
+            // Settled on TCP since it was registered: hand the registration back first.
+            if let Some(s) = epoll_of(epfd) {
+                s.release_fd(epfd, fd);
+            }
+            return None;
         }
-        _ => None,
+        Entry::Epoll(s) => Target::Set(s.clone()),
+        _ => return None,
+    };
+    Some(epoll_set(epfd).ctl(epfd, op, fd, target, ev))
+}
+
+/// Our own shutdown changed a ring connection's readiness: wake the sets watching it.
+pub fn poke(c: &Arc<Conn>) {
+    for s in table::epoll_sets() {
+        s.poke(c);
     }
 }
 

@@ -176,7 +176,11 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     match dispatch::route(fd) {
-        Route::Ring(c) => ret_int(guarded(|| c.shutdown(how).map(|_| 0))),
+        Route::Ring(c) => {
+            let r = ret_int(guarded(|| c.shutdown(how).map(|_| 0)));
+            dispatch::poke(&c);
+            r
+        }
         _ => real::shutdown()(fd, how),
     }
 }
@@ -489,13 +493,18 @@ pub unsafe extern "C" fn sendfile64(
 
 // ---- readiness --------------------------------------------------------------------------------
 
+/// Whether `fds` holds a ring connection or an epoll set (whose ring members poll must see).
 unsafe fn any_ring(fds: *const libc::pollfd, n: libc::nfds_t) -> bool {
     if fds.is_null() {
         return false;
     }
     std::slice::from_raw_parts(fds, n as usize).iter().any(|p| {
         table::kind(p.fd) == table::K_OBJ
-            && table::conn(p.fd).is_some_and(|c| c.path() != crate::conn::TCP)
+            && match table::get(p.fd).as_deref() {
+                Some(table::Entry::Conn(c)) => c.path() != crate::conn::TCP,
+                Some(table::Entry::Epoll(_)) => true,
+                _ => false,
+            }
     })
 }
 
@@ -695,12 +704,27 @@ pub unsafe extern "C" fn epoll_ctl(
     r
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
+    let fd = real::epoll_create()(size);
+    dispatch::after_epoll_create(fd);
+    fd
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
+    let fd = real::epoll_create1()(flags);
+    dispatch::after_epoll_create(fd);
+    fd
+}
+
 unsafe fn emulated_epoll_wait(
     epfd: c_int,
     events: *mut libc::epoll_event,
     max: c_int,
-    timeout: c_int,
+    timeout: Option<Duration>,
     mask: *const libc::sigset_t,
+    precise: bool,
 ) -> Option<c_int> {
     if table::kind(epfd) != table::K_OBJ || events.is_null() || max <= 0 {
         return None;
@@ -708,7 +732,7 @@ unsafe fn emulated_epoll_wait(
     let set = dispatch::epoll_of(epfd)?;
     let out = std::slice::from_raw_parts_mut(events, max as usize);
     Some(ret_int(guarded(|| {
-        set.wait(out, ms_timeout(timeout), mask)
+        set.wait(epfd, out, timeout, mask, precise)
     })))
 }
 
@@ -719,8 +743,15 @@ pub unsafe extern "C" fn epoll_wait(
     max: c_int,
     timeout: c_int,
 ) -> c_int {
-    emulated_epoll_wait(epfd, events, max, timeout, std::ptr::null())
-        .unwrap_or_else(|| real::epoll_wait()(epfd, events, max, timeout))
+    emulated_epoll_wait(
+        epfd,
+        events,
+        max,
+        ms_timeout(timeout),
+        std::ptr::null(),
+        false,
+    )
+    .unwrap_or_else(|| real::epoll_wait()(epfd, events, max, timeout))
 }
 
 #[no_mangle]
@@ -731,8 +762,20 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    emulated_epoll_wait(epfd, events, max, timeout, mask)
+    emulated_epoll_wait(epfd, events, max, ms_timeout(timeout), mask, false)
         .unwrap_or_else(|| real::epoll_pwait()(epfd, events, max, timeout, mask))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait2(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    max: c_int,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    emulated_epoll_wait(epfd, events, max, ts_timeout(ts), mask, true)
+        .unwrap_or_else(|| real::epoll_pwait2()(epfd, events, max, ts, mask))
 }
 
 // ---- fd control -------------------------------------------------------------------------------

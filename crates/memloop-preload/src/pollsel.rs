@@ -1,30 +1,41 @@
 //! poll/ppoll (and select/pselect, translated to poll by `ffi`) over a mix of ring
-//! connections and kernel fds: rings answer from their state, kernel fds from the kernel, and
-//! a blocking wait sleeps in the kernel on the kernel fds plus each ring's doorbell socket.
+//! connections, epoll sets and kernel fds: rings answer from their state, kernel fds from the
+//! kernel, an epoll set from both (its ring members may be ready without any doorbell); a
+//! blocking wait sleeps in the kernel on the kernel fds, each ring's doorbell socket and each
+//! epoll fd, with every ring — and every ring member of those sets — armed.
 
 use crate::conn::{Conn, Dir, PENDING, RING};
+use crate::epoll::EpollSet;
 use crate::real;
-use crate::table;
+use crate::table::{self, Entry};
 use libc::{c_int, pollfd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SLICE: Duration = Duration::from_millis(200);
 
-/// The ring connections among `fds` (index, connection), settling pending ones that can be.
-pub fn ring_members(fds: &[pollfd]) -> Vec<(usize, Arc<Conn>)> {
+/// An fd poll must look at beyond the kernel.
+#[derive(Clone)]
+enum Watch {
+    Ring(Arc<Conn>),
+    Set(Arc<EpollSet>),
+}
+
+/// The ring connections and epoll sets among `fds` (index, what), settling pending
+/// connections that can be.
+fn members(fds: &[pollfd]) -> Vec<(usize, Watch)> {
     let mut out = Vec::new();
     for (i, p) in fds.iter().enumerate() {
         if table::kind(p.fd) != table::K_OBJ {
             continue;
         }
-        if let Some(c) = table::conn(p.fd) {
-            if c.resolve(false) == RING {
-                out.push((i, c));
-            } else if c.path() == PENDING {
-                // The kernel's readiness stands for it until the decision; an event settles it.
-                continue;
+        match table::get(p.fd).as_deref() {
+            // Pending: the kernel's readiness stands for it until the decision.
+            Some(Entry::Conn(c)) if c.resolve(false) == RING => {
+                out.push((i, Watch::Ring(c.clone())))
             }
+            Some(Entry::Epoll(s)) => out.push((i, Watch::Set(s.clone()))),
+            _ => {}
         }
     }
     out
@@ -34,13 +45,28 @@ fn ring_revents(c: &Conn, events: i16) -> i16 {
     c.revents() & (events | libc::POLLHUP | libc::POLLERR)
 }
 
-/// One pass: ring states, then the kernel's view of the rest (timeout 0).
-fn scan(fds: &mut [pollfd], rings: &[(usize, Arc<Conn>)]) -> Result<usize, c_int> {
+/// What a member reports from its own state (a set: readable if a ring member is ready).
+fn own_revents(w: &Watch, events: i16) -> i16 {
+    match w {
+        Watch::Ring(c) => ring_revents(c, events),
+        Watch::Set(s) if s.peek().is_some() => events & libc::POLLIN,
+        Watch::Set(_) => 0,
+    }
+}
+
+fn is_ring(members: &[(usize, Watch)], i: usize) -> bool {
+    members
+        .iter()
+        .any(|(j, w)| *j == i && matches!(w, Watch::Ring(_)))
+}
+
+/// One pass: the kernel's view of everything but rings (timeout 0), then our own states.
+fn scan(fds: &mut [pollfd], members: &[(usize, Watch)]) -> Result<usize, c_int> {
     let mut kernel: Vec<pollfd> = Vec::new();
     let mut kidx = Vec::new();
     for (i, p) in fds.iter_mut().enumerate() {
         p.revents = 0;
-        if !rings.iter().any(|(j, _)| *j == i) {
+        if !is_ring(members, i) {
             kernel.push(*p);
             kidx.push(i);
         }
@@ -52,8 +78,12 @@ fn scan(fds: &mut [pollfd], rings: &[(usize, Arc<Conn>)]) -> Result<usize, c_int
         }
     }
     settle_pending(fds);
-    for (i, c) in rings {
-        fds[*i].revents = ring_revents(c, fds[*i].events);
+    for (i, w) in members {
+        let own = own_revents(w, fds[*i].events);
+        match w {
+            Watch::Ring(_) => fds[*i].revents = own,
+            Watch::Set(_) => fds[*i].revents |= own,
+        }
     }
     Ok(fds.iter().filter(|p| p.revents != 0).count())
 }
@@ -61,48 +91,36 @@ fn scan(fds: &mut [pollfd], rings: &[(usize, Arc<Conn>)]) -> Result<usize, c_int
 /// A pending connection the kernel reports ready gets its decision now.
 fn settle_pending(fds: &mut [pollfd]) {
     for p in fds.iter_mut().filter(|p| p.revents != 0) {
-        if table::kind(p.fd) == table::K_OBJ {
-            if let Some(c) = table::conn(p.fd) {
-                if c.path() == PENDING && c.resolve(true) == RING {
-                    c.drain();
-                    p.revents = ring_revents(&c, p.events);
-                }
+        if let Some(c) = table::conn(p.fd) {
+            if c.path() == PENDING && c.resolve(true) == RING {
+                c.drain();
+                p.revents = ring_revents(&c, p.events);
             }
         }
     }
 }
 
-/// poll over fds of which at least one is a ring connection.
+fn any_own(fds: &[pollfd], members: &[(usize, Watch)]) -> usize {
+    members
+        .iter()
+        .filter(|(j, w)| own_revents(w, fds[*j].events) != 0)
+        .count()
+}
+
+/// poll over fds of which at least one is a ring connection or an epoll set.
 pub fn poll(
     fds: &mut [pollfd],
     timeout: Option<Duration>,
     sigmask: *const libc::sigset_t,
 ) -> Result<usize, c_int> {
     let deadline = timeout.map(|t| Instant::now() + t);
-    let mut rings = ring_members(fds);
-    let n = scan(fds, &rings)?;
+    let mut members = members(fds);
+    let n = scan(fds, &members)?;
     if n > 0 || timeout == Some(Duration::ZERO) {
         return Ok(n);
     }
-    let mut found = 0;
-    let mut i = 0u32;
-    // The first ring's adaptive window stands for the whole set.
-    if let Some((_, first)) = rings.first().cloned() {
-        first.spin(|| {
-            i += 1;
-            found = if i % 8 == 0 {
-                scan(fds, &rings).unwrap_or(0)
-            } else {
-                rings
-                    .iter()
-                    .filter(|(j, c)| ring_revents(c, fds[*j].events) != 0)
-                    .count()
-            };
-            found > 0
-        });
-    }
-    if found > 0 {
-        return scan(fds, &rings);
+    if spin(fds, &members) {
+        return scan(fds, &members);
     }
     loop {
         let left = match deadline {
@@ -112,47 +130,89 @@ pub fn poll(
             },
             None => SLICE,
         };
-        block(fds, &rings, left.min(SLICE), sigmask)?;
-        rings = ring_members(fds);
-        let n = scan(fds, &rings)?;
+        block(fds, &members, left.min(SLICE), sigmask)?;
+        members = self::members(fds);
+        let n = scan(fds, &members)?;
         if n > 0 {
             return Ok(n);
         }
-        rings.iter().for_each(|(_, c)| c.watch_peer());
+        for (_, w) in &members {
+            if let Watch::Ring(c) = w {
+                c.watch_peer();
+            }
+        }
     }
 }
 
-/// Arms the rings, re-checks, and sleeps in the kernel on everything at once.
+/// Spins with the first ring's adaptive window (it stands for the whole set).
+fn spin(fds: &mut [pollfd], members: &[(usize, Watch)]) -> bool {
+    let first = members.iter().find_map(|(_, w)| match w {
+        Watch::Ring(c) => Some(c.clone()),
+        Watch::Set(_) => None,
+    });
+    let Some(first) = first else { return false };
+    let mut i = 0u32;
+    first.spin(|| {
+        i += 1;
+        let found = if i % 8 == 0 {
+            scan(fds, members).unwrap_or(0)
+        } else {
+            any_own(fds, members)
+        };
+        found > 0
+    })
+}
+
+/// The directions a poll interest sleeps for.
+fn dirs(events: i16) -> impl Iterator<Item = Dir> {
+    let r = (events & libc::POLLIN != 0).then_some(Dir::Read);
+    let w = (events & libc::POLLOUT != 0).then_some(Dir::Write);
+    r.into_iter().chain(w)
+}
+
+fn enter(fds: &[pollfd], members: &[(usize, Watch)]) {
+    for (i, w) in members {
+        match w {
+            Watch::Ring(c) => {
+                c.enter_wait();
+                dirs(fds[*i].events).for_each(|d| c.arm(d));
+            }
+            Watch::Set(s) => s.sleep_enter(),
+        }
+    }
+}
+
+fn leave(fds: &[pollfd], members: &[(usize, Watch)]) {
+    for (i, w) in members {
+        match w {
+            Watch::Ring(c) => {
+                dirs(fds[*i].events).for_each(|d| c.disarm(d));
+                c.leave_wait();
+            }
+            Watch::Set(s) => s.sleep_leave(),
+        }
+    }
+}
+
+/// Arms the rings and sets, re-checks, and sleeps in the kernel on everything at once.
 fn block(
     fds: &[pollfd],
-    rings: &[(usize, Arc<Conn>)],
+    members: &[(usize, Watch)],
     left: Duration,
     sigmask: *const libc::sigset_t,
 ) -> Result<(), c_int> {
-    let mut armed = Vec::new();
-    for (i, c) in rings {
-        if fds[*i].events & libc::POLLIN != 0 {
-            c.arm(Dir::Read);
-            armed.push((c.clone(), Dir::Read));
-        }
-        if fds[*i].events & libc::POLLOUT != 0 {
-            c.arm(Dir::Write);
-            armed.push((c.clone(), Dir::Write));
-        }
-    }
-    let ready = rings
-        .iter()
-        .any(|(i, c)| ring_revents(c, fds[*i].events) != 0);
+    enter(fds, members);
+    let ready = any_own(fds, members) > 0;
     let mut set: Vec<pollfd> = fds
         .iter()
         .enumerate()
-        .map(|(i, p)| match rings.iter().find(|(j, _)| *j == i) {
-            Some((_, c)) => pollfd {
+        .map(|(i, p)| match members.iter().find(|(j, _)| *j == i) {
+            Some((_, Watch::Ring(c))) => pollfd {
                 fd: c.kfd(),
                 events: libc::POLLIN,
                 revents: 0,
             },
-            None => pollfd {
+            _ => pollfd {
                 fd: p.fd,
                 events: p.events,
                 revents: 0,
@@ -164,13 +224,6 @@ fn block(
     } else {
         real::ppoll_raw(&mut set, Some(left), sigmask)
     };
-    for (c, d) in &armed {
-        c.disarm(*d);
-    }
-    for (i, c) in rings {
-        if set[*i].revents != 0 {
-            c.drain();
-        }
-    }
+    leave(fds, members);
     r.map(|_| ())
 }

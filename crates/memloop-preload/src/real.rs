@@ -70,6 +70,9 @@ real_fns! {
     epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int;
     epoll_wait: fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int;
     epoll_pwait: fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int;
+    epoll_pwait2: fn(c_int, *mut libc::epoll_event, c_int, *const libc::timespec, *const libc::sigset_t) -> c_int;
+    epoll_create: fn(c_int) -> c_int;
+    epoll_create1: fn(c_int) -> c_int;
     fcntl: fn(c_int, c_int, libc::c_ulong) -> c_int;
     fcntl64: fn(c_int, c_int, libc::c_ulong) -> c_int;
     ioctl: fn(c_int, libc::c_ulong, libc::c_ulong) -> c_int;
@@ -404,6 +407,27 @@ pub fn epoll_wait_raw(
     let max = buf.len().min(c_int::MAX as usize) as c_int;
     // SAFETY: `buf` has room for `max` events; `sigmask` is null or the caller's valid mask.
     let r = unsafe { epoll_pwait()(epfd, buf.as_mut_ptr(), max, timeout_ms, sigmask) };
+    check(r as isize)
+}
+
+/// `epoll_pwait2` into `buf` (nanosecond timeout, `None` = forever); `sigmask` may be null.
+/// Only called when the program itself called `epoll_pwait2`, so its C library has it.
+pub fn epoll_pwait2_raw(
+    epfd: c_int,
+    buf: &mut [libc::epoll_event],
+    timeout: Option<std::time::Duration>,
+    sigmask: *const libc::sigset_t,
+) -> Result<usize, c_int> {
+    let max = buf.len().min(c_int::MAX as usize) as c_int;
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `buf` has room for `max` events; `tsp` null or live; `sigmask` null or valid.
+    let r = unsafe { epoll_pwait2()(epfd, buf.as_mut_ptr(), max, tsp, sigmask) };
     check(r as isize)
 }
 

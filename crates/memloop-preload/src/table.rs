@@ -131,9 +131,25 @@ pub fn all() -> Vec<(i32, Arc<Entry>)> {
         .collect()
 }
 
+/// The fds under which `set` is known (an epoll fd may have been duplicated).
+pub fn epoll_fds_of(set: &Arc<EpollSet>) -> Vec<i32> {
+    EPOLLS
+        .lock()
+        .iter()
+        .filter(|(_, s)| Arc::ptr_eq(s, set))
+        .map(|(f, _)| *f)
+        .collect()
+}
+
 /// Every epoll set we track.
 pub fn epoll_sets() -> Vec<Arc<EpollSet>> {
-    EPOLLS.lock().iter().map(|(_, s)| s.clone()).collect()
+    let mut v: Vec<Arc<EpollSet>> = Vec::new();
+    for (_, s) in EPOLLS.lock().iter() {
+        if !v.iter().any(|x| Arc::ptr_eq(x, s)) {
+            v.push(s.clone());
+        }
+    }
+    v
 }
 
 /// atfork prepare: holds the change lock across fork and runs `f` on every connection under
