@@ -328,15 +328,18 @@ pub fn set_nonblock(fd: c_int, on: bool) {
 pub fn fork_prepare() {
     engine::lock_for_fork();
     table::lock_for_fork(|c| c.prepare_fork());
+    crate::epoll::hold_for_fork(table::epoll_sets());
 }
 
 pub fn fork_parent() {
+    crate::epoll::release_after_fork();
     table::release_after_fork();
     engine::release_after_fork();
 }
 
 pub fn fork_child() {
     crate::real::forget_pid();
+    crate::epoll::release_after_fork();
     table::release_after_fork();
     engine::release_after_fork();
     engine::reset_in_child();

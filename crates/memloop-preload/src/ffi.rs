@@ -493,19 +493,24 @@ pub unsafe extern "C" fn sendfile64(
 
 // ---- readiness --------------------------------------------------------------------------------
 
-/// Whether `fds` holds a ring connection or an epoll set (whose ring members poll must see).
+/// Whether `fd` is a ring connection (or undecided) or an epoll set (whose ring members poll
+/// and select must see).
+fn watched(fd: c_int) -> bool {
+    table::kind(fd) == table::K_OBJ
+        && match table::get(fd).as_deref() {
+            Some(table::Entry::Conn(c)) => c.path() != crate::conn::TCP,
+            Some(table::Entry::Epoll(_)) => true,
+            _ => false,
+        }
+}
+
 unsafe fn any_ring(fds: *const libc::pollfd, n: libc::nfds_t) -> bool {
     if fds.is_null() {
         return false;
     }
-    std::slice::from_raw_parts(fds, n as usize).iter().any(|p| {
-        table::kind(p.fd) == table::K_OBJ
-            && match table::get(p.fd).as_deref() {
-                Some(table::Entry::Conn(c)) => c.path() != crate::conn::TCP,
-                Some(table::Entry::Epoll(_)) => true,
-                _ => false,
-            }
-    })
+    std::slice::from_raw_parts(fds, n as usize)
+        .iter()
+        .any(|p| watched(p.fd))
 }
 
 unsafe fn emulated_poll(
@@ -581,8 +586,7 @@ unsafe fn select_to_poll(
             events |= libc::POLLPRI;
         }
         if events != 0 {
-            ours |= table::kind(fd) == table::K_OBJ
-                && table::conn(fd).is_some_and(|c| c.path() != crate::conn::TCP);
+            ours |= watched(fd);
             list.push(libc::pollfd {
                 fd,
                 events,

@@ -54,6 +54,13 @@ impl<T> ForkMutex<T> {
         f(unsafe { &mut *self.value.get() });
     }
 
+    /// Like [`Self::acquire_for_fork`] without waiting: false if another thread holds it.
+    pub fn try_acquire_for_fork(&self) -> bool {
+        self.locked
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
     /// Releases a lock taken by [`Self::acquire_for_fork`] (atfork parent and child).
     pub fn release_after_fork(&self) {
         self.locked.store(false, Ordering::Release);

@@ -638,6 +638,44 @@ impl EpollSet {
     }
 }
 
+/// Whether a data word found in a kernel set is one of our tags.
+pub fn is_ours(data: u64) -> bool {
+    kernel::untag(data).is_some()
+}
+
+/// Removes a tagged registration inherited across exec (its program data is unknown).
+pub fn forget_inherited(epfd: c_int, fd: c_int) {
+    let _ = kernel::ctl(epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
+}
+
+/// Sets whose locks the atfork handlers hold across `fork`.
+static HELD: ForkMutex<Vec<Arc<EpollSet>>> = ForkMutex::new(Vec::new());
+
+/// atfork prepare: takes every set's lock, so the child never inherits one held by a thread
+/// it does not have. All or none, retried: a thread holding a set may be waiting for a
+/// nested set's lock, which we may hold.
+pub fn hold_for_fork(sets: Vec<Arc<EpollSet>>) {
+    loop {
+        let taken = sets
+            .iter()
+            .take_while(|s| s.st.try_acquire_for_fork())
+            .count();
+        if taken == sets.len() {
+            break;
+        }
+        sets[..taken].iter().for_each(|s| s.st.release_after_fork());
+        std::thread::yield_now();
+    }
+    HELD.acquire_for_fork(|held| *held = sets);
+}
+
+/// atfork parent and child: releases what [`hold_for_fork`] took.
+pub fn release_after_fork() {
+    HELD.release_after_fork();
+    let sets = std::mem::take(&mut *HELD.lock());
+    sets.iter().for_each(|s| s.st.release_after_fork());
+}
+
 /// One call of `epoll_wait` on a set.
 struct Waiter<'a> {
     set: &'a EpollSet,
