@@ -321,8 +321,12 @@ static void on_cread(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   struct cconn *c = s->data;
   if (nread < 0) {
     free(buf->base);
-    if (nread != UV_EOF)
-      fail("connection %d: read: %s", c->id, uv_strerror((int)nread));
+    if (nread != UV_EOF && c->finished)
+      fail("connection %d: read: %s after the last reply (waiting for EOF)", c->id,
+           uv_strerror((int)nread));
+    else if (nread != UV_EOF)
+      fail("connection %d: read: %s in message %d after %zu byte(s)", c->id,
+           uv_strerror((int)nread), c->k, c->got);
     else if (!c->finished && !c->quit)
       fail("connection %d: EOF in message %d after %zu byte(s)", c->id, c->k, c->got);
     cclose(c);

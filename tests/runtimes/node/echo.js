@@ -160,7 +160,9 @@ function exchange(c, sizes, done) {
   sock.on('end', () => {
     if (!ended) return bad(`EOF in message ${k} after ${gotLen} byte(s)`);
   });
-  sock.on('error', (e) => bad(e.code || e.message));
+  const where = () => (ended ? 'after the last reply (waiting for EOF)'
+    : `in message ${k} of ${sizes.length} after ${gotLen} of ${msg ? msg.length : 0} B`);
+  sock.on('error', (e) => bad(`${e.code || e.message} ${where()}`));
   sock.on('close', () => {
     if (!over) { over = true; done(); }
   });

@@ -1,0 +1,569 @@
+//! Real event-loop runtimes under the preload library (issue 10): for each runtime an echo
+//! server and a client written as that runtime's programs usually are (`tests/runtimes/`,
+//! README there), in its usual configuration — tokio's multi-thread runtime, a libuv loop,
+//! a Boost.Asio io_context run from four threads, asyncio (and uvloop), JDK NIO.2 with a
+//! fixed thread pool group against classic NIO with a selector per worker thread, Node.js
+//! `net`. Each test runs one client test (`echo`: sizes 1 B–1 MiB; `rr`: 2000 round trips;
+//! `many`: 50 concurrent streams) between a server and a client, first on kernel TCP (the
+//! reference: both must say OK), then with both under `libmemloop_preload.so` in a fresh region,
+//! where both must say OK again, neither may die of a signal (a SIGSEGV is named as such), and
+//! the server's debug log must show every connection accepted on a ring.
+//!
+//! ```sh
+//! tests/runtimes/build.sh          # toolchains (apt-get, pip) and programs → target/runtimes
+//! cargo build --release -p memloop-preload
+//! cargo test --release -p memloop-preload --test runtimes               # fast tier
+//! cargo test --release -p memloop-preload --test runtimes -- --ignored  # slow tier: cross
+//!                                  # pairs with tokio, larger runs, repeated runs
+//! ```
+//!
+//! A runtime whose program or toolchain is missing fails its tests with the reason when `CI` is
+//! set, and is skipped with the reason (on stderr) otherwise. `MEMLOOP_RUNTIMES_DIR` says where
+//! the built programs are (default `target/runtimes`); `MEMLOOP_PRELOAD_LIB` which library.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use support::{
+    death_signal, describe, find_artifact, not_started, preload_lib, profile_dir, signal_name,
+    spawn, wait_bounded, wait_for_port, workspace, Outcome, RegionGuard, Scratch,
+};
+
+/// Seconds a program may run under `timeout` (its own watchdog fires at `DEADLINE`).
+const PROCESS_TIMEOUT: u64 = 60;
+const DEADLINE: u64 = 40;
+/// Regions of 512 MiB: 101 channels of 2 × 1 MiB rings (the larger `many`) fit with room to
+/// spare; tmpfs pages cost memory only when touched.
+const REGION_SIZE: usize = 512 << 20;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Rt {
+    Tokio,
+    Libuv,
+    Asio,
+    Asyncio,
+    Uvloop,
+    JavaNio,
+    Node,
+}
+
+const ALL: [Rt; 7] = [
+    Rt::Tokio,
+    Rt::Libuv,
+    Rt::Asio,
+    Rt::Asyncio,
+    Rt::Uvloop,
+    Rt::JavaNio,
+    Rt::Node,
+];
+
+/// How to start one runtime's program: `prefix ROLE ARGS… suffix`.
+#[derive(Clone)]
+struct Launch {
+    prefix: Vec<String>,
+    suffix: Vec<String>,
+}
+
+fn runtimes_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("MEMLOOP_RUNTIMES_DIR") {
+        return PathBuf::from(d);
+    }
+    profile_dir()
+        .and_then(|p| p.parent().map(|t| t.join("runtimes")))
+        .filter(|d| d.exists())
+        .unwrap_or_else(|| workspace().join("target/runtimes"))
+}
+
+fn sources() -> PathBuf {
+    workspace().join("tests/runtimes")
+}
+
+/// `cmd args…` ran and exited 0.
+fn runs(cmd: &str, args: &[&str]) -> bool {
+    Command::new(cmd)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn s(v: &str) -> String {
+    v.to_string()
+}
+
+impl Rt {
+    fn name(self) -> &'static str {
+        match self {
+            Rt::Tokio => "tokio",
+            Rt::Libuv => "libuv",
+            Rt::Asio => "asio",
+            Rt::Asyncio => "asyncio",
+            Rt::Uvloop => "uvloop",
+            Rt::JavaNio => "java-nio",
+            Rt::Node => "node",
+        }
+    }
+
+    /// Where the program is and how to start it, or why it cannot be.
+    fn locate(self) -> Result<Launch, String> {
+        let build = "run tests/runtimes/build.sh";
+        let dir = runtimes_dir();
+        let file = |p: PathBuf| -> Result<String, String> {
+            if p.exists() {
+                Ok(p.display().to_string())
+            } else {
+                Err(format!("{} is missing ({build})", p.display()))
+            }
+        };
+        let tool = |t: &str, args: &[&str]| -> Result<(), String> {
+            if runs(t, args) {
+                Ok(())
+            } else {
+                Err(format!("`{t}` is not installed ({build})"))
+            }
+        };
+        let plain = |prefix: Vec<String>| Launch {
+            prefix,
+            suffix: vec![],
+        };
+        Ok(match self {
+            Rt::Tokio => {
+                let p = find_artifact("MEMLOOP_RT_TOKIO", "rt-tokio").ok_or(format!(
+                    "rt-tokio is missing (cargo build --release -p memloop-runtime-peers, or {build})"
+                ))?;
+                plain(vec![p.display().to_string()])
+            }
+            Rt::Libuv => plain(vec![file(dir.join("uv_echo"))?]),
+            Rt::Asio => plain(vec![file(dir.join("asio_echo"))?]),
+            Rt::Asyncio | Rt::Uvloop => {
+                tool("python3", &["--version"])?;
+                let script = file(sources().join("python/aio_echo.py"))?;
+                let loop_ = if self == Rt::Uvloop {
+                    if !runs("python3", &["-c", "import uvloop"]) {
+                        return Err(format!("python3 cannot import uvloop ({build})"));
+                    }
+                    "uvloop"
+                } else {
+                    "asyncio"
+                };
+                Launch {
+                    prefix: vec![s("python3"), script],
+                    suffix: vec![s("--loop"), s(loop_)],
+                }
+            }
+            Rt::JavaNio => {
+                tool("java", &["-version"])?;
+                file(dir.join("java/NioEcho.class"))?;
+                plain(vec![
+                    s("java"),
+                    // A quick start: the programs are small and short-lived.
+                    s("-XX:+UseSerialGC"),
+                    s("-XX:TieredStopAtLevel=1"),
+                    s("-cp"),
+                    dir.join("java").display().to_string(),
+                    s("NioEcho"),
+                ])
+            }
+            Rt::Node => {
+                tool("node", &["--version"])?;
+                plain(vec![s("node"), file(sources().join("node/echo.js"))?])
+            }
+        })
+    }
+}
+
+/// The runtime's program, or — when it cannot run here — a failure under `CI` and a loud skip
+/// elsewhere (`None`).
+fn launch(rt: Rt) -> Option<Launch> {
+    static CACHE: OnceLock<Vec<(Rt, Result<Launch, String>)>> = OnceLock::new();
+    let all = CACHE.get_or_init(|| ALL.iter().map(|&r| (r, r.locate())).collect());
+    let found = all.iter().find(|(r, _)| *r == rt).map(|(_, l)| l.clone());
+    match found.expect("every runtime is listed") {
+        Ok(l) => Some(l),
+        Err(why) if std::env::var_os("CI").is_some() => {
+            panic!("runtime {} cannot run: {why}", rt.name())
+        }
+        Err(why) => {
+            eprintln!(
+                "SKIPPED: runtime {} cannot run here: {why} (under CI this fails)",
+                rt.name()
+            );
+            None
+        }
+    }
+}
+
+// ---- one run ----------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Kernel,
+    Preload,
+}
+
+/// A client test with its options.
+#[derive(Clone, Copy)]
+struct Test {
+    name: &'static str,
+    /// Connections the test opens (besides the final quit connection).
+    conns: usize,
+    /// Extra client options (larger variants).
+    extra: &'static [&'static str],
+}
+
+const ECHO: Test = Test {
+    name: "echo",
+    conns: 1,
+    extra: &[],
+};
+const RR: Test = Test {
+    name: "rr",
+    conns: 1,
+    extra: &[],
+};
+const MANY: Test = Test {
+    name: "many",
+    conns: 50,
+    extra: &[],
+};
+
+fn role_cmd(
+    l: &Launch,
+    mode: Mode,
+    region: Option<&str>,
+    role: &str,
+    args: Vec<String>,
+) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        s("timeout"),
+        s("-k"),
+        s("5"),
+        PROCESS_TIMEOUT.to_string(),
+        s("env"),
+        s("-u"),
+        s("LD_PRELOAD"),
+        s("-u"),
+        s("MEMLOOP_REGION"),
+        s("PYTHONDONTWRITEBYTECODE=1"),
+        s("PYTHONUNBUFFERED=1"),
+    ];
+    if mode == Mode::Preload {
+        v.push(format!("LD_PRELOAD={}", preload_lib().display()));
+        v.push(format!("MEMLOOP_REGION={}", region.expect("region")));
+        v.push(s("MEMLOOP_LOG=debug"));
+        v.push(s("MEMLOOP_SERVER_WAIT_US=100000"));
+    }
+    v.extend(l.prefix.iter().cloned());
+    v.push(s(role));
+    v.extend(args);
+    v.extend(["--deadline".into(), DEADLINE.to_string()]);
+    v.extend(l.suffix.iter().cloned());
+    v
+}
+
+/// The server, then (once it published its port) the client.
+fn run_pair(
+    server: &Launch,
+    client: &Launch,
+    t: &Test,
+    mode: Mode,
+    region: Option<&str>,
+) -> Outcome {
+    let scratch = Scratch::new("runtimes", t.name);
+    let dir = &scratch.0;
+    let port_file = dir.join("port");
+    let scmd = role_cmd(
+        server,
+        mode,
+        region,
+        "server",
+        vec![
+            s("--host"),
+            s("127.0.0.1"),
+            s("--port-file"),
+            port_file.display().to_string(),
+        ],
+    );
+    let mut srv = spawn(&scmd, &dir.join("s.out"), &dir.join("s.err"));
+    let port = wait_for_port(&mut srv, &port_file, Duration::from_secs(30));
+    let client_status = match port {
+        Some(port) => {
+            let mut args = vec![
+                s("--host"),
+                s("127.0.0.1"),
+                s("--port"),
+                port.to_string(),
+                s("--test"),
+                s(t.name),
+            ];
+            args.extend(t.extra.iter().map(|e| e.to_string()));
+            let ccmd = role_cmd(client, mode, region, "client", args);
+            let mut c = spawn(&ccmd, &dir.join("c.out"), &dir.join("c.err"));
+            wait_bounded(&mut c, Duration::from_secs(PROCESS_TIMEOUT + 10))
+        }
+        None => not_started(),
+    };
+    // Once the client is done the server has little left to do: do not wait out its watchdog.
+    let server_status = wait_bounded(&mut srv, Duration::from_secs(15));
+    let read = |n: &str| std::fs::read_to_string(dir.join(n)).unwrap_or_default();
+    Outcome {
+        server: server_status,
+        client: client_status,
+        server_out: read("s.out"),
+        server_err: read("s.err"),
+        client_out: read("c.out"),
+        client_err: read("c.err"),
+    }
+}
+
+/// What went wrong in one run, as one line each; empty when both ends said OK (and, under the
+/// preload, every connection went over a ring).
+fn problems(o: &Outcome, t: &Test, mode: Mode) -> Vec<String> {
+    let mut p = Vec::new();
+    for (who, st, out) in [
+        ("server", &o.server, &o.server_out),
+        ("client", &o.client, &o.client_out),
+    ] {
+        if let Some(sig) = death_signal(st) {
+            p.push(format!(
+                "the {who} died of {} (signal {sig}){}",
+                signal_name(sig),
+                if sig == libc::SIGSEGV {
+                    ": a crash"
+                } else {
+                    ""
+                }
+            ));
+        } else if !st.success() {
+            let said = out
+                .lines()
+                .find(|l| l.starts_with("FAIL"))
+                .unwrap_or("no FAIL line");
+            p.push(format!("the {who} ended with {}: {said}", describe(st)));
+        }
+    }
+    if o.client.success() && !o.client_out.contains(&format!("OK client {}", t.name)) {
+        p.push(format!("the client did not print \"OK client {}\"", t.name));
+    }
+    if o.server.success() && !o.server_out.contains("OK server") {
+        p.push("the server did not print \"OK server\"".into());
+    }
+    if mode == Mode::Preload {
+        let want = t.conns + 1;
+        let accepted = o.server_err.matches("accepted on a ring").count();
+        if accepted < want {
+            p.push(format!(
+                "the server accepted {accepted} connection(s) on rings, want {want} \
+                 ({} for the test and the quit connection)",
+                t.conns
+            ));
+        }
+        for (who, log) in [("server", &o.server_err), ("client", &o.client_err)] {
+            for bad in ["stays on TCP", "no ring offered", "panicked", "ring error"] {
+                if log.contains(bad) {
+                    p.push(format!("the {who}'s log says {bad:?}"));
+                }
+            }
+        }
+    }
+    p
+}
+
+/// `client` against `server` on kernel TCP (must pass: the reference), then under the preload
+/// `runs` times, each in a fresh region. Returns the failures (empty: all passed).
+fn pair(server: Rt, client: Rt, t: &Test, runs: usize) -> Vec<String> {
+    let (Some(sl), Some(cl)) = (launch(server), launch(client)) else {
+        return vec![];
+    };
+    let label = format!(
+        "{} client → {} server, test {}{}",
+        client.name(),
+        server.name(),
+        t.name,
+        if t.extra.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", t.extra.join(" "))
+        }
+    );
+    let t0 = Instant::now();
+    let kernel = run_pair(&sl, &cl, t, Mode::Kernel, None);
+    let p = problems(&kernel, t, Mode::Kernel);
+    if !p.is_empty() {
+        return vec![kernel.report(&format!(
+            "{label} on kernel TCP (the reference) failed: {}",
+            p.join("; ")
+        ))];
+    }
+    let t1 = Instant::now();
+    let mut failures = Vec::new();
+    for i in 0..runs {
+        let region = RegionGuard::new("rt", t.name, REGION_SIZE);
+        let o = run_pair(&sl, &cl, t, Mode::Preload, Some(&region.0));
+        let p = problems(&o, t, Mode::Preload);
+        if !p.is_empty() {
+            failures.push(o.report(&format!(
+                "{label} under the preload (run {} of {runs}) failed: {}",
+                i + 1,
+                p.join("; ")
+            )));
+            break;
+        }
+    }
+    eprintln!(
+        "{label}: kernel {:.2} s, preload {:.2} s{}",
+        (t1 - t0).as_secs_f64(),
+        t1.elapsed().as_secs_f64(),
+        if failures.is_empty() { "" } else { " FAILED" }
+    );
+    failures
+}
+
+/// The pairs, each checked; fails with every failure's report.
+fn check_pairs(pairs: &[(Rt, Rt, Test)], runs: usize) {
+    let mut failures = Vec::new();
+    let mut summary = Vec::new();
+    for (server, client, t) in pairs {
+        let f = pair(*server, *client, t, runs);
+        summary.push(format!(
+            "{:>8} client → {:<8} server {:<5} {}",
+            client.name(),
+            server.name(),
+            t.name,
+            if f.is_empty() { "ok" } else { "FAILED" }
+        ));
+        failures.extend(f);
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} pairing(s) failed:\n{}\n\n{}",
+        failures.len(),
+        pairs.len(),
+        summary.join("\n"),
+        failures.join("\n\n======\n\n")
+    );
+}
+
+/// A runtime's client against its own server.
+fn check(rt: Rt, t: Test) {
+    check_pairs(&[(rt, rt, t)], 1);
+}
+
+// ---- fast tier: each runtime against itself ---------------------------------------------------
+
+macro_rules! same_runtime {
+    ($($name:ident: $rt:expr, $t:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            check($rt, $t);
+        }
+    )*};
+}
+
+same_runtime! {
+    tokio_echo: Rt::Tokio, ECHO;
+    tokio_rr: Rt::Tokio, RR;
+    tokio_many: Rt::Tokio, MANY;
+    libuv_echo: Rt::Libuv, ECHO;
+    libuv_rr: Rt::Libuv, RR;
+    libuv_many: Rt::Libuv, MANY;
+    asio_echo: Rt::Asio, ECHO;
+    asio_rr: Rt::Asio, RR;
+    asio_many: Rt::Asio, MANY;
+    asyncio_echo: Rt::Asyncio, ECHO;
+    asyncio_rr: Rt::Asyncio, RR;
+    asyncio_many: Rt::Asyncio, MANY;
+    uvloop_echo: Rt::Uvloop, ECHO;
+    uvloop_rr: Rt::Uvloop, RR;
+    uvloop_many: Rt::Uvloop, MANY;
+    java_nio_echo: Rt::JavaNio, ECHO;
+    java_nio_rr: Rt::JavaNio, RR;
+    java_nio_many: Rt::JavaNio, MANY;
+    node_echo: Rt::Node, ECHO;
+    node_rr: Rt::Node, RR;
+    node_many: Rt::Node, MANY;
+}
+
+// ---- slow tier ----------------------------------------------------------------------------------
+
+/// Every other runtime's client against the tokio server, and the tokio client against every
+/// other runtime's server ("both as client and as server"), all three tests.
+#[test]
+#[ignore = "slow: 36 cross-runtime pairings, kernel and preload each"]
+fn cross_runtimes_with_tokio() {
+    let mut pairs = Vec::new();
+    for rt in ALL.into_iter().filter(|&r| r != Rt::Tokio) {
+        for t in [ECHO, RR, MANY] {
+            pairs.push((Rt::Tokio, rt, t));
+            pairs.push((rt, Rt::Tokio, t));
+        }
+    }
+    check_pairs(&pairs, 1);
+}
+
+/// Every client against the libuv server and the libuv client against every server: the same
+/// pairings around a single-threaded C loop.
+#[test]
+#[ignore = "slow: 36 cross-runtime pairings, kernel and preload each"]
+fn cross_runtimes_with_libuv() {
+    let mut pairs = Vec::new();
+    for rt in ALL.into_iter().filter(|&r| r != Rt::Libuv) {
+        for t in [ECHO, RR, MANY] {
+            pairs.push((Rt::Libuv, rt, t));
+            pairs.push((rt, Rt::Libuv, t));
+        }
+    }
+    check_pairs(&pairs, 1);
+}
+
+/// Larger runs: 20 000 round trips, 100 connections of 1 MiB each.
+#[test]
+#[ignore = "slow: 20 000 round trips and 100 × 1 MiB streams per runtime"]
+fn larger_runs_every_runtime() {
+    const RR_LONG: Test = Test {
+        name: "rr",
+        conns: 1,
+        extra: &["--count", "20000"],
+    };
+    const MANY_BIG: Test = Test {
+        name: "many",
+        conns: 100,
+        extra: &["--conns", "100", "--bytes", "1048576"],
+    };
+    let mut pairs = Vec::new();
+    for rt in ALL {
+        pairs.push((rt, rt, RR_LONG));
+        pairs.push((rt, rt, MANY_BIG));
+    }
+    check_pairs(&pairs, 1);
+}
+
+/// Each runtime against itself, five preload runs per test: races that show up now and then.
+#[test]
+#[ignore = "slow: 5 preload runs of each runtime's three tests"]
+fn repeated_runs_every_runtime() {
+    let mut pairs = Vec::new();
+    for rt in ALL {
+        for t in [ECHO, RR, MANY] {
+            pairs.push((rt, rt, t));
+        }
+    }
+    check_pairs(&pairs, 5);
+}
+
+/// The suite's own plumbing: a missing program is reported, not passed over in silence.
+#[test]
+fn every_runtime_is_found_or_explained() {
+    for rt in ALL {
+        if let Err(why) = rt.locate() {
+            let msg = format!("runtime {}: {why}", rt.name());
+            assert!(std::env::var_os("CI").is_none(), "{msg}");
+            eprintln!("SKIPPED: {msg}");
+        }
+    }
+}
