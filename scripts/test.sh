@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command of the README (and of CI): formatting, lints, unit + cross-process tests in
-# release mode (including the socket-semantics scenarios under the preload), the real-program
+# release mode (including the socket-semantics scenarios and the event-loop runtimes — tokio,
+# libuv, Boost.Asio, asyncio, uvloop, JDK NIO, Node.js — under the preload), the real-program
 # suite across two network-namespace domains, memloop between two QEMU guests, then the loom
 # models. `scripts/test.sh --slow`
 # adds the long suites.
@@ -22,6 +23,9 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 
 echo "== build (the tests run the memloop binary and the preload library as real programs)"
 cargo build --release --workspace
+
+echo "== runtime conformance programs (libuv, Boost.Asio, JDK NIO, Node.js, asyncio/uvloop, tokio)"
+tests/runtimes/build.sh
 
 echo "== tests (release)"
 if [ $slow = 1 ]; then
