@@ -17,7 +17,8 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 use util::{Opts, Res};
 
-/// Seconds before the watchdog ends the process.
+/// Seconds before the watchdog ends the process (longer stress runs get more, see
+/// [`watchdog_secs`]).
 const WATCHDOG_SECS: u64 = 40;
 
 type Run = fn(&Opts) -> Res<()>;
@@ -25,6 +26,7 @@ type Run = fn(&Opts) -> Res<()>;
 /// Every scenario, by name.
 const SCENARIOS: &[(&str, Run)] = &[
     ("data_words", scenarios::data_words::run),
+    ("tag_words", scenarios::tag_words::run),
     ("multi_waiters", scenarios::multi_waiters::run),
     ("exclusive", scenarios::exclusive::run),
     ("oneshot_rearm", scenarios::oneshot::run),
@@ -37,6 +39,7 @@ const SCENARIOS: &[(&str, Run)] = &[
     ("exec_inherits", scenarios::fork::run_exec),
     ("close_with_dup", scenarios::close_dup::run),
     ("mixed_fds", scenarios::mixed::run),
+    ("listener_dup", scenarios::listener_dup::run),
     ("stress", scenarios::stress::run),
 ];
 
@@ -79,12 +82,26 @@ pub fn say(line: &str) {
     let _ = out.flush();
 }
 
+/// The watchdog's limit: 40 s, plus the extra time a stress run with more than 10^5 events
+/// gets (see `scenarios::stress::gen_limit`).
+fn watchdog_secs(name: &str, opts: &Opts) -> u64 {
+    if name == "stress" {
+        WATCHDOG_SECS + scenarios::stress::extra_time(opts.events).as_secs()
+    } else {
+        WATCHDOG_SECS
+    }
+}
+
 /// Ends the process after `WATCHDOG_SECS` with a FAIL line.
 pub fn watchdog(name: String) {
+    watchdog_after(name, WATCHDOG_SECS);
+}
+
+fn watchdog_after(name: String, secs: u64) {
     std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(WATCHDOG_SECS));
+        std::thread::sleep(Duration::from_secs(secs));
         say(&format!(
-            "FAIL {name}: watchdog: still running after {WATCHDOG_SECS} s (a hang)"
+            "FAIL {name}: watchdog: still running after {secs} s (a hang)"
         ));
         sys::exit_now(3);
     });
@@ -113,7 +130,7 @@ fn main() {
         say(&format!("FAIL {name}: blocking SIGUSR1: {e}"));
         std::process::exit(1);
     }
-    watchdog(name.clone());
+    watchdog_after(name.clone(), watchdog_secs(&name, &opts));
     let t0 = Instant::now();
     util::info(&format!(
         "{name}: seed {} events {}",

@@ -105,10 +105,16 @@ pub fn ep_del(epfd: RawFd, fd: RawFd) -> SysResult<()> {
 }
 
 /// An event as the program sees it: (data word, events).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Ev {
     pub data: u64,
     pub events: u32,
+}
+
+impl fmt::Debug for Ev {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}:{}", self.data, crate::util::evname(self.events))
+    }
 }
 
 pub fn zeroed_events(n: usize) -> Vec<epoll_event> {

@@ -2,8 +2,8 @@
 //! per kernel-equivalent event.
 //!
 //! A waiter thread is already asleep in `epoll_wait` (timeout -1, as tokio's) on a set that
-//! holds only kernel fds (an edge-triggered eventfd waker and a pipe whose data word is
-//! memloop's own tag pattern) when non-blocking connects are added with
+//! holds only kernel fds (an edge-triggered eventfd waker and a pipe) when non-blocking
+//! connects are added with
 //! `EPOLLIN|EPOLLOUT|EPOLLRDHUP|EPOLLET` right after `connect` (the tokio pattern). Data words:
 //! a pointer, random 64-bit values, zero, one word shared by two fds, words equal to fd
 //! numbers, `u64::MAX`. Then MOD/DEL/ADD while the waiter sleeps, and connections that the
@@ -22,7 +22,6 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 const WAKER: u64 = 0xfeed_f00d_0bad_cafe;
-const TAG: u64 = 0x4d4c_7470_0000_0000;
 const DUP_WORD: u64 = 0x1234_5678_9abc_def0;
 const LIMIT: Duration = Duration::from_secs(3);
 const QUIET: Duration = Duration::from_millis(30);
@@ -53,8 +52,8 @@ pub fn run(o: &Opts) -> Res<()> {
     let waker = sys::eventfd(libc::EFD_NONBLOCK).ctx("eventfd")?;
     set.add(waker.as_raw_fd(), IN | ET, WAKER, "waker")?;
     let (pr, pw) = sys::pipe().ctx("pipe")?;
-    let pipe_word = TAG | pr.as_raw_fd() as u64;
-    set.add(pr.as_raw_fd(), IN | ET, pipe_word, "pipe (tag-like word)")?;
+    let pipe_word = 1 << 63 | pr.as_raw_fd() as u64;
+    set.add(pr.as_raw_fd(), IN | ET, pipe_word, "pipe")?;
     let tid = set.waiter(64, -1, no_reaction());
     util::wait_asleep(tid)?;
 
@@ -96,7 +95,7 @@ fn dup_factor(c: &Conn) -> usize {
     }
 }
 
-/// The data words: a pointer, random values, zero, a shared word, fd numbers, the tag pattern.
+/// The data words: a pointer, random values, zero, a shared word, fd numbers, `u64::MAX`.
 fn words(rng: &mut Rng, fd: RawFd, waker: RawFd, i: usize) -> (String, u64) {
     let ptr = Box::into_raw(Box::new(i as u64)) as u64;
     match i {
@@ -106,43 +105,56 @@ fn words(rng: &mut Rng, fd: RawFd, waker: RawFd, i: usize) -> (String, u64) {
         3 | 4 => ("shared word".into(), DUP_WORD),
         5 => ("the waker's fd number".into(), waker as u64),
         6 => ("its own fd number".into(), fd as u64),
-        7 => ("memloop's tag pattern for its fd".into(), TAG | fd as u64),
+        7 => (
+            "a word beside memloop's tags".into(),
+            0x4d4c_7471_0000_0000 | fd as u64,
+        ),
         8 => ("u64::MAX".into(), u64::MAX),
         _ => ("random".into(), rng.next()),
     }
 }
 
-/// Non-blocking connects, each added to the set right after `connect` while the waiter sleeps.
+/// Non-blocking connects, each added to the set right after `connect` while the waiter sleeps
+/// (an acceptor thread is already waiting on the listener).
 fn connect_all(net: &Net, set: &Set, rng: &mut Rng, waker: RawFd) -> Res<Vec<Conn>> {
-    let listener = net.listener.try_clone().ctx("listener clone")?;
     let n = 9;
-    let acceptor = std::thread::spawn(move || -> Res<Vec<OwnedFd>> {
-        (0..n)
-            .map(|_| {
-                listener
-                    .accept()
-                    .map(|(s, _)| OwnedFd::from(s))
-                    .ctx("accept")
-            })
-            .collect()
-    });
-    let mut conns = Vec::new();
-    for i in 0..n {
-        let c = sys::tcp_socket(true).ctx("socket")?;
-        sys::connect(c.as_raw_fd(), net.addr).ctx("non-blocking connect")?;
-        let (what, word) = words(rng, c.as_raw_fd(), waker, i);
-        let label = format!("conn {i} ({what})");
-        set.add(c.as_raw_fd(), IN | OUT | RDHUP | ET, word, &label)?;
-        conns.push(Conn {
-            label,
-            word,
-            client: Some(c),
-            server: None,
-        });
+    std::thread::scope(|scope| {
+        let acceptor = scope.spawn(|| accept_n(&net.listener, n));
+        let mut conns = Vec::new();
+        for i in 0..n {
+            let c = sys::tcp_socket(true).ctx("socket")?;
+            sys::connect(c.as_raw_fd(), net.addr).ctx("non-blocking connect")?;
+            let (what, word) = words(rng, c.as_raw_fd(), waker, i);
+            let label = format!("conn {i} ({what})");
+            set.add(c.as_raw_fd(), IN | OUT | RDHUP | ET, word, &label)?;
+            conns.push(Conn {
+                label,
+                word,
+                client: Some(c),
+                server: None,
+            });
+        }
+        util::count_rings(n);
+        let servers = acceptor.join().map_err(|_| "acceptor panicked")??;
+        pair_up(conns, servers)
+    })
+}
+
+/// Accepts `n` connections within 5 s.
+fn accept_n(l: &std::net::TcpListener, n: usize) -> Res<Vec<OwnedFd>> {
+    let end = Instant::now() + Duration::from_secs(5);
+    let mut v = Vec::new();
+    while v.len() < n {
+        ensure!(
+            Instant::now() < end,
+            "accepted only {} of {n} connections",
+            v.len()
+        );
+        if sys::poll1(l.as_raw_fd(), libc::POLLIN, 50).ctx("poll listener")? != 0 {
+            v.push(OwnedFd::from(l.accept().ctx("accept")?.0));
+        }
     }
-    util::count_rings(n);
-    let servers = acceptor.join().map_err(|_| "acceptor panicked")??;
-    pair_up(conns, servers)
+    Ok(v)
 }
 
 /// Matches accepted sockets to their clients by port.
@@ -202,7 +214,7 @@ fn greet_each(set: &Set, conns: &mut [Conn]) -> Res<()> {
     Ok(())
 }
 
-/// The waker (ET eventfd) and the pipe registered with a tag-like word: one event per write.
+/// The waker (ET eventfd) and a pipe: one event per write.
 fn kernel_fds(set: &Set, waker: RawFd, pw: RawFd, pr: RawFd, pipe_word: u64) -> Res<()> {
     for _ in 0..3 {
         let before = set.count(WAKER);
@@ -211,12 +223,7 @@ fn kernel_fds(set: &Set, waker: RawFd, pw: RawFd, pr: RawFd, pipe_word: u64) -> 
         set.quiet(WAKER, before + 1, QUIET, "one event per wake")?;
         let before = set.count(pipe_word);
         sys::write(pw, b"p").ctx("pipe write")?;
-        set.next(
-            pipe_word,
-            before,
-            LIMIT,
-            "pipe registered with a tag-like data word",
-        )?;
+        set.next(pipe_word, before, LIMIT, "pipe write")?;
         set.quiet(pipe_word, before + 1, QUIET, "one event per pipe write")?;
     }
     let mut b = [0u8; 16];

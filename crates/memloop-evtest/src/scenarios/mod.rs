@@ -6,12 +6,14 @@ pub mod data_words;
 pub mod et_partial;
 pub mod exclusive;
 pub mod fork;
+pub mod listener_dup;
 pub mod mixed;
 pub mod multi_waiters;
 pub mod nested;
 pub mod oneshot;
 pub mod pwait2;
 pub mod stress;
+pub mod tag_words;
 
 use crate::book::{Book, Log, Seen, WaitSpec, Waiter};
 use crate::sys;

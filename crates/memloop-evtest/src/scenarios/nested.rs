@@ -93,11 +93,14 @@ fn run(_o: &Opts, how: Outer) -> Res<()> {
     let mut pairs = net.pairs(1)?;
     let (c, s) = pairs.pop().expect("one pair");
     let nest = Nest::new(how, c.as_raw_fd())?;
-    ensure!(
-        !nest.readable(Duration::from_millis(20))?,
-        "readable while idle ({})",
-        nest.name()
-    );
+    // Phantom readiness is noted and the round trips go on: they are the main check.
+    let mut problems = Vec::new();
+    if nest.readable(Duration::from_millis(20))? {
+        problems.push(format!(
+            "{} reported the epoll fd readable while idle",
+            nest.name()
+        ));
+    }
     for (spin, rounds) in [(true, 200), (false, 50)] {
         let peer = std::thread::spawn({
             let s = s.as_raw_fd();
@@ -106,43 +109,32 @@ fn run(_o: &Opts, how: Outer) -> Res<()> {
         let r = round_trips(&nest, c.as_raw_fd(), rounds, spin);
         let _ = sys::send_all(c.as_raw_fd(), &QUIT.to_le_bytes());
         let p = peer.join().map_err(|_| "peer panicked".to_string())?;
-        r?;
+        problems.extend(r?);
         p?;
         let _ = util::read_exact(c.as_raw_fd(), 8, LIMIT)?;
     }
-    ensure!(
-        !nest.readable(Duration::from_millis(20))?,
-        "readable after everything was read ({})",
-        nest.name()
-    );
+    if nest.readable(Duration::from_millis(20))? {
+        problems.push(format!(
+            "{} reported the epoll fd readable after everything was read",
+            nest.name()
+        ));
+    }
+    ensure!(problems.is_empty(), "{}", problems.join("; "));
     Ok(())
 }
 
-fn round_trips(nest: &Nest, c: RawFd, rounds: u64, spin: bool) -> Res<()> {
+/// Request/response rounds; `Ok` carries a note when the outer wait said readable while the
+/// inner set had nothing to report.
+fn round_trips(nest: &Nest, c: RawFd, rounds: u64, spin: bool) -> Res<Option<String>> {
     let peer = if spin {
         "spinning peer"
     } else {
         "peer answering after 1 ms"
     };
+    let mut phantoms = 0;
     for i in 0..rounds {
         sys::send_all(c, &i.to_le_bytes()).ctx("request")?;
-        if !nest.readable(LIMIT)? {
-            return Err(format!(
-                "{peer}, round {i}: the epoll fd was not reported readable by {} within {LIMIT:?} \
-                 although ring data arrived ({} bytes waiting per FIONREAD)",
-                nest.name(),
-                sys::fionread(c).unwrap_or(usize::MAX)
-            ));
-        }
-        let got = sys::ep_wait(nest.inner.as_raw_fd(), 8, 0).ctx("epoll_wait on the inner set")?;
-        ensure!(
-            got == [Ev {
-                data: INNER,
-                events: IN
-            }],
-            "{peer}, round {i}: inner set reported {got:?} after {} said readable",
-            nest.name()
-        );
+        phantoms += wait_reply(nest, c, &format!("{peer}, round {i}"))?;
         let b = util::read_exact(c, 8, LIMIT)?;
         let v = u64::from_le_bytes(b.try_into().expect("8 bytes"));
         ensure!(
@@ -151,7 +143,45 @@ fn round_trips(nest: &Nest, c: RawFd, rounds: u64, spin: bool) -> Res<()> {
             i + 1_000_000
         );
     }
-    Ok(())
+    Ok((phantoms > 0).then(|| {
+        format!(
+            "{peer}: in {phantoms} of {rounds} rounds {} said readable while the inner set had \
+             nothing to report",
+            nest.name()
+        )
+    }))
+}
+
+/// Waits (through the outer wait) until the inner set reports the connection; the number of
+/// times the outer wait said readable with nothing inside.
+fn wait_reply(nest: &Nest, c: RawFd, what: &str) -> Res<usize> {
+    let end = Instant::now() + LIMIT;
+    let mut phantoms = 0;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() || !nest.readable(left)? {
+            return Err(format!(
+                "{what}: the epoll fd was not reported readable by {} within {LIMIT:?} although \
+                 ring data arrived ({} bytes waiting per FIONREAD)",
+                nest.name(),
+                sys::fionread(c).unwrap_or(usize::MAX)
+            ));
+        }
+        let got = sys::ep_wait(nest.inner.as_raw_fd(), 8, 0).ctx("epoll_wait on the inner set")?;
+        if got.is_empty() {
+            phantoms += 1;
+            std::thread::yield_now();
+            continue;
+        }
+        ensure!(
+            got == [Ev {
+                data: INNER,
+                events: IN
+            }],
+            "{what}: inner set reported {got:?}"
+        );
+        return Ok(phantoms);
+    }
 }
 
 /// Answers each 8-byte request `i` with `i + 1_000_000` (`QUIT` is echoed, then it stops);
