@@ -172,6 +172,25 @@ pub enum Accepted {
     Plain(FallbackReason, Option<ChannelId>),
 }
 
+/// Server side, when this process cannot use rings (it waits in ways memloop cannot see):
+/// a decline marker for the connection's tuple, and a decline of an offer already made, so
+/// the client settles on TCP at once.
+pub fn server_refuse(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepted {
+    let (Some(local), Some(peer)) = (real::local_addr(fd), real::peer_addr(fd)) else {
+        return Accepted::Plain(FallbackReason::Error, None);
+    };
+    let tuple = ConnTuple {
+        client: canonical(peer),
+        server: canonical(local),
+    };
+    let reg = engine.registry();
+    let marker = reg.mark_declined(engine.me(), ep, &tuple).ok();
+    if let Some(ch) = reg.find_offer_by_tuple(ep, &tuple) {
+        let _ = reg.decline(ch);
+    }
+    Accepted::Plain(FallbackReason::Unsupported, marker)
+}
+
 /// Server side, right after the real `accept`.
 pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepted {
     let (Some(local), Some(peer)) = (real::local_addr(fd), real::peer_addr(fd)) else {

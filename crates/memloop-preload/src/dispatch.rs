@@ -11,7 +11,10 @@ use crate::table::{self, Entry, Fresh};
 use libc::c_int;
 use memloop::registry::{EndpointInfo, FallbackReason};
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{
+    AtomicBool,
+    Ordering::{Relaxed, SeqCst},
+};
 use std::sync::Arc;
 
 /// Where a data call on an fd goes.
@@ -73,6 +76,22 @@ impl Drop for Connecting {
     }
 }
 
+/// Set once the process created an io_uring instance: it may then poll or read sockets
+/// through it, where the rings and their doorbells cannot be seen, so its new connections
+/// stay on TCP (counted as unsupported).
+static IO_URING: AtomicBool = AtomicBool::new(false);
+
+/// The program called `io_uring_setup` (through the C library's `syscall`).
+pub fn note_io_uring() {
+    if !IO_URING.swap(true, SeqCst) {
+        tracing::debug!("io_uring in use: new connections of this process stay on TCP");
+    }
+}
+
+fn io_uring_used() -> bool {
+    IO_URING.load(Relaxed)
+}
+
 /// Before the real connect: the co-resident listener, if any.
 pub fn before_connect(fd: c_int, dst: Option<SocketAddr>) -> Option<Connecting> {
     if !is_candidate(fd) {
@@ -80,6 +99,13 @@ pub fn before_connect(fd: c_int, dst: Option<SocketAddr>) -> Option<Connecting> 
     }
     let dst = dst?;
     let engine = engine::get()?;
+    if io_uring_used() {
+        tracing::debug!(fd, %dst, "connect stays on TCP: io_uring in use");
+        engine
+            .registry()
+            .count_fallback(FallbackReason::Unsupported);
+        return None;
+    }
     match agree::find_listener(&engine, dst) {
         Ok(ep) => {
             let announced = engine.registry().endpoint_connecting(ep.id).ok();
@@ -129,7 +155,9 @@ fn fresh_epolls(fd: c_int) -> Vec<(c_int, u32, u64)> {
 /// Moves epoll registrations made before the connection became ours into our epoll sets.
 fn adopt_epolls(fd: c_int, conn: &Arc<Conn>, regs: Vec<(c_int, u32, u64)>) {
     for (epfd, events, data) in regs {
-        epoll_set(epfd).adopt(epfd, fd, conn, events, data);
+        if let Some(s) = epoll_set(epfd) {
+            s.adopt(epfd, fd, conn, events, data);
+        }
     }
 }
 
@@ -140,14 +168,20 @@ pub fn after_epoll_create(epfd: c_int) {
     }
 }
 
-/// Our record of epoll set `epfd`, created on first use.
-pub fn epoll_set(epfd: c_int) -> Arc<EpollSet> {
-    if let Some(Entry::Epoll(s)) = table::get(epfd).as_deref() {
-        return s.clone();
+/// Our record of epoll set `epfd`. Sets are recorded at birth; one we never saw (made before
+/// we were loaded) is recorded now. `None`: `epfd` is one of our other fds, not an epoll set.
+fn epoll_set(epfd: c_int) -> Option<Arc<EpollSet>> {
+    match table::get(epfd).as_deref() {
+        Some(Entry::Epoll(s)) => return Some(s.clone()),
+        Some(_) => return None,
+        None => {}
+    }
+    if table::kind(epfd) != table::K_NONE {
+        return None;
     }
     let s = EpollSet::new(epfd);
     table::insert(epfd, Entry::Epoll(s.clone()));
-    s
+    Some(s)
 }
 
 pub fn after_listen(fd: c_int) {
@@ -185,7 +219,12 @@ pub fn after_accept(lfd: c_int, fd: c_int) {
         table::mark_tcp(fd);
         return;
     };
-    match agree::server_accept(&engine, ep, fd) {
+    let accepted = if io_uring_used() {
+        agree::server_refuse(&engine, ep, fd)
+    } else {
+        agree::server_accept(&engine, ep, fd)
+    };
+    match accepted {
         Accepted::Ring(conn) => {
             tracing::debug!(fd, "accepted on a ring");
             table::insert(fd, Entry::Conn(conn));
@@ -274,7 +313,10 @@ pub fn epoll_ctl(
         Entry::Epoll(s) => Target::Set(s.clone()),
         _ => return None,
     };
-    Some(epoll_set(epfd).ctl(epfd, op, fd, target, ev))
+    match epoll_set(epfd) {
+        Some(s) => Some(s.ctl(epfd, op, fd, target, ev)),
+        None => Some(Err(libc::EINVAL)),
+    }
 }
 
 /// Our own shutdown changed a ring connection's readiness: wake the sets watching it.

@@ -1032,6 +1032,29 @@ pub unsafe extern "C" fn recvmmsg(
     done
 }
 
+// ---- raw system calls ---------------------------------------------------------------------------
+
+/// The C library's `syscall`: everything passes through, but `io_uring_setup` is noted (a
+/// process with io_uring may wait on or read sockets where memloop cannot see it). `syscall`
+/// is variadic; on these targets variadic integer arguments travel exactly like fixed ones,
+/// so the six possible arguments are taken and handed on as they came.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[no_mangle]
+pub unsafe extern "C" fn syscall(
+    n: libc::c_long,
+    a: libc::c_long,
+    b: libc::c_long,
+    c: libc::c_long,
+    d: libc::c_long,
+    e: libc::c_long,
+    f: libc::c_long,
+) -> libc::c_long {
+    if n == libc::SYS_io_uring_setup {
+        dispatch::note_io_uring();
+    }
+    real::syscall()(n, a, b, c, d, e, f)
+}
+
 // ---- start-up ---------------------------------------------------------------------------------
 
 extern "C" fn at_fork_prepare() {

@@ -72,6 +72,7 @@ real_fns! {
     epoll_pwait: fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int;
     epoll_pwait2: fn(c_int, *mut libc::epoll_event, c_int, *const libc::timespec, *const libc::sigset_t) -> c_int;
     epoll_create: fn(c_int) -> c_int;
+    syscall: fn(libc::c_long, libc::c_long, libc::c_long, libc::c_long, libc::c_long, libc::c_long, libc::c_long) -> libc::c_long;
     epoll_create1: fn(c_int) -> c_int;
     fcntl: fn(c_int, c_int, libc::c_ulong) -> c_int;
     fcntl64: fn(c_int, c_int, libc::c_ulong) -> c_int;

@@ -847,9 +847,9 @@ fn free_id(st: &mut State) -> u32 {
     }
 }
 
-/// Arms an item for the sleepers of its set.
+/// Arms an item for the sleepers of its set (a fired one-shot waits for its re-arm).
 fn arm(it: &mut Item) {
-    if it.armed {
+    if it.armed || it.disabled {
         return;
     }
     match &it.target {
