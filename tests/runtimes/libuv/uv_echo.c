@@ -3,6 +3,7 @@
  *
  *   uv_echo server --port-file F [--host H] [--deadline S]
  *   uv_echo client --host H --port P --test echo|rr|many [--count N] [--conns N] [--bytes N]
+ *   (either role) --embed poll|epoll: the loop nested in an outer poll() / epoll set
  *
  * Protocol (tests/runtimes/README.md): a connection's first byte is its command. 'E': the
  * server echoes every following byte until the client's EOF, then shuts down its side and
@@ -11,12 +12,15 @@
  * anything else prints FAIL and exits non-zero. SIGALRM is the watchdog (exit 3).
  */
 #define _GNU_SOURCE
+#include <poll.h>
 #include <signal.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -26,6 +30,7 @@ static int port;
 static const char *port_file;
 static const char *test = "echo";
 static int count = 2000, nconns = 50, nbytes = 256 << 10, deadline = 40;
+static const char *embed = "none"; /* none | poll | epoll */
 
 static uv_loop_t *loop;
 static char first_error[512];
@@ -55,6 +60,37 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 static int parse_addr(struct sockaddr_storage *ss, int p) {
   if (strchr(host, ':')) return uv_ip6_addr(host, p, (struct sockaddr_in6 *)ss);
   return uv_ip4_addr(host, p, (struct sockaddr_in *)ss);
+}
+
+/* The loop, run as uv_run does it, or embedded in an outer loop the way GUI toolkits and
+ * language runtimes embed libuv: sleep on the loop's backend fd (its epoll set) in poll() or
+ * in an outer epoll set, then let libuv handle what is ready without blocking. */
+static void run_loop(void) {
+  if (!strcmp(embed, "none")) {
+    uv_run(loop, UV_RUN_DEFAULT);
+    return;
+  }
+  int outer = -1;
+  if (!strcmp(embed, "epoll")) {
+    outer = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN, .data = {.u64 = 0x5eedULL}};
+    if (outer < 0 || epoll_ctl(outer, EPOLL_CTL_ADD, uv_backend_fd(loop), &ev) != 0)
+      fail("outer epoll set: %s", strerror(errno));
+  }
+  while (uv_loop_alive(loop)) {
+    int timeout = uv_backend_timeout(loop);
+    if (outer >= 0) {
+      struct epoll_event ev;
+      int n = epoll_wait(outer, &ev, 1, timeout);
+      if (n == 1 && ev.data.u64 != 0x5eedULL) fail("outer epoll set: foreign data word %#llx",
+                                                  (unsigned long long)ev.data.u64);
+    } else {
+      struct pollfd p = {.fd = uv_backend_fd(loop), .events = POLLIN};
+      poll(&p, 1, timeout);
+    }
+    uv_run(loop, UV_RUN_NOWAIT);
+  }
+  if (outer >= 0) close(outer);
 }
 
 /* ---- server ---------------------------------------------------------------------------------- */
@@ -211,7 +247,7 @@ static int server(void) {
     printf("FAIL server: cannot write %s\n", port_file);
     return 1;
   }
-  uv_run(loop, UV_RUN_DEFAULT);
+  run_loop();
   if (errors) {
     printf("FAIL server: %d error(s), first: %s\n", errors, first_error);
     return 1;
@@ -430,7 +466,7 @@ static int client(void) {
     printf("FAIL client: unknown test %s\n", test);
     return 2;
   }
-  uv_run(loop, UV_RUN_DEFAULT);
+  run_loop();
   free(sizes);
   if (errors) {
     printf("FAIL client %s: %d error(s), first: %s\n", test, errors, first_error);
@@ -456,6 +492,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(f, "--conns")) nconns = atoi(v);
     else if (!strcmp(f, "--bytes")) nbytes = atoi(v);
     else if (!strcmp(f, "--deadline")) deadline = atoi(v);
+    else if (!strcmp(f, "--embed")) embed = v;
     else {
       printf("FAIL unknown option %s\n", f);
       return 2;
