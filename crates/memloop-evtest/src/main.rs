@@ -97,7 +97,7 @@ pub fn watchdog(name: String) {
     watchdog_after(name, WATCHDOG_SECS);
 }
 
-fn watchdog_after(name: String, secs: u64) {
+pub fn watchdog_after(name: String, secs: u64) {
     std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(secs));
         say(&format!(
@@ -132,10 +132,13 @@ fn main() {
     }
     watchdog_after(name.clone(), watchdog_secs(&name, &opts));
     let t0 = Instant::now();
-    util::info(&format!(
-        "{name}: seed {} events {}",
-        opts.seed, opts.events
-    ));
+    match name.as_str() {
+        "stress" => util::info(&format!(
+            "{name}: seed {} events {}",
+            opts.seed, opts.events
+        )),
+        _ => util::info(&format!("{name}: seed {}", opts.seed)),
+    }
     let r = std::panic::catch_unwind(|| run(&opts))
         .unwrap_or_else(|_| Err("the scenario panicked".to_string()));
     let secs = t0.elapsed().as_secs_f64();

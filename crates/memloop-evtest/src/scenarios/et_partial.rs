@@ -89,10 +89,16 @@ fn show(v: &[Ev]) -> String {
 }
 
 impl Side {
+    /// The peer sends `n` bytes, and we wait until they arrived (FIONREAD): on a loaded
+    /// machine the kernel may deliver loopback data after `send` returned, and an arrival
+    /// after a check would look like a spurious edge.
     fn send(&mut self, n: usize) -> Res<()> {
         sys::send_all(self.s, &stream_bytes(self.key, self.sent, n)).ctx("send")?;
         self.sent += n as u64;
-        Ok(())
+        let want = self.unread() as usize;
+        util::wait_until(Duration::from_secs(2), "sent data never arrived", || {
+            Ok((sys::fionread(self.c).ctx("FIONREAD")? >= want).then_some(()))
+        })
     }
 
     /// Reads up to `n` bytes (fewer only at EAGAIN), checking them.
@@ -125,7 +131,6 @@ fn partial_round(x: &mut Side, rng: &mut Rng, round: usize) -> Res<()> {
     if rng.chance(0.3) {
         // Two arrivals before anyone waits: one event.
         x.send(rng.range(1, 100) as usize)?;
-        std::thread::sleep(Duration::from_millis(2));
     }
     one(x.ep, W, IN, &format!("round {round}: new data"))?;
     let k = rng.range(1, x.unread() - 1) as usize;

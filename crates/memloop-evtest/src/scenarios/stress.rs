@@ -177,7 +177,7 @@ fn mode(rng: &mut Rng) -> u32 {
 }
 
 pub fn run(o: &Opts) -> Res<()> {
-    let mut peer = Peer::spawn(o.seed)?;
+    let mut peer = Peer::spawn(o.seed, o.events)?;
     let st = Arc::new(State {
         seed: o.seed,
         ep: sys::epoll_create().ctx("epoll_create1")?,
@@ -542,16 +542,17 @@ fn close(st: &State, c: Arc<Conn>, rng: &mut Rng) -> Res<()> {
         }
         ctl.closed = true;
         if rng.chance(0.5) {
+            sys::linger0(c.fd).ctx("SO_LINGER")?;
+        }
+        if rng.chance(0.5) {
             if let Some((w, _)) = ctl.word.take() {
                 st.book.del(st.epfd(), c.fd, w).ctx("DEL before close")?;
             }
         }
     }
-    lock(&st.conns).remove(&c.id);
-    if rng.chance(0.5) {
-        sys::linger0(c.fd).ctx("SO_LINGER")?;
-    }
     st.stats.our_closes.fetch_add(1, SeqCst);
+    // Usually the last reference: the fd closes here.
+    lock(&st.conns).remove(&c.id);
     Ok(())
 }
 
@@ -614,19 +615,23 @@ struct Peer {
 }
 
 impl Peer {
-    fn spawn(seed: u64) -> Res<Peer> {
+    fn spawn(seed: u64, events: u64) -> Res<Peer> {
         let exe = std::env::current_exe().ctx("current_exe")?;
         let mut child = Command::new(exe)
-            .args(["__stress_peer", &seed.to_string()])
+            .args(["__stress_peer", &seed.to_string(), &events.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .ctx("spawn the peer process")?;
-        let out = child.stdout.take().expect("piped");
+        let mut out = BufReader::new(child.stdout.take().expect("piped"));
         let mut line = String::new();
-        BufReader::new(out)
-            .read_line(&mut line)
-            .ctx("read the peer's port")?;
+        out.read_line(&mut line).ctx("read the peer's port")?;
+        // Whatever else the peer says (a FAIL line) goes to our output.
+        std::thread::spawn(move || {
+            for l in out.lines().map_while(Result::ok) {
+                crate::say(&format!("peer: {l}"));
+            }
+        });
         let port = line
             .trim()
             .strip_prefix("port ")
@@ -668,10 +673,12 @@ struct Out {
     sent: u64,
 }
 
-/// `__stress_peer SEED`: accepts connections, reads each one's id, streams its planned bytes,
+/// `__stress_peer SEED EVENTS`: accepts connections, reads each one's id, streams its planned bytes,
 /// then closes or resets it; exits when its stdin closes and every connection is done.
 pub fn peer_main(args: &[String]) -> Res<()> {
-    crate::watchdog("stress peer".into());
+    let num = |i: usize| args.get(i).and_then(|a| a.parse::<u64>().ok());
+    let events = num(1).ok_or("events argument")?;
+    crate::watchdog_after("stress peer".into(), 40 + extra_time(events).as_secs());
     let seed: u64 = args
         .first()
         .and_then(|a| a.parse().ok())
