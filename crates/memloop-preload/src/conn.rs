@@ -69,6 +69,8 @@ pub struct Conn {
     /// Doorbell arms per direction (read, write): several waiters of this process may sleep
     /// on one ring end; its flag is cleared only when the last of them disarms.
     arms: [AtomicU32; 2],
+    /// Doorbells the peer rang for our arms that no drain has read yet.
+    owed: AtomicU32,
     spinner: Spinner,
     resolving: ForkMutex<()>,
     plain: ForkMutex<Option<Arc<PlainTcp>>>,
@@ -136,6 +138,7 @@ impl Conn {
             same_kernel: p.same_kernel,
             waiters: AtomicU32::new(0),
             arms: [AtomicU32::new(0), AtomicU32::new(0)],
+            owed: AtomicU32::new(0),
             spinner,
             resolving: ForkMutex::new(()),
             plain: ForkMutex::new(None),
@@ -193,6 +196,8 @@ impl Conn {
             let reg = self.engine.registry();
             match reg.channel_state(self.ch) {
                 Ok(ChannelState::Accepted) => {
+                    // The server rings one doorbell when it accepts: ours to read.
+                    self.owed.fetch_add(1, Relaxed);
                     self.path.store(RING, Release);
                     tracing::debug!(ch = ?self.ch, "server accepted: ring");
                 }
@@ -378,7 +383,12 @@ impl Conn {
     }
 
     fn drain_now(&self) {
-        match real::drain_doorbells(self.kfd()) {
+        let (state, bytes) = real::drain_doorbells(self.kfd());
+        let read = u32::try_from(bytes).unwrap_or(u32::MAX);
+        let _ = self
+            .owed
+            .fetch_update(Relaxed, Relaxed, |o| Some(o.saturating_sub(read)));
+        match state {
             Drain::Open => {}
             Drain::Closed => self.set_peer_closed(),
             Drain::Reset => {
@@ -605,8 +615,11 @@ impl Conn {
     /// The caller re-checks readiness afterwards.
     pub fn arm(&self, dir: Dir) {
         self.with_flag(dir, |arms, flag| {
-            arms.fetch_add(1, Relaxed);
-            flag.arm();
+            if arms.fetch_add(1, Relaxed) == 0 {
+                flag.arm();
+            } else if flag.rearm() {
+                self.owed.fetch_add(1, Relaxed);
+            }
         });
     }
 
@@ -614,8 +627,8 @@ impl Conn {
     /// cleared the flag, and this waiter is about to sleep once more.
     pub fn rearm(&self, dir: Dir) {
         self.with_flag(dir, |arms, flag| {
-            if arms.load(Relaxed) > 0 {
-                flag.arm();
+            if arms.load(Relaxed) > 0 && flag.rearm() {
+                self.owed.fetch_add(1, Relaxed);
             }
         });
     }
@@ -624,10 +637,19 @@ impl Conn {
         self.with_flag(dir, |arms, flag| {
             let left = arms.load(Relaxed).saturating_sub(1);
             arms.store(left, Relaxed);
-            if left == 0 {
-                flag.disarm();
+            if left == 0 && flag.disarm() {
+                self.owed.fetch_add(1, Relaxed);
             }
         });
+    }
+
+    /// Drains the doorbells the peer rang for our arms, if any are still unread: a byte
+    /// left on the socket would keep reporting the socket (and any epoll set holding it)
+    /// readable after the data it announced was consumed.
+    pub fn drain_owed(&self) {
+        if self.owed.load(Relaxed) > 0 {
+            self.drain();
+        }
     }
 
     /// Runs `f` on `dir`'s arm count and ring flag under that ring end's lock, so an arm and
@@ -946,18 +968,23 @@ fn process_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// A ring end's doorbell flag, as both ring ends expose it.
+/// A ring end's doorbell flag, as both ring ends expose it. `rearm` and `disarm` say whether
+/// the peer had cleared the flag, i.e. rang a doorbell.
 trait DoorbellFlag {
     fn arm(&self);
-    fn disarm(&self);
+    fn rearm(&self) -> bool;
+    fn disarm(&self) -> bool;
 }
 
 impl DoorbellFlag for StreamConsumer {
     fn arm(&self) {
         self.arm_doorbell();
     }
-    fn disarm(&self) {
-        StreamConsumer::disarm(self);
+    fn rearm(&self) -> bool {
+        self.rearm_doorbell()
+    }
+    fn disarm(&self) -> bool {
+        self.disarm_doorbell()
     }
 }
 
@@ -965,8 +992,11 @@ impl DoorbellFlag for StreamProducer {
     fn arm(&self) {
         self.arm_doorbell();
     }
-    fn disarm(&self) {
-        StreamProducer::disarm(self);
+    fn rearm(&self) -> bool {
+        self.rearm_doorbell()
+    }
+    fn disarm(&self) -> bool {
+        self.disarm_doorbell()
     }
 }
 

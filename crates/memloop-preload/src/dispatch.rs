@@ -156,7 +156,7 @@ fn fresh_epolls(fd: c_int) -> Vec<(c_int, u32, u64)> {
 fn adopt_epolls(fd: c_int, conn: &Arc<Conn>, regs: Vec<(c_int, u32, u64)>) {
     for (epfd, events, data) in regs {
         if let Some(s) = epoll_set(epfd) {
-            s.adopt(epfd, fd, conn, events, data);
+            s.adopt(epfd, fd, Target::Conn(conn.clone()), events, data);
         }
     }
 }
@@ -361,6 +361,30 @@ pub fn set_nonblock(fd: c_int, on: bool) {
     if let Some(c) = table::conn(fd) {
         c.nonblock.store(on, std::sync::atomic::Ordering::Relaxed);
     }
+}
+
+// ---- exec ---------------------------------------------------------------------------------
+
+/// Before `exec`: epoll sets the new image inherits (no close-on-exec) get the program's own
+/// registrations back in the kernel.
+pub fn before_exec() {
+    for (fd, s) in inherited_sets() {
+        s.prepare_exec(fd);
+    }
+}
+
+/// The `exec` failed: back to our registrations.
+pub fn after_failed_exec() {
+    for (fd, s) in inherited_sets() {
+        s.restore_after_exec(fd);
+    }
+}
+
+fn inherited_sets() -> Vec<(c_int, Arc<EpollSet>)> {
+    table::epoll_fds()
+        .into_iter()
+        .filter(|(fd, s)| s.has_targets() && crate::real::fd_flags(*fd) & libc::FD_CLOEXEC == 0)
+        .collect()
 }
 
 // ---- fork ---------------------------------------------------------------------------------

@@ -1032,6 +1032,45 @@ pub unsafe extern "C" fn recvmmsg(
     done
 }
 
+// ---- exec -------------------------------------------------------------------------------------
+// (`execl*` build their vector and call the C library's internal execve, out of our reach.)
+
+type Argv = *const *const libc::c_char;
+
+fn exec_with(f: impl FnOnce() -> c_int) -> c_int {
+    dispatch::before_exec();
+    let r = f();
+    let e = real::errno();
+    dispatch::after_failed_exec();
+    real::set_errno(e);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execve(path: *const libc::c_char, argv: Argv, envp: Argv) -> c_int {
+    exec_with(|| real::execve()(path, argv, envp))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const libc::c_char, argv: Argv) -> c_int {
+    exec_with(|| real::execv()(path, argv))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const libc::c_char, argv: Argv) -> c_int {
+    exec_with(|| real::execvp()(file, argv))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(file: *const libc::c_char, argv: Argv, envp: Argv) -> c_int {
+    exec_with(|| real::execvpe()(file, argv, envp))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int {
+    exec_with(|| real::fexecve()(fd, argv, envp))
+}
+
 // ---- raw system calls ---------------------------------------------------------------------------
 
 /// The C library's `syscall`: everything passes through, but `io_uring_setup` is noted (a

@@ -6,6 +6,7 @@
 use crate::agree::canonical;
 use crate::conn::{Conn, ConnParts, RING};
 use crate::engine;
+use crate::epoll::Target;
 use crate::listen::Listener;
 use crate::real;
 use crate::table::{self, Entry};
@@ -54,33 +55,62 @@ fn inherited() -> Inherited {
     found
 }
 
-/// An epoll set inherited across exec: known from now on. Registrations the previous image
-/// made through memloop carry our tag, and the program data they stood for died with that
-/// image: they are removed (and logged) rather than reported with a data word the program
-/// never gave.
-fn adopt_epoll(epfd: i32) {
-    crate::dispatch::after_epoll_create(epfd);
-    let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{epfd}")) else {
+/// Epoll sets inherited across exec: known from now on, and their registrations of ring
+/// connections (and of nested sets) taken over with the events and data the program gave —
+/// a hooked `exec` put those back in the kernel. A tag of the previous image means it exec'd
+/// another way: that registration's program data is lost, so it is removed and logged rather
+/// than reported with a data word the program never gave.
+fn adopt_epolls(epolls: &[i32]) {
+    epolls
+        .iter()
+        .for_each(|&fd| crate::dispatch::after_epoll_create(fd));
+    for &epfd in epolls {
+        let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{epfd}")) else {
+            continue;
+        };
+        info.lines()
+            .filter_map(registration)
+            .for_each(|(tfd, events, data)| adopt_registration(epfd, tfd, events, data));
+    }
+}
+
+/// `tfd: N events: X data: D ...` of an epoll fd's fdinfo (hexadecimal events and data).
+fn registration(line: &str) -> Option<(i32, u32, u64)> {
+    let mut words = line.split_whitespace();
+    if words.next()? != "tfd:" {
+        return None;
+    }
+    let tfd = words.next()?.parse().ok()?;
+    if words.next()? != "events:" {
+        return None;
+    }
+    let events = u32::from_str_radix(words.next()?, 16).ok()?;
+    if words.next()? != "data:" {
+        return None;
+    }
+    let data = u64::from_str_radix(words.next()?, 16).ok()?;
+    Some((tfd, events, data))
+}
+
+fn adopt_registration(epfd: i32, tfd: i32, events: u32, data: u64) {
+    let target = match table::get(tfd).as_deref() {
+        Some(Entry::Conn(c)) => Target::Conn(c.clone()),
+        Some(Entry::Epoll(s)) => Target::Set(s.clone()),
+        _ => return,
+    };
+    let Some(set) = crate::dispatch::epoll_of(epfd) else {
         return;
     };
-    for line in info.lines().filter(|l| l.starts_with("tfd:")) {
-        let mut words = line.split_whitespace();
-        let tfd = words.nth(1).and_then(|w| w.parse::<i32>().ok());
-        let data = words
-            .skip_while(|w| *w != "data:")
-            .nth(1)
-            .and_then(|w| u64::from_str_radix(w, 16).ok());
-        if let (Some(tfd), Some(data)) = (tfd, data) {
-            if crate::epoll::is_ours(data) {
-                tracing::warn!(
-                    epfd,
-                    tfd,
-                    "an epoll registration inherited across exec is dropped"
-                );
-                crate::epoll::forget_inherited(epfd, tfd);
-            }
-        }
+    if crate::epoll::is_old_tag(data) {
+        tracing::warn!(
+            epfd,
+            tfd,
+            "an epoll registration inherited across exec is dropped"
+        );
+        crate::epoll::forget_inherited(epfd, tfd);
+        return;
     }
+    set.adopt(epfd, tfd, target, events, data);
 }
 
 pub fn adopt_inherited() {
@@ -92,7 +122,12 @@ pub fn adopt_inherited() {
         listeners,
         epolls,
     } = inherited();
-    epolls.into_iter().for_each(adopt_epoll);
+    adopt_sockets(conns, listeners);
+    adopt_epolls(&epolls);
+}
+
+/// Inherited listeners and ring connections, found again in the registry.
+fn adopt_sockets(conns: Vec<i32>, listeners: Vec<i32>) {
     if conns.is_empty() && listeners.is_empty() {
         return;
     }

@@ -62,6 +62,11 @@ fn is_ring(members: &[(usize, Watch)], i: usize) -> bool {
 
 /// One pass: the kernel's view of everything but rings (timeout 0), then our own states.
 fn scan(fds: &mut [pollfd], members: &[(usize, Watch)]) -> Result<usize, c_int> {
+    for (_, w) in members {
+        if let Watch::Set(s) = w {
+            s.drain_owed();
+        }
+    }
     let mut kernel: Vec<pollfd> = Vec::new();
     let mut kidx = Vec::new();
     for (i, p) in fds.iter_mut().enumerate() {

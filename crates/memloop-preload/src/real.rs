@@ -72,6 +72,11 @@ real_fns! {
     epoll_pwait: fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int;
     epoll_pwait2: fn(c_int, *mut libc::epoll_event, c_int, *const libc::timespec, *const libc::sigset_t) -> c_int;
     epoll_create: fn(c_int) -> c_int;
+    execve: fn(*const libc::c_char, *const *const libc::c_char, *const *const libc::c_char) -> c_int;
+    execv: fn(*const libc::c_char, *const *const libc::c_char) -> c_int;
+    execvp: fn(*const libc::c_char, *const *const libc::c_char) -> c_int;
+    execvpe: fn(*const libc::c_char, *const *const libc::c_char, *const *const libc::c_char) -> c_int;
+    fexecve: fn(c_int, *const *const libc::c_char, *const *const libc::c_char) -> c_int;
     syscall: fn(libc::c_long, libc::c_long, libc::c_long, libc::c_long, libc::c_long, libc::c_long, libc::c_long) -> libc::c_long;
     epoll_create1: fn(c_int) -> c_int;
     fcntl: fn(c_int, c_int, libc::c_ulong) -> c_int;
@@ -133,20 +138,26 @@ pub enum Drain {
     Reset,
 }
 
-/// Reads and discards everything queued on the kernel socket (doorbell bytes).
-pub fn drain_doorbells(fd: c_int) -> Drain {
+/// Reads and discards everything queued on the kernel socket (doorbell bytes); also says how
+/// many bytes it read.
+pub fn drain_doorbells(fd: c_int) -> (Drain, usize) {
     let mut buf = [0u8; 256];
+    let mut read = 0usize;
     loop {
         // SAFETY: valid buffer of the given length.
         let r = unsafe { recv()(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        match check(r) {
-            Ok(0) => return Drain::Closed,
-            Ok(_) => continue,
+        let state = match check(r) {
+            Ok(0) => Drain::Closed,
+            Ok(n) => {
+                read += n;
+                continue;
+            }
             Err(libc::EINTR) => continue,
-            Err(libc::EAGAIN) => return Drain::Open,
-            Err(libc::ECONNRESET) | Err(libc::EPIPE) => return Drain::Reset,
-            Err(_) => return Drain::Closed,
-        }
+            Err(libc::EAGAIN) => Drain::Open,
+            Err(libc::ECONNRESET) | Err(libc::EPIPE) => Drain::Reset,
+            Err(_) => Drain::Closed,
+        };
+        return (state, read);
     }
 }
 
@@ -353,6 +364,12 @@ pub fn sockopt_timeout(fd: c_int, opt: c_int) -> Option<std::time::Duration> {
 pub fn status_flags(fd: c_int) -> c_int {
     // SAFETY: F_GETFL takes no argument.
     unsafe { fcntl()(fd, libc::F_GETFL, 0) }
+}
+
+/// `F_GETFD` (close-on-exec); -1 on error.
+pub fn fd_flags(fd: c_int) -> c_int {
+    // SAFETY: F_GETFD takes no argument.
+    unsafe { fcntl()(fd, libc::F_GETFD, 0) }
 }
 
 pub fn raise_sigpipe() {

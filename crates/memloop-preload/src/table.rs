@@ -141,6 +141,11 @@ pub fn epoll_fds_of(set: &Arc<EpollSet>) -> Vec<i32> {
         .collect()
 }
 
+/// Every epoll fd we track, with its set.
+pub fn epoll_fds() -> Vec<(i32, Arc<EpollSet>)> {
+    EPOLLS.lock().clone()
+}
+
 /// Every epoll set we track.
 pub fn epoll_sets() -> Vec<Arc<EpollSet>> {
     let mut v: Vec<Arc<EpollSet>> = Vec::new();

@@ -94,6 +94,16 @@ impl StreamProducer {
         self.core.h.prod.disarm();
     }
 
+    /// See [`crate::wait`]: re-arms; true if a doorbell was rung since the last arm.
+    pub fn rearm_doorbell(&self) -> bool {
+        self.core.h.prod.rearm_doorbell()
+    }
+
+    /// Disarms; true if a doorbell was rung since the last arm.
+    pub fn disarm_doorbell(&self) -> bool {
+        self.core.h.prod.disarm_doorbell()
+    }
+
     /// Whether a publication since the last call found the reader asleep behind a doorbell.
     pub fn take_doorbell(&mut self) -> bool {
         self.core.take_doorbell()
@@ -205,6 +215,16 @@ impl StreamConsumer {
 
     pub fn disarm(&self) {
         self.core.h.cons.disarm();
+    }
+
+    /// See [`StreamProducer::rearm_doorbell`].
+    pub fn rearm_doorbell(&self) -> bool {
+        self.core.h.cons.rearm_doorbell()
+    }
+
+    /// See [`StreamProducer::disarm_doorbell`].
+    pub fn disarm_doorbell(&self) -> bool {
+        self.core.h.cons.disarm_doorbell()
     }
 
     /// Whether a release since the last call found the writer asleep behind a doorbell.

@@ -111,6 +111,19 @@ impl WaitCell {
         self.waiting.store(0, Relaxed);
     }
 
+    /// Arms the doorbell flag again for a waiter that armed it before; true if the notifier
+    /// had cleared it meanwhile, i.e. a doorbell was rung (and is on its way).
+    pub fn rearm_doorbell(&self) -> bool {
+        let old = self.waiting.swap(WAIT_DOORBELL, SeqCst);
+        fence(SeqCst);
+        old == 0
+    }
+
+    /// Disarms a doorbell flag; true if the notifier had cleared it, i.e. a doorbell was rung.
+    pub fn disarm_doorbell(&self) -> bool {
+        self.waiting.swap(0, SeqCst) == 0
+    }
+
     /// Current sequence value (loom models).
     #[cfg(all(test, loom))]
     pub fn seq(&self) -> u32 {

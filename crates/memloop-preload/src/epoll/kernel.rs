@@ -4,18 +4,46 @@
 
 use crate::real;
 use libc::{c_int, epoll_event};
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-const TAG: u64 = 0x4d4c_7470_0000_0000;
-const TAG_MASK: u64 = 0xffff_ffff_0000_0000;
+/// High half of our data words: "ML" and 16 bits drawn once per process (kept across fork,
+/// new after exec), so a program that happens to use words of this shape is unlikely to
+/// meet ours; the set also checks the id is one it issued.
+static MAGIC: AtomicU64 = AtomicU64::new(0);
+const MARK: u64 = 0x4d4c_0000_0000_0000;
+const MARK_MASK: u64 = 0xffff_0000_0000_0000;
+const HIGH: u64 = 0xffff_ffff_0000_0000;
 
-pub fn tag(id: u32) -> u64 {
-    TAG | id as u64
+fn magic() -> u64 {
+    let m = MAGIC.load(Relaxed);
+    if m != 0 {
+        return m;
+    }
+    let r = RandomState::new().build_hasher().finish();
+    let m = MARK | ((r & 0xffff).max(1) << 32);
+    match MAGIC.compare_exchange(0, m, Relaxed, Relaxed) {
+        Ok(_) => m,
+        Err(other) => other,
+    }
 }
 
-/// The item id of one of our registrations, or `None` for the program's own data word.
+pub fn tag(id: u32) -> u64 {
+    magic() | id as u64
+}
+
+/// The item id of what may be one of our registrations, or `None` for a word of the
+/// program's own.
 pub fn untag(data: u64) -> Option<u32> {
-    (data & TAG_MASK == TAG).then_some(data as u32)
+    (data & HIGH == magic()).then_some(data as u32)
+}
+
+/// Whether a data word found in a set inherited across exec looks like a tag of the previous
+/// program image (whose 16 random bits are unknown).
+pub fn looks_like_old_tag(data: u64) -> bool {
+    data & MARK_MASK == MARK
 }
 
 pub fn ctl(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> Result<(), c_int> {
@@ -56,8 +84,10 @@ mod tests {
     fn tags_round_trip_and_program_words_pass() {
         assert_eq!(untag(tag(7)), Some(7));
         assert_eq!(untag(tag(u32::MAX)), Some(u32::MAX));
-        for w in [0u64, 5, 0x7fff_1234_5678, u64::MAX, 0x4d4c_7471_0000_0001] {
+        for w in [0u64, 5, 0x7fff_1234_5678, u64::MAX, tag(3) ^ (1 << 32)] {
             assert_eq!(untag(w), None, "{w:#x}");
         }
+        assert!(looks_like_old_tag(tag(9)));
+        assert!(!looks_like_old_tag(0x7fff_1234_5678));
     }
 }

@@ -153,6 +153,8 @@ struct State {
     items: BTreeMap<u32, Item>,
     by_fd: HashMap<c_int, u32>,
     next: u32,
+    /// Every id was issued once: any id may be ours.
+    wrapped: bool,
     /// Threads asleep in the kernel on this set (or on a set or poll containing it).
     sleepers: u32,
     /// Where the next collection starts (ready members take turns, as in the kernel).
@@ -221,14 +223,14 @@ impl EpollSet {
         }
     }
 
-    /// Takes over a registration the program made in the kernel before `fd` became ours.
-    pub fn adopt(&self, epfd: c_int, fd: c_int, conn: &Arc<Conn>, events: u32, data: u64) {
+    /// Takes over a registration the program made in the kernel before `fd` became ours (a
+    /// socket registered before it connected, or a registration inherited across exec).
+    pub fn adopt(&self, epfd: c_int, fd: c_int, target: Target, events: u32, data: u64) {
         let mut st = self.st.lock();
         if st.by_fd.contains_key(&fd) {
             return;
         }
-        let t = Target::Conn(conn.clone());
-        if let Err(e) = self.insert(&mut st, epfd, fd, t, events, data, libc::EPOLL_CTL_MOD) {
+        if let Err(e) = self.insert(&mut st, epfd, fd, target, events, data, libc::EPOLL_CTL_MOD) {
             tracing::debug!(fd, e, "could not take over an epoll registration");
         }
     }
@@ -385,6 +387,74 @@ impl EpollSet {
         }
     }
 
+    /// [`Self::drain_owed`] for the nested sets only (this set's own doorbells are read as
+    /// their events come).
+    fn drain_nested_owed(&self) {
+        let sets: Vec<Arc<EpollSet>> = self
+            .st
+            .lock()
+            .items
+            .values()
+            .filter_map(|it| match &it.target {
+                Target::Set(s) => Some(s.clone()),
+                Target::Conn(_) => None,
+            })
+            .collect();
+        sets.iter().for_each(|s| s.drain_owed());
+    }
+
+    /// Reads the doorbells owed to the ring members (of this set and the sets in it) before
+    /// the kernel is asked whether this set is readable: an unread doorbell whose data was
+    /// consumed would make it look readable with nothing to report.
+    pub fn drain_owed(&self) {
+        let (conns, sets): (Vec<_>, Vec<_>) = self
+            .st
+            .lock()
+            .items
+            .values()
+            .map(|it| it.target.clone())
+            .partition(|t| matches!(t, Target::Conn(_)));
+        for t in conns.iter().chain(&sets) {
+            match t {
+                Target::Conn(c) => c.drain_owed(),
+                Target::Set(s) => s.drain_owed(),
+            }
+        }
+    }
+
+    // ---- exec ------------------------------------------------------------------------------
+
+    /// Before `exec`, for a set the new image inherits: the kernel registrations get the
+    /// program's own events and data back (the new image knows only those; its memloop, if
+    /// any, takes them over again from `/proc/self/fdinfo`).
+    pub fn prepare_exec(&self, epfd: c_int) {
+        let st = self.st.lock();
+        for it in st.items.values().filter(|it| it.fd_open) {
+            let op = if it.reg == Reg::Dormant {
+                libc::EPOLL_CTL_ADD
+            } else {
+                libc::EPOLL_CTL_MOD
+            };
+            let events = it.events & !EXCLUSIVE;
+            let _ = kernel::ctl(epfd, op, it.fd, events, it.data);
+        }
+    }
+
+    /// The exec failed: our own registrations again.
+    pub fn restore_after_exec(&self, epfd: c_int) {
+        let st = self.st.lock();
+        for (id, it) in st.items.iter().filter(|(_, it)| it.fd_open) {
+            match it.kernel_events() {
+                Some(kev) => {
+                    let _ = kernel::ctl(epfd, libc::EPOLL_CTL_MOD, it.fd, kev, kernel::tag(*id));
+                }
+                None => {
+                    let _ = kernel::ctl(epfd, libc::EPOLL_CTL_DEL, it.fd, 0, 0);
+                }
+            }
+        }
+    }
+
     // ---- sleeping --------------------------------------------------------------------------
 
     /// A thread is about to sleep on this set (or on a set or poll containing it): arm every
@@ -474,6 +544,7 @@ impl EpollSet {
         let cursor = st.cursor;
         let mut n = 0;
         let mut last = None;
+        let mut owed: Vec<Arc<Conn>> = Vec::new();
         let mut visit = |id: u32, it: &mut Item| {
             if n == out.len() || it.disabled || reported.contains(&id) {
                 return;
@@ -495,6 +566,9 @@ impl EpollSet {
                 events: rep,
                 u64: it.data,
             };
+            if let Target::Conn(c) = &it.target {
+                owed.push(c.clone());
+            }
             reported.push(id);
             last = Some(id);
             n += 1;
@@ -509,6 +583,10 @@ impl EpollSet {
         if let Some(id) = last {
             st.cursor = id.wrapping_add(1);
         }
+        drop(st);
+        // Doorbells for what we report are read now: left on the socket they would keep it
+        // (and any set or poll watching this set) readable after the data is consumed.
+        owed.iter().for_each(|c| c.drain_owed());
         n
     }
 
@@ -523,58 +601,70 @@ impl EpollSet {
     ) -> usize {
         let mut n = 0;
         for ev in got {
-            let data = ev.u64;
-            match kernel::untag(data) {
-                None => {
-                    out[n] = epoll_event {
-                        events: ev.events,
-                        u64: data,
-                    };
-                    n += 1;
-                }
-                Some(id) => {
-                    if let Some(e) = self.settle(epfd, id, ev.events) {
-                        if !reported.contains(&id) {
-                            out[n] = e;
-                            n += 1;
-                            reported.push(id);
-                        }
-                    }
-                }
+            if let Some(e) = self.translate_one(epfd, *ev, reported) {
+                out[n] = e;
+                n += 1;
             }
         }
         n
     }
 
+    /// One kernel event → what the program gets of it, if anything.
+    fn translate_one(
+        &self,
+        epfd: c_int,
+        ev: epoll_event,
+        reported: &mut Vec<u32>,
+    ) -> Option<epoll_event> {
+        let Some(id) = kernel::untag(ev.u64) else {
+            return Some(ev);
+        };
+        match self.settle(epfd, id, ev.events) {
+            Settled::NotOurs => Some(ev),
+            Settled::Ours(Some(e)) if !reported.contains(&id) => {
+                reported.push(id);
+                Some(e)
+            }
+            Settled::Ours(_) => None,
+        }
+    }
+
     /// Handles a kernel event on one of our registrations; returns an event for the program
     /// when the item is a nested set or just became a plain TCP connection.
-    fn settle(&self, epfd: c_int, id: u32, kernel_ev: u32) -> Option<epoll_event> {
+    fn settle(&self, epfd: c_int, id: u32, kernel_ev: u32) -> Settled {
         let target = {
             let mut st = self.st.lock();
-            let it = st.items.get_mut(&id)?;
+            if !st.wrapped && id >= st.next {
+                return Settled::NotOurs;
+            }
+            let Some(it) = st.items.get_mut(&id) else {
+                return Settled::Ours(None); // removed meanwhile: a stale event
+            };
             if it.kicked {
                 unkick(epfd, id, it);
             }
             it.target.clone()
         };
-        match target {
+        Settled::Ours(match target {
             Target::Conn(c) => self.settle_conn(epfd, id, &c, kernel_ev),
-            Target::Set(_) => {
-                let mut st = self.st.lock();
-                let it = st.items.get_mut(&id)?;
-                let rep = rules::report(kernel_ev, it.events);
-                if it.disabled || rep == 0 {
-                    return None;
-                }
-                if it.events & ONESHOT != 0 {
-                    it.disabled = true; // the kernel disabled its own registration too
-                }
-                Some(epoll_event {
-                    events: rep,
-                    u64: it.data,
-                })
-            }
+            Target::Set(_) => self.settle_set(id, kernel_ev),
+        })
+    }
+
+    fn settle_set(&self, id: u32, kernel_ev: u32) -> Option<epoll_event> {
+        let mut st = self.st.lock();
+        let it = st.items.get_mut(&id)?;
+        let rep = rules::report(kernel_ev, it.events);
+        if it.disabled || rep == 0 {
+            return None;
         }
+        if it.events & ONESHOT != 0 {
+            it.disabled = true; // the kernel disabled its own registration too
+        }
+        Some(epoll_event {
+            events: rep,
+            u64: it.data,
+        })
     }
 
     fn settle_conn(
@@ -638,12 +728,13 @@ impl EpollSet {
     }
 }
 
-/// Whether a data word found in a kernel set is one of our tags.
-pub fn is_ours(data: u64) -> bool {
-    kernel::untag(data).is_some()
+/// Whether a data word found in a set inherited across exec is a tag of the previous image.
+pub fn is_old_tag(data: u64) -> bool {
+    kernel::looks_like_old_tag(data)
 }
 
-/// Removes a tagged registration inherited across exec (its program data is unknown).
+/// Removes a tagged registration inherited across exec (its program data is unknown: the
+/// previous image exec'd without going through a hooked `exec` function).
 pub fn forget_inherited(epfd: c_int, fd: c_int) {
     let _ = kernel::ctl(epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
 }
@@ -712,21 +803,13 @@ impl Waiter<'_> {
         let mut reported = Vec::new();
         for i in 0..n {
             let ev = out[i];
-            match kernel::untag(ev.u64) {
-                None => {
-                    out[kept] = ev;
+            match self.set.translate_one(self.epfd, ev, &mut reported) {
+                Some(e) => {
+                    ours += usize::from(e.u64 != ev.u64 || e.events != ev.events);
+                    out[kept] = e;
                     kept += 1;
                 }
-                Some(id) => {
-                    ours += 1;
-                    if let Some(e) = self.set.settle(self.epfd, id, ev.events) {
-                        if !reported.contains(&id) {
-                            reported.push(id);
-                            out[kept] = e;
-                            kept += 1;
-                        }
-                    }
-                }
+                None => ours += 1,
             }
         }
         (ours == 0 || kept > 0).then_some(Ok(kept))
@@ -783,18 +866,22 @@ impl Waiter<'_> {
         got
     }
 
-    /// Ring readiness plus a non-blocking look at the kernel set.
+    /// Ring readiness plus a non-blocking look at the kernel set. While rings are ready the
+    /// kernel is asked only on one call in [`KERNEL_EVERY`] (the system call costs as much as
+    /// a ring round trip) — and then first, so that kernel fds get their turn even when
+    /// `maxevents` is smaller than the number of ready rings.
     fn harvest(&self, out: &mut [epoll_event], tmp: &mut [epoll_event]) -> Result<usize, c_int> {
         let set = self.set;
         let mut reported = Vec::new();
-        let n = set.collect(self.epfd, out, &mut reported);
-        // With rings ready, look at the kernel's fds only every few calls: the system call
-        // costs as much as a ring round trip, and a kernel fd still waits at most a few calls.
-        let turn = set.calls.fetch_add(1, Relaxed);
-        if n == out.len() || (n > 0 && turn % KERNEL_EVERY != 0) {
-            return Ok(n);
+        let kernel_turn = set.calls.fetch_add(1, Relaxed) % KERNEL_EVERY == 0;
+        if !kernel_turn {
+            let n = set.collect(self.epfd, out, &mut reported);
+            if n > 0 {
+                return Ok(n);
+            }
         }
-        let want = (out.len() - n).min(tmp.len());
+        set.drain_nested_owed();
+        let want = out.len().min(tmp.len());
         let k = kernel::wait(
             self.epfd,
             &mut tmp[..want],
@@ -802,12 +889,7 @@ impl Waiter<'_> {
             self.sigmask,
             false,
         )?;
-        let extra = set.translate(self.epfd, &tmp[..k], &mut out[n..], &mut reported);
-        // Doorbells may have made more rings readable: look again if there is room.
-        let m = n + extra;
-        if k == 0 || m == out.len() {
-            return Ok(m);
-        }
+        let m = set.translate(self.epfd, &tmp[..k], out, &mut reported);
         Ok(m + set.collect(self.epfd, &mut out[m..], &mut reported))
     }
 
@@ -841,10 +923,19 @@ fn free_id(st: &mut State) -> u32 {
     loop {
         let id = st.next;
         st.next = st.next.wrapping_add(1);
+        st.wrapped |= st.next == 0;
         if !st.items.contains_key(&id) {
             return id;
         }
     }
+}
+
+/// What a tagged kernel event turned out to be.
+enum Settled {
+    /// A word of the program's that only looks like ours: pass it on.
+    NotOurs,
+    /// Ours; maybe with an event for the program (a nested set, a connection now on TCP).
+    Ours(Option<epoll_event>),
 }
 
 /// Arms an item for the sleepers of its set (a fired one-shot waits for its re-arm).
