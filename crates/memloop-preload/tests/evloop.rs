@@ -226,49 +226,37 @@ fn stress_100k_events() {
     stress(100_000, 1);
 }
 
-// ---- known bugs ------------------------------------------------------------------------------
-
 #[test]
-#[ignore = "bug: a program's data word in memloop's tag range 0x4d4c7470_XXXXXXXX on a kernel \
-            fd (pipe, eventfd) is taken for one of the preload's own registrations and the \
-            event is swallowed (epoll/kernel.rs untag)"]
-fn bug_tag_words() {
+fn tag_words_are_the_programs() {
     check("tag_words", 1);
 }
 
 #[test]
-#[ignore = "bug: poll/select/an outer epoll set report an epoll fd holding an idle ring \
-            connection readable (epoll_wait on it then returns nothing)"]
-fn bug_nested_poll() {
-    check("nested_poll", 1);
+fn nested_poll_spinning_peer() {
+    check("nested_poll", 2);
 }
 
 #[test]
-#[ignore = "bug: as bug_nested_poll, through select"]
-fn bug_nested_select() {
-    check("nested_select", 1);
+fn nested_select_spinning_peer() {
+    check("nested_select", 2);
 }
 
 #[test]
-#[ignore = "bug: as bug_nested_poll, through an outer epoll set"]
-fn bug_nested_epoll() {
-    check("nested_epoll", 1);
+fn nested_epoll_spinning_peer() {
+    check("nested_epoll", 2);
 }
 
 #[test]
-#[ignore = "bug: after exec the inherited epoll set no longer reports the inherited ring \
-            connection (the preload drops tagged registrations of the previous image; the \
-            program's data word is lost), and EPOLL_CTL_DEL of it fails"]
-fn bug_exec_inherits() {
+fn exec_inherits_set_and_connection() {
     check("exec_inherits", 1);
 }
 
 #[test]
-#[ignore = "bug: with maxevents 1 and ready rings, kernel fds (signalfd, timerfd, eventfd, \
-            pipe) in the same set are never reported (the kernel round-robins ready items)"]
-fn bug_mixed_fds() {
+fn mixed_fds_with_rings() {
     check("mixed_fds", 1);
 }
+
+// ---- known bugs ------------------------------------------------------------------------------
 
 #[test]
 #[ignore = "bug: closing a dup (or a try_clone) of a listening socket unregisters the \
@@ -307,6 +295,20 @@ fn oneshot_rearm_many_seeds() {
 #[ignore = "slow: 10 seeds"]
 fn fork_shared_set_many_seeds() {
     check("fork_shared_set", 10);
+}
+
+#[test]
+#[ignore = "slow: 10 runs each"]
+fn nested_exec_mixed_many_runs() {
+    for s in [
+        "nested_poll",
+        "nested_select",
+        "nested_epoll",
+        "exec_inherits",
+        "mixed_fds",
+    ] {
+        check(s, 10);
+    }
 }
 
 #[test]
