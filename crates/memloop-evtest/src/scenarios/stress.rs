@@ -727,7 +727,10 @@ fn accept_loop(
         }
         let (s, _) = l.accept().ctx("accept")?;
         let fd = OwnedFd::from(s);
-        let b = util::read_exact(fd.as_raw_fd(), 8, Duration::from_secs(5))?;
+        // The client sends the id before anything else and closes (or resets) a connection
+        // only after that: data sent before a reset arrives before the reset.
+        let b = util::read_exact(fd.as_raw_fd(), 8, Duration::from_secs(5))
+            .map_err(|e| format!("reading a new connection's 8-byte id: {e}"))?;
         let id = u64::from_le_bytes(b.try_into().expect("8"));
         sys::set_nonblock(fd.as_raw_fd(), true).ctx("O_NONBLOCK")?;
         let o = Out {
