@@ -456,7 +456,8 @@ impl Conn {
 
     /// The peer reset the connection (flagged in the ring, or seen on the kernel socket).
     fn reset(&self) -> bool {
-        self.peer_reset.load(Acquire) || self.rx_probe().is_some_and(|p| p.writer_reset)
+        self.rx_probe()
+            .is_some_and(|p| reset_of(p.writer_reset, p.writer_shut, &self.peer_reset))
     }
 
     /// O_NONBLOCK. After fork the open file description (and its flags) is shared with other
@@ -569,7 +570,7 @@ impl Conn {
         };
         // As the kernel: the peer's FIN is POLLIN|POLLRDHUP; POLLHUP needs both directions
         // shut (or a reset); after our own SHUT_WR a write fails at once, so POLLOUT.
-        let reset = rx.writer_reset || self.peer_reset.load(Relaxed);
+        let reset = reset_of(rx.writer_reset, rx.writer_shut, &self.peer_reset);
         let fin = rx.writer_shut || reset || self.peer_closed();
         let shut_rd = self.shut_rd.load(Relaxed);
         let shut_wr = self.shut_wr.load(Relaxed);
@@ -935,12 +936,25 @@ impl Conn {
         self.rx_probe().map_or(0, |p| p.used as usize)
     }
 
-    /// For epoll edge-triggering: a value that changes whenever new data or space appears.
-    pub fn progress(&self) -> (u64, u64) {
+    /// For epoll edge-triggering: values that change whenever new data or space appears, and
+    /// whether the peer's end of the stream arrived (an edge of its own, like a FIN).
+    pub fn progress(&self) -> (u64, u64, bool) {
         let t = memloop_ring::header::totals(&self.rx_view).map_or(0, |(t, _)| t);
         let h = memloop_ring::header::totals(&self.tx_view).map_or(0, |(_, h)| h);
-        (t, h)
+        let fin = self.peer_closed()
+            || self
+                .rx_probe()
+                .is_some_and(|p| p.writer_shut || p.writer_reset);
+        (t, h, fin)
     }
+}
+
+/// Whether a connection was reset: the peer said so in the ring, or the kernel socket was
+/// reset before the peer shut its ring end down. After a clean ring shutdown a kernel reset
+/// only means a doorbell byte reached the peer's socket as it closed (the kernel resets a
+/// socket closed with unread bytes): the stream itself ended cleanly.
+fn reset_of(writer_reset: bool, writer_shut: bool, kernel_reset: &AtomicBool) -> bool {
+    writer_reset || (kernel_reset.load(Acquire) && !writer_shut)
 }
 
 fn timeout_us(fd: c_int, opt: c_int) -> u64 {

@@ -103,13 +103,19 @@ impl Edge {
     }
 }
 
-/// The signature an edge-triggered interest compares: only the progress it watches counts.
-pub fn edge_signature(events: u32, progress: (u64, u64), report: u32) -> (u64, u64, u32) {
+/// Signature bit for "the peer's end of the stream arrived" (never an epoll event bit).
+const FIN: u32 = 1 << 31;
+
+/// The signature an edge-triggered interest compares: only the progress it watches counts,
+/// and the stream's end is an edge even when the reported bits stay the same (data was
+/// readable before, the end is readable now).
+pub fn edge_signature(events: u32, progress: (u64, u64, bool), report: u32) -> (u64, u64, u32) {
     let (r, w) = wants(events);
+    let fin = if r && progress.2 { FIN } else { 0 };
     (
         if r { progress.0 } else { 0 },
         if w { progress.1 } else { 0 },
-        report,
+        report | fin,
     )
 }
 
@@ -172,14 +178,17 @@ mod tests {
     fn edges_fire_once_per_change() {
         let mut e = Edge::default();
         let ev = IN | ET;
-        let s1 = edge_signature(ev, (10, 7), IN);
+        let s1 = edge_signature(ev, (10, 7, false), IN);
         assert!(e.fire(s1));
         assert!(!e.fire(s1));
         // Space freed does not matter to a read-only interest.
-        assert!(!e.fire(edge_signature(ev, (10, 99), IN)));
-        assert!(e.would_fire(edge_signature(ev, (11, 7), IN)));
-        assert!(e.fire(edge_signature(ev, (11, 7), IN)));
+        assert!(!e.fire(edge_signature(ev, (10, 99, false), IN)));
+        assert!(e.would_fire(edge_signature(ev, (11, 7, false), IN)));
+        assert!(e.fire(edge_signature(ev, (11, 7, false), IN)));
+        // The peer's shutdown is an edge although no byte came and IN stays reported.
+        assert!(e.fire(edge_signature(ev, (11, 7, true), IN)));
+        assert!(!e.fire(edge_signature(ev, (11, 7, true), IN)));
         e.reset();
-        assert!(e.fire(edge_signature(ev, (11, 7), IN)));
+        assert!(e.fire(edge_signature(ev, (11, 7, true), IN)));
     }
 }
