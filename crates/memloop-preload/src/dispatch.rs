@@ -261,7 +261,8 @@ pub fn before_close(fd: c_int) {
             }
         }
         Entry::Epoll(set) => epoll_closed(fd, set),
-        Entry::Listener(l) => l.unregister(),
+        // A listener stays published while a dup of it is open (the kernel keeps listening).
+        Entry::Listener(l) if !table::shared_with_another_fd(fd, &e) => l.unregister(),
         _ => {}
     }
     table::remove(fd);

@@ -141,6 +141,13 @@ pub fn epoll_fds_of(set: &Arc<EpollSet>) -> Vec<i32> {
         .collect()
 }
 
+/// Whether an fd other than `fd` holds the same entry (a `dup` of it).
+pub fn shared_with_another_fd(fd: i32, e: &Arc<Entry>) -> bool {
+    all()
+        .iter()
+        .any(|(f, other)| *f != fd && Arc::ptr_eq(other, e))
+}
+
 /// Every epoll fd we track, with its set.
 pub fn epoll_fds() -> Vec<(i32, Arc<EpollSet>)> {
     EPOLLS.lock().clone()
