@@ -396,6 +396,35 @@ mod loom_tests {
         });
     }
 
+    /// A second waiter re-arms a flag the notifier may have cleared: either its re-check
+    /// sees the data, or a doorbell is rung after the re-arm (the notifier found the flag set).
+    /// And a doorbell the notifier rang is always noticed by the waiter — by the re-arm or by
+    /// the disarm — so its byte is known to be owed and gets read.
+    #[test]
+    fn rearm_requested_or_seen_and_rings_are_counted() {
+        loom::model(|| {
+            let v = ShmSlice::new_model(64);
+            let vp = v.clone();
+            let c = cell(&v);
+            c.arm_doorbell();
+            let notifier = thread::spawn(move || {
+                vp.u64_at(0).unwrap().store(1, Release);
+                cell(&vp).notify()
+            });
+            let seen_at_rearm = c.rearm_doorbell();
+            let ready = v.u64_at(0).unwrap().load(Acquire) == 1;
+            let rang = notifier.join().unwrap();
+            let seen_at_disarm = c.disarm_doorbell();
+            assert!(ready || rang, "re-armed waiter would sleep forever");
+            assert_eq!(
+                rang,
+                seen_at_rearm || seen_at_disarm,
+                "a doorbell rang unnoticed (its byte would never be read), or one was counted \
+                 that never rang"
+            );
+        });
+    }
+
     /// The same handshake without the fences (a plausible bug) is caught by the model: this
     /// shows the test above can fail.
     #[test]
