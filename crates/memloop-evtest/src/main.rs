@@ -41,6 +41,7 @@ const SCENARIOS: &[(&str, Run)] = &[
     ("mixed_fds", scenarios::mixed::run),
     ("listener_dup", scenarios::listener_dup::run),
     ("stress", scenarios::stress::run),
+    ("stress_churn", scenarios::stress::run_churn),
 ];
 
 fn usage() -> String {
@@ -85,7 +86,7 @@ pub fn say(line: &str) {
 /// The watchdog's limit: 40 s, plus the extra time a stress run with more than 10^5 events
 /// gets (see `scenarios::stress::gen_limit`).
 fn watchdog_secs(name: &str, opts: &Opts) -> u64 {
-    if name == "stress" {
+    if name.starts_with("stress") {
         WATCHDOG_SECS + scenarios::stress::extra_time(opts.events).as_secs()
     } else {
         WATCHDOG_SECS
@@ -133,7 +134,7 @@ fn main() {
     watchdog_after(name.clone(), watchdog_secs(&name, &opts));
     let t0 = Instant::now();
     match name.as_str() {
-        "stress" => util::info(&format!(
+        "stress" | "stress_churn" => util::info(&format!(
             "{name}: seed {} events {}",
             opts.seed, opts.events
         )),

@@ -173,10 +173,14 @@ fn check(scenario: &str, repeat: u64) {
     check_with(scenario, &[], repeat, 40 + GRACE);
 }
 
-/// The stress test with `events` events per run (the program's watchdog grows with them).
-fn stress(events: u64, repeat: u64) {
+/// A stress scenario with `events` events per run (the program's watchdog grows with them).
+fn stress_as(scenario: &str, events: u64, repeat: u64) {
     let limit = 40 + events.saturating_sub(100_000) / 4000 + GRACE;
-    check_with("stress", &["--events", &events.to_string()], repeat, limit);
+    check_with(scenario, &["--events", &events.to_string()], repeat, limit);
+}
+
+fn stress(events: u64, repeat: u64) {
+    stress_as("stress", events, repeat);
 }
 
 // ---- fast tier ------------------------------------------------------------------------------
@@ -317,8 +321,17 @@ fn stress_many_seeds() {
     stress(100_000, 5);
 }
 
+/// Today this fails in about one run of five (seen after 15 000–55 000 connections): a
+/// connection reads another connection's bytes ("wrong byte at offset 0") or a ring reports
+/// "producer tail moved backwards" with the indices of the channel slot's previous generation.
 #[test]
 #[ignore = "slow: 10^6 events"]
 fn stress_million_events() {
     stress(1_000_000, 1);
+}
+
+#[test]
+#[ignore = "slow: 3 × 3·10^5 events with connections of at most 2 KiB (channel churn)"]
+fn stress_churn() {
+    stress_as("stress_churn", 300_000, 3);
 }

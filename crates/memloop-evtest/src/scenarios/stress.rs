@@ -50,8 +50,14 @@ struct Plan {
     reset: bool,
 }
 
-fn plan(seed: u64, id: u64) -> Plan {
+fn plan(seed: u64, id: u64, churn: bool) -> Plan {
     let r = splitmix(seed.wrapping_mul(0x51_7cc1_b727_220a) ^ id);
+    if churn {
+        return Plan {
+            total: (r >> 8) % 2048,
+            reset: (r >> 40) % 5 == 0,
+        };
+    }
     let total = match r % 20 {
         0..=5 => (r >> 8) % 4096,
         6..=16 => 4096 + (r >> 8) % 60_000,
@@ -120,6 +126,8 @@ struct Stats {
 
 struct State {
     seed: u64,
+    /// Short connections (at most 2 KiB each): as many connections per second as possible.
+    churn: bool,
     ep: OwnedFd,
     book: Arc<Book>,
     conns: Mutex<HashMap<u64, Arc<Conn>>>,
@@ -177,9 +185,20 @@ fn mode(rng: &mut Rng) -> u32 {
 }
 
 pub fn run(o: &Opts) -> Res<()> {
-    let mut peer = Peer::spawn(o.seed, o.events)?;
+    run_mode(o, false)
+}
+
+/// `stress_churn`: the same with short connections, so channels are freed and reused at the
+/// highest rate while waiters and controllers work on the set.
+pub fn run_churn(o: &Opts) -> Res<()> {
+    run_mode(o, true)
+}
+
+fn run_mode(o: &Opts, churn: bool) -> Res<()> {
+    let mut peer = Peer::spawn(o.seed, o.events, churn)?;
     let st = Arc::new(State {
         seed: o.seed,
+        churn,
         ep: sys::epoll_create().ctx("epoll_create1")?,
         book: Book::new(),
         conns: Mutex::default(),
@@ -449,7 +468,7 @@ fn connect(st: &State, rng: &mut Rng) -> Res<()> {
     let c = Arc::new(Conn {
         id,
         fd: fd.into_raw_fd(),
-        plan: plan(st.seed, id),
+        plan: plan(st.seed, id, st.churn),
         ctl: Mutex::default(),
         rd: Mutex::default(),
         book: st.book.clone(),
@@ -615,10 +634,15 @@ struct Peer {
 }
 
 impl Peer {
-    fn spawn(seed: u64, events: u64) -> Res<Peer> {
+    fn spawn(seed: u64, events: u64, churn: bool) -> Res<Peer> {
         let exe = std::env::current_exe().ctx("current_exe")?;
         let mut child = Command::new(exe)
-            .args(["__stress_peer", &seed.to_string(), &events.to_string()])
+            .args([
+                "__stress_peer",
+                &seed.to_string(),
+                &events.to_string(),
+                if churn { "1" } else { "0" },
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -673,11 +697,12 @@ struct Out {
     sent: u64,
 }
 
-/// `__stress_peer SEED EVENTS`: accepts connections, reads each one's id, streams its planned bytes,
+/// `__stress_peer SEED EVENTS CHURN`: accepts connections, reads each one's id, streams its planned bytes,
 /// then closes or resets it; exits when its stdin closes and every connection is done.
 pub fn peer_main(args: &[String]) -> Res<()> {
     let num = |i: usize| args.get(i).and_then(|a| a.parse::<u64>().ok());
     let events = num(1).ok_or("events argument")?;
+    let churn = num(2).ok_or("churn argument")? == 1;
     crate::watchdog_after("stress peer".into(), 40 + extra_time(events).as_secs());
     let seed: u64 = args
         .first()
@@ -705,7 +730,7 @@ pub fn peer_main(args: &[String]) -> Res<()> {
             (tx, std::thread::spawn(move || writer(rx, seed)))
         })
         .unzip();
-    let r = accept_loop(&listener, seed, &stop, &txs);
+    let r = accept_loop(&listener, (seed, churn), &stop, &txs);
     drop(txs);
     for w in writers {
         w.join().map_err(|_| "writer panicked")??;
@@ -716,7 +741,7 @@ pub fn peer_main(args: &[String]) -> Res<()> {
 
 fn accept_loop(
     l: &std::net::TcpListener,
-    seed: u64,
+    (seed, churn): (u64, bool),
     stop: &AtomicBool,
     txs: &[std::sync::mpsc::Sender<Out>],
 ) -> Res<()> {
@@ -736,7 +761,7 @@ fn accept_loop(
         let o = Out {
             fd,
             id,
-            plan: plan(seed, id),
+            plan: plan(seed, id, churn),
             sent: 0,
         };
         let _ = txs[n % txs.len()].send(o);
