@@ -371,6 +371,9 @@ impl Conn {
     /// overlapping another thread's arm-recheck-sleep could otherwise swallow the doorbell that
     /// thread is waiting for.
     pub fn drain(&self) {
+        if self.kfd() < 0 {
+            return; // closed here: nothing to read, and nothing to learn about the peer
+        }
         if self
             .waiters
             .compare_exchange(0, DRAINING, AcqRel, Acquire)
@@ -800,6 +803,11 @@ impl Conn {
                 Err(libc::ECONNRESET) => {
                     self.peer_reset.store(true, Release);
                     self.set_peer_closed();
+                    Ok(())
+                }
+                Err(e) if real::not_about_the_peer(e) => {
+                    // Our fd went away under us (closed by another thread): nothing to wait on.
+                    std::thread::sleep(Duration::from_millis(1));
                     Ok(())
                 }
                 Err(_) => {

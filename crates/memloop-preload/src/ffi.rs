@@ -173,6 +173,36 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     real::close()(fd)
 }
 
+/// `close_range` and `closefrom` close many fds at once: ours among them get the bookkeeping
+/// of `close` first (a stale entry would later act on a reused fd number).
+fn before_close_many(first: c_int, last: c_int) {
+    for fd in table::tracked_in(first, last) {
+        dispatch::before_close(fd);
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn close_range(
+    first: libc::c_uint,
+    last: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    let (lo, hi) = (
+        first.min(c_int::MAX as u32) as c_int,
+        last.min(c_int::MAX as u32) as c_int,
+    );
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && lo <= hi {
+        before_close_many(lo, hi);
+    }
+    real::close_range()(first, last, flags)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(first: c_int) {
+    before_close_many(first.max(0), c_int::MAX);
+    real::closefrom()(first)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     match dispatch::route(fd) {

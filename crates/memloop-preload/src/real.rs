@@ -72,6 +72,8 @@ real_fns! {
     epoll_pwait: fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int;
     epoll_pwait2: fn(c_int, *mut libc::epoll_event, c_int, *const libc::timespec, *const libc::sigset_t) -> c_int;
     epoll_create: fn(c_int) -> c_int;
+    close_range: fn(libc::c_uint, libc::c_uint, c_int) -> c_int;
+    closefrom: fn(c_int) -> ();
     execve: fn(*const libc::c_char, *const *const libc::c_char, *const *const libc::c_char) -> c_int;
     execv: fn(*const libc::c_char, *const *const libc::c_char) -> c_int;
     execvp: fn(*const libc::c_char, *const *const libc::c_char) -> c_int;
@@ -138,6 +140,16 @@ pub enum Drain {
     Reset,
 }
 
+/// Errors that say nothing about the peer: no data yet, or our own fd is gone or not a
+/// socket (closed by another thread meanwhile). Taking them for a closed peer would release
+/// the peer's side of a channel it still uses.
+pub fn not_about_the_peer(e: c_int) -> bool {
+    matches!(
+        e,
+        libc::EAGAIN | libc::EBADF | libc::ENOTSOCK | libc::EFAULT | libc::EINVAL
+    )
+}
+
 /// Reads and discards everything queued on the kernel socket (doorbell bytes); also says how
 /// many bytes it read.
 pub fn drain_doorbells(fd: c_int) -> (Drain, usize) {
@@ -153,7 +165,7 @@ pub fn drain_doorbells(fd: c_int) -> (Drain, usize) {
                 continue;
             }
             Err(libc::EINTR) => continue,
-            Err(libc::EAGAIN) => Drain::Open,
+            Err(e) if not_about_the_peer(e) => Drain::Open,
             Err(libc::ECONNRESET) | Err(libc::EPIPE) => Drain::Reset,
             Err(_) => Drain::Closed,
         };

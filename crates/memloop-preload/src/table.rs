@@ -57,6 +57,7 @@ pub fn kind(fd: i32) -> u8 {
 pub fn mark_tcp(fd: i32) {
     if let Some(i) = index(fd) {
         KIND[i].store(K_TCP, Relaxed);
+        HIGH.fetch_max(i + 1, Relaxed);
     }
 }
 
@@ -122,6 +123,16 @@ pub fn duplicate(old: i32, new: i32) {
         }
         _ => {}
     }
+}
+
+/// The fds in `first..=last` that are not plain kernel fds to us.
+pub fn tracked_in(first: i32, last: i32) -> Vec<i32> {
+    let high = HIGH.load(Relaxed).min(MAX_FD) as i64;
+    let (lo, hi) = (i64::from(first.max(0)), i64::from(last).min(high - 1));
+    (lo..=hi)
+        .map(|fd| fd as i32)
+        .filter(|&fd| kind(fd) != K_NONE)
+        .collect()
 }
 
 /// Every entry.
