@@ -172,16 +172,20 @@ pub enum Accepted {
     Plain(FallbackReason, Option<ChannelId>),
 }
 
+/// The 4-tuple of an accepted connection as the server sees it.
+fn accepted_tuple(fd: c_int) -> Option<ConnTuple> {
+    Some(ConnTuple {
+        client: canonical(real::peer_addr(fd)?),
+        server: canonical(real::local_addr(fd)?),
+    })
+}
+
 /// Server side, when this process cannot use rings (it waits in ways memloop cannot see):
 /// a decline marker for the connection's tuple, and a decline of an offer already made, so
 /// the client settles on TCP at once.
 pub fn server_refuse(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepted {
-    let (Some(local), Some(peer)) = (real::local_addr(fd), real::peer_addr(fd)) else {
+    let Some(tuple) = accepted_tuple(fd) else {
         return Accepted::Plain(FallbackReason::Error, None);
-    };
-    let tuple = ConnTuple {
-        client: canonical(peer),
-        server: canonical(local),
     };
     let reg = engine.registry();
     let marker = reg.mark_declined(engine.me(), ep, &tuple).ok();
@@ -193,17 +197,14 @@ pub fn server_refuse(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
 
 /// Server side, right after the real `accept`.
 pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepted {
-    let (Some(local), Some(peer)) = (real::local_addr(fd), real::peer_addr(fd)) else {
+    let Some(tuple) = accepted_tuple(fd) else {
         return Accepted::Plain(FallbackReason::Error, None);
     };
-    let tuple = ConnTuple {
-        client: canonical(peer),
-        server: canonical(local),
-    };
+    let peer = tuple.client;
     // Only a member can be behind the peer's address; one in another kernel (an emulated VM
     // especially) may take milliseconds from its connect returning to its offer, so wait
     // longer for it while it has announced a connect.
-    let Ok(owner) = owner_of(engine, canonical(peer).ip()) else {
+    let Ok(owner) = owner_of(engine, peer.ip()) else {
         return Accepted::Plain(FallbackReason::NotMember, None);
     };
     let wait_max = if owner.other_kernel {

@@ -998,29 +998,23 @@ trait DoorbellFlag {
     fn disarm(&self) -> bool;
 }
 
-impl DoorbellFlag for StreamConsumer {
-    fn arm(&self) {
-        self.arm_doorbell();
-    }
-    fn rearm(&self) -> bool {
-        self.rearm_doorbell()
-    }
-    fn disarm(&self) -> bool {
-        self.disarm_doorbell()
-    }
+macro_rules! doorbell_flag {
+    ($($end:ty),*) => {$(
+        impl DoorbellFlag for $end {
+            fn arm(&self) {
+                self.arm_doorbell();
+            }
+            fn rearm(&self) -> bool {
+                self.rearm_doorbell()
+            }
+            fn disarm(&self) -> bool {
+                self.disarm_doorbell()
+            }
+        }
+    )*};
 }
 
-impl DoorbellFlag for StreamProducer {
-    fn arm(&self) {
-        self.arm_doorbell();
-    }
-    fn rearm(&self) -> bool {
-        self.rearm_doorbell()
-    }
-    fn disarm(&self) -> bool {
-        self.disarm_doorbell()
-    }
-}
+doorbell_flag!(StreamConsumer, StreamProducer);
 
 /// Pure spinning (no yield) for up to this long: a peer on the other core usually answers
 /// well within it, and yielding early hands the CPU to unrelated work for a whole time slice.

@@ -173,6 +173,13 @@ pub fn drain_doorbells(fd: c_int) -> (Drain, usize) {
     }
 }
 
+fn timespec(d: std::time::Duration) -> libc::timespec {
+    libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    }
+}
+
 /// Waits on one kernel fd with a nanosecond timeout (`None` = forever). `Ok(revents)`,
 /// `Ok(0)` on timeout, `Err(EINTR)` when a signal interrupted the wait.
 pub fn wait_fd(fd: c_int, events: i16, timeout: Option<std::time::Duration>) -> Result<i16, c_int> {
@@ -181,10 +188,7 @@ pub fn wait_fd(fd: c_int, events: i16, timeout: Option<std::time::Duration>) -> 
         events,
         revents: 0,
     };
-    let ts = timeout.map(|d| libc::timespec {
-        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: d.subsec_nanos() as libc::c_long,
-    });
+    let ts = timeout.map(timespec);
     let tsp = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
@@ -449,10 +453,7 @@ pub fn epoll_pwait2_raw(
     sigmask: *const libc::sigset_t,
 ) -> Result<usize, c_int> {
     let max = buf.len().min(c_int::MAX as usize) as c_int;
-    let ts = timeout.map(|d| libc::timespec {
-        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: d.subsec_nanos() as libc::c_long,
-    });
+    let ts = timeout.map(timespec);
     let tsp = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
@@ -467,10 +468,7 @@ pub fn ppoll_raw(
     timeout: Option<std::time::Duration>,
     sigmask: *const libc::sigset_t,
 ) -> Result<usize, c_int> {
-    let ts = timeout.map(|d| libc::timespec {
-        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: d.subsec_nanos() as libc::c_long,
-    });
+    let ts = timeout.map(timespec);
     let tsp = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
