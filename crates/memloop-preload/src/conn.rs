@@ -12,7 +12,7 @@ use crate::plain::PlainTcp;
 use crate::real::{self, Drain};
 use libc::c_int;
 use memloop::registry::{ChannelId, ChannelState, ConnTuple, FallbackReason, Side, SideWords};
-use memloop_ring::header::{probe, Probe};
+use memloop_ring::header::{probe_attached, Probe};
 use memloop_ring::{StreamConsumer, StreamProducer};
 use memloop_shm::ShmSlice;
 use std::io::{IoSlice, IoSliceMut};
@@ -44,6 +44,8 @@ pub struct Conn {
     cons: ForkMutex<StreamConsumer>,
     tx_view: ShmSlice,
     rx_view: ShmSlice,
+    /// Ring capacities (rx, tx) as validated at attach.
+    caps: (u64, u64),
     pub nonblock: AtomicBool,
     /// SO_RCVTIMEO / SO_SNDTIMEO in µs (0 = none), kept current by the setsockopt hook so a
     /// blocking call costs no getsockopt.
@@ -109,6 +111,7 @@ impl Conn {
         };
         let prod = StreamProducer::attach(tx_view.clone()).map_err(|_| FallbackReason::Error)?;
         let cons = StreamConsumer::attach(rx_view.clone()).map_err(|_| FallbackReason::Error)?;
+        let caps = (cons.capacity(), prod.capacity());
         let side_words = reg.side_words(p.ch, p.side).ok();
         let nonblock = real::status_flags(p.fd) & libc::O_NONBLOCK != 0;
         Ok(Arc::new(Conn {
@@ -120,6 +123,7 @@ impl Conn {
             fds: ForkMutex::new(vec![p.fd]),
             prod: ForkMutex::new(prod),
             cons: ForkMutex::new(cons),
+            caps,
             tx_view,
             rx_view,
             nonblock: AtomicBool::new(nonblock),
@@ -341,11 +345,11 @@ impl Conn {
     }
 
     pub fn rx_probe(&self) -> Option<Probe> {
-        probe(&self.rx_view)
+        probe_attached(&self.rx_view, self.caps.0)
     }
 
     pub fn tx_probe(&self) -> Option<Probe> {
-        probe(&self.tx_view)
+        probe_attached(&self.tx_view, self.caps.1)
     }
 
     pub fn peer_closed(&self) -> bool {

@@ -563,10 +563,39 @@ impl Registry {
             return Err(RegistryError::Stale);
         }
         let len = self.ring_len(cap)?;
+        self.check_ring_place(ch, c2s, s2c, len)?;
         Ok(ChannelRings {
             c2s: self.heap_view(c2s, len)?,
             s2c: self.heap_view(s2c, len)?,
         })
+    }
+
+    /// The two rings of a channel must not overlap and must lie in memory tagged as this
+    /// channel's: a peer's bad entry could otherwise make two channels (or two directions)
+    /// share bytes.
+    fn check_ring_place(
+        &self,
+        ch: ChannelId,
+        c2s: u64,
+        s2c: u64,
+        len: u64,
+    ) -> Result<(), RegistryError> {
+        let apart = c2s.abs_diff(s2c) >= len;
+        if !apart {
+            return Err(RegistryError::corrupt(
+                "channel rings",
+                format!("the rings at {c2s} and {s2c} overlap ({len} bytes each)"),
+            ));
+        }
+        for off in [c2s, s2c] {
+            if !self.range_owned_by(ch, off, len) {
+                return Err(RegistryError::corrupt(
+                    "channel rings",
+                    format!("the ring at {off} lies outside this channel's ring memory"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn ring_len(&self, cap: u64) -> Result<u64, RegistryError> {
@@ -834,5 +863,42 @@ impl Registry {
             Ok(false) => (0, 1),
             Err(_) => (0, 0),
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod ring_place_tests {
+    use super::*;
+    use crate::EndpointKey;
+
+    fn offered() -> (Registry, ChannelId, ChannelId) {
+        let (r, m) = crate::members::test_registry_with_member("m");
+        let ep = r.add_endpoint(m, &EndpointKey::Native("x".into())).unwrap();
+        let a = r.offer(m, ep, 4096, None).unwrap();
+        let b = r.offer(m, ep, 4096, None).unwrap();
+        (r, a, b)
+    }
+
+    #[test]
+    fn a_channel_whose_rings_overlap_is_corrupt() {
+        let (r, a, _) = offered();
+        let base = r.channel_off(a.idx);
+        let c2s = r.ld(base + O_C2S).unwrap();
+        r.st(base + O_S2C, c2s + 64).unwrap();
+        let e = r.rings(a).err().expect("overlapping rings refused");
+        assert!(e.to_string().contains("overlap"), "{e}");
+    }
+
+    #[test]
+    fn a_ring_in_another_channels_memory_is_corrupt() {
+        let (r, a, b) = offered();
+        assert!(r.rings(a).is_ok() && r.rings(b).is_ok());
+        let (ba, bb) = (r.channel_off(a.idx), r.channel_off(b.idx));
+        let theirs = r.ld(bb + O_C2S).unwrap();
+        r.st(ba + O_S2C, theirs).unwrap();
+        let e = r.rings(a).err().expect("a ring in b's memory refused");
+        assert!(e.to_string().contains("outside this channel"), "{e}");
+        // b itself is untouched and still fine.
+        assert!(r.rings(b).is_ok());
     }
 }

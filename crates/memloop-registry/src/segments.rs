@@ -111,6 +111,22 @@ impl Registry {
         freed
     }
 
+    /// Whether every segment under `off..off + len` is tagged as channel `ch`'s (a ring view
+    /// that reaches memory of another channel, or free memory, is a corrupt entry).
+    pub(crate) fn range_owned_by(&self, ch: ChannelId, off: u64, len: u64) -> bool {
+        let seg = self.layout.params.segment_size;
+        let (Some(rel), Some(end)) = (off.checked_sub(self.layout.heap_off), off.checked_add(len))
+        else {
+            return false;
+        };
+        if len == 0 || end > self.layout.heap_end() {
+            return false;
+        }
+        let (first, last) = (rel / seg, (rel + len - 1) / seg);
+        let tag = pack_id(ch.idx, ch.gen);
+        (first..=last).all(|s| s < self.layout.nsegments && self.tag(s) == tag)
+    }
+
     /// The segment holding the start of the channel's first ring, if the entry names one.
     fn channel_first_segment(&self, ch: ChannelId) -> Option<u64> {
         let off = self.channel_c2s(ch)?;

@@ -211,7 +211,14 @@ impl Probe {
     }
 }
 
+/// [`probe`] held against the capacity validated when the ring was attached: a capacity word
+/// a buggy peer changed since reads as corruption instead of skewing `used` and `free`.
+pub fn probe_attached(view: &ShmSlice, capacity: u64) -> Option<Probe> {
+    probe(view).filter(|p| p.capacity == capacity)
+}
+
 /// Reads a [`Probe`]; `None` if the header or indices are not a valid ring (corruption).
+/// Readers that attached the ring should use [`probe_attached`].
 pub fn probe(view: &ShmSlice) -> Option<Probe> {
     if view.u64_at(OFF_MAGIC).ok()?.load(Acquire) != RING_MAGIC {
         return None;

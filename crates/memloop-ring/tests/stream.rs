@@ -245,6 +245,16 @@ fn probe_reports_levels_and_flags() {
     c.close();
     let pr = memloop_ring::header::probe(&view).unwrap();
     assert!(pr.writer_shut && pr.reader_closed);
+    // A capacity word changed after attach (a buggy peer) is corruption for a reader that
+    // attached with the validated one.
+    let cap = memloop_ring::header::probe_attached(&view, 256)
+        .unwrap()
+        .capacity;
+    assert_eq!(cap, 256);
+    let cap_word = view.u64_at(memloop_ring::header::OFF_CAP).unwrap();
+    cap_word.store(1 << 20, std::sync::atomic::Ordering::Relaxed);
+    assert!(memloop_ring::header::probe_attached(&view, 256).is_none());
+    cap_word.store(256, std::sync::atomic::Ordering::Relaxed);
     // A tail beyond head + capacity is corruption: no probe.
     view.u64_at(0)
         .unwrap()
