@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use support::{artifact, death_signal, describe, preload_lib, signal_name, spawn, tail};
+use support::{artifact, death_signal, describe, env_prefix, signal_name, spawn, tail};
 use support::{wait_bounded, RegionGuard, Scratch};
 
 /// Seconds the program may run beyond its own watchdog (40 s; more for long stress runs).
@@ -55,17 +55,7 @@ struct Run {
 /// One run of `scenario` (under the preload when `region` is given).
 fn run(scenario: &str, args: &[String], region: Option<&str>, limit: u64) -> Run {
     let scratch = Scratch::new("evloop", scenario);
-    let mut cmd: Vec<String> = ["timeout", "-k", "5", &limit.to_string(), "env"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    cmd.extend(["-u", "LD_PRELOAD", "-u", "MEMLOOP_REGION"].map(String::from));
-    if let Some(r) = region {
-        cmd.push(format!("LD_PRELOAD={}", preload_lib().display()));
-        cmd.push(format!("MEMLOOP_REGION={r}"));
-        cmd.push("MEMLOOP_LOG=debug".into());
-        cmd.push("MEMLOOP_SERVER_WAIT_US=100000".into());
-    }
+    let mut cmd = env_prefix(limit, region);
     cmd.push(evtest().display().to_string());
     cmd.push(scenario.into());
     cmd.extend(args.iter().cloned());

@@ -32,7 +32,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use support::{
-    death_signal, describe, find_artifact, not_started, preload_lib, profile_dir, signal_name,
+    death_signal, describe, env_prefix, find_artifact, not_started, profile_dir, signal_name,
     spawn, wait_bounded, wait_for_port, workspace, Outcome, RegionGuard, Scratch,
 };
 
@@ -278,25 +278,8 @@ fn role_cmd(
     role: &str,
     args: Vec<String>,
 ) -> Vec<String> {
-    let mut v: Vec<String> = vec![
-        s("timeout"),
-        s("-k"),
-        s("5"),
-        PROCESS_TIMEOUT.to_string(),
-        s("env"),
-        s("-u"),
-        s("LD_PRELOAD"),
-        s("-u"),
-        s("MEMLOOP_REGION"),
-        s("PYTHONDONTWRITEBYTECODE=1"),
-        s("PYTHONUNBUFFERED=1"),
-    ];
-    if mode == Mode::Preload {
-        v.push(format!("LD_PRELOAD={}", preload_lib().display()));
-        v.push(format!("MEMLOOP_REGION={}", region.expect("region")));
-        v.push(s("MEMLOOP_LOG=debug"));
-        v.push(s("MEMLOOP_SERVER_WAIT_US=100000"));
-    }
+    let preload = (mode == Mode::Preload).then(|| region.expect("region"));
+    let mut v = env_prefix(PROCESS_TIMEOUT, preload);
     v.extend(l.prefix.iter().cloned());
     v.push(s(role));
     v.extend(args);

@@ -36,7 +36,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use support::{
-    is_root, killed, memloop_bin, not_started, preload_lib, spawn, wait_bounded, wait_for_port,
+    env_prefix, is_root, killed, memloop_bin, not_started, spawn, wait_bounded, wait_for_port,
     workspace, Outcome, RegionGuard, Scratch,
 };
 
@@ -211,27 +211,10 @@ fn role_cmd(
     role: &str,
     args: Vec<String>,
 ) -> Vec<String> {
-    let mut v: Vec<String> = vec![
-        "timeout".into(),
-        "-k".into(),
-        "5".into(),
-        PROCESS_TIMEOUT.to_string(),
-        "env".into(),
-        "-u".into(),
-        "LD_PRELOAD".into(),
-        "-u".into(),
-        "MEMLOOP_REGION".into(),
-        "PYTHONDONTWRITEBYTECODE=1".into(),
-        "PYTHONUNBUFFERED=1".into(),
-    ];
+    let preload = (mode != Mode::Kernel).then(|| region.expect("region"));
+    let mut v = env_prefix(PROCESS_TIMEOUT, preload);
     if mode == Mode::Disabled {
         v.push("MEMLOOP_DISABLE=1".into());
-    }
-    if mode != Mode::Kernel {
-        v.push(format!("LD_PRELOAD={}", preload_lib().display()));
-        v.push(format!("MEMLOOP_REGION={}", region.expect("region")));
-        v.push("MEMLOOP_LOG=debug".into());
-        v.push("MEMLOOP_SERVER_WAIT_US=100000".into());
     }
     v.push("python3".into());
     v.push(

@@ -390,36 +390,34 @@ impl EpollSet {
     /// [`Self::drain_owed`] for the nested sets only (this set's own doorbells are read as
     /// their events come).
     fn drain_nested_owed(&self) {
-        let sets: Vec<Arc<EpollSet>> = self
-            .st
-            .lock()
-            .items
-            .values()
-            .filter_map(|it| match &it.target {
-                Target::Set(s) => Some(s.clone()),
-                Target::Conn(_) => None,
-            })
-            .collect();
-        sets.iter().for_each(|s| s.drain_owed());
+        for t in self.targets() {
+            if let Target::Set(s) = t {
+                s.drain_owed();
+            }
+        }
     }
 
     /// Reads the doorbells owed to the ring members (of this set and the sets in it) before
     /// the kernel is asked whether this set is readable: an unread doorbell whose data was
     /// consumed would make it look readable with nothing to report.
     pub fn drain_owed(&self) {
-        let (conns, sets): (Vec<_>, Vec<_>) = self
-            .st
-            .lock()
-            .items
-            .values()
-            .map(|it| it.target.clone())
-            .partition(|t| matches!(t, Target::Conn(_)));
-        for t in conns.iter().chain(&sets) {
+        for t in self.targets() {
             match t {
                 Target::Conn(c) => c.drain_owed(),
                 Target::Set(s) => s.drain_owed(),
             }
         }
+    }
+
+    /// The members' targets, taken under the lock to be used after it (their calls may
+    /// block or take other sets' locks).
+    fn targets(&self) -> Vec<Target> {
+        self.st
+            .lock()
+            .items
+            .values()
+            .map(|it| it.target.clone())
+            .collect()
     }
 
     // ---- exec ------------------------------------------------------------------------------
@@ -702,17 +700,11 @@ impl EpollSet {
 
     /// Across kernels nothing closes a vanished VM's socket: look at the peers' heartbeats.
     fn watch_peers(&self) {
-        let conns: Vec<_> = self
-            .st
-            .lock()
-            .items
-            .values()
-            .filter_map(|it| match &it.target {
-                Target::Conn(c) => Some(c.clone()),
-                Target::Set(_) => None,
-            })
-            .collect();
-        conns.iter().for_each(|c| c.watch_peer());
+        for t in self.targets() {
+            if let Target::Conn(c) = t {
+                c.watch_peer();
+            }
+        }
     }
 
     fn spin_window(&self) -> Duration {
@@ -799,20 +791,15 @@ impl Waiter<'_> {
             Err(e) => return Some(Err(e)),
         };
         let mut kept = 0;
-        let mut ours = 0;
         let mut reported = Vec::new();
         for i in 0..n {
-            let ev = out[i];
-            match self.set.translate_one(self.epfd, ev, &mut reported) {
-                Some(e) => {
-                    ours += usize::from(e.u64 != ev.u64 || e.events != ev.events);
-                    out[kept] = e;
-                    kept += 1;
-                }
-                None => ours += 1,
+            if let Some(e) = self.set.translate_one(self.epfd, out[i], &mut reported) {
+                out[kept] = e;
+                kept += 1;
             }
         }
-        (ours == 0 || kept > 0).then_some(Ok(kept))
+        // Events came but all were ours: nothing for the program yet.
+        (kept > 0 || n == 0).then_some(Ok(kept))
     }
 
     fn run(

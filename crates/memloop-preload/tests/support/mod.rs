@@ -62,6 +62,26 @@ pub fn preload_lib() -> PathBuf {
     )
 }
 
+/// `timeout -k 5 LIMIT env -u LD_PRELOAD -u MEMLOOP_REGION [PYTHON…]`, then — under the preload
+/// (`region` given) — the library, the region, debug logging and a server wait long enough that
+/// a loaded machine does not turn a test's connection into a (correct but useless) TCP one.
+/// The program's own command line follows.
+pub fn env_prefix(limit: u64, region: Option<&str>) -> Vec<String> {
+    let mut v: Vec<String> = ["timeout", "-k", "5", &limit.to_string(), "env"]
+        .iter()
+        .chain(&["-u", "LD_PRELOAD", "-u", "MEMLOOP_REGION"])
+        .chain(&["PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1"])
+        .map(|s| s.to_string())
+        .collect();
+    if let Some(r) = region {
+        v.push(format!("LD_PRELOAD={}", preload_lib().display()));
+        v.push(format!("MEMLOOP_REGION={r}"));
+        v.push("MEMLOOP_LOG=debug".into());
+        v.push("MEMLOOP_SERVER_WAIT_US=100000".into());
+    }
+    v
+}
+
 pub fn memloop_bin() -> PathBuf {
     artifact(
         "MEMLOOP_BIN",
