@@ -188,8 +188,8 @@ impl ProdCore {
         mut ready: impl FnMut(&mut Self) -> Result<bool, RingError>,
     ) -> Result<bool, RingError> {
         let cell = self.h.prod.clone();
-        let mut spinner = self.spinner;
-        let r = block_until(&cell, &mut spinner, policy, timeout, || {
+        let spinner = std::mem::take(&mut self.spinner);
+        let r = block_until(&cell, &spinner, policy, timeout, || {
             match self.check_open() {
                 Err(RingError::Closed) => Ok(true),
                 Err(e) => Err(e),
@@ -325,8 +325,8 @@ impl ConsCore {
         mut ready: impl FnMut(&mut Self) -> Result<bool, RingError>,
     ) -> Result<bool, RingError> {
         let cell = self.h.cons.clone();
-        let mut spinner = self.spinner;
-        let r = block_until(&cell, &mut spinner, policy, timeout, || ready(self));
+        let spinner = std::mem::take(&mut self.spinner);
+        let r = block_until(&cell, &spinner, policy, timeout, || ready(self));
         self.spinner = spinner;
         r
     }

@@ -28,4 +28,4 @@ pub use header::{init_ring, ring_bytes, RingKind, RING_HEADER_BYTES};
 pub use record::{RecordConsumer, RecordProducer, RecvInfo};
 pub use slots::{SlotConsumer, SlotProducer};
 pub use stream::{StreamConsumer, StreamProducer};
-pub use wait::{WaitPolicy, WakeMode};
+pub use wait::{park_until, Park, Spinner, WaitCell, WaitPolicy, WakeMode};

@@ -57,9 +57,10 @@ impl WaitPolicy {
     }
 }
 
-/// One side's "I am sleeping" flag and futex sequence word.
+/// One side's "I am sleeping" flag and futex sequence word: a ring end's, or a listener's
+/// doorbell in the registry.
 #[derive(Clone)]
-pub(crate) struct WaitCell {
+pub struct WaitCell {
     waiting: ShmU32,
     seq: ShmU32,
 }
@@ -130,7 +131,9 @@ impl WaitCell {
         self.seq.load(SeqCst)
     }
 
-    fn sleep(&self, old: u32, policy: &WaitPolicy, dur: Duration, backoff: &mut Duration) {
+    /// Sleeps while the sequence word still holds `old` (what [`WaitCell::arm`] returned), for
+    /// at most `dur` and the policy's `max_sleep`; `backoff` paces polling sleeps.
+    pub fn sleep(&self, old: u32, policy: &WaitPolicy, dur: Duration, backoff: &mut Duration) {
         match policy.mode {
             WakeMode::Futex => futex::wait(&self.seq, old, dur.min(policy.max_sleep)),
             WakeMode::SleepPoll => {
@@ -146,15 +149,17 @@ impl WaitCell {
 /// Value of a waiting flag armed by a waiter that needs an external doorbell (1 = futex).
 pub const WAIT_DOORBELL: u32 = 2;
 
-const MIN_BACKOFF: Duration = Duration::from_micros(20);
+/// First polling sleep towards another kernel.
+pub const MIN_BACKOFF: Duration = Duration::from_micros(20);
 /// Polls before the first clock reading (a few hundred ns).
 #[cfg(not(loom))]
 const FAST_POLLS: u32 = 16;
 #[cfg(loom)]
 const FAST_POLLS: u32 = 1;
-/// Spin rounds (about 10 µs) before the spinner starts yielding.
-const PURE_SPINS: u32 = 256;
-/// Spin hints between two `yield_now` calls while spinning.
+/// Pure spinning (no yield) for up to this long: a peer on the other core usually answers
+/// well within it, and yielding early hands the CPU to unrelated work for a whole time slice.
+const PURE_SPIN: Duration = Duration::from_micros(10);
+/// Spin hints between two `yield_now` calls once the spinner yields.
 const SPINS_PER_YIELD: u32 = 32;
 
 #[cfg(not(loom))]
@@ -199,114 +204,197 @@ impl Clock {
     }
 }
 
-/// Adaptive spin window, kept per producer/consumer: halves when spinning fails (the peer is
-/// slow, sleeping is cheaper), doubles back towards the policy's maximum when it succeeds.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Spinner {
-    window: Duration,
+/// Adaptive spin window, kept per ring end, connection or wait set: halves when spinning
+/// fails (the peer is slow or shares our core, so sleeping is cheaper), doubles back towards
+/// the maximum when it succeeds. Takes `&self` so threads sharing a connection share it; its
+/// word is process-local (not shared memory), so relaxed updates that race only lose a hint.
+#[derive(Debug)]
+pub struct Spinner {
+    window_ns: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Spinner {
     fn default() -> Self {
         Spinner {
-            window: Duration::MAX,
+            window_ns: std::sync::atomic::AtomicU64::new(u64::MAX),
         }
     }
 }
 
 impl Spinner {
-    fn current(&self, policy: &WaitPolicy) -> Duration {
-        self.window.min(policy.spin)
+    fn current(&self, max: Duration) -> Duration {
+        let w = self.window_ns.load(std::sync::atomic::Ordering::Relaxed);
+        Duration::from_nanos(w).min(max)
     }
-    fn hit(&mut self, policy: &WaitPolicy) {
-        self.window = self
-            .current(policy)
-            .saturating_mul(2)
-            .max(Duration::from_micros(1))
-            .min(policy.spin);
-    }
-    fn miss(&mut self, policy: &WaitPolicy) {
-        // Never below a quarter of the policy: a futex sleep costs ~35 µs here, so a waiter
-        // that gives up after a few µs turns every medium-sized exchange into a sleep.
-        self.window = (self.current(policy) / 2).max(policy.spin / 4);
-    }
-    #[cfg(all(test, not(loom)))]
-    pub fn window(&self) -> Duration {
-        self.window
-    }
-}
 
-/// Waits until `ready()` is true (→ `Ok(true)`) or `timeout` passes (→ `Ok(false)`).
-pub(crate) fn block_until(
-    cell: &WaitCell,
-    spinner: &mut Spinner,
-    policy: &WaitPolicy,
-    timeout: Duration,
-    mut ready: impl FnMut() -> Result<bool, RingError>,
-) -> Result<bool, RingError> {
-    // Most waits on a busy pair end within a few polls: do those before paying for a clock.
-    if !policy.spin.is_zero() {
+    fn store(&self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.window_ns
+            .store(ns, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn hit(&self, max: Duration) {
+        let next = self.current(max).saturating_mul(2);
+        self.store(next.max(Duration::from_micros(1)).min(max));
+    }
+
+    fn miss(&self, max: Duration) {
+        // Never below a quarter of the maximum: a futex sleep costs ~35 µs here, so a waiter
+        // that gives up after a few µs turns every medium-sized exchange into a sleep.
+        self.store((self.current(max) / 2).max(max / 4));
+    }
+
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn window(&self) -> Duration {
+        Duration::from_nanos(self.window_ns.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Polls `ready` for up to the adaptive window (at most `max`); true if it became ready.
+    /// After the first [`PURE_SPIN`] it yields now and then: on two cores the peer may need
+    /// our CPU.
+    pub fn spin<E>(
+        &self,
+        max: Duration,
+        mut ready: impl FnMut() -> Result<bool, E>,
+    ) -> Result<bool, E> {
+        // Most waits on a busy pair end within a few polls: do those before paying for a clock.
         for _ in 0..FAST_POLLS {
             if ready()? {
                 return Ok(true);
             }
             sync::spin_hint();
         }
-    }
-    let clock = Clock::start();
-    if spin(&clock, spinner, policy, timeout, &mut ready)? {
-        return Ok(true);
-    }
-    let mut backoff = MIN_BACKOFF;
-    loop {
-        let old = cell.arm();
-        let outcome = match ready() {
-            Ok(false) => None,
-            other => Some(other),
-        };
-        let left = timeout.saturating_sub(clock.elapsed());
-        if outcome.is_none() && !left.is_zero() {
-            cell.sleep(old, policy, left, &mut backoff);
+        let window = self.current(max);
+        if window.is_zero() {
+            return Ok(false);
         }
-        cell.disarm();
-        match outcome {
-            Some(r) => return r,
-            None if left.is_zero() => return Ok(false),
-            None => {}
+        let clock = Clock::start();
+        let mut i = 0u32;
+        let mut yielding = false;
+        loop {
+            if ready()? {
+                self.hit(max);
+                return Ok(true);
+            }
+            i = i.wrapping_add(1);
+            // Reading the clock costs as much as a few spins: only every 8th round.
+            if i % 8 == 0 {
+                let t = clock.elapsed();
+                if t >= window {
+                    self.miss(max);
+                    return Ok(false);
+                }
+                yielding = t >= PURE_SPIN;
+            }
+            if yielding && i % SPINS_PER_YIELD == 0 {
+                sync::yield_now();
+            } else {
+                sync::spin_hint();
+            }
+        }
+    }
+
+    /// [`Spinner::spin`] for a condition that cannot fail.
+    pub fn spin_ok(&self, max: Duration, mut ready: impl FnMut() -> bool) -> bool {
+        match self.spin::<std::convert::Infallible>(max, || Ok(ready())) {
+            Ok(hit) => hit,
         }
     }
 }
 
-/// The bounded spin phase; yields regularly so the peer can run on a 2-core machine.
-fn spin(
-    clock: &Clock,
-    spinner: &mut Spinner,
-    policy: &WaitPolicy,
-    timeout: Duration,
-    ready: &mut impl FnMut() -> Result<bool, RingError>,
-) -> Result<bool, RingError> {
-    let window = spinner.current(policy).min(timeout);
-    let mut i = 0u32;
+/// How a waiter sleeps once spinning has failed. The protocol (see the module docs) is the
+/// same whatever the sleep is — a futex on the ring, a bounded poll towards another kernel,
+/// or a kernel socket that receives a doorbell byte: announce the sleep, re-check, sleep,
+/// withdraw the announcement.
+pub trait Park {
+    type Error;
+    /// Announces the sleep so that the peer's next publication wakes us.
+    fn arm(&mut self);
+    /// Sleeps for at most `left` (`None`: until woken), or not at all if a wake-up already
+    /// came since [`Park::arm`].
+    fn park(&mut self, left: Option<Duration>) -> Result<(), Self::Error>;
+    /// Withdraws the announcement.
+    fn disarm(&mut self);
+    /// Runs after every sleep, before readiness is checked again (e.g. a look at the peer's
+    /// liveness, which may itself make the condition true).
+    fn after_sleep(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+/// The sleeping phase of a wait: until `ready()` (→ `Ok(true)`) or `timeout` passes
+/// (→ `Ok(false)`; `None` waits for ever). Call [`Spinner::spin`] first.
+pub fn park_until<P: Park>(
+    park: &mut P,
+    timeout: Option<Duration>,
+    mut ready: impl FnMut() -> Result<bool, P::Error>,
+) -> Result<bool, P::Error> {
+    let clock = Clock::start();
     loop {
-        if ready()? {
-            spinner.hit(policy);
-            return Ok(true);
+        park.arm();
+        let outcome = ready();
+        if !matches!(outcome, Ok(false)) {
+            park.disarm();
+            return outcome;
         }
-        i = i.wrapping_add(1);
-        // Reading the clock costs as much as a few spins: only every 8th round.
-        if i % 8 == 0 && clock.elapsed() >= window {
-            spinner.miss(policy);
+        let left = timeout.map(|t| t.saturating_sub(clock.elapsed()));
+        if left.is_some_and(|l| l.is_zero()) {
+            park.disarm();
             return Ok(false);
         }
-        // Yield only once pure spinning has failed for a while: a sched_yield costs ~0.3 µs
-        // here, which would dominate a fast exchange; but if the peer shares our core it can
-        // only run if we let it.
-        if i >= PURE_SPINS && i % SPINS_PER_YIELD == 0 {
-            sync::yield_now();
-        } else {
-            sync::spin_hint();
+        let slept = park.park(left);
+        park.disarm();
+        slept?;
+        park.after_sleep()?;
+        if ready()? {
+            return Ok(true);
         }
     }
+}
+
+/// A ring's own sleep: a futex on its sequence word (same kernel), or a bounded sleep with
+/// exponential back-off (towards another kernel, where no kernel object is shared).
+struct RingPark<'a> {
+    cell: &'a WaitCell,
+    policy: &'a WaitPolicy,
+    old: u32,
+    backoff: Duration,
+}
+
+impl Park for RingPark<'_> {
+    type Error = RingError;
+    fn arm(&mut self) {
+        self.old = self.cell.arm();
+    }
+    fn park(&mut self, left: Option<Duration>) -> Result<(), RingError> {
+        let dur = left.unwrap_or(self.policy.max_sleep);
+        self.cell
+            .sleep(self.old, self.policy, dur, &mut self.backoff);
+        Ok(())
+    }
+    fn disarm(&mut self) {
+        self.cell.disarm();
+    }
+}
+
+/// Waits until `ready()` is true (→ `Ok(true)`) or `timeout` passes (→ `Ok(false)`).
+pub(crate) fn block_until(
+    cell: &WaitCell,
+    spinner: &Spinner,
+    policy: &WaitPolicy,
+    timeout: Duration,
+    mut ready: impl FnMut() -> Result<bool, RingError>,
+) -> Result<bool, RingError> {
+    if !policy.spin.is_zero() && spinner.spin(policy.spin.min(timeout), &mut ready)? {
+        return Ok(true);
+    }
+    let mut park = RingPark {
+        cell,
+        policy,
+        old: 0,
+        backoff: MIN_BACKOFF,
+    };
+    park_until(&mut park, Some(timeout), ready)
 }
 
 #[cfg(all(test, not(loom)))]
@@ -319,17 +407,17 @@ mod tests {
             spin: Duration::from_micros(64),
             ..WaitPolicy::default()
         };
-        let mut s = Spinner::default();
-        s.miss(&pol);
+        let s = Spinner::default();
+        s.miss(pol.spin);
         assert_eq!(s.window(), Duration::from_micros(32));
         for _ in 0..10 {
-            s.miss(&pol);
+            s.miss(pol.spin);
         }
         assert_eq!(s.window(), Duration::from_micros(16), "floor at spin/4");
-        s.hit(&pol);
+        s.hit(pol.spin);
         assert_eq!(s.window(), Duration::from_micros(32));
         for _ in 0..10 {
-            s.hit(&pol);
+            s.hit(pol.spin);
         }
         assert_eq!(
             s.window(),
@@ -340,7 +428,7 @@ mod tests {
             spin: Duration::MAX,
             ..pol
         };
-        s.hit(&huge); // must not overflow
+        s.hit(huge.spin); // must not overflow
     }
 }
 
@@ -463,9 +551,9 @@ mod loom_tests {
             });
             let c = cell(&v);
             let flag = v.u64_at(0).unwrap();
-            let mut sp = Spinner::default();
+            let sp = Spinner::default();
             let policy = WaitPolicy::default();
-            let got = block_until(&c, &mut sp, &policy, Duration::from_millis(4), || {
+            let got = block_until(&c, &sp, &policy, Duration::from_millis(4), || {
                 Ok(flag.load(Acquire) == 1)
             });
             notifier.join().unwrap();

@@ -13,6 +13,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod channel;
 mod error;
 pub mod identity;
 pub mod ivshmem;

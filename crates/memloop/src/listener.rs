@@ -1,17 +1,18 @@
 //! Accepting native channels offered to a named service.
 
+use crate::channel;
 use crate::error::Error;
 use crate::node::{Node, NodeInner};
 use crate::stream::Stream;
 use memloop_registry::{EndpointId, EndpointKey, RegistryError, Side};
-use std::sync::atomic::{fence, Ordering};
+use memloop_ring::wait::MIN_BACKOFF;
+use memloop_ring::{WaitPolicy, WakeMode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Longest sleep in `accept` between checks (a doorbell normally wakes us earlier).
 const ACCEPT_SLICE: Duration = Duration::from_millis(100);
-/// Polling bounds for an accept where futexes do not work (a device-backed region in a VM).
-const MIN_POLL: Duration = Duration::from_micros(50);
+/// Longest polling sleep in an accept where futexes do not work (a device-backed region in a VM).
 const MAX_POLL: Duration = Duration::from_millis(5);
 
 pub struct Listener {
@@ -62,7 +63,7 @@ impl Listener {
 
     pub fn accept_timeout(&self, timeout: Option<Duration>) -> Result<Stream, Error> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let mut backoff = MIN_POLL;
+        let mut backoff = MIN_BACKOFF;
         loop {
             if let Some(s) = self.try_accept()? {
                 return Ok(s);
@@ -73,13 +74,7 @@ impl Listener {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Error::TimedOut);
             }
-            if self.node.region.futex_usable() {
-                self.sleep_on_doorbell(deadline)?;
-            } else {
-                // No futex on a device mapping: poll, backing off to a few ms between looks.
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(MAX_POLL);
-            }
+            self.sleep_on_doorbell(deadline, &mut backoff)?;
         }
     }
 
@@ -89,7 +84,7 @@ impl Listener {
             let client = reg.channel(ch)?.client;
             // A dead client's offer: reclaim it and look for the next.
             if !self.node.check_peer(client) {
-                let _ = reg.close(ch, Side::Server);
+                channel::release(reg, ch, Side::Server);
                 continue;
             }
             return Ok(Some(Stream::attach(
@@ -102,22 +97,37 @@ impl Listener {
         Ok(None)
     }
 
-    /// Arms the endpoint's "waiting" flag, re-checks for offers, then sleeps on the doorbell.
-    fn sleep_on_doorbell(&self, deadline: Option<Instant>) -> Result<(), Error> {
-        let (seq, waiting) = self.node.region.registry().endpoint_doorbell(self.ep)?;
-        let seen = seq.load(Ordering::SeqCst);
-        waiting.store(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        if self.has_offer() {
-            waiting.store(0, Ordering::SeqCst);
-            return Ok(());
+    /// Arms the endpoint's doorbell, re-checks for offers, then sleeps until a connecting
+    /// client rings it (a futex; without one — a device mapping in a VM — a polling sleep that
+    /// backs off to a few ms).
+    fn sleep_on_doorbell(
+        &self,
+        deadline: Option<Instant>,
+        backoff: &mut Duration,
+    ) -> Result<(), Error> {
+        let bell = channel::endpoint_bell(self.node.region.registry(), self.ep)?;
+        let policy = WaitPolicy {
+            mode: if self.node.region.futex_usable() {
+                WakeMode::Futex
+            } else {
+                WakeMode::SleepPoll
+            },
+            spin: Duration::ZERO,
+            max_sleep: if self.node.region.futex_usable() {
+                ACCEPT_SLICE
+            } else {
+                MAX_POLL
+            },
+        };
+        let seen = bell.arm();
+        if !self.has_offer() {
+            let mut slice = ACCEPT_SLICE;
+            if let Some(d) = deadline {
+                slice = slice.min(d.saturating_duration_since(Instant::now()));
+            }
+            bell.sleep(seen, &policy, slice, backoff);
         }
-        let mut slice = ACCEPT_SLICE;
-        if let Some(d) = deadline {
-            slice = slice.min(d.saturating_duration_since(Instant::now()));
-        }
-        memloop_shm::futex::wait(&seq, seen, slice);
-        waiting.store(0, Ordering::SeqCst);
+        bell.disarm();
         Ok(())
     }
 
@@ -132,10 +142,12 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         let reg = self.node.region.registry();
-        let _ = reg.remove_endpoint(self.ep);
+        if let Err(e) = reg.remove_endpoint(self.ep) {
+            tracing::debug!(name = %self.name, "removing the endpoint: {e}");
+        }
         // Offers nobody will accept: close them so their clients see the end of the stream.
         while let Ok(Some(ch)) = reg.take_offer(self.ep, self.node.id) {
-            let _ = reg.close(ch, Side::Server);
+            channel::release(reg, ch, Side::Server);
         }
     }
 }

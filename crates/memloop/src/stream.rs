@@ -5,14 +5,14 @@
 //! Blocking calls wait on the ring (spin, then sleep) in slices of [`LIVENESS_SLICE`], checking
 //! between slices whether the peer is still alive, so a dead peer is noticed within a second.
 
+use crate::channel::{self, PeerWatch, StreamEnds};
 use crate::error::Error;
 use crate::node::{Node, NodeInner};
 use memloop_registry::{
-    ChannelId, ChannelState, EndpointKey, MemberId, RegistryError, Side, DEFAULT_RING_CAPACITY,
+    ChannelId, EndpointKey, MemberId, RegistryError, Side, DEFAULT_RING_CAPACITY,
 };
 use memloop_ring::{RingError, StreamConsumer, StreamProducer, WaitPolicy, WakeMode};
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
-use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,7 @@ pub struct Stream {
     ch: ChannelId,
     side: Side,
     peer: MemberId,
+    watch: PeerWatch,
     tx: StreamProducer,
     rx: StreamConsumer,
     policy: WaitPolicy,
@@ -70,7 +71,8 @@ impl Stream {
             }
             other => other?,
         };
-        ring_doorbell(n, ep.id)?;
+        // Tells a listener sleeping in `accept` that an offer is waiting.
+        channel::endpoint_bell(reg, ep.id)?.notify();
         Self::attach(n.clone(), ch, Side::Client, ep.owner)
     }
 
@@ -80,23 +82,21 @@ impl Stream {
         side: Side,
         peer: MemberId,
     ) -> Result<Stream, Error> {
-        let rings = node.region.registry().rings(ch)?;
-        let (tx, rx) = match side {
-            Side::Client => (
-                StreamProducer::attach(rings.c2s)?,
-                StreamConsumer::attach(rings.s2c)?,
-            ),
-            Side::Server => (
-                StreamProducer::attach(rings.s2c)?,
-                StreamConsumer::attach(rings.c2s)?,
-            ),
-        };
+        let StreamEnds { tx, rx, .. } = StreamEnds::attach(node.region.registry(), ch, side)?;
         let policy = node.wait_policy(peer);
+        let watch = PeerWatch::new(
+            &Node {
+                inner: node.clone(),
+            },
+            ch,
+            side,
+        );
         Ok(Stream {
             node,
             ch,
             side,
             peer,
+            watch,
             tx,
             rx,
             policy,
@@ -263,41 +263,15 @@ impl Stream {
 
     /// Has the peer died, or (for an unaccepted offer) been declined?
     fn peer_gone(&self) -> bool {
-        let reg = self.node.region.registry();
-        match reg.channel_state(self.ch) {
-            Ok(ChannelState::Declined | ChannelState::Cancelled) | Err(_) => return true,
-            Ok(_) => {}
-        }
-        if matches!(reg.channel(self.ch), Ok(info) if dead_bit(&info, self.side)) {
-            return true;
-        }
-        !self.node.check_peer(self.peer)
+        self.watch.lost(self.peer)
     }
-}
-
-fn dead_bit(info: &memloop_registry::ChannelInfo, me: Side) -> bool {
-    match me {
-        Side::Client => info.server_dead,
-        Side::Server => info.client_dead,
-    }
-}
-
-/// Tells a listener sleeping in `accept` that an offer is waiting.
-fn ring_doorbell(n: &NodeInner, ep: memloop_registry::EndpointId) -> Result<(), Error> {
-    let (seq, waiting) = n.region.registry().endpoint_doorbell(ep)?;
-    seq.fetch_add(1, Ordering::SeqCst);
-    fence(Ordering::SeqCst);
-    if waiting.load(Ordering::SeqCst) != 0 {
-        memloop_shm::futex::wake(&seq, u32::MAX);
-    }
-    Ok(())
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
         self.shutdown_write();
         self.rx.close();
-        let _ = self.node.region.registry().close(self.ch, self.side);
+        channel::release(self.node.region.registry(), self.ch, self.side);
     }
 }
 

@@ -1,0 +1,147 @@
+//! The channel layer: what every transport does with a channel once the registry holds one
+//! for it — attach its rings, watch the peer, release our side. The native [`crate::Stream`]
+//! and the preload's transparent connections sit on it, and so will datagrams, pools, links
+//! and block devices. Waiting (spin, then arm / re-check / sleep) is the other shared piece:
+//! [`memloop_ring::wait`], whose handshake the loom models check.
+
+use crate::error::Error;
+use crate::node::Node;
+use memloop_registry::{ChannelId, ChannelState, MemberId, Registry, Side};
+use memloop_ring::{StreamConsumer, StreamProducer, WaitCell};
+use memloop_shm::ShmSlice;
+
+/// Our two ends of a byte-stream channel: the ring we write and the ring we read, plus their
+/// views (readiness probes and byte totals read the headers without the ends' locks).
+pub struct StreamEnds {
+    pub tx: StreamProducer,
+    pub rx: StreamConsumer,
+    pub tx_view: ShmSlice,
+    pub rx_view: ShmSlice,
+}
+
+impl StreamEnds {
+    /// Attaches `side`'s ends of channel `ch`. The registry has validated where the rings lie;
+    /// attaching validates each ring's header (kind, capacity, indices).
+    pub fn attach(reg: &Registry, ch: ChannelId, side: Side) -> Result<StreamEnds, Error> {
+        let rings = reg.rings(ch)?;
+        let (tx_view, rx_view) = match side {
+            Side::Client => (rings.c2s, rings.s2c),
+            Side::Server => (rings.s2c, rings.c2s),
+        };
+        Ok(StreamEnds {
+            tx: StreamProducer::attach(tx_view.clone())?,
+            rx: StreamConsumer::attach(rx_view.clone())?,
+            tx_view,
+            rx_view,
+        })
+    }
+}
+
+/// What one side of a channel can learn about the other: is it still there, did it close,
+/// die or refuse the channel, does it run in our kernel.
+#[derive(Clone)]
+pub struct PeerWatch {
+    node: Node,
+    ch: ChannelId,
+    side: Side,
+}
+
+impl PeerWatch {
+    pub fn new(node: &Node, ch: ChannelId, side: Side) -> Self {
+        PeerWatch {
+            node: node.clone(),
+            ch,
+            side,
+        }
+    }
+
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    pub fn channel(&self) -> ChannelId {
+        self.ch
+    }
+
+    fn registry(&self) -> &Registry {
+        self.node.region().registry()
+    }
+
+    /// The member on the other side (`None`: a server has not taken the offer yet, or the
+    /// channel is unreadable).
+    pub fn peer(&self) -> Option<MemberId> {
+        let info = self.registry().channel(self.ch).ok()?;
+        match self.side {
+            Side::Client => info.server,
+            Side::Server => Some(info.client),
+        }
+    }
+
+    /// Someone found the peer dead and reclaimed it: its side carries the dead bit.
+    pub fn reclaimed(&self) -> bool {
+        match self.registry().channel(self.ch) {
+            Ok(info) => match self.side {
+                Side::Client => info.server_dead,
+                Side::Server => info.client_dead,
+            },
+            Err(_) => false,
+        }
+    }
+
+    /// The peer member lives, by `/proc` in our pid namespace or by its heartbeat; a dead
+    /// one is reclaimed on the spot. A channel without a peer yet counts as alive.
+    pub fn alive(&self) -> bool {
+        match self.registry().channel(self.ch) {
+            Ok(info) => {
+                let peer = match self.side {
+                    Side::Client => info.server,
+                    Side::Server => Some(info.client),
+                };
+                peer.map_or(true, |p| self.node.peer_alive(p))
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The peer closed its side, died, or refused the channel (a client's offer declined, a
+    /// server's accepted offer cancelled). An unreadable channel counts as gone.
+    pub fn gone(&self) -> bool {
+        self.registry()
+            .peer_gone(self.ch, self.side)
+            .unwrap_or(true)
+    }
+
+    /// The peer can no longer take part: the channel was refused, the peer carries the dead
+    /// bit, or its member is dead. Unlike [`PeerWatch::gone`], a peer that merely closed its
+    /// side is not lost (its rings say so, and what it sent is still read).
+    pub fn lost(&self, peer: MemberId) -> bool {
+        match self.registry().channel_state(self.ch) {
+            Ok(ChannelState::Declined | ChannelState::Cancelled) | Err(_) => return true,
+            Ok(_) => {}
+        }
+        self.reclaimed() || !self.node.peer_alive(peer)
+    }
+
+    /// The peer runs in our kernel (futexes and kernel sockets reach it). Unknown → yes.
+    pub fn same_kernel(&self) -> bool {
+        self.peer().map_or(true, |p| self.node.same_kernel(p))
+    }
+}
+
+/// Releases our side of a channel; its ring memory is freed once both sides let go. An
+/// error only means the slot changed under us (reclaimed, or a buggy peer): it is logged.
+pub fn release(reg: &Registry, ch: ChannelId, side: Side) {
+    if let Err(e) = reg.close(ch, side) {
+        tracing::debug!(?ch, ?side, "releasing a channel side: {e}");
+    }
+}
+
+/// A listener's doorbell in the registry: the endpoint's sequence word and waiting flag,
+/// driven by the same handshake as a ring end's ([`WaitCell`]).
+pub(crate) fn endpoint_bell(
+    reg: &Registry,
+    ep: memloop_registry::EndpointId,
+) -> Result<WaitCell, Error> {
+    let (seq, waiting) = reg.endpoint_doorbell(ep)?;
+    Ok(WaitCell::new(waiting, seq))
+}
