@@ -8,6 +8,7 @@ use crate::engine::Engine;
 use crate::plain::PlainTcp;
 use crate::real;
 use libc::c_int;
+use memloop::channel::{self, PeerWatch};
 use memloop::registry::{
     ChannelId, ConnTuple, EndpointId, EndpointInfo, EndpointKey, FallbackReason, Proto,
     RegistryError, Side,
@@ -90,27 +91,15 @@ pub fn find_listener(engine: &Engine, dst: SocketAddr) -> Result<EndpointInfo, F
         .ok_or(FallbackReason::NoListener)
 }
 
-fn same_kernel(engine: &Engine, ch: ChannelId, side: Side) -> bool {
-    let reg = engine.registry();
-    let Ok(info) = reg.channel(ch) else {
-        return true;
-    };
-    let peer = match side {
-        Side::Client => info.server,
-        Side::Server => Some(info.client),
-    };
-    let me = reg.member(engine.me()).ok();
-    match (peer.and_then(|p| reg.member(p).ok()), me) {
-        (Some(p), Some(m)) => p.identity.boot_id == m.identity.boot_id,
-        _ => true,
-    }
-}
-
-fn owner_same_kernel(engine: &Engine, ep: &EndpointInfo) -> bool {
-    let reg = engine.registry();
-    match (reg.member(ep.owner), reg.member(engine.me())) {
-        (Ok(o), Ok(m)) => o.identity.boot_id == m.identity.boot_id,
-        _ => true,
+/// Keeps a registry result's value; an error is logged (with what we were doing) and dropped:
+/// the callers go on without it (no marker, no hint), which only costs a ring, never a byte.
+fn logged<T>(what: &str, r: Result<T, RegistryError>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::debug!("{what}: {e}");
+            None
+        }
     }
 }
 
@@ -152,7 +141,7 @@ pub fn client_offer(
         tuple,
         fd,
         path,
-        same_kernel: owner_same_kernel(engine, ep),
+        same_kernel: engine.node.same_kernel(ep.owner),
         decide_wait: if ep.owner == engine.me() {
             engine.cfg.decide_wait_self
         } else {
@@ -160,7 +149,7 @@ pub fn client_offer(
         },
     });
     if conn.is_err() {
-        let _ = reg.cancel(ch, engine.me());
+        logged("withdrawing the offer", reg.cancel(ch, engine.me()));
     }
     conn
 }
@@ -188,9 +177,12 @@ pub fn server_refuse(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
         return Accepted::Plain(FallbackReason::Error, None);
     };
     let reg = engine.registry();
-    let marker = reg.mark_declined(engine.me(), ep, &tuple).ok();
+    let marker = logged(
+        "publishing a decline marker",
+        reg.mark_declined(engine.me(), ep, &tuple),
+    );
     if let Some(ch) = reg.find_offer_by_tuple(ep, &tuple) {
-        let _ = reg.decline(ch);
+        logged("declining an offer", reg.decline(ch));
     }
     Accepted::Plain(FallbackReason::Unsupported, marker)
 }
@@ -213,7 +205,10 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
         engine.cfg.server_wait_max
     };
     let reg = engine.registry();
-    let connecting = reg.endpoint_connecting(ep).ok();
+    let connecting = logged(
+        "the endpoint's connecting word",
+        reg.endpoint_connecting(ep),
+    );
     let start = Instant::now();
     let found = loop {
         if let Some(ch) = reg.find_offer_by_tuple(ep, &tuple) {
@@ -232,7 +227,10 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
     let ch = match found {
         Some(ch) => Some(ch),
         None => {
-            marker = reg.mark_declined(engine.me(), ep, &tuple).ok();
+            marker = logged(
+                "publishing a decline marker",
+                reg.mark_declined(engine.me(), ep, &tuple),
+            );
             late_offer(engine, &tuple)
         }
     };
@@ -243,7 +241,10 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
         return Accepted::Plain(FallbackReason::Cancelled, marker);
     }
     if let Some(m) = marker {
-        let _ = reg.free_marker(m, engine.me());
+        logged(
+            "freeing our decline marker",
+            reg.free_marker(m, engine.me()),
+        );
     }
     let conn = Conn::new(ConnParts {
         engine: engine.clone(),
@@ -252,7 +253,7 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
         tuple,
         fd,
         path: RING,
-        same_kernel: same_kernel(engine, ch, Side::Server),
+        same_kernel: PeerWatch::new(&engine.node, ch, Side::Server).same_kernel(),
         decide_wait: Duration::ZERO,
     });
     match conn {
@@ -263,7 +264,7 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
             Accepted::Ring(c)
         }
         Err(r) => {
-            let _ = reg.close(ch, Side::Server);
+            channel::release(reg, ch, Side::Server);
             Accepted::Plain(r, None)
         }
     }
@@ -280,7 +281,7 @@ fn late_offer(engine: &Engine, tuple: &ConnTuple) -> Option<ChannelId> {
             exact = Some(ch);
         } else {
             tracing::debug!(?t, ?tuple, "offer for another address: declined (NAT?)");
-            let _ = reg.decline(ch);
+            logged("declining an offer", reg.decline(ch));
             reg.count_fallback(FallbackReason::TupleMismatch);
         }
     }

@@ -1,0 +1,311 @@
+//! The data calls on a ring connection, with the kernel's semantics (partial reads, EOF after
+//! a FIN, one ECONNRESET after a reset, EPIPE/SIGPIPE, MSG_PEEK/WAITALL/DONTWAIT, timeouts).
+
+use super::{us, Conn, Dir};
+use crate::forklock::ForkMutex;
+use crate::real;
+use libc::c_int;
+use memloop::channel::StreamEnds;
+use memloop_ring::header::{probe_attached, Probe};
+use memloop_ring::{StreamConsumer, StreamProducer};
+use memloop_shm::ShmSlice;
+use std::io::{IoSlice, IoSliceMut};
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::time::Instant;
+
+/// Our ends of the channel's two rings.
+pub(super) struct Rings {
+    pub(super) prod: ForkMutex<StreamProducer>,
+    pub(super) cons: ForkMutex<StreamConsumer>,
+    pub(super) tx_view: ShmSlice,
+    pub(super) rx_view: ShmSlice,
+    /// Ring capacities (rx, tx) as validated at attach.
+    pub(super) caps: (u64, u64),
+}
+
+impl Rings {
+    pub(super) fn new(e: StreamEnds) -> Self {
+        let caps = (e.rx.capacity(), e.tx.capacity());
+        Rings {
+            prod: ForkMutex::new(e.tx),
+            cons: ForkMutex::new(e.rx),
+            tx_view: e.tx_view,
+            rx_view: e.rx_view,
+            caps,
+        }
+    }
+}
+
+impl Conn {
+    pub fn rx_probe(&self) -> Option<Probe> {
+        probe_attached(&self.rings.rx_view, self.rings.caps.0)
+    }
+
+    pub fn tx_probe(&self) -> Option<Probe> {
+        probe_attached(&self.rings.tx_view, self.rings.caps.1)
+    }
+
+    /// `recv` family on a ring connection. `Ok(0)` is EOF.
+    pub fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: c_int) -> Result<usize, c_int> {
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        if want == 0 {
+            return Ok(0);
+        }
+        let peek = flags & libc::MSG_PEEK != 0;
+        let waitall = flags & libc::MSG_WAITALL != 0;
+        // After our own SHUT_RD the kernel still hands out what was queued, then EOF.
+        let shut_rd = self.shut_rd.load(Acquire);
+        let dontwait = shut_rd || flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
+        let timeout = if dontwait {
+            None
+        } else {
+            us(&self.rcvtimeo_us)
+        };
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut got = 0usize;
+        loop {
+            // MSG_PEEK|MSG_WAITALL: wait until the whole length is there, then peek it.
+            let enough = !(peek && waitall) || self.readable_bytes() >= want;
+            if enough {
+                let n = self.read_some(bufs, got, peek)?;
+                got = if peek { n } else { got + n };
+                if got == want || (got > 0 && !waitall) {
+                    return Ok(got);
+                }
+            }
+            if self.rx_at_eof()? {
+                return self.eof(got);
+            }
+            if dontwait {
+                return match (got, shut_rd) {
+                    (0, true) => Ok(0),
+                    (0, false) => Err(libc::EAGAIN),
+                    _ => Ok(got),
+                };
+            }
+            match self.wait(Dir::Read, deadline) {
+                Ok(()) => {}
+                Err(e) if got > 0 && (e == libc::EINTR || e == libc::EAGAIN) => return Ok(got),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// End of the stream: a reset peer gives one ECONNRESET (after everything it sent).
+    pub(super) fn eof(&self, got: usize) -> Result<usize, c_int> {
+        if got == 0 && self.reset() && !self.peer.reset_reported.swap(true, AcqRel) {
+            return Err(libc::ECONNRESET);
+        }
+        Ok(got)
+    }
+
+    /// The peer reset the connection (flagged in the ring, or seen on the kernel socket).
+    pub(super) fn reset(&self) -> bool {
+        self.rx_probe()
+            .is_some_and(|p| reset_of(p.writer_reset, p.writer_shut, &self.peer.peer_reset))
+    }
+
+    /// O_NONBLOCK. After fork the open file description (and its flags) is shared with other
+    /// processes, which may change it: then ask the kernel.
+    pub(super) fn nonblocking(&self) -> bool {
+        if self.still_shared() {
+            return real::status_flags(self.kfd()) & libc::O_NONBLOCK != 0;
+        }
+        self.nonblock.load(Relaxed)
+    }
+
+    /// Copies into `bufs` starting `skip` bytes in.
+    pub(super) fn read_some(
+        &self,
+        bufs: &mut [IoSliceMut<'_>],
+        skip: usize,
+        peek: bool,
+    ) -> Result<usize, c_int> {
+        let r = if skip == 0 {
+            self.with_cons(|c| read_into(c, bufs, peek))?
+        } else {
+            let mut rest = advance_mut(bufs, skip);
+            self.with_cons(|c| read_into(c, &mut rest, peek))?
+        };
+        r.map_err(|e| self.ring_error(e))
+    }
+
+    /// EOF: the writer shut down and the ring is drained, or the peer's socket is gone.
+    pub(super) fn rx_at_eof(&self) -> Result<bool, c_int> {
+        let p = self.rx_probe().ok_or(libc::EIO)?;
+        if p.used > 0 {
+            return Ok(false);
+        }
+        // Re-read after the flag: bytes published before the shutdown are visible by now.
+        let shut = p.writer_shut || p.writer_reset || self.peer_closed();
+        Ok(shut && self.rx_probe().is_some_and(|p| p.used == 0))
+    }
+
+    pub(super) fn ring_error(&self, e: memloop_ring::RingError) -> c_int {
+        match e {
+            memloop_ring::RingError::Closed => libc::EPIPE,
+            e => {
+                tracing::warn!(ch = ?self.ch, "ring error: {e}");
+                libc::EIO
+            }
+        }
+    }
+
+    /// `send` family on a ring connection (blocking sends queue everything, as TCP does).
+    pub fn send(&self, bufs: &[IoSlice<'_>], flags: c_int) -> Result<usize, c_int> {
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        let nosignal = flags & libc::MSG_NOSIGNAL != 0;
+        let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
+        let timeout = if dontwait {
+            None
+        } else {
+            us(&self.sndtimeo_us)
+        };
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut sent = 0usize;
+        loop {
+            if self.shut_wr.load(Acquire) || self.peer_closed() {
+                return self.broken_pipe(sent, nosignal);
+            }
+            let r = if sent == 0 {
+                self.with_prod(|p| p.write_vectored(bufs))?
+            } else {
+                let rest = advance(bufs, sent);
+                self.with_prod(|p| p.write_vectored(&rest))?
+            };
+            match r {
+                Ok(n) => sent += n,
+                Err(memloop_ring::RingError::Closed) => return self.broken_pipe(sent, nosignal),
+                Err(e) => return Err(self.ring_error(e)),
+            }
+            if sent == want {
+                return Ok(sent);
+            }
+            if dontwait {
+                return if sent > 0 {
+                    Ok(sent)
+                } else {
+                    Err(libc::EAGAIN)
+                };
+            }
+            match self.wait(Dir::Write, deadline) {
+                Ok(()) => {}
+                Err(e) if sent > 0 && (e == libc::EINTR || e == libc::EAGAIN) => return Ok(sent),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    pub(super) fn broken_pipe(&self, sent: usize, nosignal: bool) -> Result<usize, c_int> {
+        if sent > 0 {
+            return Ok(sent);
+        }
+        if !nosignal {
+            real::raise_sigpipe();
+        }
+        Err(libc::EPIPE)
+    }
+
+    pub fn shutdown(&self, how: c_int) -> Result<(), c_int> {
+        if how == libc::SHUT_RD || how == libc::SHUT_RDWR {
+            self.shut_rd.store(true, Release);
+        }
+        if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
+            self.shut_wr.store(true, Release);
+            self.with_prod(|p| p.shutdown())?;
+            // The peer may sleep in epoll without having armed for this end: always ring.
+            real::ring_doorbell(self.kfd());
+        }
+        Ok(())
+    }
+
+    /// SIOCOUTQ: bytes we sent that the peer has not read yet.
+    pub fn unread_by_peer(&self) -> usize {
+        self.tx_probe().map_or(0, |p| p.used as usize)
+    }
+
+    /// Waits (unless `nonblock`) until the tx ring has room; returns how much (≤ `max`).
+    pub fn wait_room(&self, max: usize, nonblock: bool) -> Result<usize, c_int> {
+        let dontwait = nonblock || self.nonblocking();
+        let deadline = us(&self.sndtimeo_us).map(|t| Instant::now() + t);
+        loop {
+            if self.shut_wr.load(Acquire) || self.peer_closed() {
+                return Err(libc::EPIPE);
+            }
+            let free = self.tx_probe().map_or(0, |p| p.free() as usize);
+            if free > 0 {
+                return Ok(free.min(max).max(1));
+            }
+            if dontwait {
+                return Err(libc::EAGAIN);
+            }
+            self.wait(Dir::Write, deadline)?;
+        }
+    }
+
+    /// FIONREAD.
+    pub fn readable_bytes(&self) -> usize {
+        self.rx_probe().map_or(0, |p| p.used as usize)
+    }
+
+    /// For epoll edge-triggering: values that change whenever new data or space appears, and
+    /// whether the peer's end of the stream arrived (an edge of its own, like a FIN).
+    pub fn progress(&self) -> (u64, u64, bool) {
+        let t = memloop_ring::header::totals(&self.rings.rx_view).map_or(0, |(t, _)| t);
+        let h = memloop_ring::header::totals(&self.rings.tx_view).map_or(0, |(_, h)| h);
+        let fin = self.peer_closed()
+            || self
+                .rx_probe()
+                .is_some_and(|p| p.writer_shut || p.writer_reset);
+        (t, h, fin)
+    }
+}
+
+/// Whether a connection was reset: the peer said so in the ring, or the kernel socket was
+/// reset before the peer shut its ring end down. After a clean ring shutdown a kernel reset
+/// only means a doorbell byte reached the peer's socket as it closed (the kernel resets a
+/// socket closed with unread bytes): the stream itself ended cleanly.
+pub(super) fn reset_of(writer_reset: bool, writer_shut: bool, kernel_reset: &AtomicBool) -> bool {
+    writer_reset || (kernel_reset.load(Acquire) && !writer_shut)
+}
+
+fn read_into(
+    c: &mut StreamConsumer,
+    bufs: &mut [IoSliceMut<'_>],
+    peek: bool,
+) -> Result<usize, memloop_ring::RingError> {
+    if !peek {
+        return c.read_vectored(bufs);
+    }
+    match bufs.first_mut() {
+        Some(b) => c.peek(b),
+        None => Ok(0),
+    }
+}
+
+/// `bufs` without its first `skip` bytes.
+fn advance<'a>(bufs: &'a [IoSlice<'a>], mut skip: usize) -> Vec<IoSlice<'a>> {
+    let mut out = Vec::with_capacity(bufs.len());
+    for b in bufs {
+        if skip >= b.len() {
+            skip -= b.len();
+            continue;
+        }
+        out.push(IoSlice::new(&b[skip..]));
+        skip = 0;
+    }
+    out
+}
+
+fn advance_mut<'a, 'b>(bufs: &'a mut [IoSliceMut<'b>], mut skip: usize) -> Vec<IoSliceMut<'a>> {
+    let mut out = Vec::with_capacity(bufs.len());
+    for b in bufs.iter_mut() {
+        if skip >= b.len() {
+            skip -= b.len();
+            continue;
+        }
+        out.push(IoSliceMut::new(&mut b[skip..]));
+        skip = 0;
+    }
+    out
+}

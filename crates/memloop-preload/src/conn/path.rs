@@ -1,0 +1,174 @@
+//! Which path a connection takes. A client's connection is `Pending` until the server takes
+//! its offer (ring) or declines it, or until the decision wait runs out (TCP, with the reason
+//! recorded); the CAS on the offer decides a race between the server's accept and our cancel.
+
+use super::Conn;
+use crate::forklock::ForkMutex;
+use crate::plain::PlainTcp;
+use crate::real;
+use libc::c_int;
+use memloop::registry::{ChannelState, FallbackReason};
+use std::sync::atomic::{AtomicI32, AtomicU8, Ordering, Ordering::*};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The path a connection's bytes take.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Path {
+    /// Offer published, the server has not decided: no byte may move yet.
+    Pending,
+    Ring,
+    Tcp,
+}
+
+pub const PENDING: Path = Path::Pending;
+pub const RING: Path = Path::Ring;
+pub const TCP: Path = Path::Tcp;
+
+/// A [`Path`] readable without a lock on every data call.
+pub(super) struct AtomicPath(AtomicU8);
+
+impl AtomicPath {
+    fn new(p: Path) -> Self {
+        AtomicPath(AtomicU8::new(p as u8))
+    }
+    pub(super) fn load(&self, o: Ordering) -> Path {
+        match self.0.load(o) {
+            0 => Path::Pending,
+            1 => Path::Ring,
+            _ => Path::Tcp,
+        }
+    }
+    pub(super) fn store(&self, p: Path, o: Ordering) {
+        self.0.store(p as u8, o);
+    }
+}
+
+/// The decision's state.
+pub(super) struct Decision {
+    pub(super) path: AtomicPath,
+    pub(super) resolving: ForkMutex<()>,
+    pub(super) plain: ForkMutex<Option<Arc<PlainTcp>>>,
+    pub(super) created: Instant,
+    pub(super) decide_wait: Duration,
+    /// The program's TCP_NODELAY, restored if the connection stays on TCP.
+    pub(super) nodelay: AtomicI32,
+}
+
+impl Decision {
+    pub(super) fn new(path: Path, decide_wait: Duration, nodelay: i32) -> Self {
+        Decision {
+            path: AtomicPath::new(path),
+            resolving: ForkMutex::new(()),
+            plain: ForkMutex::new(None),
+            created: Instant::now(),
+            decide_wait,
+            nodelay: AtomicI32::new(nodelay),
+        }
+    }
+}
+
+impl Conn {
+    pub fn path(&self) -> Path {
+        self.decision.path.load(Acquire)
+    }
+
+    pub fn plain(&self) -> Option<Arc<PlainTcp>> {
+        self.decision.plain.lock().clone()
+    }
+
+    /// Settles a pending client connection: `Ring` once the server accepted, `Tcp` if it
+    /// declined or did not answer within `decide_wait`. With `wait == false` it only looks.
+    pub fn resolve(&self, wait: bool) -> Path {
+        let p = self.path();
+        if p != PENDING {
+            return p;
+        }
+        let _g = self.decision.resolving.lock();
+        let deadline = self.decision.created + self.decision.decide_wait;
+        let mut polls = 0u32;
+        loop {
+            let p = self.path();
+            if p != PENDING {
+                return p;
+            }
+            let reg = self.engine.registry();
+            match reg.channel_state(self.ch) {
+                Ok(ChannelState::Accepted) => {
+                    // The server rings one doorbell when it accepts: ours to read.
+                    self.sleepers.owed.fetch_add(1, Relaxed);
+                    self.decision.path.store(RING, Release);
+                    tracing::debug!(ch = ?self.ch, "server accepted: ring");
+                }
+                Ok(ChannelState::Declined) => {
+                    // Frees the declined slot; failing only means someone freed it already.
+                    if let Err(e) = reg.cancel(self.ch, self.engine.me()) {
+                        tracing::debug!(ch = ?self.ch, "freeing a declined offer: {e}");
+                    }
+                    self.to_tcp(FallbackReason::Declined);
+                }
+                Ok(ChannelState::Offered) if Instant::now() >= deadline => {
+                    // The CAS decides: either our cancel wins or the server's accept did.
+                    if reg.cancel(self.ch, self.engine.me()).is_ok() {
+                        self.to_tcp(FallbackReason::Cancelled);
+                    }
+                }
+                Ok(ChannelState::Offered) if !wait => return PENDING,
+                Ok(ChannelState::Offered) => {
+                    polls += 1;
+                    if polls < 200 {
+                        std::thread::yield_now();
+                    } else if self.connection_failed() {
+                        // Reset before any accept (listener closed, backlog dropped): TCP,
+                        // where the program meets the kernel's error.
+                        if reg.cancel(self.ch, self.engine.me()).is_ok() {
+                            self.to_tcp(FallbackReason::Cancelled);
+                        }
+                    }
+                }
+                _ => self.to_tcp(FallbackReason::Error),
+            }
+        }
+    }
+
+    /// Sleeps up to 200 µs on the kernel socket (the server's accept doorbell ends it early);
+    /// true if the connection failed meanwhile.
+    pub(super) fn connection_failed(&self) -> bool {
+        let r = real::wait_fd(self.kfd(), libc::POLLIN, Some(Duration::from_micros(200)));
+        matches!(r, Ok(ev) if ev & (libc::POLLERR | libc::POLLHUP) != 0)
+    }
+
+    pub(super) fn to_tcp(&self, reason: FallbackReason) {
+        real::set_sockopt_int(
+            self.kfd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            self.decision.nodelay.load(Relaxed),
+        );
+        let plain = PlainTcp::record(&self.engine, &self.tuple, reason, None);
+        *self.decision.plain.lock() = Some(plain);
+        self.decision.path.store(TCP, Release);
+        tracing::debug!(ch = ?self.ch, %reason, "connection stays on TCP");
+    }
+
+    /// A pending client connection closed before the decision: withdraw the offer.
+    pub fn abandon(&self) {
+        if self.path() == PENDING {
+            let reg = self.engine.registry();
+            if reg.cancel(self.ch, self.engine.me()).is_err() {
+                // The server accepted meanwhile: close our side like a ring connection.
+                self.decision.path.store(RING, Release);
+                self.release();
+            }
+        }
+    }
+
+    /// TCP_NODELAY as the program set it (the kernel socket keeps it on for the doorbells).
+    pub fn app_nodelay(&self) -> c_int {
+        self.decision.nodelay.load(Relaxed)
+    }
+
+    pub fn set_app_nodelay(&self, v: c_int) {
+        self.decision.nodelay.store(v, Relaxed);
+    }
+}

@@ -1,0 +1,199 @@
+//! A ring end shared by several processes after fork: a cross-process side lock and index
+//! reloads while shared, back to the lock-free path when this process is the sole holder
+//! again; and the release of our side when the last holder closes.
+
+use super::{Conn, RING};
+use crate::real;
+use libc::c_int;
+use memloop::registry::SideWords;
+use memloop_ring::{StreamConsumer, StreamProducer};
+use std::sync::atomic::{AtomicBool, Ordering::*};
+
+pub(super) struct Sharing {
+    /// Set after fork: other processes may use this end, so ring operations take the
+    /// cross-process side lock and reload the indices.
+    pub(super) shared: AtomicBool,
+    /// Reload the indices before the next operation (this end just stopped being shared).
+    pub(super) resync_prod: AtomicBool,
+    pub(super) resync_cons: AtomicBool,
+    pub(super) side_words: Option<SideWords>,
+    /// Our side is already closed in the registry (last holder closed).
+    pub(super) released: AtomicBool,
+}
+
+impl Sharing {
+    pub(super) fn new(side_words: Option<SideWords>) -> Self {
+        Sharing {
+            shared: AtomicBool::new(false),
+            resync_prod: AtomicBool::new(false),
+            resync_cons: AtomicBool::new(false),
+            side_words,
+            released: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Conn {
+    /// Closing steps are best effort (the peer learns of the close from the kernel socket
+    /// anyway), but a failure is worth a trace: the indices could not be reloaded.
+    fn log_ring_error(&self, what: &str, r: Result<(), libc::c_int>) {
+        if let Err(e) = r {
+            tracing::debug!(ch = ?self.ch, errno = e, "{what}: failed");
+        }
+    }
+
+    pub fn mark_shared(&self) {
+        self.share.shared.store(true, Release);
+    }
+
+    /// About to fork: the child will hold this end too (if the fork fails the count stays one
+    /// too high and the end is released by the peer's close or the reclaim of our member).
+    pub fn prepare_fork(&self) {
+        self.mark_shared();
+        if let Some(w) = &self.share.side_words {
+            w.holders.fetch_add(1, AcqRel);
+        }
+    }
+
+    /// Shared since a fork — unless every other holder has closed its copy since: then this
+    /// end goes back to the lock-free path (the indices are reloaded once, as other processes
+    /// may have moved them). Decided while no fork can happen in this process, so a fork
+    /// cannot add a holder between the check and the switch.
+    pub(super) fn still_shared(&self) -> bool {
+        if !self.share.shared.load(Acquire) {
+            return false;
+        }
+        let Some(w) = &self.share.side_words else {
+            return true;
+        };
+        if w.holders.load(Acquire) > 1 {
+            return true;
+        }
+        crate::table::without_fork(|| {
+            if w.holders.load(Acquire) <= 1 && self.share.shared.load(Acquire) {
+                let nb = real::status_flags(self.kfd()) & libc::O_NONBLOCK != 0;
+                self.nonblock.store(nb, Relaxed);
+                self.share.resync_prod.store(true, Release);
+                self.share.resync_cons.store(true, Release);
+                self.share.shared.store(false, Release);
+                tracing::debug!(ch = ?self.ch, "sole holder again: ring end no longer shared");
+            }
+        });
+        self.share.shared.load(Acquire)
+    }
+
+    fn side_lock(&self) -> Option<SideLock<'_>> {
+        if !self.still_shared() {
+            return None;
+        }
+        let w = self.share.side_words.as_ref()?;
+        let me = real::getpid();
+        let mut spins = 0u32;
+        loop {
+            match w.lock.compare_exchange(0, me, Acquire, Relaxed) {
+                Ok(_) => return Some(SideLock { w }),
+                Err(holder) => {
+                    spins += 1;
+                    if spins % 4096 == 0 && !process_alive(holder) {
+                        // Its holder died inside a ring operation; the indices it published
+                        // are consistent (publication is a single store), so take over.
+                        // Losing this CAS means someone else took over first: fine.
+                        let taken = w.lock.compare_exchange(holder, 0, AcqRel, Relaxed);
+                        tracing::debug!(holder, ok = taken.is_ok(), "dead side-lock holder");
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    pub(super) fn with_prod<R>(
+        &self,
+        f: impl FnOnce(&mut StreamProducer) -> R,
+    ) -> Result<R, c_int> {
+        let mut p = self.rings.prod.lock();
+        let _l = self.side_lock();
+        if _l.is_some() || self.share.resync_prod.swap(false, AcqRel) {
+            p.resync().map_err(|_| libc::EIO)?;
+        }
+        let r = f(&mut p);
+        if p.take_doorbell() {
+            real::ring_doorbell(self.kfd());
+        }
+        Ok(r)
+    }
+
+    pub(super) fn with_cons<R>(
+        &self,
+        f: impl FnOnce(&mut StreamConsumer) -> R,
+    ) -> Result<R, c_int> {
+        let mut c = self.rings.cons.lock();
+        let _l = self.side_lock();
+        if _l.is_some() || self.share.resync_cons.swap(false, AcqRel) {
+            c.resync().map_err(|_| libc::EIO)?;
+        }
+        let r = f(&mut c);
+        if c.take_doorbell() {
+            real::ring_doorbell(self.kfd());
+        }
+        Ok(r)
+    }
+
+    /// This process closed its last fd for the connection. If no other process holds our
+    /// end, shut the rings (what was sent is still delivered, then EOF) and release our side.
+    pub fn release_with(&self, fd: c_int) {
+        self.release();
+        self.fds.lock().retain(|&f| f != fd);
+    }
+
+    pub(super) fn release(&self) {
+        if self.path() != RING || self.share.released.swap(true, AcqRel) {
+            return;
+        }
+        if let Some(w) = &self.share.side_words {
+            if self.share.shared.load(Acquire) {
+                let before = w.holders.fetch_sub(1, AcqRel);
+                tracing::debug!(ch = ?self.ch, holders = before - 1, "shared end closed here");
+                if before > 1 {
+                    return;
+                }
+            }
+        }
+        let fd = self.kfd();
+        // As the kernel: closing with data unread, or with SO_LINGER {1, 0}, resets the
+        // connection. The real close then sends the RST; the peer reads what we sent, then
+        // gets ECONNRESET (so the ring is not marked shut, which would read as a clean EOF).
+        let abort = self.readable_bytes() > 0 || real::linger_zero(fd);
+        if abort {
+            self.log_ring_error("resetting our ring end", self.with_prod(|p| p.reset()));
+            real::set_linger_zero(fd);
+        } else {
+            self.log_ring_error("shutting our ring end", self.with_prod(|p| p.shutdown()));
+            // Doorbells left unread would make the kernel reset instead of closing cleanly.
+            self.drain();
+        }
+        // The ring's tail counts every byte ever published, whichever process wrote it.
+        let sent = memloop_ring::header::totals(&self.rings.tx_view).map(|(tail, _)| tail);
+        self.log_ring_error("closing our ring end", self.with_cons(|c| c.close()));
+        real::ring_doorbell(fd);
+        let reg = self.engine.registry();
+        reg.add_counter(memloop::registry::COUNTER_RING_BYTES, sent.unwrap_or(0));
+        if let Err(e) = reg.close(self.ch, self.side) {
+            tracing::debug!(ch = ?self.ch, "close: {e}");
+        }
+    }
+}
+
+struct SideLock<'a> {
+    w: &'a SideWords,
+}
+
+impl Drop for SideLock<'_> {
+    fn drop(&mut self) {
+        self.w.lock.store(0, Release);
+    }
+}
+
+fn process_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}

@@ -1,0 +1,336 @@
+//! Readiness and sleeping. A thread (or an epoll set) that must sleep on a ring connection
+//! arms the ring end's doorbell flag and sleeps on the kernel socket; the peer, seeing the
+//! flag, sends one byte over TCP. Arms are counted per direction and doorbells owed are
+//! drained, so no byte is left to make the socket look readable after the data is consumed.
+
+use super::io::reset_of;
+use super::{Conn, Dir};
+use crate::real::{self, Drain};
+use libc::c_int;
+use memloop_ring::{park_until, Park, Spinner, StreamConsumer, StreamProducer};
+use std::sync::atomic::{AtomicU32, Ordering::*};
+use std::time::{Duration, Instant};
+
+/// `waiters` bit: a thread is draining doorbells; nobody may start sleeping meanwhile.
+const DRAINING: u32 = 1 << 31;
+
+pub(super) struct Sleepers {
+    /// Threads (and sleeping epoll sets) asleep on the kernel socket, plus the DRAINING bit.
+    pub(super) waiters: AtomicU32,
+    /// Doorbell arms per direction (read, write): several waiters of this process may sleep
+    /// on one ring end; its flag is cleared only when the last of them disarms.
+    pub(super) arms: [AtomicU32; 2],
+    /// Doorbells the peer rang for our arms that no drain has read yet.
+    pub(super) owed: AtomicU32,
+    pub(super) spinner: Spinner,
+}
+
+impl Sleepers {
+    pub(super) fn new(spin: Duration) -> Self {
+        Sleepers {
+            waiters: AtomicU32::new(0),
+            arms: [AtomicU32::new(0), AtomicU32::new(0)],
+            owed: AtomicU32::new(0),
+            spinner: Spinner::new(spin),
+        }
+    }
+}
+
+impl Conn {
+    /// Drains doorbells from the kernel socket, noting a closed or reset peer.
+    ///
+    /// Doorbells are consumed only while no thread of ours sleeps on this socket, and no thread
+    /// starts sleeping until the drain is over (the DRAINING bit of `waiters`): a drain
+    /// overlapping another thread's arm-recheck-sleep could otherwise swallow the doorbell that
+    /// thread is waiting for.
+    pub fn drain(&self) {
+        if self.kfd() < 0 {
+            return; // closed here: nothing to read, and nothing to learn about the peer
+        }
+        if self
+            .sleepers
+            .waiters
+            .compare_exchange(0, DRAINING, AcqRel, Acquire)
+            .is_err()
+        {
+            return; // a sleeper will drain when it is the last one out
+        }
+        self.drain_now();
+        self.sleepers.waiters.store(0, Release);
+    }
+
+    pub(super) fn drain_now(&self) {
+        let (state, bytes) = real::drain_doorbells(self.kfd());
+        let read = u32::try_from(bytes).unwrap_or(u32::MAX);
+        // The closure always returns Some: this update cannot fail.
+        let _ = self
+            .sleepers
+            .owed
+            .fetch_update(Relaxed, Relaxed, |o| Some(o.saturating_sub(read)));
+        match state {
+            Drain::Open => {}
+            Drain::Closed => self.set_peer_closed(),
+            Drain::Reset => {
+                self.peer.peer_reset.store(true, Release);
+                self.set_peer_closed();
+            }
+        }
+    }
+
+    /// poll-style readiness of a ring connection.
+    pub fn revents(&self) -> i16 {
+        let (Some(rx), Some(tx)) = (self.rx_probe(), self.tx_probe()) else {
+            return libc::POLLERR | libc::POLLIN | libc::POLLOUT;
+        };
+        // As the kernel: the peer's FIN is POLLIN|POLLRDHUP; POLLHUP needs both directions
+        // shut (or a reset); after our own SHUT_WR a write fails at once, so POLLOUT.
+        let reset = reset_of(rx.writer_reset, rx.writer_shut, &self.peer.peer_reset);
+        let fin = rx.writer_shut || reset || self.peer_closed();
+        let shut_rd = self.shut_rd.load(Relaxed);
+        let shut_wr = self.shut_wr.load(Relaxed);
+        let mut ev = 0;
+        if rx.used > 0 || fin || shut_rd {
+            ev |= libc::POLLIN;
+        }
+        if fin || shut_rd {
+            ev |= libc::POLLRDHUP;
+        }
+        if tx.free() > 0 || shut_wr || tx.reader_closed || self.peer_closed() {
+            ev |= libc::POLLOUT;
+        }
+        if reset || (fin && shut_wr) {
+            ev |= libc::POLLHUP;
+        }
+        if reset && !self.peer.reset_reported.load(Relaxed) {
+            ev |= libc::POLLERR;
+        }
+        ev
+    }
+
+    /// Whether a `dir` call would not block (only that direction's ring is read).
+    pub fn ready(&self, dir: Dir) -> bool {
+        if self.peer_closed() {
+            return true;
+        }
+        match dir {
+            Dir::Read => {
+                self.shut_rd.load(Relaxed)
+                    || self
+                        .rx_probe()
+                        .map_or(true, |p| p.used > 0 || p.writer_shut)
+            }
+            Dir::Write => self
+                .tx_probe()
+                .map_or(true, |p| p.free() > 0 || p.reader_closed),
+        }
+    }
+
+    /// Arms our doorbell flag for `dir`: the peer's next publication (or release) will send a
+    /// doorbell byte. Counted: the flag stays armed until every arm is matched by a disarm.
+    /// The caller re-checks readiness afterwards.
+    pub fn arm(&self, dir: Dir) {
+        self.with_flag(dir, |arms, flag| {
+            if arms.fetch_add(1, Relaxed) == 0 {
+                flag.arm();
+            } else if flag.rearm() {
+                self.sleepers.owed.fetch_add(1, Relaxed);
+            }
+        });
+    }
+
+    /// Arms `dir` again for a waiter that already holds an arm: a doorbell the peer sent
+    /// cleared the flag, and this waiter is about to sleep once more.
+    pub fn rearm(&self, dir: Dir) {
+        self.with_flag(dir, |arms, flag| {
+            if arms.load(Relaxed) > 0 && flag.rearm() {
+                self.sleepers.owed.fetch_add(1, Relaxed);
+            }
+        });
+    }
+
+    pub fn disarm(&self, dir: Dir) {
+        self.with_flag(dir, |arms, flag| {
+            let left = arms.load(Relaxed).saturating_sub(1);
+            arms.store(left, Relaxed);
+            if left == 0 && flag.disarm() {
+                self.sleepers.owed.fetch_add(1, Relaxed);
+            }
+        });
+    }
+
+    /// Drains the doorbells the peer rang for our arms, if any are still unread: a byte
+    /// left on the socket would keep reporting the socket (and any epoll set holding it)
+    /// readable after the data it announced was consumed.
+    pub fn drain_owed(&self) {
+        if self.sleepers.owed.load(Relaxed) > 0 {
+            self.drain();
+        }
+    }
+
+    /// Runs `f` on `dir`'s arm count and ring flag under that ring end's lock, so an arm and
+    /// the last disarm of another thread cannot interleave between count and flag.
+    fn with_flag(&self, dir: Dir, f: impl FnOnce(&AtomicU32, &dyn DoorbellFlag)) {
+        match dir {
+            Dir::Read => f(&self.sleepers.arms[0], &*self.rings.cons.lock()),
+            Dir::Write => f(&self.sleepers.arms[1], &*self.rings.prod.lock()),
+        }
+    }
+
+    /// The longest spin before sleeping: longer towards another kernel.
+    pub fn spin_window(&self) -> Duration {
+        self.engine.cfg.spin_for(self.peer.same_kernel)
+    }
+
+    /// Spins with this connection's adaptive window (poll over several fds borrows it).
+    pub fn spin(&self, ready: impl FnMut() -> bool) -> bool {
+        self.sleepers.spinner.spin(self.spin_window(), ready)
+    }
+
+    /// Blocks until `dir` is ready, the deadline passes (`EAGAIN`) or a signal arrives
+    /// (`EINTR`, unless `SA_RESTART` made the kernel restart our sleep).
+    pub(super) fn wait(&self, dir: Dir, deadline: Option<Instant>) -> Result<(), c_int> {
+        if self
+            .sleepers
+            .spinner
+            .spin(self.spin_window(), || self.ready(dir))
+        {
+            return Ok(());
+        }
+        // Across kernels, time a death during this wait from now (the first heartbeat look).
+        if !self.peer.same_kernel {
+            self.check_peer();
+        }
+        let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let mut park = ConnPark { conn: self, dir };
+        match park_until(&mut park, timeout, || Ok(self.ready(dir))) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(libc::EAGAIN),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Counts a sleeper on the kernel socket (a thread, or an epoll set with a sleeping
+    /// thread), after any drain in progress has finished.
+    pub fn enter_wait(&self) {
+        loop {
+            let v = self.sleepers.waiters.load(Acquire);
+            if v & DRAINING != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            if self
+                .sleepers
+                .waiters
+                .compare_exchange_weak(v, v + 1, AcqRel, Acquire)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+
+    /// The sleeper is awake. Another one may need the doorbell byte too: the last one out
+    /// drains.
+    pub fn leave_wait(&self) {
+        if self.sleepers.waiters.fetch_sub(1, AcqRel) == 1 {
+            self.drain();
+        }
+    }
+
+    /// One sleep until a doorbell, FIN or signal. Same kernel: a blocking `MSG_PEEK` receive,
+    /// which the kernel restarts after `SA_RESTART` signals exactly as it would the program's
+    /// own call. It only peeks: another thread may be asleep on the same socket for the other
+    /// direction, and a doorbell consumed here would leave it asleep for good (the last waiter
+    /// drains). Otherwise a bounded poll, so a vanished VM is noticed.
+    pub(super) fn sleep(&self, left: Option<Duration>) -> Result<(), c_int> {
+        let fd = self.kfd();
+        if self.peer.same_kernel && !self.nonblock.load(Relaxed) && left.is_none() {
+            let mut b = [0u8; 1];
+            return match real::peek_blocking(fd, &mut b) {
+                Ok(0) => {
+                    self.set_peer_closed();
+                    Ok(())
+                }
+                Ok(_) => Ok(()),
+                Err(e) if e == libc::EINTR || e == libc::EAGAIN => Err(e),
+                Err(libc::ECONNRESET) => {
+                    self.peer.peer_reset.store(true, Release);
+                    self.set_peer_closed();
+                    Ok(())
+                }
+                Err(e) if real::not_about_the_peer(e) => {
+                    // Our fd went away under us (closed by another thread): nothing to wait on.
+                    std::thread::sleep(Duration::from_millis(1));
+                    Ok(())
+                }
+                Err(_) => {
+                    self.set_peer_closed();
+                    Ok(())
+                }
+            };
+        }
+        let slice = left.map_or(memloop::LIVENESS_SLICE_VM, |l| {
+            l.min(memloop::LIVENESS_SLICE_VM)
+        });
+        match real::wait_fd(fd, libc::POLLIN, Some(slice)) {
+            Err(libc::EINTR) => Err(libc::EINTR),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A blocking call's sleep on a ring connection: counted as a sleeper on the kernel socket,
+/// with `dir`'s doorbell armed.
+struct ConnPark<'a> {
+    conn: &'a Conn,
+    dir: Dir,
+}
+
+impl Park for ConnPark<'_> {
+    type Error = c_int;
+    fn arm(&mut self) {
+        self.conn.enter_wait();
+        self.conn.arm(self.dir);
+    }
+    fn park(&mut self, left: Option<Duration>) -> Result<(), c_int> {
+        match self.conn.sleep(left) {
+            // SO_RCVTIMEO cut a write's sleep (a peek) short: not the write's timeout.
+            Err(libc::EAGAIN) if self.dir == Dir::Write => Ok(()),
+            r => r,
+        }
+    }
+    fn disarm(&mut self) {
+        self.conn.disarm(self.dir);
+        self.conn.leave_wait();
+    }
+    fn after_sleep(&mut self) -> Result<(), c_int> {
+        self.conn.check_peer();
+        Ok(())
+    }
+}
+
+/// A ring end's doorbell flag, as both ring ends expose it. `rearm` and `disarm` say whether
+/// the peer had cleared the flag, i.e. rang a doorbell.
+trait DoorbellFlag {
+    fn arm(&self);
+    fn rearm(&self) -> bool;
+    fn disarm(&self) -> bool;
+}
+
+macro_rules! doorbell_flag {
+    ($($end:ty),*) => {$(
+        impl DoorbellFlag for $end {
+            fn arm(&self) {
+                self.arm_doorbell();
+            }
+            fn rearm(&self) -> bool {
+                self.rearm_doorbell()
+            }
+            fn disarm(&self) -> bool {
+                self.disarm_doorbell()
+            }
+        }
+    )*};
+}
+
+doorbell_flag!(StreamConsumer, StreamProducer);
