@@ -1,7 +1,7 @@
 //! The C library's own functions, found with `dlsym(RTLD_NEXT)`, and safe wrappers for the few
 //! system calls the rest of the crate makes on kernel sockets.
 //!
-//! This module and `ffi` are the crate's C ABI boundary and the only places with `unsafe`;
+//! This module and `hooks` are the crate's C ABI boundary and the only places with `unsafe`;
 //! shared memory is still only touched through `memloop-shm`.
 #![allow(unsafe_code)]
 
@@ -238,9 +238,12 @@ pub unsafe fn decode_sockaddr(addr: *const sockaddr, len: socklen_t) -> Option<S
     if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sa_family_t>() {
         return None;
     }
-    let mut st: libc::sockaddr_storage = std::mem::zeroed();
+    // SAFETY: all-zero bytes are a valid sockaddr_storage (plain integers).
+    let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let n = (len as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
-    std::ptr::copy_nonoverlapping(addr.cast::<u8>(), &mut st as *mut _ as *mut u8, n);
+    // SAFETY: `addr` is readable for `len` >= `n` bytes (the contract), `st` has room for `n`,
+    // and the caller's buffer cannot overlap our local.
+    unsafe { std::ptr::copy_nonoverlapping(addr.cast::<u8>(), &mut st as *mut _ as *mut u8, n) };
     let need = match st.ss_family as c_int {
         libc::AF_INET => std::mem::size_of::<libc::sockaddr_in>(),
         libc::AF_INET6 => std::mem::size_of::<libc::sockaddr_in6>(),
