@@ -35,8 +35,12 @@ fn init_logging() {
         return;
     };
     let Ok(filter) = tracing_subscriber::EnvFilter::try_new(filter) else {
+        // No subscriber yet to say it to; the program's stderr gets one line.
+        eprintln!("memloop: MEMLOOP_LOG is not a valid filter; logging stays off");
         return;
     };
+    // Fails only if the program installed its own global subscriber, which then gets our
+    // events: nothing is lost.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

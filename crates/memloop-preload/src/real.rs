@@ -114,12 +114,13 @@ fn check(r: isize) -> Result<usize, c_int> {
     }
 }
 
-/// One doorbell byte to the peer; failures are ignored (the peer also wakes on its own
-/// bounded sleep and on the connection closing).
+/// One doorbell byte to the peer; a failure is only logged (the peer also wakes on its own
+/// bounded sleep and on the connection closing; a full socket buffer already holds bytes
+/// that will wake it).
 pub fn ring_doorbell(fd: c_int) {
     let b = [1u8];
     // SAFETY: valid one-byte buffer.
-    unsafe {
+    let r = unsafe {
         send()(
             fd,
             b.as_ptr().cast(),
@@ -127,6 +128,12 @@ pub fn ring_doorbell(fd: c_int) {
             libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
         )
     };
+    if r < 0 {
+        let e = errno();
+        if e != libc::EAGAIN {
+            tracing::debug!(fd, errno = e, "doorbell not sent");
+        }
+    }
 }
 
 /// Outcome of draining doorbells from the kernel socket.
@@ -286,10 +293,11 @@ pub fn sockopt_int(fd: c_int, level: c_int, opt: c_int) -> Option<c_int> {
     (r == 0).then_some(v)
 }
 
-/// `setsockopt` of an int-valued option (errors ignored: callers treat it as best effort).
+/// `setsockopt` of an int-valued option; best effort for its callers, so a failure is only
+/// logged.
 pub fn set_sockopt_int(fd: c_int, level: c_int, opt: c_int, v: c_int) {
     // SAFETY: buffer and length describe `v`.
-    unsafe {
+    let r = unsafe {
         setsockopt()(
             fd,
             level,
@@ -298,6 +306,9 @@ pub fn set_sockopt_int(fd: c_int, level: c_int, opt: c_int, v: c_int) {
             std::mem::size_of::<c_int>() as socklen_t,
         )
     };
+    if r != 0 {
+        tracing::debug!(fd, level, opt, v, errno = errno(), "setsockopt failed");
+    }
 }
 
 /// Free space of a pipe (capacity minus queued bytes); `None` if `fd` is not a pipe.
@@ -344,7 +355,7 @@ pub fn set_linger_zero(fd: c_int) {
         l_linger: 0,
     };
     // SAFETY: buffer and length describe `l`.
-    unsafe {
+    let r = unsafe {
         setsockopt()(
             fd,
             libc::SOL_SOCKET,
@@ -353,6 +364,10 @@ pub fn set_linger_zero(fd: c_int) {
             std::mem::size_of::<libc::linger>() as socklen_t,
         )
     };
+    if r != 0 {
+        // The close then ends with a FIN, not a reset; the ring's RESET flag still tells.
+        tracing::debug!(fd, errno = errno(), "SO_LINGER {{1, 0}} not set");
+    }
 }
 
 /// A `timeval`-valued socket option (SO_RCVTIMEO / SO_SNDTIMEO); `None` = no timeout.
