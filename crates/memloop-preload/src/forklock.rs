@@ -111,3 +111,24 @@ impl<T: Default> Default for ForkMutex<T> {
         ForkMutex::new(T::default())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn release_after_fork_never_frees_a_guards_lock() {
+        let m = ForkMutex::new(1);
+        let g = m.lock();
+        m.release_after_fork();
+        assert!(!m.try_acquire_for_fork(), "a guard's lock was released");
+        drop(g);
+        m.acquire_for_fork(|v| *v += 1);
+        assert!(!m.try_acquire_for_fork());
+        m.release_after_fork();
+        m.release_after_fork(); // a second release does nothing
+        assert_eq!(*m.lock(), 2);
+        assert!(m.try_acquire_for_fork());
+        m.release_after_fork();
+    }
+}
