@@ -11,10 +11,13 @@
 //! Panic policy, per class (see each hook's `on_panic`):
 //! - data and wait calls on ring fds fail with `EIO`: their bytes and readiness live in the
 //!   rings, and the kernel socket behind them carries only doorbells, so the real function
-//!   would hand the program doorbell bytes or sleep on the wrong thing;
-//! - bookkeeping calls (socket, listen, close, dup, fcntl, epoll_create, exec, ...) are a kernel
-//!   operation we only record: the real call happens exactly once whatever our part did, as
-//!   if the fd were not ours (a panic after the real call is caught by [`track`]);
+//!   would hand the program doorbell bytes or sleep on the wrong thing. So do the calls we
+//!   answer from our own state (FIONREAD, TCP_NODELAY, epoll_ctl on a ring fd, shutdown);
+//! - bookkeeping calls (socket, listen, close, dup, fcntl, epoll_create, exec, syscall) are a
+//!   kernel operation we only record: the real call happens exactly once whatever our part
+//!   did, as if the fd were not ours (a panic after the real call is caught by [`track`]).
+//!   close, dup2/dup3 and close_range/closefrom first [`forget`] the fds they close: a
+//!   half-updated record must not outlive the number, which the kernel reuses;
 //! - connect and accept fail (`EIO`, `ECONNABORTED` after closing the accepted socket): a
 //!   connection whose agreement broke half-way could be on a ring at one end and on TCP at the
 //!   other, so it must not be handed to the program.
