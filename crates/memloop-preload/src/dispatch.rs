@@ -71,6 +71,7 @@ pub struct Connecting {
 impl Drop for Connecting {
     fn drop(&mut self) {
         if let Some(w) = &self.announced {
+            // Cannot fail: the update always returns `Some`.
             let _ = w.fetch_update(SeqCst, Relaxed, |v| Some(v.saturating_sub(1)));
         }
     }
@@ -108,7 +109,14 @@ pub fn before_connect(fd: c_int, dst: Option<SocketAddr>) -> Option<Connecting> 
     }
     match agree::find_listener(&engine, dst) {
         Ok(ep) => {
-            let announced = engine.registry().endpoint_connecting(ep.id).ok();
+            let announced = match engine.registry().endpoint_connecting(ep.id) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    // Unannounced, the server waits only its short time for our offer.
+                    tracing::debug!(fd, %dst, %e, "connect not announced on the endpoint");
+                    None
+                }
+            };
             if let Some(w) = &announced {
                 w.fetch_add(1, SeqCst);
             }
@@ -201,6 +209,7 @@ pub fn after_listen(fd: c_int) {
 pub fn before_accept(lfd: c_int) {
     let listener = matches!(table::get(lfd).as_deref(), Some(Entry::Listener(_)));
     if table::kind(lfd) == table::K_OBJ && listener {
+        // Only joins ahead of time; `after_accept` asks again (and says if there is none).
         let _ = engine::get();
     }
 }

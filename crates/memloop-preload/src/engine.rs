@@ -31,9 +31,22 @@ pub struct Config {
     pub ring_capacity: u64,
 }
 
+/// A tunable from the environment: unset means the default; a value that does not parse is
+/// said once in the log and also means the default.
+fn env_parsed<T: std::str::FromStr>(name: &str) -> Option<T> {
+    // Unset (or not Unicode) is the usual case, not an error.
+    let s = std::env::var(name).ok()?;
+    match s.parse() {
+        Ok(v) => Some(v),
+        Err(_) => {
+            tracing::warn!(name, value = %s, "ignoring a tunable that does not parse");
+            None
+        }
+    }
+}
+
 fn env_us(name: &str, default: u64) -> Duration {
-    let v = std::env::var(name).ok().and_then(|s| s.parse().ok());
-    Duration::from_micros(v.unwrap_or(default))
+    Duration::from_micros(env_parsed(name).unwrap_or(default))
 }
 
 impl Config {
@@ -47,10 +60,14 @@ impl Config {
     }
 
     fn from_env() -> Self {
-        let ring = std::env::var("MEMLOOP_RING_BYTES")
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-            .filter(|v| v.is_power_of_two() && *v >= 4096)
+        let ring = env_parsed::<u64>("MEMLOOP_RING_BYTES")
+            .filter(|v| {
+                let ok = v.is_power_of_two() && *v >= 4096;
+                if !ok {
+                    tracing::warn!(v, "MEMLOOP_RING_BYTES must be a power of two >= 4096");
+                }
+                ok
+            })
             .unwrap_or(memloop::DEFAULT_RING_CAPACITY);
         Config {
             server_wait: env_us("MEMLOOP_SERVER_WAIT_US", 50),

@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 pub struct ForkMutex<T> {
     locked: AtomicBool,
+    /// Set while the lock is held for a fork (no guard, no reference to the value out): only
+    /// then may [`Self::release_after_fork`] release it, so it can never free a guard's lock.
+    for_fork: AtomicBool,
     value: UnsafeCell<T>,
 }
 
@@ -21,6 +24,7 @@ impl<T> ForkMutex<T> {
     pub const fn new(value: T) -> Self {
         ForkMutex {
             locked: AtomicBool::new(false),
+            for_fork: AtomicBool::new(false),
             value: UnsafeCell::new(value),
         }
     }
@@ -50,20 +54,30 @@ impl<T> ForkMutex<T> {
     /// it, and keeps holding it; pair with [`Self::release_after_fork`].
     pub fn acquire_for_fork(&self, f: impl FnOnce(&mut T)) {
         self.acquire();
-        // SAFETY: we hold the lock (just acquired, not released until release_after_fork).
+        // SAFETY: we hold the lock, just acquired; `for_fork` is still clear, so nothing can
+        // release it before `f` returns and its borrow of the value ends.
         f(unsafe { &mut *self.value.get() });
+        self.for_fork.store(true, Ordering::Release);
     }
 
     /// Like [`Self::acquire_for_fork`] without waiting: false if another thread holds it.
     pub fn try_acquire_for_fork(&self) -> bool {
-        self.locked
+        let taken = self
+            .locked
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
+            .is_ok();
+        if taken {
+            self.for_fork.store(true, Ordering::Release);
+        }
+        taken
     }
 
-    /// Releases a lock taken by [`Self::acquire_for_fork`] (atfork parent and child).
+    /// Releases a lock taken by [`Self::acquire_for_fork`] (atfork parent and child); does
+    /// nothing if it is not held for a fork (a guard's lock is its guard's to release).
     pub fn release_after_fork(&self) {
-        self.locked.store(false, Ordering::Release);
+        if self.for_fork.swap(false, Ordering::AcqRel) {
+            self.locked.store(false, Ordering::Release);
+        }
     }
 }
 
@@ -95,5 +109,26 @@ impl<T> Drop for ForkGuard<'_, T> {
 impl<T: Default> Default for ForkMutex<T> {
     fn default() -> Self {
         ForkMutex::new(T::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn release_after_fork_never_frees_a_guards_lock() {
+        let m = ForkMutex::new(1);
+        let g = m.lock();
+        m.release_after_fork();
+        assert!(!m.try_acquire_for_fork(), "a guard's lock was released");
+        drop(g);
+        m.acquire_for_fork(|v| *v += 1);
+        assert!(!m.try_acquire_for_fork());
+        m.release_after_fork();
+        m.release_after_fork(); // a second release does nothing
+        assert_eq!(*m.lock(), 2);
+        assert!(m.try_acquire_for_fork());
+        m.release_after_fork();
     }
 }

@@ -22,9 +22,14 @@ struct Inherited {
 
 fn inherited() -> Inherited {
     let mut found = Inherited::default();
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return found;
+    let dir = match std::fs::read_dir("/proc/self/fd") {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::debug!(%e, "no /proc/self/fd: inherited connections stay on TCP");
+            return found;
+        }
     };
+    // Entries that vanish or do not name an fd are fds closed meanwhile: nothing to adopt.
     for e in dir.flatten() {
         let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
@@ -74,7 +79,8 @@ fn adopt_epolls(epolls: &[i32]) {
     }
 }
 
-/// `tfd: N events: X data: D ...` of an epoll fd's fdinfo (hexadecimal events and data).
+/// `tfd: N events: X data: D ...` of an epoll fd's fdinfo (hexadecimal events and data);
+/// `None` for the file's other lines (pos, flags, ...).
 fn registration(line: &str) -> Option<(i32, u32, u64)> {
     let mut words = line.split_whitespace();
     if words.next()? != "tfd:" {

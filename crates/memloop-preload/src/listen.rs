@@ -49,7 +49,10 @@ impl Listener {
             return;
         }
         if let Some((engine, id)) = &self.owned {
-            let _ = engine.registry().remove_endpoint(*id);
+            if let Err(e) = engine.registry().remove_endpoint(*id) {
+                // Gone already (reclaimed, or a sibling re-registered the key): nothing to undo.
+                tracing::debug!(?id, %e, "listener's endpoint not removed");
+            }
         }
     }
 }

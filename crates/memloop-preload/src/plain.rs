@@ -31,7 +31,14 @@ impl PlainTcp {
                 tuple,
                 reason,
             )
-            .and_then(|id| reg.conn_bytes(id).ok().map(|(s, r)| (id, s, r)));
+            .and_then(|id| match reg.conn_bytes(id) {
+                Ok((s, r)) => Some((id, s, r)),
+                Err(e) => {
+                    // Recorded without byte counts: `memloop status` shows the connection.
+                    tracing::debug!(?id, %e, "connection record without byte counters");
+                    None
+                }
+            });
         Arc::new(PlainTcp {
             engine: engine.clone(),
             record,
@@ -63,11 +70,16 @@ impl PlainTcp {
 impl Drop for PlainTcp {
     fn drop(&mut self) {
         let reg = self.engine.registry();
+        // Best effort in a destructor: a failure means the slot was reclaimed or reused.
         if let Some((id, _, _)) = self.record {
-            let _ = reg.release_conn(id);
+            if let Err(e) = reg.release_conn(id) {
+                tracing::debug!(?id, %e, "connection record not released");
+            }
         }
         if let Some(m) = self.marker {
-            let _ = reg.free_marker(m, self.engine.me());
+            if let Err(e) = reg.free_marker(m, self.engine.me()) {
+                tracing::debug!(?m, %e, "decline marker not freed");
+            }
         }
     }
 }

@@ -1,4 +1,4 @@
-//! poll/ppoll (and select/pselect, translated to poll by `ffi`) over a mix of ring
+//! poll/ppoll (and select/pselect, translated to poll by `hooks`) over a mix of ring
 //! connections, epoll sets and kernel fds: rings answer from their state, kernel fds from the
 //! kernel, an epoll set from both (its ring members may be ready without any doorbell); a
 //! blocking wait sleeps in the kernel on the kernel fds, each ring's doorbell socket and each

@@ -1,7 +1,7 @@
 //! The C library's own functions, found with `dlsym(RTLD_NEXT)`, and safe wrappers for the few
 //! system calls the rest of the crate makes on kernel sockets.
 //!
-//! This module and `ffi` are the crate's C ABI boundary and the only places with `unsafe`;
+//! This module and `hooks` are the crate's C ABI boundary and the only places with `unsafe`;
 //! shared memory is still only touched through `memloop-shm`.
 #![allow(unsafe_code)]
 
@@ -114,12 +114,13 @@ fn check(r: isize) -> Result<usize, c_int> {
     }
 }
 
-/// One doorbell byte to the peer; failures are ignored (the peer also wakes on its own
-/// bounded sleep and on the connection closing).
+/// One doorbell byte to the peer; a failure is only logged (the peer also wakes on its own
+/// bounded sleep and on the connection closing; a full socket buffer already holds bytes
+/// that will wake it).
 pub fn ring_doorbell(fd: c_int) {
     let b = [1u8];
     // SAFETY: valid one-byte buffer.
-    unsafe {
+    let r = unsafe {
         send()(
             fd,
             b.as_ptr().cast(),
@@ -127,6 +128,12 @@ pub fn ring_doorbell(fd: c_int) {
             libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
         )
     };
+    if r < 0 {
+        let e = errno();
+        if e != libc::EAGAIN {
+            tracing::debug!(fd, errno = e, "doorbell not sent");
+        }
+    }
 }
 
 /// Outcome of draining doorbells from the kernel socket.
@@ -238,9 +245,12 @@ pub unsafe fn decode_sockaddr(addr: *const sockaddr, len: socklen_t) -> Option<S
     if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sa_family_t>() {
         return None;
     }
-    let mut st: libc::sockaddr_storage = std::mem::zeroed();
+    // SAFETY: all-zero bytes are a valid sockaddr_storage (plain integers).
+    let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let n = (len as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
-    std::ptr::copy_nonoverlapping(addr.cast::<u8>(), &mut st as *mut _ as *mut u8, n);
+    // SAFETY: `addr` is readable for `len` >= `n` bytes (the contract), `st` has room for `n`,
+    // and the caller's buffer cannot overlap our local.
+    unsafe { std::ptr::copy_nonoverlapping(addr.cast::<u8>(), &mut st as *mut _ as *mut u8, n) };
     let need = match st.ss_family as c_int {
         libc::AF_INET => std::mem::size_of::<libc::sockaddr_in>(),
         libc::AF_INET6 => std::mem::size_of::<libc::sockaddr_in6>(),
@@ -283,10 +293,11 @@ pub fn sockopt_int(fd: c_int, level: c_int, opt: c_int) -> Option<c_int> {
     (r == 0).then_some(v)
 }
 
-/// `setsockopt` of an int-valued option (errors ignored: callers treat it as best effort).
+/// `setsockopt` of an int-valued option; best effort for its callers, so a failure is only
+/// logged.
 pub fn set_sockopt_int(fd: c_int, level: c_int, opt: c_int, v: c_int) {
     // SAFETY: buffer and length describe `v`.
-    unsafe {
+    let r = unsafe {
         setsockopt()(
             fd,
             level,
@@ -295,6 +306,9 @@ pub fn set_sockopt_int(fd: c_int, level: c_int, opt: c_int, v: c_int) {
             std::mem::size_of::<c_int>() as socklen_t,
         )
     };
+    if r != 0 {
+        tracing::debug!(fd, level, opt, v, errno = errno(), "setsockopt failed");
+    }
 }
 
 /// Free space of a pipe (capacity minus queued bytes); `None` if `fd` is not a pipe.
@@ -341,7 +355,7 @@ pub fn set_linger_zero(fd: c_int) {
         l_linger: 0,
     };
     // SAFETY: buffer and length describe `l`.
-    unsafe {
+    let r = unsafe {
         setsockopt()(
             fd,
             libc::SOL_SOCKET,
@@ -350,6 +364,10 @@ pub fn set_linger_zero(fd: c_int) {
             std::mem::size_of::<libc::linger>() as socklen_t,
         )
     };
+    if r != 0 {
+        // The close then ends with a FIN, not a reset; the ring's RESET flag still tells.
+        tracing::debug!(fd, errno = errno(), "SO_LINGER {{1, 0}} not set");
+    }
 }
 
 /// A `timeval`-valued socket option (SO_RCVTIMEO / SO_SNDTIMEO); `None` = no timeout.

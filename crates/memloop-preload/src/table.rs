@@ -46,6 +46,7 @@ pub struct Fresh {
 }
 
 fn index(fd: i32) -> Option<usize> {
+    // A negative fd is simply not ours (the real call reports EBADF).
     usize::try_from(fd).ok().filter(|&i| i < MAX_FD)
 }
 

@@ -33,6 +33,8 @@ const FALLBACK_SLEEP: Duration = Duration::from_millis(1);
 #[cfg(not(loom))]
 pub fn wake(word: &AtomicU32, n: u32) {
     use rustix::thread::futex;
+    // A refusal (EFAULT on a device mapping) has no remedy here: such waiters sleep in short
+    // slices (`wait`'s fallback) and see the change on their next look.
     let _ = futex::wake(word, futex::Flags::empty(), n);
 }
 

@@ -11,7 +11,6 @@
 //!
 //! Under `cfg(loom)` the mapping is replaced by a heap model ([`ShmSlice::new_model`]) so that
 //! the algorithms built on it can be model-checked.
-#![warn(unsafe_op_in_unsafe_fn)]
 
 pub mod futex;
 #[cfg(not(loom))]

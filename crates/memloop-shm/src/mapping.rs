@@ -99,6 +99,7 @@ impl Mapping {
             file.set_len(opts.size).map_err(io_err(path, "resize"))
         };
         if let Err(e) = setup() {
+            // Undoing a half-made file; the setup error is the one worth returning.
             let _ = std::fs::remove_file(path);
             return Err(e);
         }
@@ -168,6 +169,8 @@ impl Mapping {
 
     /// Releases a lock taken by [`Mapping::lock`] or at creation.
     pub fn unlock(&self) {
+        // Unlocking an open file we locked cannot fail in a way we could act on; the lock also
+        // goes with the file.
         let _ = rustix::fs::flock(&self.file, rustix::fs::FlockOperation::Unlock);
     }
 

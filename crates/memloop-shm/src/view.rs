@@ -75,15 +75,18 @@ mod imp {
         pub(super) fn base(&self) -> NonNull<u8> {
             self.ptr
         }
-        pub(super) fn with_range(&self, off: usize, len: usize) -> Self {
-            // SAFETY: callers checked `off+len <= self.len`.
-            let ptr = unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(off)) };
-            Self {
+        /// The sub-view `[off, off+len)`; fails unless it lies inside this one.
+        pub(super) fn with_range(&self, off: u64, len: u64) -> Result<Self, OutOfBounds> {
+            let o = self.check(off, len)?;
+            // SAFETY: `check` proved `o + len <= self.len`, so the offset stays inside (or one
+            // past the end of) this view's allocation, and a non-null base plus it is non-null.
+            let ptr = unsafe { self.ptr.add(o) };
+            Ok(Self {
                 ptr,
-                len,
+                len: len as usize,
                 writable: self.writable,
                 _keep: self._keep.clone(),
-            }
+            })
         }
         pub fn len(&self) -> usize {
             self.len
@@ -136,17 +139,19 @@ mod imp {
         }
 
         pub fn u64_at(&self, off: u64) -> Result<ShmU64, OutOfBounds> {
-            self.check_atomic(off, 8)?;
-            Ok(ShmU64 {
-                view: self.with_range(off as usize, 8),
-            })
+            let view = self.with_range(off, 8)?;
+            if off % 8 != 0 {
+                return Err(OutOfBounds::Misaligned { off, align: 8 });
+            }
+            Ok(ShmU64 { view })
         }
 
         pub fn u32_at(&self, off: u64) -> Result<ShmU32, OutOfBounds> {
-            self.check_atomic(off, 4)?;
-            Ok(ShmU32 {
-                view: self.with_range(off as usize, 4),
-            })
+            let view = self.with_range(off, 4)?;
+            if off % 4 != 0 {
+                return Err(OutOfBounds::Misaligned { off, align: 4 });
+            }
+            Ok(ShmU32 { view })
         }
     }
 
@@ -218,12 +223,13 @@ mod imp {
         pub fn new_heap(len: usize) -> Self {
             Self::new_model(len)
         }
-        pub(super) fn with_range(&self, off: usize, len: usize) -> Self {
-            Self {
-                start: self.start + off,
-                len,
+        pub(super) fn with_range(&self, off: u64, len: u64) -> Result<Self, OutOfBounds> {
+            let o = self.check(off, len)?;
+            Ok(Self {
+                start: self.start + o,
+                len: len as usize,
                 ..self.clone()
-            }
+            })
         }
         pub fn len(&self) -> usize {
             self.len
@@ -322,6 +328,7 @@ impl ShmSlice {
         }
     }
 
+    #[cfg(loom)]
     fn check_atomic(&self, off: u64, align: u64) -> Result<(), OutOfBounds> {
         self.check(off, align)?;
         if off % align != 0 {
@@ -337,7 +344,7 @@ impl ShmSlice {
         if off % 8 != 0 {
             return Err(OutOfBounds::Misaligned { off, align: 8 });
         }
-        Ok(self.with_range(off as usize, len as usize))
+        self.with_range(off, len)
     }
 
     pub fn is_empty(&self) -> bool {

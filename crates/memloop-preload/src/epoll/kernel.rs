@@ -51,6 +51,15 @@ pub fn ctl(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> Result<
     real::epoll_ctl_raw(epfd, op, fd, &mut ev)
 }
 
+/// [`ctl`] where a failure leaves nothing to undo: the fd was closed meanwhile by another
+/// thread (EBADF; ENOENT: the kernel dropped the registration with the file), so it is only
+/// logged, with what we were doing.
+pub fn ctl_or_log(what: &'static str, epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) {
+    if let Err(errno) = ctl(epfd, op, fd, events, data) {
+        tracing::debug!(what, epfd, fd, op, errno, "epoll_ctl failed");
+    }
+}
+
 /// One kernel wait. `precise`: the program asked with a nanosecond timeout (`epoll_pwait2`);
 /// otherwise milliseconds, rounded up so a short wait never becomes a busy poll.
 pub fn wait(

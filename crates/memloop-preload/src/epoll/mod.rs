@@ -333,6 +333,7 @@ impl EpollSet {
         let mut st = self.st.lock();
         let Some(&id) = st.by_fd.get(&fd) else { return };
         if let Some(it) = self.remove(&mut st, id) {
+            // Without a kernel event (0) there is never an event to report.
             let _ = to_kernel_fd(epfd, it, 0);
         }
     }
@@ -434,7 +435,7 @@ impl EpollSet {
                 libc::EPOLL_CTL_MOD
             };
             let events = it.events & !EXCLUSIVE;
-            let _ = kernel::ctl(epfd, op, it.fd, events, it.data);
+            kernel::ctl_or_log("give back for exec", epfd, op, it.fd, events, it.data);
         }
     }
 
@@ -444,10 +445,24 @@ impl EpollSet {
         for (id, it) in st.items.iter().filter(|(_, it)| it.fd_open) {
             match it.kernel_events() {
                 Some(kev) => {
-                    let _ = kernel::ctl(epfd, libc::EPOLL_CTL_MOD, it.fd, kev, kernel::tag(*id));
+                    kernel::ctl_or_log(
+                        "restore after exec",
+                        epfd,
+                        libc::EPOLL_CTL_MOD,
+                        it.fd,
+                        kev,
+                        kernel::tag(*id),
+                    );
                 }
                 None => {
-                    let _ = kernel::ctl(epfd, libc::EPOLL_CTL_DEL, it.fd, 0, 0);
+                    kernel::ctl_or_log(
+                        "restore after exec",
+                        epfd,
+                        libc::EPOLL_CTL_DEL,
+                        it.fd,
+                        0,
+                        0,
+                    );
                 }
             }
         }
@@ -688,12 +703,19 @@ impl EpollSet {
         if it.reg == Reg::Pending && it.fd_open {
             it.reg = Reg::Ring;
             let kev = it.kernel_events().unwrap_or(IN);
-            let _ = kernel::ctl(epfd, libc::EPOLL_CTL_MOD, it.fd, kev, kernel::tag(id));
+            kernel::ctl_or_log(
+                "settled on a ring",
+                epfd,
+                libc::EPOLL_CTL_MOD,
+                it.fd,
+                kev,
+                kernel::tag(id),
+            );
         }
         if c.peer_closed() && it.reg == Reg::Ring && !it.kicked && it.fd_open {
             // EOF forever from now on: stop the kernel reporting it on every wait.
             it.reg = Reg::Dormant;
-            let _ = kernel::ctl(epfd, libc::EPOLL_CTL_DEL, it.fd, 0, 0);
+            kernel::ctl_or_log("peer gone: dormant", epfd, libc::EPOLL_CTL_DEL, it.fd, 0, 0);
         }
         None
     }
@@ -728,7 +750,7 @@ pub fn is_old_tag(data: u64) -> bool {
 /// Removes a tagged registration inherited across exec (its program data is unknown: the
 /// previous image exec'd without going through a hooked `exec` function).
 pub fn forget_inherited(epfd: c_int, fd: c_int) {
-    let _ = kernel::ctl(epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
+    kernel::ctl_or_log("forget inherited", epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
 }
 
 /// Sets whose locks the atfork handlers hold across `fork`.
@@ -1028,7 +1050,14 @@ fn kick(epfd: c_int, id: u32, it: &mut Item) {
 fn unkick(epfd: c_int, id: u32, it: &mut Item) {
     it.kicked = false;
     if let (Some(kev), true) = (it.kernel_events(), it.fd_open) {
-        let _ = kernel::ctl(epfd, libc::EPOLL_CTL_MOD, it.fd, kev, kernel::tag(id));
+        kernel::ctl_or_log(
+            "unkick",
+            epfd,
+            libc::EPOLL_CTL_MOD,
+            it.fd,
+            kev,
+            kernel::tag(id),
+        );
     }
 }
 
@@ -1037,7 +1066,14 @@ fn disable(epfd: c_int, id: u32, it: &mut Item) {
     it.disabled = true;
     if it.reg == Reg::Set && it.fd_open {
         if let Some(kev) = it.kernel_events() {
-            let _ = kernel::ctl(epfd, libc::EPOLL_CTL_MOD, it.fd, kev, kernel::tag(id));
+            kernel::ctl_or_log(
+                "one-shot fired",
+                epfd,
+                libc::EPOLL_CTL_MOD,
+                it.fd,
+                kev,
+                kernel::tag(id),
+            );
         }
     }
 }
@@ -1051,7 +1087,14 @@ fn to_kernel_fd(epfd: c_int, mut it: Item, kernel_ev: u32) -> Option<epoll_event
     }
     if it.fd_open {
         let events = it.events & !EXCLUSIVE;
-        let _ = kernel::ctl(epfd, libc::EPOLL_CTL_MOD, it.fd, events, it.data);
+        kernel::ctl_or_log(
+            "settled on TCP",
+            epfd,
+            libc::EPOLL_CTL_MOD,
+            it.fd,
+            events,
+            it.data,
+        );
     }
     let rep = rules::report(kernel_ev, it.events);
     (rep != 0).then_some(epoll_event {

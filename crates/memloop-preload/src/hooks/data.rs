@@ -1,0 +1,514 @@
+//! The data calls: read/write/send/recv and their vector, msg, `_chk` and mmsg variants,
+//! sendfile and splice. A ring connection copies through its rings; a recorded TCP
+//! connection goes to the kernel with byte counts; anything else straight to the kernel.
+
+use super::{fail, hook, iovecs, iovecs_mut, slice, slice_mut, track};
+use crate::conn::Conn;
+use crate::dispatch::{self, Route};
+use crate::plain::PlainTcp;
+use crate::real;
+use crate::table;
+use libc::{c_int, c_void, size_t, sockaddr, socklen_t, ssize_t};
+use std::io::{IoSlice, IoSliceMut};
+
+/// A ring result as the C call's return value.
+fn len(n: usize) -> ssize_t {
+    n as ssize_t
+}
+
+/// A kernel receive on a recorded connection, counted (not for a peek).
+fn received(p: &PlainTcp, r: ssize_t, flags: c_int) -> Result<ssize_t, c_int> {
+    if flags & libc::MSG_PEEK == 0 {
+        track("count", || p.count_received(r));
+    }
+    Ok(r)
+}
+
+fn sent(p: &PlainTcp, r: ssize_t) -> Result<ssize_t, c_int> {
+    track("count", || p.count_sent(r));
+    Ok(r)
+}
+
+// ---- receive ----------------------------------------------------------------------------------
+
+hook! {
+    fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t;
+    real kernel = real::read, pass if table::kind(fd) != table::K_OBJ;
+    on_panic fail(libc::EIO);
+    {
+        match dispatch::route(fd) {
+            Route::Real => Ok(kernel()),
+            Route::Ring(c) => {
+                // SAFETY: read's contract: `buf` is writable for `count` bytes.
+                let buf = unsafe { slice_mut(buf, count) };
+                c.recv(&mut [IoSliceMut::new(buf)], 0).map(len)
+            }
+            Route::Counted(p) => received(&p, kernel(), 0),
+        }
+    }
+}
+
+hook! {
+    fn __read_chk(fd: c_int, buf: *mut c_void, count: size_t, _buflen: size_t) -> ssize_t;
+    on_panic fail(libc::EIO);
+    {
+        // SAFETY: read's contract, which the caller of the checked variant also keeps.
+        Ok(unsafe { read(fd, buf, count) })
+    }
+}
+
+hook! {
+    fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t;
+    real kernel = real::recv, pass if table::kind(fd) != table::K_OBJ;
+    on_panic fail(libc::EIO);
+    {
+        match dispatch::route(fd) {
+            Route::Real => Ok(kernel()),
+            Route::Ring(c) => {
+                // SAFETY: recv's contract: `buf` is writable for `n` bytes.
+                let buf = unsafe { slice_mut(buf, n) };
+                c.recv(&mut [IoSliceMut::new(buf)], flags).map(len)
+            }
+            Route::Counted(p) => received(&p, kernel(), flags),
+        }
+    }
+}
+
+hook! {
+    fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, _buflen: size_t, flags: c_int)
+        -> ssize_t;
+    on_panic fail(libc::EIO);
+    {
+        // SAFETY: recv's contract, which the caller of the checked variant also keeps.
+        Ok(unsafe { recv(fd, buf, n, flags) })
+    }
+}
+
+hook! {
+    fn recvfrom(
+        fd: c_int,
+        buf: *mut c_void,
+        n: size_t,
+        flags: c_int,
+        addr: *mut sockaddr,
+        alen: *mut socklen_t,
+    ) -> ssize_t;
+    real kernel = real::recvfrom, pass if table::kind(fd) != table::K_OBJ;
+    on_panic fail(libc::EIO);
+    {
+        match dispatch::route(fd) {
+            Route::Real => Ok(kernel()),
+            Route::Ring(c) => {
+                // SAFETY: recvfrom's contract: `alen` is null or a writable socklen_t.
+                if let Some(alen) = unsafe { alen.as_mut() } {
+                    *alen = 0; // as TCP: no source address for a connected stream
+                }
+                // SAFETY: recvfrom's contract: `buf` is writable for `n` bytes.
+                let buf = unsafe { slice_mut(buf, n) };
+                c.recv(&mut [IoSliceMut::new(buf)], flags).map(len)
+            }
+            Route::Counted(p) => received(&p, kernel(), flags),
+        }
+    }
+}
+
+hook! {
+    fn __recvfrom_chk(
+        fd: c_int,
+        buf: *mut c_void,
+        n: size_t,
+        _buflen: size_t,
+        flags: c_int,
+        addr: *mut sockaddr,
+        alen: *mut socklen_t,
+    ) -> ssize_t;
+    on_panic fail(libc::EIO);
+    {
+        // SAFETY: recvfrom's contract, which the caller of the checked variant also keeps.
+        Ok(unsafe { recvfrom(fd, buf, n, flags, addr, alen) })
+    }
+}
+
+hook! {
+    fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t;
+    real kernel = real::readv, pass if table::kind(fd) != table::K_OBJ;
+    on_panic fail(libc::EIO);
+    {
+        match dispatch::route(fd) {
+            Route::Real => Ok(kernel()),
+            // SAFETY: readv's contract: `iov` holds `n` iovecs of writable buffers.
+            Route::Ring(c) => c.recv(&mut unsafe { iovecs_mut(iov, n) }, 0).map(len),
+            Route::Counted(p) => received(&p, kernel(), 0),
+        }
+    }
+}
+
+hook! {
+    fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t;
+    real kernel = real::recvmsg, pass if table::kind(fd) != table::K_OBJ;
+    on_panic fail(libc::EIO);
+    {
+        match dispatch::route(fd) {
+            Route::Real => Ok(kernel()),
+            Route::Ring(c) => {
+                // SAFETY: recvmsg's contract: `msg` is null or a readable, writable msghdr.
+                let m = unsafe { msg.as_mut() }.ok_or(libc::EFAULT)?;
+                m.msg_namelen = 0;
+                m.msg_controllen = 0;
+                m.msg_flags = 0;
+                // SAFETY: recvmsg's contract: `msg_iov` holds `msg_iovlen` writable iovecs.
+                let mut bufs = unsafe { iovecs_mut(m.msg_iov, m.msg_iovlen as c_int) };
+                c.recv(&mut bufs, flags).map(len)
+            }
+            Route::Counted(p) => received(&p, kernel(), flags),
+        }
+    }
+}
+
+hook! {
+    fn recvmmsg(
+        fd: c_int,
+        msgs: *mut libc::mmsghdr,
+        n: libc::c_uint,
+        flags: c_int,
+        timeout: *mut libc::timespec,
+    ) -> c_int;
+    real kernel = real::recvmmsg, pass if table::kind(fd) != table::K_OBJ;
+    on_panic fail(libc::EIO);
+    {
+        let Route::Ring(_) = dispatch::route(fd) else {
+            return Ok(kernel());
+        };
+        let mut done = 0;
+        let mut f = flags & !libc::MSG_WAITFORONE;
+        for i in 0..n as usize {
+            // SAFETY: recvmmsg's contract: `msgs` holds `n` writable mmsghdrs.
+            let m = unsafe { &mut *msgs.add(i) };
+            // SAFETY: each header is a valid msghdr, as recvmsg needs.
+            let r = unsafe { recvmsg(fd, &mut m.msg_hdr, f) };
+            if r <= 0 {
+                return Ok(if done > 0 {
+                    done
+                } else if r == 0 {
+                    0
+                } else {
+                    -1 // errno as recvmsg set it
+                });
+            }
+            m.msg_len = r as libc::c_uint;
+            done += 1;
+            if flags & libc::MSG_WAITFORONE != 0 {
+                f |= libc::MSG_DONTWAIT;
+            }
+        }
+        Ok(done)
+    }
+}
+
+// ---- send -------------------------------------------------------------------------------------
+
+hook! {
+    fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t;
+    real kernel = real::write, pass if table::kind(fd) != table::K_OBJ;
+    on_panic fail(libc::EIO);
+    {
+        match dispatch::route(fd) {
+            Route::Real => Ok(kernel()),
+            Route::Ring(c) => {
+                // SAFETY: write's contract: `buf` is readable for `count` bytes.
+                let buf = unsafe { slice(buf, count) };
+                c.send(&[IoSlice::new(buf)], 0).map(len)
+            }
+            Route::Counted(p) => sent(&p, kernel()),
+        }
+    }
+}
+
+hook! {
+    fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t;
+    real kernel = real::send, pass if table::kind(fd) != table::K_OBJ;
+    on_panic fail(libc::EIO);
+    {
+        match dispatch::route(fd) {
+            Route::Real => Ok(kernel()),
+            Route::Ring(c) => {
+                // SAFETY: send's contract: `buf` is readable for `n` bytes.
+                let buf = unsafe { slice(buf, n) };
+                c.send(&[IoSlice::new(buf)], flags).map(len)
+            }
+            Route::Counted(p) => sent(&p, kernel()),
+        }
+    }
+}
+
+hook! {
+    fn sendto(
+        fd: c_int,
+        buf: *const c_void,
+        n: size_t,
+        flags: c_int,
+        addr: *const sockaddr,
+        alen: socklen_t,
+    ) -> ssize_t;
+    real kernel = real::sendto, pass if table::kind(fd) != table::K_OBJ;
+    on_panic fail(libc::EIO);
+    {
+        match dispatch::route(fd) {
+            Route::Real => Ok(kernel()),
+            Route::Ring(c) => {
+                // SAFETY: sendto's contract: `buf` is readable for `n` bytes.
+                let buf = unsafe { slice(buf, n) };
+                c.send(&[IoSlice::new(buf)], flags).map(len)
+            }
+            Route::Counted(p) => sent(&p, kernel()),
+        }
+    }
+}
+
+hook! {
+    fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t;
+    real kernel = real::writev, pass if table::kind(fd) != table::K_OBJ;
+    on_panic fail(libc::EIO);
+    {
+        match dispatch::route(fd) {
+            Route::Real => Ok(kernel()),
+            // SAFETY: writev's contract: `iov` holds `n` iovecs of readable buffers.
+            Route::Ring(c) => c.send(&unsafe { iovecs(iov, n) }, 0).map(len),
+            Route::Counted(p) => sent(&p, kernel()),
+        }
+    }
+}
+
+hook! {
+    fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t;
+    real kernel = real::sendmsg, pass if table::kind(fd) != table::K_OBJ;
+    on_panic fail(libc::EIO);
+    {
+        match dispatch::route(fd) {
+            Route::Real => Ok(kernel()),
+            Route::Ring(c) => {
+                // SAFETY: sendmsg's contract: `msg` is null or a readable msghdr.
+                let m = unsafe { msg.as_ref() }.ok_or(libc::EFAULT)?;
+                // SAFETY: sendmsg's contract: `msg_iov` holds `msg_iovlen` readable iovecs.
+                let bufs = unsafe { iovecs(m.msg_iov, m.msg_iovlen as c_int) };
+                c.send(&bufs, flags).map(len)
+            }
+            Route::Counted(p) => sent(&p, kernel()),
+        }
+    }
+}
+
+hook! {
+    fn sendmmsg(fd: c_int, msgs: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int) -> c_int;
+    real kernel = real::sendmmsg, pass if table::kind(fd) != table::K_OBJ;
+    on_panic fail(libc::EIO);
+    {
+        let Route::Ring(_) = dispatch::route(fd) else {
+            return Ok(kernel());
+        };
+        let mut done = 0;
+        for i in 0..n as usize {
+            // SAFETY: sendmmsg's contract: `msgs` holds `n` writable mmsghdrs.
+            let m = unsafe { &mut *msgs.add(i) };
+            // SAFETY: each header is a valid msghdr, as sendmsg needs.
+            let r = unsafe { sendmsg(fd, &m.msg_hdr, flags) };
+            if r < 0 {
+                return Ok(if done > 0 { done } else { -1 }); // errno as sendmsg set it
+            }
+            m.msg_len = r as libc::c_uint;
+            done += 1;
+        }
+        Ok(done)
+    }
+}
+
+/// sendfile onto a ring: read the file at an explicit offset and send; the file position (or
+/// `*offset`) advances by what was actually sent.
+///
+/// # Safety
+/// `offset` must be null or point to a readable, writable `off64_t`.
+unsafe fn ring_sendfile(
+    c: &Conn,
+    in_fd: c_int,
+    offset: *mut libc::off64_t,
+    count: size_t,
+) -> Result<ssize_t, c_int> {
+    // SAFETY: null or a valid off64_t, by the contract.
+    let given = unsafe { offset.as_mut() };
+    let mut pos = match &given {
+        Some(o) => **o,
+        // SAFETY: lseek64 takes no pointers.
+        None => unsafe { libc::lseek64(in_fd, 0, libc::SEEK_CUR) },
+    };
+    if pos < 0 {
+        return Err(real::errno());
+    }
+    let mut buf = vec![0u8; count.min(256 * 1024)];
+    let mut total = 0usize;
+    let mut result = Ok(());
+    while total < count {
+        let want = (count - total).min(buf.len());
+        // SAFETY: `buf` is writable for `want` <= its length bytes.
+        let n = unsafe { libc::pread64(in_fd, buf.as_mut_ptr().cast(), want, pos) };
+        if n <= 0 {
+            if n < 0 && total == 0 {
+                result = Err(real::errno());
+            }
+            break;
+        }
+        match c.send(&[IoSlice::new(&buf[..n as usize])], 0) {
+            Ok(s) => {
+                total += s;
+                pos += s as i64;
+                if s < n as usize {
+                    break;
+                }
+            }
+            Err(e) => {
+                if total == 0 {
+                    result = Err(e);
+                }
+                break;
+            }
+        }
+    }
+    match given {
+        Some(o) => *o = pos,
+        None => {
+            // SAFETY: lseek64 takes no pointers.
+            if unsafe { libc::lseek64(in_fd, pos, libc::SEEK_SET) } < 0 {
+                tracing::debug!(
+                    in_fd,
+                    errno = real::errno(),
+                    "sendfile: file position not set"
+                );
+            }
+        }
+    }
+    result.map(|()| len(total))
+}
+
+hook! {
+    fn sendfile(out_fd: c_int, in_fd: c_int, offset: *mut libc::off_t, count: size_t)
+        -> ssize_t;
+    real kernel = real::sendfile, pass if table::kind(out_fd) != table::K_OBJ;
+    on_panic fail(libc::EIO);
+    {
+        match dispatch::route(out_fd) {
+            // SAFETY: sendfile's contract: `offset` is null or a valid off_t (= off64_t here).
+            Route::Ring(c) => unsafe { ring_sendfile(&c, in_fd, offset.cast(), count) },
+            Route::Real => Ok(kernel()),
+            Route::Counted(p) => sent(&p, kernel()),
+        }
+    }
+}
+
+hook! {
+    fn sendfile64(out_fd: c_int, in_fd: c_int, offset: *mut libc::off64_t, count: size_t)
+        -> ssize_t;
+    real kernel = real::sendfile64, pass if table::kind(out_fd) != table::K_OBJ;
+    on_panic fail(libc::EIO);
+    {
+        match dispatch::route(out_fd) {
+            // SAFETY: sendfile64's contract: `offset` is null or a valid off64_t.
+            Route::Ring(c) => unsafe { ring_sendfile(&c, in_fd, offset, count) },
+            Route::Real => Ok(kernel()),
+            Route::Counted(p) => sent(&p, kernel()),
+        }
+    }
+}
+
+/// splice from a pipe or file into a ring: never more than the ring has room for, so no byte
+/// is taken that cannot be delivered.
+///
+/// # Safety
+/// `off_in` must be null or point to a readable, writable `loff_t`.
+unsafe fn splice_into_ring(
+    c: &Conn,
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    len: size_t,
+    nonblock: bool,
+) -> Result<usize, c_int> {
+    let room = c.wait_room(len.min(1 << 20), nonblock)?;
+    let mut buf = vec![0u8; room];
+    // SAFETY: null or a valid loff_t, by the contract.
+    let n = match unsafe { off_in.as_mut() } {
+        // SAFETY: `buf` is writable for `room` bytes.
+        None => unsafe { real::read()(fd_in, buf.as_mut_ptr().cast(), room) },
+        Some(off) => {
+            // SAFETY: as above.
+            let n = unsafe { libc::pread64(fd_in, buf.as_mut_ptr().cast(), room, *off) };
+            if n > 0 {
+                *off += n as i64;
+            }
+            n
+        }
+    };
+    if n < 0 {
+        return Err(real::errno());
+    }
+    c.send(&[IoSlice::new(&buf[..n as usize])], libc::MSG_NOSIGNAL)
+}
+
+/// splice from a ring into a pipe or file: never more than fits there.
+///
+/// # Safety
+/// `off_out` must be null or point to a readable, writable `loff_t`.
+unsafe fn splice_from_ring(
+    c: &Conn,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    len: size_t,
+    nonblock: bool,
+) -> Result<usize, c_int> {
+    let room = real::pipe_room(fd_out).unwrap_or(65536).min(len).max(1);
+    let mut buf = vec![0u8; room];
+    let f = if nonblock { libc::MSG_DONTWAIT } else { 0 };
+    let n = c.recv(&mut [IoSliceMut::new(&mut buf)], f)?;
+    // SAFETY: null or a valid loff_t, by the contract.
+    let w = match unsafe { off_out.as_mut() } {
+        // SAFETY: `buf` holds `n` <= `room` received bytes.
+        None => unsafe { real::write()(fd_out, buf.as_ptr().cast(), n) },
+        Some(off) => {
+            // SAFETY: as above.
+            let w = unsafe { libc::pwrite64(fd_out, buf.as_ptr().cast(), n, *off) };
+            if w > 0 {
+                *off += w as i64;
+            }
+            w
+        }
+    };
+    if w < 0 {
+        return Err(real::errno());
+    }
+    Ok(w as usize)
+}
+
+hook! {
+    /// splice with a ring connection on one side: the pipe or file side is read or written
+    /// for real, the connection side through the ring.
+    fn splice(
+        fd_in: c_int,
+        off_in: *mut libc::loff_t,
+        fd_out: c_int,
+        off_out: *mut libc::loff_t,
+        n: size_t,
+        flags: libc::c_uint,
+    ) -> ssize_t;
+    real kernel = real::splice,
+        pass if table::kind(fd_in) != table::K_OBJ && table::kind(fd_out) != table::K_OBJ;
+    on_panic fail(libc::EIO);
+    {
+        let nonblock = flags & libc::SPLICE_F_NONBLOCK != 0;
+        match (dispatch::route(fd_in), dispatch::route(fd_out)) {
+            // SAFETY: splice's contract: `off_in` is null or a valid loff_t.
+            (_, Route::Ring(c)) => unsafe { splice_into_ring(&c, fd_in, off_in, n, nonblock) }
+                .map(len),
+            // SAFETY: splice's contract: `off_out` is null or a valid loff_t.
+            (Route::Ring(c), _) => unsafe { splice_from_ring(&c, fd_out, off_out, n, nonblock) }
+                .map(len),
+            _ => Ok(kernel()),
+        }
+    }
+}

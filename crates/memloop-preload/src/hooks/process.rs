@@ -1,0 +1,194 @@
+//! Process-wide calls: fork (`vfork`), the exec family, close_range/closefrom, the C
+//! library's `syscall`, and the library's start-up (constructor and fork handlers).
+
+use super::{fail, hook, track};
+use crate::{dispatch, real, table};
+use libc::{c_int, c_uint};
+
+/// `close_range` and `closefrom` close many fds at once: ours among them get the bookkeeping
+/// of `close` first (a stale entry would later act on a reused fd number).
+fn before_close_many(first: c_int, last: c_int) {
+    for fd in table::tracked_in(first, last) {
+        dispatch::before_close(fd);
+    }
+}
+
+/// The fallback after a panic in [`before_close_many`]: forget the whole range.
+fn forget_many(first: c_int, last: c_int) {
+    track("forget", || {
+        for fd in table::tracked_in(first, last) {
+            table::remove(fd);
+        }
+    });
+}
+
+/// `close_range`'s bounds as fds, if it closes anything (`CLOEXEC` only marks).
+fn closed_range(first: c_uint, last: c_uint, flags: c_int) -> Option<(c_int, c_int)> {
+    let (lo, hi) = (
+        first.min(c_int::MAX as u32) as c_int,
+        last.min(c_int::MAX as u32) as c_int,
+    );
+    (flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && lo <= hi).then_some((lo, hi))
+}
+
+hook! {
+    fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
+    real kernel = real::close_range;
+    on_panic {
+        if let Some((lo, hi)) = closed_range(first, last, flags) {
+            forget_many(lo, hi);
+        }
+        kernel()
+    };
+    {
+        if let Some((lo, hi)) = closed_range(first, last, flags) {
+            before_close_many(lo, hi);
+        }
+        Ok(kernel())
+    }
+}
+
+hook! {
+    fn closefrom(first: c_int) -> ();
+    real kernel = real::closefrom;
+    on_panic {
+        forget_many(first.max(0), c_int::MAX);
+        kernel()
+    };
+    {
+        before_close_many(first.max(0), c_int::MAX);
+        kernel();
+        Ok(())
+    }
+}
+
+hook! {
+    /// `vfork` becomes `fork`: a vforked child shares our memory and skips the fork handlers,
+    /// so ring connections it inherits (and keeps across exec) would not be counted as held
+    /// by it. A full fork is a valid implementation of vfork.
+    fn vfork() -> libc::pid_t;
+    on_panic fail(libc::EAGAIN);
+    {
+        // SAFETY: fork takes no arguments; our state is kept consistent by the fork handlers.
+        Ok(unsafe { libc::fork() })
+    }
+}
+
+// ---- exec -------------------------------------------------------------------------------------
+// (`execl*` build their vector and call the C library's internal execve, out of our reach.)
+// A panic before the exec still execs: the new image's library removes registrations left
+// tagged in inherited epoll sets (and logs them).
+
+type Argv = *const *const libc::c_char;
+
+/// Runs an exec: inherited epoll sets get the program's registrations back first, and ours
+/// again if the exec fails (errno as the exec left it).
+fn exec_with(exec: impl FnOnce() -> c_int) -> Result<c_int, c_int> {
+    dispatch::before_exec();
+    let r = exec();
+    let e = real::errno();
+    track("exec", dispatch::after_failed_exec);
+    real::set_errno(e);
+    Ok(r)
+}
+
+hook! {
+    fn execve(path: *const libc::c_char, argv: Argv, envp: Argv) -> c_int;
+    real kernel = real::execve;
+    on_panic kernel();
+    { exec_with(kernel) }
+}
+
+hook! {
+    fn execv(path: *const libc::c_char, argv: Argv) -> c_int;
+    real kernel = real::execv;
+    on_panic kernel();
+    { exec_with(kernel) }
+}
+
+hook! {
+    fn execvp(file: *const libc::c_char, argv: Argv) -> c_int;
+    real kernel = real::execvp;
+    on_panic kernel();
+    { exec_with(kernel) }
+}
+
+hook! {
+    fn execvpe(file: *const libc::c_char, argv: Argv, envp: Argv) -> c_int;
+    real kernel = real::execvpe;
+    on_panic kernel();
+    { exec_with(kernel) }
+}
+
+hook! {
+    fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int;
+    real kernel = real::fexecve;
+    on_panic kernel();
+    { exec_with(kernel) }
+}
+
+// ---- raw system calls -------------------------------------------------------------------------
+
+hook! {
+    /// The C library's `syscall`: everything passes through, but `io_uring_setup` is noted (a
+    /// process with io_uring may wait on or read sockets where memloop cannot see it).
+    /// `syscall` is variadic; on these targets variadic integer arguments travel exactly like
+    /// fixed ones, so the six possible arguments are taken and handed on as they came.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    fn syscall(
+        n: libc::c_long,
+        a: libc::c_long,
+        b: libc::c_long,
+        c: libc::c_long,
+        d: libc::c_long,
+        e: libc::c_long,
+        f: libc::c_long,
+    ) -> libc::c_long;
+    real kernel = real::syscall, pass if n != libc::SYS_io_uring_setup;
+    on_panic kernel();
+    {
+        dispatch::note_io_uring();
+        Ok(kernel())
+    }
+}
+
+// ---- start-up ---------------------------------------------------------------------------------
+// Called by the C library, so a panic must not unwind out of them either; there is no error
+// to return, so it is logged and the handler ends.
+
+extern "C" fn at_fork_prepare() {
+    track("fork prepare", dispatch::fork_prepare);
+}
+extern "C" fn at_fork_parent() {
+    track("fork parent", dispatch::fork_parent);
+}
+extern "C" fn at_fork_child() {
+    track("fork child", dispatch::fork_child);
+}
+
+extern "C" fn on_load() {
+    track("load", || {
+        crate::init_logging();
+        crate::engine::capture_settings();
+    });
+    // SAFETY: registers three plain functions with no preconditions; they touch only our own
+    // state, under the locks they take and release.
+    let r = unsafe {
+        libc::pthread_atfork(
+            Some(at_fork_prepare),
+            Some(at_fork_parent),
+            Some(at_fork_child),
+        )
+    };
+    if r != 0 {
+        tracing::warn!(
+            errno = r,
+            "pthread_atfork failed: forked children may inherit held locks"
+        );
+    }
+    track("load", crate::inherit::adopt_inherited);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
