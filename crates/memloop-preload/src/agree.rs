@@ -3,7 +3,7 @@
 //! the offer with the same tuple or publishes a decline marker. Either way both ends reach the
 //! same decision before a byte of application data moves.
 
-use crate::conn::{Conn, ConnParts, PENDING, RING};
+use crate::conn::{Conn, ConnParts, Path};
 use crate::engine::Engine;
 use crate::plain::PlainTcp;
 use crate::real;
@@ -127,12 +127,12 @@ pub fn client_offer(
         .markers_for_client(tuple.client)
         .iter()
         .any(|(_, t)| t.server == tuple.server);
-    let mut path = PENDING;
+    let mut path = Path::Pending;
     if marked {
         if reg.cancel(ch, engine.me()).is_ok() {
             return Err(FallbackReason::NoOffer);
         }
-        path = RING; // the server accepted just before our cancel
+        path = Path::Ring; // the server accepted just before our cancel
     }
     let conn = Conn::new(ConnParts {
         engine: engine.clone(),
@@ -252,7 +252,7 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
         side: Side::Server,
         tuple,
         fd,
-        path: RING,
+        path: Path::Ring,
         same_kernel: PeerWatch::new(&engine.node, ch, Side::Server).same_kernel(),
         decide_wait: Duration::ZERO,
     });

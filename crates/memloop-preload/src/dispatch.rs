@@ -2,7 +2,7 @@
 //! the bookkeeping for socket creation, connect, listen, accept, close and dup.
 
 use crate::agree::{self, Accepted};
-use crate::conn::{Conn, PENDING, RING};
+use crate::conn::{Conn, Path};
 use crate::engine;
 use crate::epoll::{EpollSet, Target};
 use crate::listen::Listener;
@@ -33,7 +33,7 @@ pub fn route(fd: c_int) -> Route {
     }
     match table::get(fd).as_deref() {
         Some(Entry::Conn(c)) => match c.resolve(true) {
-            RING => Route::Ring(c.clone()),
+            Path::Ring => Route::Ring(c.clone()),
             _ => c.plain().map_or(Route::Real, Route::Counted),
         },
         Some(Entry::Plain(p)) => Route::Counted(p.clone()),
@@ -262,7 +262,7 @@ pub fn before_close(fd: c_int) {
                 s.fd_closed(fd, &target, last);
             }
             if last {
-                if c.path() == PENDING {
+                if c.path() == Path::Pending {
                     c.abandon();
                 } else {
                     c.release_with(fd);
@@ -312,7 +312,9 @@ pub fn epoll_ctl(
         return None;
     }
     let target = match &*table::get(fd)? {
-        Entry::Conn(c) if c.path() == PENDING || c.path() == RING => Target::Conn(c.clone()),
+        Entry::Conn(c) if c.path() == Path::Pending || c.path() == Path::Ring => {
+            Target::Conn(c.clone())
+        }
         Entry::Conn(_) => {
             // Settled on TCP since it was registered: hand the registration back first.
             if let Some(s) = epoll_of(epfd) {

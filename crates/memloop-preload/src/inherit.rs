@@ -4,7 +4,7 @@
 //! registered too, so waits on them filter our tagged registrations.
 
 use crate::agree::canonical;
-use crate::conn::{Conn, ConnParts, RING};
+use crate::conn::{Conn, ConnParts, Path};
 use crate::engine;
 use crate::epoll::Target;
 use crate::listen::Listener;
@@ -181,7 +181,7 @@ fn adopt_sockets(conns: Vec<i32>, listeners: Vec<i32>) {
             side,
             tuple,
             fd,
-            path: RING,
+            path: Path::Ring,
             same_kernel: true,
             decide_wait: std::time::Duration::ZERO,
         };

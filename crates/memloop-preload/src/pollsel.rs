@@ -4,7 +4,7 @@
 //! blocking wait sleeps in the kernel on the kernel fds, each ring's doorbell socket and each
 //! epoll fd, with every ring — and every ring member of those sets — armed.
 
-use crate::conn::{Conn, Dir, PENDING, RING};
+use crate::conn::{Conn, Dir, Path};
 use crate::epoll::EpollSet;
 use crate::real;
 use crate::table::{self, Entry};
@@ -31,7 +31,7 @@ fn members(fds: &[pollfd]) -> Vec<(usize, Watch)> {
         }
         match table::get(p.fd).as_deref() {
             // Pending: the kernel's readiness stands for it until the decision.
-            Some(Entry::Conn(c)) if c.resolve(false) == RING => {
+            Some(Entry::Conn(c)) if c.resolve(false) == Path::Ring => {
                 out.push((i, Watch::Ring(c.clone())))
             }
             Some(Entry::Epoll(s)) => out.push((i, Watch::Set(s.clone()))),
@@ -97,7 +97,7 @@ fn scan(fds: &mut [pollfd], members: &[(usize, Watch)]) -> Result<usize, c_int> 
 fn settle_pending(fds: &mut [pollfd]) {
     for p in fds.iter_mut().filter(|p| p.revents != 0) {
         if let Some(c) = table::conn(p.fd) {
-            if c.path() == PENDING && c.resolve(true) == RING {
+            if c.path() == Path::Pending && c.resolve(true) == Path::Ring {
                 c.drain();
                 p.revents = ring_revents(&c, p.events);
             }

@@ -249,10 +249,17 @@ impl Spinner {
         Duration::from_nanos(self.window_ns.load(std::sync::atomic::Ordering::Relaxed))
     }
 
+    /// A spinner whose window starts at `max`.
+    pub fn new(max: Duration) -> Self {
+        let s = Spinner::default();
+        s.store(max);
+        s
+    }
+
     /// Polls `ready` for up to the adaptive window (at most `max`); true if it became ready.
     /// After the first [`PURE_SPIN`] it yields now and then: on two cores the peer may need
     /// our CPU.
-    pub fn spin<E>(
+    pub fn try_spin<E>(
         &self,
         max: Duration,
         mut ready: impl FnMut() -> Result<bool, E>,
@@ -294,9 +301,9 @@ impl Spinner {
         }
     }
 
-    /// [`Spinner::spin`] for a condition that cannot fail.
-    pub fn spin_ok(&self, max: Duration, mut ready: impl FnMut() -> bool) -> bool {
-        match self.spin::<std::convert::Infallible>(max, || Ok(ready())) {
+    /// [`Spinner::try_spin`] for a condition that cannot fail.
+    pub fn spin(&self, max: Duration, mut ready: impl FnMut() -> bool) -> bool {
+        match self.try_spin::<std::convert::Infallible>(max, || Ok(ready())) {
             Ok(hit) => hit,
         }
     }
@@ -315,15 +322,15 @@ pub trait Park {
     fn park(&mut self, left: Option<Duration>) -> Result<(), Self::Error>;
     /// Withdraws the announcement.
     fn disarm(&mut self);
-    /// Runs after every sleep, before readiness is checked again (e.g. a look at the peer's
-    /// liveness, which may itself make the condition true).
+    /// Runs after a sleep that did not make the condition true, before the next round (e.g.
+    /// a look at the peer's liveness, which may itself make the condition true).
     fn after_sleep(&mut self) -> Result<(), Self::Error> {
         Ok(())
     }
 }
 
 /// The sleeping phase of a wait: until `ready()` (→ `Ok(true)`) or `timeout` passes
-/// (→ `Ok(false)`; `None` waits for ever). Call [`Spinner::spin`] first.
+/// (→ `Ok(false)`; `None` waits for ever). Spin first ([`Spinner::try_spin`]).
 pub fn park_until<P: Park>(
     park: &mut P,
     timeout: Option<Duration>,
@@ -345,10 +352,10 @@ pub fn park_until<P: Park>(
         let slept = park.park(left);
         park.disarm();
         slept?;
-        park.after_sleep()?;
         if ready()? {
             return Ok(true);
         }
+        park.after_sleep()?;
     }
 }
 
@@ -385,7 +392,7 @@ pub(crate) fn block_until(
     timeout: Duration,
     mut ready: impl FnMut() -> Result<bool, RingError>,
 ) -> Result<bool, RingError> {
-    if !policy.spin.is_zero() && spinner.spin(policy.spin.min(timeout), &mut ready)? {
+    if !policy.spin.is_zero() && spinner.try_spin(policy.spin.min(timeout), &mut ready)? {
         return Ok(true);
     }
     let mut park = RingPark {

@@ -21,7 +21,7 @@ mod share;
 mod waiting;
 
 pub use memloop_ring::Spinner;
-pub use path::{Path, PENDING, RING, TCP};
+pub use path::Path;
 
 use crate::engine::Engine;
 use crate::forklock::ForkMutex;

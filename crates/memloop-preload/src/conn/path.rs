@@ -21,10 +21,6 @@ pub enum Path {
     Tcp,
 }
 
-pub const PENDING: Path = Path::Pending;
-pub const RING: Path = Path::Ring;
-pub const TCP: Path = Path::Tcp;
-
 /// A [`Path`] readable without a lock on every data call.
 pub(super) struct AtomicPath(AtomicU8);
 
@@ -81,7 +77,7 @@ impl Conn {
     /// declined or did not answer within `decide_wait`. With `wait == false` it only looks.
     pub fn resolve(&self, wait: bool) -> Path {
         let p = self.path();
-        if p != PENDING {
+        if p != Path::Pending {
             return p;
         }
         let _g = self.decision.resolving.lock();
@@ -89,7 +85,7 @@ impl Conn {
         let mut polls = 0u32;
         loop {
             let p = self.path();
-            if p != PENDING {
+            if p != Path::Pending {
                 return p;
             }
             let reg = self.engine.registry();
@@ -97,7 +93,7 @@ impl Conn {
                 Ok(ChannelState::Accepted) => {
                     // The server rings one doorbell when it accepts: ours to read.
                     self.sleepers.owed.fetch_add(1, Relaxed);
-                    self.decision.path.store(RING, Release);
+                    self.decision.path.store(Path::Ring, Release);
                     tracing::debug!(ch = ?self.ch, "server accepted: ring");
                 }
                 Ok(ChannelState::Declined) => {
@@ -113,7 +109,7 @@ impl Conn {
                         self.to_tcp(FallbackReason::Cancelled);
                     }
                 }
-                Ok(ChannelState::Offered) if !wait => return PENDING,
+                Ok(ChannelState::Offered) if !wait => return Path::Pending,
                 Ok(ChannelState::Offered) => {
                     polls += 1;
                     if polls < 200 {
@@ -147,17 +143,17 @@ impl Conn {
         );
         let plain = PlainTcp::record(&self.engine, &self.tuple, reason, None);
         *self.decision.plain.lock() = Some(plain);
-        self.decision.path.store(TCP, Release);
+        self.decision.path.store(Path::Tcp, Release);
         tracing::debug!(ch = ?self.ch, %reason, "connection stays on TCP");
     }
 
     /// A pending client connection closed before the decision: withdraw the offer.
     pub fn abandon(&self) {
-        if self.path() == PENDING {
+        if self.path() == Path::Pending {
             let reg = self.engine.registry();
             if reg.cancel(self.ch, self.engine.me()).is_err() {
                 // The server accepted meanwhile: close our side like a ring connection.
-                self.decision.path.store(RING, Release);
+                self.decision.path.store(Path::Ring, Release);
                 self.release();
             }
         }

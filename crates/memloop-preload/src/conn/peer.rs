@@ -1,7 +1,7 @@
 //! What a connection knows of its peer: closed (its kernel socket is gone, or its side of the
 //! channel), reset, alive. Liveness itself is `memloop::channel::PeerWatch`'s.
 
-use super::{Conn, RING};
+use super::{Conn, Path};
 use memloop::channel::PeerWatch;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 
@@ -46,7 +46,7 @@ impl Conn {
 
     /// For poll and epoll after an idle slice: a peer in another kernel may have vanished.
     pub fn watch_peer(&self) {
-        if !self.peer.same_kernel && self.path() == RING {
+        if !self.peer.same_kernel && self.path() == Path::Ring {
             self.check_peer();
         }
     }

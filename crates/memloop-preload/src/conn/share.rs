@@ -2,7 +2,7 @@
 //! reloads while shared, back to the lock-free path when this process is the sole holder
 //! again; and the release of our side when the last holder closes.
 
-use super::{Conn, RING};
+use super::{Conn, Path};
 use crate::real;
 use libc::c_int;
 use memloop::registry::SideWords;
@@ -147,7 +147,7 @@ impl Conn {
     }
 
     pub(super) fn release(&self) {
-        if self.path() != RING || self.share.released.swap(true, AcqRel) {
+        if self.path() != Path::Ring || self.share.released.swap(true, AcqRel) {
             return;
         }
         if let Some(w) = &self.share.side_words {

@@ -20,7 +20,7 @@
 mod kernel;
 mod rules;
 
-use crate::conn::{Conn, Dir, Spinner, PENDING, RING, TCP};
+use crate::conn::{Conn, Dir, Path, Spinner};
 use crate::forklock::ForkMutex;
 use libc::{c_int, epoll_event};
 use rules::{Edge, ET, EXCLUSIVE, ONESHOT};
@@ -76,7 +76,7 @@ enum Reg {
 impl Reg {
     fn of(t: &Target) -> Reg {
         match t {
-            Target::Conn(c) if c.path() == PENDING => Reg::Pending,
+            Target::Conn(c) if c.path() == Path::Pending => Reg::Pending,
             Target::Conn(_) => Reg::Ring,
             Target::Set(_) => Reg::Set,
         }
@@ -118,7 +118,7 @@ impl Item {
     /// The bits this item reports now and its edge signature; `None` if the kernel decides.
     fn readiness(&self) -> Option<(u32, (u64, u64, u32))> {
         match &self.target {
-            Target::Conn(c) if c.path() == RING => {
+            Target::Conn(c) if c.path() == Path::Ring => {
                 let rep = rules::report(rules::poll_to_epoll(c.revents()), self.events);
                 Some((rep, rules::edge_signature(self.events, c.progress(), rep)))
             }
@@ -688,14 +688,14 @@ impl EpollSet {
         kernel_ev: u32,
     ) -> Option<epoll_event> {
         let path = match c.path() {
-            PENDING => c.resolve(true),
+            Path::Pending => c.resolve(true),
             p => p,
         };
-        if path == RING {
+        if path == Path::Ring {
             c.drain();
         }
         let mut st = self.st.lock();
-        if path == TCP {
+        if path == Path::Tcp {
             let it = self.remove(&mut st, id)?;
             return to_kernel_fd(epfd, it, kernel_ev);
         }
@@ -953,7 +953,7 @@ fn arm(it: &mut Item) {
         return;
     }
     match &it.target {
-        Target::Conn(c) if c.path() == RING => {
+        Target::Conn(c) if c.path() == Path::Ring => {
             c.enter_wait();
             let (r, w) = rules::wants(it.events);
             if r {

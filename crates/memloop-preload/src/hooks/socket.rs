@@ -196,7 +196,7 @@ hook! {
 
 /// A ring (or undecided) connection's record, for options answered without the kernel.
 fn ring_conn(fd: c_int) -> Option<std::sync::Arc<crate::conn::Conn>> {
-    table::conn(fd).filter(|c| c.path() != crate::conn::TCP)
+    table::conn(fd).filter(|c| c.path() != crate::conn::Path::Tcp)
 }
 
 hook! {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 fn watched(fd: c_int) -> bool {
     table::kind(fd) == table::K_OBJ
         && match table::get(fd).as_deref() {
-            Some(Entry::Conn(c)) => c.path() != conn::TCP,
+            Some(Entry::Conn(c)) => c.path() != conn::Path::Tcp,
             Some(Entry::Epoll(_)) => true,
             _ => false,
         }
