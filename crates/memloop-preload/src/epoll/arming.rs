@@ -1,0 +1,135 @@
+//! Arming, re-arming and disarming members for the sleepers of a set, and kicks: a
+//! registration that briefly asks for `EPOLLOUT` so the kernel wakes the sleepers.
+
+use super::*;
+
+/// Arms an item for the sleepers of its set (a fired one-shot waits for its re-arm).
+pub(super) fn arm(it: &mut Item) {
+    if it.armed || it.disabled {
+        return;
+    }
+    match &it.target {
+        Target::Conn(c) if c.path() == Path::Ring => {
+            c.enter_wait();
+            let (r, w) = rules::wants(it.events);
+            if r {
+                c.arm(Dir::Read);
+            }
+            if w {
+                c.arm(Dir::Write);
+            }
+        }
+        Target::Conn(_) => return,
+        Target::Set(s) => s.sleep_enter(),
+    }
+    it.armed = true;
+}
+
+pub(super) fn rearm(it: &mut Item) {
+    match &it.target {
+        Target::Conn(c) => {
+            let (r, w) = rules::wants(it.events);
+            if r {
+                c.rearm(Dir::Read);
+            }
+            if w {
+                c.rearm(Dir::Write);
+            }
+        }
+        Target::Set(s) => s.rearm_all(),
+    }
+}
+
+pub(super) fn disarm(it: &mut Item) {
+    if !it.armed {
+        return;
+    }
+    it.armed = false;
+    match &it.target {
+        Target::Conn(c) => {
+            let (r, w) = rules::wants(it.events);
+            if r {
+                c.disarm(Dir::Read);
+            }
+            if w {
+                c.disarm(Dir::Write);
+            }
+            c.leave_wait();
+        }
+        Target::Set(s) => s.sleep_leave(),
+    }
+}
+
+impl EpollSet {
+    /// A further sleeper of a containing set: refresh the arms of the members.
+    pub(super) fn rearm_all(&self) {
+        let mut st = self.st.lock();
+        for it in st.items.values_mut() {
+            if it.armed {
+                rearm(it);
+            } else {
+                arm(it);
+            }
+        }
+    }
+}
+
+/// Wakes the sleepers if `it` is ready now.
+pub(super) fn kick_if_ready(epfd: c_int, id: u32, it: &mut Item) {
+    if it.would_report() {
+        kick(epfd, id, it);
+    }
+}
+
+/// Makes the kernel report the item's registration at once (`EPOLLOUT` on a socket is
+/// ready), so every thread asleep on the set wakes; [`unkick`] undoes it.
+pub(super) fn kick(epfd: c_int, id: u32, it: &mut Item) {
+    match &it.target {
+        Target::Set(s) => s.kick_ready(),
+        Target::Conn(_) if !it.fd_open || it.kicked => {}
+        Target::Conn(_) => {
+            let op = if it.reg == Reg::Dormant {
+                it.reg = Reg::Ring;
+                libc::EPOLL_CTL_ADD
+            } else {
+                libc::EPOLL_CTL_MOD
+            };
+            it.kicked = true;
+            let kev = it.kernel_events().unwrap_or(IN | OUT);
+            if kernel::ctl(epfd, op, it.fd, kev, kernel::tag(id)).is_err() {
+                it.kicked = false;
+            }
+        }
+    }
+}
+
+pub(super) fn unkick(epfd: c_int, id: u32, it: &mut Item) {
+    it.kicked = false;
+    if let (Some(kev), true) = (it.kernel_events(), it.fd_open) {
+        kernel::ctl_or_log(
+            "unkick",
+            epfd,
+            libc::EPOLL_CTL_MOD,
+            it.fd,
+            kev,
+            kernel::tag(id),
+        );
+    }
+}
+
+/// A one-shot interest fired: quiet until the program re-arms it.
+pub(super) fn disable(epfd: c_int, id: u32, it: &mut Item) {
+    it.disabled = true;
+    if it.reg == Reg::Set && it.fd_open {
+        if let Some(kev) = it.kernel_events() {
+            kernel::ctl_or_log(
+                "one-shot fired",
+                epfd,
+                libc::EPOLL_CTL_MOD,
+                it.fd,
+                kev,
+                kernel::tag(id),
+            );
+        }
+    }
+}

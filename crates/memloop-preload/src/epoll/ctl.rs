@@ -1,0 +1,241 @@
+//! `epoll_ctl` on an emulated set: items added, modified and removed under the kernel's own
+//! error rules, registrations following the kernel's lifetime rules for closed and dup'd fds,
+//! and kicks for members made ready while someone sleeps.
+
+use super::*;
+
+impl EpollSet {
+    /// `epoll_ctl` on a ring connection or a nested set, with the kernel's error rules.
+    pub fn ctl(
+        &self,
+        epfd: c_int,
+        op: c_int,
+        fd: c_int,
+        target: Target,
+        ev: Option<(u32, u64)>,
+    ) -> Result<(), c_int> {
+        self.set_fd(epfd);
+        let mut st = self.st.lock();
+        let existing = st.by_fd.get(&fd).copied();
+        let exclusive = existing.map(|id| st.items[&id].events & EXCLUSIVE != 0);
+        let is_set = matches!(target, Target::Set(_));
+        rules::check_ctl(op, ev.map(|e| e.0), is_set, exclusive)?;
+        match (op, existing, ev) {
+            (libc::EPOLL_CTL_ADD, _, Some((events, data))) => {
+                self.insert(&mut st, epfd, fd, target, events, data, libc::EPOLL_CTL_ADD)
+            }
+            (libc::EPOLL_CTL_MOD, Some(id), Some(ev)) => self.modify(&mut st, epfd, id, ev),
+            (libc::EPOLL_CTL_DEL, Some(id), _) => self.delete(&mut st, epfd, id),
+            _ => Err(libc::EINVAL),
+        }
+    }
+
+    /// Takes over a registration the program made in the kernel before `fd` became ours (a
+    /// socket registered before it connected, or a registration inherited across exec).
+    pub fn adopt(&self, epfd: c_int, fd: c_int, target: Target, events: u32, data: u64) {
+        let mut st = self.st.lock();
+        if st.by_fd.contains_key(&fd) {
+            return;
+        }
+        if let Err(e) = self.insert(&mut st, epfd, fd, target, events, data, libc::EPOLL_CTL_MOD) {
+            tracing::debug!(fd, e, "could not take over an epoll registration");
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn insert(
+        &self,
+        st: &mut State,
+        epfd: c_int,
+        fd: c_int,
+        target: Target,
+        events: u32,
+        data: u64,
+        op: c_int,
+    ) -> Result<(), c_int> {
+        let id = free_id(st);
+        let mut it = Item {
+            fd,
+            fd_open: true,
+            reg: Reg::of(&target),
+            target,
+            events,
+            data,
+            edge: Edge::default(),
+            disabled: false,
+            armed: false,
+            kicked: false,
+        };
+        let kev = it.kernel_events().unwrap_or(IN);
+        kernel::ctl(epfd, op, fd, kev, kernel::tag(id))?;
+        if st.sleepers > 0 {
+            arm(&mut it);
+            kick_if_ready(epfd, id, &mut it);
+        }
+        st.items.insert(id, it);
+        st.by_fd.insert(fd, id);
+        self.targets.fetch_add(1, Release);
+        Ok(())
+    }
+
+    pub(super) fn modify(
+        &self,
+        st: &mut State,
+        epfd: c_int,
+        id: u32,
+        (events, data): (u32, u64),
+    ) -> Result<(), c_int> {
+        let sleeping = st.sleepers > 0;
+        let it = st.items.get_mut(&id).ok_or(libc::ENOENT)?;
+        let (old_events, old_kicked) = (it.events, it.kicked);
+        it.events = events;
+        it.kicked = false;
+        it.disabled = false;
+        if let Some(kev) = it.kernel_events() {
+            if let Err(e) = kernel::ctl(epfd, libc::EPOLL_CTL_MOD, it.fd, kev, kernel::tag(id)) {
+                it.events = old_events;
+                it.kicked = old_kicked;
+                return Err(e);
+            }
+        }
+        // Re-arm for the new directions: disarm with the old interest, arm with the new.
+        let was_armed = it.armed;
+        if was_armed {
+            it.events = old_events;
+            disarm(it);
+            it.events = events;
+        }
+        it.data = data;
+        it.edge.reset();
+        if sleeping {
+            arm(it);
+            kick_if_ready(epfd, id, it);
+        }
+        Ok(())
+    }
+
+    pub(super) fn delete(&self, st: &mut State, epfd: c_int, id: u32) -> Result<(), c_int> {
+        let mut it = self.remove(st, id).ok_or(libc::ENOENT)?;
+        if it.armed {
+            disarm(&mut it);
+        }
+        match it.reg {
+            Reg::Dormant => Ok(()),
+            _ => kernel::ctl(epfd, libc::EPOLL_CTL_DEL, it.fd, 0, 0),
+        }
+    }
+
+    pub(super) fn remove(&self, st: &mut State, id: u32) -> Option<Item> {
+        let it = st.items.remove(&id)?;
+        if st.by_fd.get(&it.fd) == Some(&id) {
+            st.by_fd.remove(&it.fd);
+        }
+        self.targets.fetch_sub(1, Release);
+        Some(it)
+    }
+
+    /// `fd` settled on TCP without a kernel event telling us: its registration becomes the
+    /// program's own again.
+    pub fn release_fd(&self, epfd: c_int, fd: c_int) {
+        let mut st = self.st.lock();
+        let Some(&id) = st.by_fd.get(&fd) else { return };
+        if let Some(it) = self.remove(&mut st, id) {
+            // Without a kernel event (0) there is never an event to report.
+            let _ = to_kernel_fd(epfd, it, 0);
+        }
+    }
+
+    /// The program is closing `fd`, one of `target`'s fds. The kernel keeps a registration
+    /// while another fd of the same file is open (`last == false`): so do we, but the closed
+    /// number no longer names it. With the last fd the registration goes.
+    pub fn fd_closed(&self, fd: c_int, target: &Target, last: bool) {
+        let mut st = self.st.lock();
+        let ids: Vec<u32> = st
+            .items
+            .iter()
+            .filter(|(_, it)| it.target.is(target) && (last || it.fd == fd))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            if last {
+                if let Some(mut it) = self.remove(&mut st, id) {
+                    if it.armed {
+                        disarm(&mut it);
+                    }
+                }
+            } else if let Some(it) = st.items.get_mut(&id) {
+                it.fd_open = false;
+                if st.by_fd.get(&fd) == Some(&id) {
+                    st.by_fd.remove(&fd);
+                }
+            }
+        }
+    }
+
+    /// Something of this process made `conn` ready (a shutdown of our own): wake sleepers
+    /// that watch it, as the kernel would.
+    pub fn poke(&self, conn: &Arc<Conn>) {
+        let epfd = self.fd();
+        let mut st = self.st.lock();
+        if st.sleepers == 0 {
+            return;
+        }
+        let t = Target::Conn(conn.clone());
+        for (id, it) in st.items.iter_mut().filter(|(_, it)| it.target.is(&t)) {
+            kick_if_ready(epfd, *id, it);
+        }
+    }
+
+    /// Kicks one ready member (a set containing this one must wake).
+    pub(super) fn kick_ready(&self) {
+        let epfd = self.fd();
+        let mut st = self.st.lock();
+        if let Some((id, it)) = st.items.iter_mut().find(|(_, it)| it.would_report()) {
+            kick(epfd, *id, it);
+        }
+    }
+
+    /// [`Self::drain_owed`] for the nested sets only (this set's own doorbells are read as
+    /// their events come).
+    pub(super) fn drain_nested_owed(&self) {
+        for t in self.targets() {
+            if let Target::Set(s) = t {
+                s.drain_owed();
+            }
+        }
+    }
+
+    /// Reads the doorbells owed to the ring members (of this set and the sets in it) before
+    /// the kernel is asked whether this set is readable: an unread doorbell whose data was
+    /// consumed would make it look readable with nothing to report.
+    pub fn drain_owed(&self) {
+        for t in self.targets() {
+            match t {
+                Target::Conn(c) => c.drain_owed(),
+                Target::Set(s) => s.drain_owed(),
+            }
+        }
+    }
+
+    /// The members' targets, taken under the lock to be used after it (their calls may
+    /// block or take other sets' locks).
+    pub(super) fn targets(&self) -> Vec<Target> {
+        self.st
+            .lock()
+            .items
+            .values()
+            .map(|it| it.target.clone())
+            .collect()
+    }
+}
+
+pub(super) fn free_id(st: &mut State) -> u32 {
+    loop {
+        let id = st.next;
+        st.next = st.next.wrapping_add(1);
+        st.wrapped |= st.next == 0;
+        if !st.items.contains_key(&id) {
+            return id;
+        }
+    }
+}

@@ -1,0 +1,465 @@
+//! `epoll_wait` on an emulated set: ring members answered from the rings, kernel events
+//! filtered for our tags and translated, sleepers counted so members are armed while anyone
+//! sleeps.
+
+use super::*;
+
+impl EpollSet {
+    /// A thread is about to sleep on this set (or on a set or poll containing it): arm every
+    /// ring member, re-arm those armed already (a doorbell cleared their flag).
+    pub fn sleep_enter(&self) {
+        let mut st = self.st.lock();
+        st.sleepers += 1;
+        for it in st.items.values_mut() {
+            if it.armed {
+                rearm(it);
+            } else {
+                arm(it);
+            }
+        }
+    }
+
+    /// The sleeper is awake; the last one disarms.
+    pub fn sleep_leave(&self) {
+        let mut st = self.st.lock();
+        st.sleepers = st.sleepers.saturating_sub(1);
+        if st.sleepers == 0 {
+            st.items.values_mut().filter(|it| it.armed).for_each(disarm);
+        }
+    }
+
+    /// Whether some member would be reported now, with a signature of what is ready (for a
+    /// containing set's edge-triggered interest). Nothing is consumed.
+    pub fn peek(&self) -> Option<u64> {
+        let st = self.st.lock();
+        let mut sig: Option<u64> = None;
+        for it in st.items.values().filter(|it| it.would_report()) {
+            let (_, (a, b, c)) = it.readiness()?;
+            let s = sig.unwrap_or(0);
+            sig = Some(s.wrapping_add(a).wrapping_add(b).wrapping_add(c as u64));
+        }
+        sig
+    }
+
+    /// `epoll_wait`/`epoll_pwait`/`epoll_pwait2` (`precise`: nanosecond timeout).
+    pub fn wait(
+        &self,
+        epfd: c_int,
+        out: &mut [epoll_event],
+        timeout: Option<Duration>,
+        sigmask: *const libc::sigset_t,
+        precise: bool,
+    ) -> Result<usize, c_int> {
+        self.set_fd(epfd);
+        let deadline = timeout.map(|t| Instant::now() + t);
+        if !self.has_targets() {
+            let w = Waiter {
+                set: self,
+                epfd,
+                sigmask,
+                precise,
+            };
+            if let Some(r) = w.kernel_only(out, timeout) {
+                return r;
+            }
+        }
+        // The program may offer room for thousands of events (redis: its whole fd limit): take
+        // at most MAX_KERNEL_BATCH from the kernel per call, in a buffer kept per thread.
+        let room = out.len().min(MAX_KERNEL_BATCH);
+        TMP.with(|t| {
+            let mut tmp = t.borrow_mut();
+            if tmp.len() < room {
+                tmp.resize(room, epoll_event { events: 0, u64: 0 });
+            }
+            let w = Waiter {
+                set: self,
+                epfd,
+                sigmask,
+                precise,
+            };
+            w.run(out, &mut tmp[..room], timeout, deadline)
+        })
+    }
+
+    /// Ready ring members → program events, skipping (and adding to) `reported`.
+    pub(super) fn collect(
+        &self,
+        epfd: c_int,
+        out: &mut [epoll_event],
+        reported: &mut Vec<u32>,
+    ) -> usize {
+        if out.is_empty() {
+            return 0;
+        }
+        let mut st = self.st.lock();
+        let cursor = st.cursor;
+        let mut n = 0;
+        let mut last = None;
+        let mut owed: Vec<Arc<Conn>> = Vec::new();
+        let mut visit = |id: u32, it: &mut Item| {
+            if n == out.len() || it.disabled || reported.contains(&id) {
+                return;
+            }
+            let Some((rep, sig)) = it.readiness() else {
+                return;
+            };
+            if rep == 0 {
+                it.edge.reset();
+                return;
+            }
+            if it.events & ET != 0 && !it.edge.fire(sig) {
+                return;
+            }
+            if it.events & ONESHOT != 0 {
+                disable(epfd, id, it);
+            }
+            out[n] = epoll_event {
+                events: rep,
+                u64: it.data,
+            };
+            if let Target::Conn(c) = &it.target {
+                owed.push(c.clone());
+            }
+            reported.push(id);
+            last = Some(id);
+            n += 1;
+        };
+        // Ready members take turns: start after the one reported last.
+        for (id, it) in st.items.range_mut(cursor..) {
+            visit(*id, it);
+        }
+        for (id, it) in st.items.range_mut(..cursor) {
+            visit(*id, it);
+        }
+        if let Some(id) = last {
+            st.cursor = id.wrapping_add(1);
+        }
+        drop(st);
+        // Doorbells for what we report are read now: left on the socket they would keep it
+        // (and any set or poll watching this set) readable after the data is consumed.
+        owed.iter().for_each(|c| c.drain_owed());
+        n
+    }
+
+    /// Kernel events → program events: tagged ones are ours (doorbells, decisions, kicks,
+    /// nested sets), everything else is the program's own.
+    pub(super) fn translate(
+        &self,
+        epfd: c_int,
+        got: &[epoll_event],
+        out: &mut [epoll_event],
+        reported: &mut Vec<u32>,
+    ) -> usize {
+        let mut n = 0;
+        for ev in got {
+            if let Some(e) = self.translate_one(epfd, *ev, reported) {
+                out[n] = e;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// One kernel event → what the program gets of it, if anything.
+    pub(super) fn translate_one(
+        &self,
+        epfd: c_int,
+        ev: epoll_event,
+        reported: &mut Vec<u32>,
+    ) -> Option<epoll_event> {
+        let Some(id) = kernel::untag(ev.u64) else {
+            return Some(ev);
+        };
+        match self.settle(epfd, id, ev.events) {
+            Settled::NotOurs => Some(ev),
+            Settled::Ours(Some(e)) if !reported.contains(&id) => {
+                reported.push(id);
+                Some(e)
+            }
+            Settled::Ours(_) => None,
+        }
+    }
+
+    /// Handles a kernel event on one of our registrations; returns an event for the program
+    /// when the item is a nested set or just became a plain TCP connection.
+    pub(super) fn settle(&self, epfd: c_int, id: u32, kernel_ev: u32) -> Settled {
+        let target = {
+            let mut st = self.st.lock();
+            if !st.wrapped && id >= st.next {
+                return Settled::NotOurs;
+            }
+            let Some(it) = st.items.get_mut(&id) else {
+                return Settled::Ours(None); // removed meanwhile: a stale event
+            };
+            if it.kicked {
+                unkick(epfd, id, it);
+            }
+            it.target.clone()
+        };
+        Settled::Ours(match target {
+            Target::Conn(c) => self.settle_conn(epfd, id, &c, kernel_ev),
+            Target::Set(_) => self.settle_set(id, kernel_ev),
+        })
+    }
+
+    pub(super) fn settle_set(&self, id: u32, kernel_ev: u32) -> Option<epoll_event> {
+        let mut st = self.st.lock();
+        let it = st.items.get_mut(&id)?;
+        let rep = rules::report(kernel_ev, it.events);
+        if it.disabled || rep == 0 {
+            return None;
+        }
+        if it.events & ONESHOT != 0 {
+            it.disabled = true; // the kernel disabled its own registration too
+        }
+        Some(epoll_event {
+            events: rep,
+            u64: it.data,
+        })
+    }
+
+    pub(super) fn settle_conn(
+        &self,
+        epfd: c_int,
+        id: u32,
+        c: &Arc<Conn>,
+        kernel_ev: u32,
+    ) -> Option<epoll_event> {
+        let path = match c.path() {
+            Path::Pending => c.resolve(true),
+            p => p,
+        };
+        if path == Path::Ring {
+            c.drain();
+        }
+        let mut st = self.st.lock();
+        if path == Path::Tcp {
+            let it = self.remove(&mut st, id)?;
+            return to_kernel_fd(epfd, it, kernel_ev);
+        }
+        let it = st.items.get_mut(&id)?;
+        if it.reg == Reg::Pending && it.fd_open {
+            it.reg = Reg::Ring;
+            let kev = it.kernel_events().unwrap_or(IN);
+            kernel::ctl_or_log(
+                "settled on a ring",
+                epfd,
+                libc::EPOLL_CTL_MOD,
+                it.fd,
+                kev,
+                kernel::tag(id),
+            );
+        }
+        if c.peer_closed() && it.reg == Reg::Ring && !it.kicked && it.fd_open {
+            // EOF forever from now on: stop the kernel reporting it on every wait.
+            it.reg = Reg::Dormant;
+            kernel::ctl_or_log("peer gone: dormant", epfd, libc::EPOLL_CTL_DEL, it.fd, 0, 0);
+        }
+        None
+    }
+
+    /// Across kernels nothing closes a vanished VM's socket: look at the peers' heartbeats.
+    pub(super) fn watch_peers(&self) {
+        for t in self.targets() {
+            if let Target::Conn(c) = t {
+                c.watch_peer();
+            }
+        }
+    }
+
+    pub(super) fn spin_window(&self) -> Duration {
+        self.st
+            .lock()
+            .items
+            .values()
+            .find_map(|it| match &it.target {
+                Target::Conn(c) => Some(c.spin_window()),
+                Target::Set(_) => None,
+            })
+            .unwrap_or(Duration::ZERO)
+    }
+}
+
+/// One call of `epoll_wait` on a set.
+pub(super) struct Waiter<'a> {
+    set: &'a EpollSet,
+    epfd: c_int,
+    sigmask: *const libc::sigset_t,
+    precise: bool,
+}
+
+impl Waiter<'_> {
+    /// A set without ring members or nested sets: one kernel wait straight into the
+    /// program's buffer (as cheap as without memloop), then our tagged events filtered out —
+    /// another thread may have added a ring member meanwhile. `None`: only such events came,
+    /// go the general way.
+    pub(super) fn kernel_only(
+        &self,
+        out: &mut [epoll_event],
+        timeout: Option<Duration>,
+    ) -> Option<Result<usize, c_int>> {
+        {
+            let mut st = self.set.st.lock();
+            if !st.items.is_empty() {
+                return None;
+            }
+            st.sleepers += 1;
+        }
+        let r = kernel::wait(self.epfd, out, timeout, self.sigmask, self.precise);
+        self.set.sleep_leave();
+        let n = match r {
+            Ok(n) => n,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut kept = 0;
+        let mut reported = Vec::new();
+        for i in 0..n {
+            if let Some(e) = self.set.translate_one(self.epfd, out[i], &mut reported) {
+                out[kept] = e;
+                kept += 1;
+            }
+        }
+        // Events came but all were ours: nothing for the program yet.
+        (kept > 0 || n == 0).then_some(Ok(kept))
+    }
+
+    pub(super) fn run(
+        &self,
+        out: &mut [epoll_event],
+        tmp: &mut [epoll_event],
+        timeout: Option<Duration>,
+        deadline: Option<Instant>,
+    ) -> Result<usize, c_int> {
+        let mut spun = false;
+        loop {
+            let n = self.harvest(out, tmp)?;
+            if n > 0 || timeout == Some(Duration::ZERO) {
+                return Ok(n);
+            }
+            if !spun {
+                spun = true;
+                let got = self.spin(out, tmp);
+                if got > 0 {
+                    return Ok(got);
+                }
+            }
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(l) if !l.is_zero() => l,
+                    _ => return Ok(0),
+                },
+                None => SLICE,
+            };
+            let n = self.block(out, tmp, left.min(SLICE))?;
+            if n > 0 {
+                return Ok(n);
+            }
+            self.set.watch_peers();
+        }
+    }
+
+    pub(super) fn spin(&self, out: &mut [epoll_event], tmp: &mut [epoll_event]) -> usize {
+        let window = self.set.spin_window();
+        let mut i = 0u32;
+        let mut got = 0;
+        self.set.spinner.spin(window, || {
+            i += 1;
+            got = if i % 8 == 0 {
+                self.harvest(out, tmp).unwrap_or(0)
+            } else {
+                self.set.collect(self.epfd, out, &mut Vec::new())
+            };
+            got > 0
+        });
+        got
+    }
+
+    /// Ring readiness plus a non-blocking look at the kernel set. While rings are ready the
+    /// kernel is asked only on one call in [`KERNEL_EVERY`] (the system call costs as much as
+    /// a ring round trip) — and then first, so that kernel fds get their turn even when
+    /// `maxevents` is smaller than the number of ready rings.
+    pub(super) fn harvest(
+        &self,
+        out: &mut [epoll_event],
+        tmp: &mut [epoll_event],
+    ) -> Result<usize, c_int> {
+        let set = self.set;
+        let mut reported = Vec::new();
+        let kernel_turn = set.calls.fetch_add(1, Relaxed) % KERNEL_EVERY == 0;
+        if !kernel_turn {
+            let n = set.collect(self.epfd, out, &mut reported);
+            if n > 0 {
+                return Ok(n);
+            }
+        }
+        set.drain_nested_owed();
+        let want = out.len().min(tmp.len());
+        let k = kernel::wait(
+            self.epfd,
+            &mut tmp[..want],
+            Some(Duration::ZERO),
+            self.sigmask,
+            false,
+        )?;
+        let m = set.translate(self.epfd, &tmp[..k], out, &mut reported);
+        Ok(m + set.collect(self.epfd, &mut out[m..], &mut reported))
+    }
+
+    /// Arms every ring member, re-checks, then sleeps in the kernel.
+    pub(super) fn block(
+        &self,
+        out: &mut [epoll_event],
+        tmp: &mut [epoll_event],
+        left: Duration,
+    ) -> Result<usize, c_int> {
+        let set = self.set;
+        let mut reported = Vec::new();
+        set.sleep_enter();
+        let n = set.collect(self.epfd, out, &mut reported);
+        let r = if n > 0 {
+            Ok(0)
+        } else {
+            kernel::wait(self.epfd, tmp, Some(left), self.sigmask, self.precise)
+        };
+        set.sleep_leave();
+        if n > 0 {
+            return Ok(n);
+        }
+        let k = r?;
+        let m = set.translate(self.epfd, &tmp[..k], out, &mut reported);
+        Ok(m + set.collect(self.epfd, &mut out[m..], &mut reported))
+    }
+}
+
+/// What a tagged kernel event turned out to be.
+pub(super) enum Settled {
+    /// A word of the program's that only looks like ours: pass it on.
+    NotOurs,
+    /// Ours; maybe with an event for the program (a nested set, a connection now on TCP).
+    Ours(Option<epoll_event>),
+}
+
+/// A pending connection stayed on TCP: from now on a kernel fd like any other. Its
+/// registration gets the program's own events and data, and the event that settled it goes
+/// to the program.
+pub(super) fn to_kernel_fd(epfd: c_int, mut it: Item, kernel_ev: u32) -> Option<epoll_event> {
+    if it.armed {
+        disarm(&mut it);
+    }
+    if it.fd_open {
+        let events = it.events & !EXCLUSIVE;
+        kernel::ctl_or_log(
+            "settled on TCP",
+            epfd,
+            libc::EPOLL_CTL_MOD,
+            it.fd,
+            events,
+            it.data,
+        );
+    }
+    let rep = rules::report(kernel_ev, it.events);
+    (rep != 0).then_some(epoll_event {
+        events: rep,
+        u64: it.data,
+    })
+}
