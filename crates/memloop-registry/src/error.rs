@@ -12,7 +12,7 @@ pub enum RegistryError {
     BadMagic { found: u64 },
     #[error(
         "region layout version {found}, this build understands {expected}: recreate the region \
-         with `memloop region create`"
+         (`memloop region destroy`, then `memloop region create`)"
     )]
     BadVersion { found: u32, expected: u32 },
     #[error("region header says {header} bytes but the mapping has {actual}")]

@@ -194,7 +194,7 @@ fn a_region_of_the_previous_layout_version_is_refused_naming_both_versions() {
     ));
     assert_eq!(
         e.to_string(),
-        "region layout version 2, this build understands 3: recreate the region with \
-         `memloop region create`"
+        "region layout version 2, this build understands 3: recreate the region \
+         (`memloop region destroy`, then `memloop region create`)"
     );
 }
