@@ -68,10 +68,6 @@ pub struct Usage {
 }
 
 impl Registry {
-    fn w64(&self, off: u64) -> Result<ShmU64, RegistryError> {
-        Ok(self.view.u64_at(off)?)
-    }
-
     /// Current use of every table.
     pub fn usage(&self) -> Usage {
         Usage {

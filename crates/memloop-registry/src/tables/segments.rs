@@ -22,7 +22,7 @@ use memloop_shm::sync::Ordering::{Relaxed, SeqCst};
 
 impl Registry {
     fn tag_word(&self, seg: u64) -> Result<memloop_shm::ShmU64, RegistryError> {
-        self.w64(self.layout.tags_off + 8 * seg)
+        Ok(self.view.u64_at(self.layout.tags_off + 8 * seg)?)
     }
 
     fn tag(&self, seg: u64) -> u64 {
