@@ -7,8 +7,9 @@
 //! FREE ─server─▶ RESERVED ─▶ DECLINED|MARKER ─server frees (or reclaim)─▶ FREE(gen+1)
 //! ```
 //! State word ([`StateWord`]): generation, the client's member tag, and in the low byte
-//! `flags << 3 | phase` (flags: MARKER, then the closed/dead bits; phase: 3 bits). The client's member tag is in the word from the moment of
-//! reservation, so a reclaimer can find a dead client's half-built reservations. A decline
+//! `flags << 3 | phase` (flags: MARKER, then the closed/dead bits; phase: 3 bits). The client's
+//! member tag is in the word from the moment of reservation, so a reclaimer can find a dead
+//! client's half-built reservations. A decline
 //! marker (see `markers.rs`) is a slot without rings that a server publishes for a connection
 //! it found no offer for; its tag is the server's, so a dead server's markers are found the
 //! same way. The other fields are written by the client while RESERVED and published by the
