@@ -12,6 +12,15 @@
 //! A marker must outlive the client's scan, whose timing is unbounded: the server frees it when
 //! the TCP connection closes. Its slot carries the server's tag, so reclaiming a dead server
 //! frees it, and [`Registry::sweep_markers`] frees markers whose owner is no longer live.
+//!
+//! A marker is a channel slot (layout in `channels.rs`, written through `ChannelSlot`) with:
+//!
+//! | field | value |
+//! | --- | --- |
+//! | state | phase DECLINED, flag MARKER, tag = the server's |
+//! | server, client | both the server's packed member id |
+//! | capacity, ring offsets, kind | 0 (no rings) |
+//! | tuple | the accepted connection's 4-tuple |
 
 use crate::error::RegistryError;
 use crate::header::H_CREATE_SEQ;
