@@ -124,7 +124,7 @@ for line in text["b"].splitlines():
         res[(m.group(1), m.group(2))] = json.loads(m.group(4))
 s = text["b"]
 status = json.loads(s[s.index("STATUS-BEGIN") + 12 : s.index("STATUS-END")])
-ring_conns, fb = status["counters"][14], status["fallbacks"]
+ring_conns, fb = status["ring_connections"], status["fallbacks"]
 # b -> a and b -> host: socat, rr, stream each. The outside server must stay on TCP.
 if ring_conns < 6:
     fails.append(f"only {ring_conns} ring connections in the region (want >= 6)")

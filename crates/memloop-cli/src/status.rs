@@ -8,7 +8,7 @@ use crate::units::fmt_size;
 use memloop::liveness::{Liveness, HEARTBEAT_PERIOD};
 use memloop::registry::{
     counter_name, ChannelInfo, ConnRecord, ConnTuple, EndpointInfo, FallbackReason, MemberId,
-    MemberInfo, Proto, Registry, COUNTER_CONNS_DROPPED,
+    MemberInfo, Proto, Registry, COUNTER_CONNS_DROPPED, COUNTER_RING_BYTES, COUNTER_RING_CONNS,
 };
 use memloop::ring::header::totals;
 use serde_json::{json, Value};
@@ -53,6 +53,8 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
             "connections": conns.iter().map(conn_json).collect::<Vec<_>>(),
             "fallbacks": fallbacks_json(&counters),
             "conn_records_dropped": counters.get(COUNTER_CONNS_DROPPED),
+            "ring_connections": counters.get(COUNTER_RING_CONNS),
+            "ring_bytes": counters.get(COUNTER_RING_BYTES),
             "counters": counters,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -189,6 +191,7 @@ fn print_channels(reg: &Registry, chans: &[ChannelInfo], members: &[Member]) {
     let mut rows = vec![row(&[
         "id",
         "state",
+        "kind",
         "client",
         "server",
         "ring",
@@ -203,6 +206,7 @@ fn print_channels(reg: &Registry, chans: &[ChannelInfo], members: &[Member]) {
         rows.push(vec![
             id_str(c.id.idx, c.id.gen),
             format!("{:?}", c.state).to_lowercase(),
+            c.kind.map_or("-".into(), |k| k.to_string()),
             member_name(members, c.client),
             c.server.map_or("-".into(), |s| member_name(members, s)),
             if c.marker {
@@ -343,6 +347,7 @@ fn channel_json(reg: &Registry, c: &ChannelInfo) -> Value {
         "idx": c.id.idx, "gen": c.id.gen, "state": format!("{:?}", c.state).to_lowercase(),
         "client": { "idx": c.client.idx, "gen": c.client.gen },
         "server": c.server.map(|s| json!({ "idx": s.idx, "gen": s.gen })),
+        "kind": c.kind.map(|k| k.name()), "kind_code": c.kind.map(|k| k.code()),
         "ring_capacity": c.ring_capacity,
         "bytes_c2s": bytes.map(|b| b.0), "bytes_s2c": bytes.map(|b| b.1),
         "client_closed": c.client_closed, "server_closed": c.server_closed,
@@ -361,6 +366,7 @@ fn conn_json(r: &ConnRecord) -> Value {
         "pid": r.pid, "owner": { "idx": r.owner.idx, "gen": r.owner.gen },
         "bytes_sent": r.bytes_sent, "bytes_received": r.bytes_received,
         "reason": r.reason.name(), "reason_text": r.reason.to_string(),
+        "reason_code": r.reason.as_code(),
     })
 }
 

@@ -1,6 +1,7 @@
 //! The one error type of the registry. Everything read from the region is untrusted, so most
 //! read paths can fail with [`RegistryError::Corrupt`] instead of panicking.
 
+use crate::kind::ChannelKind;
 use memloop_shm::OutOfBounds;
 
 #[derive(Debug, thiserror::Error)]
@@ -9,7 +10,10 @@ pub enum RegistryError {
     NotInitialised,
     #[error("region has a bad magic number {found:#x}")]
     BadMagic { found: u64 },
-    #[error("region layout version {found} is not the supported version {expected}")]
+    #[error(
+        "region layout version {found}, this build understands {expected}: recreate the region \
+         (`memloop region destroy`, then `memloop region create`)"
+    )]
     BadVersion { found: u32, expected: u32 },
     #[error("region header says {header} bytes but the mapping has {actual}")]
     SizeMismatch { header: u64, actual: u64 },
@@ -27,6 +31,28 @@ pub enum RegistryError {
     WrongState {
         expected: &'static str,
         found: &'static str,
+    },
+    /// A channel slot records a kind code this build does not know (a newer peer, or garbage).
+    #[error("channel has unknown kind code {code}")]
+    UnknownChannelKind { code: u32 },
+    /// A known kind this build cannot create or use yet.
+    #[error("channel kind {0} is not supported yet")]
+    UnsupportedChannelKind(ChannelKind),
+    /// The channel is of another kind than the caller attaches as.
+    #[error("channel is a {found} channel, expected a {expected} channel")]
+    ChannelKindMismatch {
+        expected: ChannelKind,
+        found: ChannelKind,
+    },
+    /// A ring of the channel has a header of another ring kind than its channel kind implies.
+    #[error(
+        "{ring} ring of a {channel} channel has ring kind code {found}, expected {expected:?}"
+    )]
+    RingKindMismatch {
+        channel: ChannelKind,
+        ring: &'static str,
+        expected: memloop_ring::RingKind,
+        found: u32,
     },
     #[error(transparent)]
     Shm(#[from] OutOfBounds),

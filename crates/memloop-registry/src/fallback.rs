@@ -3,9 +3,16 @@
 //! Each reason has a stable code (stored in connection records; never reuse one) and one of the
 //! header's global counters, so `memloop status` can say how often each reason occurred even
 //! after the connections are gone.
+//!
+//! Errors keep their cause: [`FallbackReason::from_registry`] and [`FallbackReason::from_ring`]
+//! turn an error on the way to a ring into the most specific reason (full, corrupt registry,
+//! corrupt ring, channel kind, region layout, stale entry), so a caller's `map_err` is one line
+//! and `memloop status` can tell a full region from a corrupt one.
 
+use crate::error::RegistryError;
 use crate::header::NCOUNTERS;
 use crate::Registry;
+use memloop_ring::RingError;
 
 /// Why a connection the transparent layer saw stayed on TCP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -36,6 +43,16 @@ pub enum FallbackReason {
     PeerNotPreloaded,
     /// Any other error on the way to a ring.
     Error,
+    /// A registry entry failed validation (or pointed outside the region).
+    RegistryCorrupt,
+    /// A ring failed validation at attach (header, indices, kind inconsistent with the channel).
+    RingCorrupt,
+    /// The channel is of a kind this side does not expect or cannot use.
+    ChannelKind,
+    /// The region's layout is not one this build understands (version, magic, size).
+    Layout,
+    /// An entry on the way (listener, peer, channel) went away or changed meanwhile.
+    Stale,
 }
 
 /// Header counter bumped when [`Registry::record_conn`] finds the record table full.
@@ -43,7 +60,7 @@ pub const COUNTER_CONNS_DROPPED: usize = FallbackReason::ALL.len();
 
 impl FallbackReason {
     /// Every reason, in code order.
-    pub const ALL: [FallbackReason; 13] = [
+    pub const ALL: [FallbackReason; 18] = [
         Self::NoListener,
         Self::NotMember,
         Self::Ambiguous,
@@ -57,6 +74,11 @@ impl FallbackReason {
         Self::ForkOrExec,
         Self::PeerNotPreloaded,
         Self::Error,
+        Self::RegistryCorrupt,
+        Self::RingCorrupt,
+        Self::ChannelKind,
+        Self::Layout,
+        Self::Stale,
     ];
 
     /// The stable code stored in the region (1-based; 0 is never a reason).
@@ -89,6 +111,41 @@ impl FallbackReason {
             Self::ForkOrExec => "fork_or_exec",
             Self::PeerNotPreloaded => "peer_not_preloaded",
             Self::Error => "error",
+            Self::RegistryCorrupt => "registry_corrupt",
+            Self::RingCorrupt => "ring_corrupt",
+            Self::ChannelKind => "channel_kind",
+            Self::Layout => "layout",
+            Self::Stale => "stale",
+        }
+    }
+
+    /// The reason for a connection that stays on TCP because of `e`.
+    pub fn from_registry(e: &RegistryError) -> Self {
+        use RegistryError as E;
+        match e {
+            E::RegionFull { .. } => Self::RegionFull,
+            E::Corrupt { .. } | E::Shm(_) => Self::RegistryCorrupt,
+            E::Ring(r) => Self::from_ring(r),
+            E::RingKindMismatch { .. } => Self::RingCorrupt,
+            E::UnknownChannelKind { .. }
+            | E::UnsupportedChannelKind(_)
+            | E::ChannelKindMismatch { .. } => Self::ChannelKind,
+            E::NotInitialised
+            | E::BadMagic { .. }
+            | E::BadVersion { .. }
+            | E::SizeMismatch { .. } => Self::Layout,
+            E::Stale | E::NotFound | E::WrongState { .. } => Self::Stale,
+            E::AddrInUse | E::InvalidParams(_) => Self::Error,
+        }
+    }
+
+    /// The reason for a connection that stays on TCP because a ring refused to attach.
+    pub fn from_ring(e: &RingError) -> Self {
+        match e {
+            RingError::Corrupt { .. } | RingError::BadHeader { .. } | RingError::Shm(_) => {
+                Self::RingCorrupt
+            }
+            _ => Self::Error,
         }
     }
 
@@ -107,6 +164,11 @@ impl FallbackReason {
             Self::ForkOrExec => "shared across fork or exec",
             Self::PeerNotPreloaded => "peer not preloaded",
             Self::Error => "error",
+            Self::RegistryCorrupt => "corrupt registry entry",
+            Self::RingCorrupt => "corrupt ring",
+            Self::ChannelKind => "channel of an unexpected or unsupported kind",
+            Self::Layout => "region layout not understood",
+            Self::Stale => "listener, peer or channel went away meanwhile",
         }
     }
 }
@@ -166,9 +228,84 @@ mod tests {
         }
         assert!(!seen.contains(&COUNTER_CONNS_DROPPED));
         assert_eq!(FallbackReason::from_code(0), None);
-        assert_eq!(FallbackReason::from_code(14), None);
+        assert_eq!(FallbackReason::from_code(19), None);
         assert_eq!(counter_name(COUNTER_RING_CONNS), Some("ring_connections"));
         assert_eq!(counter_name(COUNTER_RING_BYTES), Some("ring_bytes"));
         assert_eq!(counter_name(NCOUNTERS), None);
+    }
+}
+
+#[cfg(test)]
+mod cause_tests {
+    use super::*;
+    use crate::ChannelKind;
+
+    #[test]
+    fn errors_map_to_their_cause() {
+        let corrupt = RegistryError::corrupt("channel rings", "overlap");
+        let ring = RingError::Corrupt {
+            what: "tail",
+            detail: "moved back".into(),
+        };
+        let cases = [
+            (
+                RegistryError::RegionFull { what: "channels" },
+                FallbackReason::RegionFull,
+            ),
+            (corrupt, FallbackReason::RegistryCorrupt),
+            (RegistryError::Ring(ring), FallbackReason::RingCorrupt),
+            (
+                RegistryError::UnknownChannelKind { code: 9 },
+                FallbackReason::ChannelKind,
+            ),
+            (
+                RegistryError::ChannelKindMismatch {
+                    expected: ChannelKind::StreamPair,
+                    found: ChannelKind::DatagramPair,
+                },
+                FallbackReason::ChannelKind,
+            ),
+            (
+                RegistryError::BadVersion {
+                    found: 2,
+                    expected: 3,
+                },
+                FallbackReason::Layout,
+            ),
+            (RegistryError::Stale, FallbackReason::Stale),
+            (RegistryError::NotFound, FallbackReason::Stale),
+            (RegistryError::AddrInUse, FallbackReason::Error),
+        ];
+        for (e, want) in cases {
+            assert_eq!(FallbackReason::from_registry(&e), want, "{e}");
+        }
+        assert_eq!(
+            FallbackReason::from_ring(&RingError::Closed),
+            FallbackReason::Error
+        );
+    }
+
+    #[test]
+    fn existing_reason_names_and_codes_are_stable() {
+        let names: Vec<_> = FallbackReason::ALL[..13].iter().map(|r| r.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "no_listener",
+                "not_member",
+                "ambiguous",
+                "no_offer",
+                "declined",
+                "cancelled",
+                "tuple_mismatch",
+                "region_full",
+                "disabled",
+                "unsupported",
+                "fork_or_exec",
+                "peer_not_preloaded",
+                "error"
+            ]
+        );
+        assert_eq!(FallbackReason::Error.as_code(), 13);
     }
 }

@@ -12,22 +12,27 @@
 //! | 32..56 | max members, max endpoints, max channels, segment size |
 //! | 64..104 | nsegments, members, endpoints, channels, segment tags, heap offsets |
 //! | 112, 120 | channel creation counter, join counter |
-//! | 128..256 | 16 global counters (fallback reasons etc.) |
-//! | 256, 264 | max connection records, connections offset (version 2) |
+//! | 128..384 | 32 global counters (fallback reasons etc.) |
+//! | 384, 392 | max connection records, connections offset · 400 decline markers published |
+//!
+//! Versions: 2 added connection records; 3 added the channel kind to channel slots and grew the
+//! counters to 32 (fallback causes). Nothing older is migrated: regions are cheap to recreate.
 
 use crate::error::RegistryError;
+use crate::tables::Table;
 use crate::Registry;
 use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use memloop_shm::ShmSlice;
 
 /// "MLREGN01", little endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"MLREGN01");
-/// Layout version; bump on any incompatible change (2: connection records).
-pub const VERSION: u32 = 2;
-/// Bytes reserved for the header (one page; tiny under loom to keep the model tractable).
-pub const HEADER_BYTES: u64 = if cfg!(loom) { 320 } else { 4096 };
+/// Layout version; bump on any incompatible change (2: connection records, 3: channel kinds
+/// and 32 counters).
+pub const VERSION: u32 = 3;
+/// Bytes reserved for the header (one page; small under loom to keep the model tractable).
+pub const HEADER_BYTES: u64 = if cfg!(loom) { 512 } else { 4096 };
 /// Number of global counters in the header.
-pub const NCOUNTERS: usize = 16;
+pub const NCOUNTERS: usize = 32;
 /// Default ring capacity per direction.
 pub const DEFAULT_RING_CAPACITY: u64 = 1 << 20;
 
@@ -52,11 +57,12 @@ const H_OFFSETS: u64 = 72; // five offsets
 pub(crate) const H_CREATE_SEQ: u64 = 112;
 pub(crate) const H_JOIN_SEQ: u64 = 120;
 const H_COUNTERS: u64 = 128;
-const H_CONNS: u64 = 256;
-const H_CONNS_OFF: u64 = 264;
+const H_CONNS: u64 = H_COUNTERS + 8 * NCOUNTERS as u64;
+const H_CONNS_OFF: u64 = H_CONNS + 8;
 /// Decline markers currently published: lets a client skip the marker scan when there are
 /// none (see `markers.rs` for why that keeps the Dekker guarantee).
-pub(crate) const H_MARKERS: u64 = 272;
+pub(crate) const H_MARKERS: u64 = H_CONNS + 16;
+const _: () = assert!(H_MARKERS + 8 <= HEADER_BYTES);
 
 /// Sizes of a region, chosen at init and recorded in its header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,6 +177,35 @@ impl Layout {
             tags_off,
             heap_off,
         })
+    }
+
+    pub fn members(&self) -> Table {
+        Table {
+            off: self.members_off,
+            slot_bytes: MEMBER_BYTES,
+            count: self.params.max_members,
+        }
+    }
+    pub fn endpoints(&self) -> Table {
+        Table {
+            off: self.endpoints_off,
+            slot_bytes: ENDPOINT_BYTES,
+            count: self.params.max_endpoints,
+        }
+    }
+    pub fn channels(&self) -> Table {
+        Table {
+            off: self.channels_off,
+            slot_bytes: CHANNEL_BYTES,
+            count: self.params.max_channels,
+        }
+    }
+    pub fn conns(&self) -> Table {
+        Table {
+            off: self.conns_off,
+            slot_bytes: CONN_BYTES,
+            count: self.params.max_conns,
+        }
     }
 
     pub fn heap_end(&self) -> u64 {

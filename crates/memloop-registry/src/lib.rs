@@ -8,45 +8,44 @@
 //! and stale ids fail with [`RegistryError::Stale`]. The crate is pure: no file or process I/O,
 //! no clock — liveness decisions and time come from the caller.
 //!
-//! Modules: [`header`] (layout, init/attach), `members`, `endpoints` (open-addressing hash
-//! table), `channels` (offer/accept state machine), `markers` (decline markers of transparent
-//! TCP), `conns` (records of connections left on TCP), `fallback` (why), `segments` (ring
-//! heap), `reclaim`, and `key` (binary encodings). Every value read from the region is validated; garbage yields
-//! [`RegistryError::Corrupt`], never a panic.
+//! Modules: [`header`] (layout, init/attach), `state_word` (the packed state + generation word
+//! every slot starts with), `tables::{members, endpoints (open-addressing hash table), channels
+//! (offer/accept state machine), markers (decline markers of transparent TCP), conns (records
+//! of connections left on TCP), segments (ring heap)}` — each with its slot layout and a typed
+//! slot view — `kind` (channel kinds), `fallback` (why a connection stayed on TCP), `reclaim`,
+//! and `key` (binary encodings). Every value read from the region is validated; garbage yields
+//! [`RegistryError::Corrupt`] (or a more specific typed error), never a panic.
 #![forbid(unsafe_code)]
 
-mod channels;
-mod conns;
-mod endpoints;
 mod error;
 mod fallback;
 pub mod header;
 mod key;
-mod markers;
-mod members;
+mod kind;
 mod reclaim;
-mod segments;
+mod state_word;
+mod tables;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
 
-pub use channels::{ChannelInfo, ChannelRings, ChannelState, Side, SideWords};
-pub use conns::{ConnRecord, ConnRecordId};
-pub use endpoints::EndpointInfo;
 pub use error::RegistryError;
 pub use fallback::{
     counter_name, FallbackReason, COUNTER_CONNS_DROPPED, COUNTER_RING_BYTES, COUNTER_RING_CONNS,
 };
 pub use header::{RegionParams, DEFAULT_RING_CAPACITY};
 pub use key::{ChannelId, ConnTuple, EndpointId, EndpointKey, MemberId, Proto, MAX_NATIVE_NAME};
-pub use members::{
-    net_scope, MemberIdentity, MemberInfo, MemberState, MAX_ADDRESSES, MAX_MEMBER_NAME,
-};
+pub use kind::ChannelKind;
 pub use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 pub use reclaim::ReclaimReport;
+pub use tables::channels::{ChannelInfo, ChannelRings, ChannelState, Side, SideWords};
+pub use tables::conns::{ConnRecord, ConnRecordId};
+pub use tables::endpoints::EndpointInfo;
+pub use tables::members::{
+    net_scope, MemberIdentity, MemberInfo, MemberState, MAX_ADDRESSES, MAX_MEMBER_NAME,
+};
 
 use header::Layout;
-use memloop_shm::sync::Ordering::Relaxed;
 
 /// A handle on the registry of one region. Cheap to clone (a view and the parsed layout).
 #[derive(Clone)]
@@ -69,23 +68,6 @@ pub struct Usage {
 }
 
 impl Registry {
-    fn w64(&self, off: u64) -> Result<ShmU64, RegistryError> {
-        Ok(self.view.u64_at(off)?)
-    }
-    /// Relaxed load of a data word (published by a state-word CAS or checked seqlock-style).
-    fn ld(&self, off: u64) -> Result<u64, RegistryError> {
-        Ok(self.view.u64_at(off)?.load(Relaxed))
-    }
-    fn st(&self, off: u64, v: u64) -> Result<(), RegistryError> {
-        self.view.u64_at(off)?.store(v, Relaxed);
-        Ok(())
-    }
-    fn bytes<const N: usize>(&self, off: u64) -> Result<[u8; N], RegistryError> {
-        let mut b = [0u8; N];
-        self.view.read(off, &mut b)?;
-        Ok(b)
-    }
-
     /// Current use of every table.
     pub fn usage(&self) -> Usage {
         Usage {

@@ -11,11 +11,9 @@
 
 use crate::error::RegistryError;
 use crate::key::{member_tag, MemberId};
-use crate::members::{
-    m_gen, m_reclaimer, m_state, m_word, M_CLAIMING, M_FREE, M_LIVE, M_RECLAIMING,
-};
+use crate::state_word::StateWord;
+use crate::tables::members::{M_CLAIMING, M_FREE, M_LIVE, M_RECLAIMING};
 use crate::Registry;
-use memloop_shm::sync::Ordering::{Relaxed, SeqCst};
 
 /// What one call to [`Registry::reclaim`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,21 +70,19 @@ impl Registry {
     /// Elects `by` as the reclaimer of `dead`; `Ok(true)` if it took over a dead reclaimer.
     fn begin_reclaim(&self, dead: MemberId, by: MemberId) -> Result<bool, RegistryError> {
         let mine = member_tag(by);
-        let slot = self.w64(self.member_off(dead.idx))?;
+        let slot = self.member_slot(dead.idx)?;
         for _ in 0..1000 {
             let w = self.check_member(dead)?;
-            let took_over = match m_state(w) {
+            // The reclaimer's tag rides in the member's state word while RECLAIMING.
+            let took_over = match w.low() {
                 M_LIVE | M_CLAIMING => false,
-                M_RECLAIMING if m_reclaimer(w) == mine => return Ok(false),
-                M_RECLAIMING if self.tag_alive(m_reclaimer(w)) => {
+                M_RECLAIMING if w.tag() == mine => return Ok(false),
+                M_RECLAIMING if self.tag_alive(w.tag()) => {
                     return Err(RegistryError::wrong("LIVE", "RECLAIMING"));
                 }
                 _ => true,
             };
-            if slot
-                .compare_exchange(w, m_word(dead.gen, mine, M_RECLAIMING), SeqCst, Relaxed)
-                .is_ok()
-            {
+            if slot.cas(w, StateWord::new(dead.gen, mine, M_RECLAIMING))? {
                 return Ok(took_over);
             }
         }
@@ -98,21 +94,13 @@ impl Registry {
 
     /// RECLAIMING → FREE with generation + 1 (whoever is the reclaimer by now).
     fn finish_reclaim(&self, dead: MemberId) -> Result<(), RegistryError> {
-        let slot = self.w64(self.member_off(dead.idx))?;
+        let slot = self.member_slot(dead.idx)?;
         for _ in 0..1000 {
-            let w = slot.load(SeqCst);
-            if m_gen(w) != dead.gen || m_state(w) != M_RECLAIMING {
+            let w = slot.word()?;
+            if w.gen() != dead.gen || w.low() != M_RECLAIMING {
                 return Ok(()); // someone who took over has finished
             }
-            if slot
-                .compare_exchange(
-                    w,
-                    m_word(dead.gen.wrapping_add(1), 0, M_FREE),
-                    SeqCst,
-                    Relaxed,
-                )
-                .is_ok()
-            {
+            if slot.cas(w, w.next_gen(M_FREE))? {
                 return Ok(());
             }
         }
@@ -129,8 +117,8 @@ impl Registry {
             let Ok(w) = self.member_word(idx) else {
                 continue;
             };
-            if m_state(w) == M_RECLAIMING && m_reclaimer(w) == tag {
-                n += self.reclaim(MemberId { idx, gen: m_gen(w) }, by).is_ok() as u32;
+            if w.low() == M_RECLAIMING && w.tag() == tag {
+                n += self.reclaim(MemberId { idx, gen: w.gen() }, by).is_ok() as u32;
             }
         }
         n
@@ -186,9 +174,8 @@ mod tests {
         let (ch, w) = r.reserve(m[0]).unwrap();
         r.alloc_segments(ch, 3).unwrap();
         // a freer that died right after the CAS to FREE: slot is FREE(gen+1), tags still old
-        let slot = r.w64(r.layout.channels_off).unwrap();
-        slot.store(((ch.gen + 1) as u64) << 32, SeqCst);
-        assert_ne!(w, 0);
+        let slot = r.channel_slot(ch.idx).unwrap();
+        assert!(slot.cas(w, w.next_gen(0)).unwrap());
         assert_eq!(r.sweep_orphans(), 3);
         assert_eq!(r.sweep_orphans(), 0);
         assert_eq!(r.usage().segments_used, 0);
@@ -229,8 +216,12 @@ mod tests {
             .add_endpoint(m[1], &crate::EndpointKey::Native("s".into()))
             .unwrap();
         let ch = r.offer(m[0], ep, 64, None).unwrap();
-        let sw = r.w64(r.layout.channels_off + 8).unwrap();
-        sw.store(crate::key::pack_id(m[2].idx, m[2].gen), SeqCst); // m[2] claimed, then died
+        let sw = r.channel_slot(ch.idx).unwrap().server_cell().unwrap();
+        // m[2] claimed, then died
+        sw.store(
+            crate::key::pack_id(m[2].idx, m[2].gen),
+            std::sync::atomic::Ordering::SeqCst,
+        );
         assert!(r.accept(ch, m[1]).is_err());
         r.reclaim(m[2], m[1]).unwrap();
         r.accept(ch, m[1]).unwrap();

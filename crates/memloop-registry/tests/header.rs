@@ -102,8 +102,8 @@ fn corrupt_offsets_or_params_are_detected() {
         Registry::attach(view.clone()),
         Err(RegistryError::Corrupt { .. })
     ));
-    // version 2: connection records (count at 256, offset at 264)
-    for (off, delta) in [(264, 128), (256, 1)] {
+    // connection records (count at 384, offset at 392 since version 3)
+    for (off, delta) in [(392, 128), (384, 1)] {
         Registry::init(view.clone(), &params(MIB)).unwrap();
         let w = view.u64_at(off).unwrap();
         w.fetch_add(delta, std::sync::atomic::Ordering::SeqCst);
@@ -167,11 +167,34 @@ fn reinit_bumps_generation_and_clears_tables() {
 fn counters_bump_and_ignore_out_of_range() {
     let r = fresh(MIB);
     r.bump_counter(0);
-    r.bump_counter(15);
-    r.bump_counter(15);
-    r.bump_counter(16);
+    r.bump_counter(31);
+    r.bump_counter(31);
+    r.bump_counter(32);
     r.bump_counter(usize::MAX);
     let c = r.counters();
-    assert_eq!(c.len(), 16);
-    assert_eq!((c[0], c[15], c[1..15].iter().sum::<u64>()), (1, 2, 0));
+    assert_eq!(c.len(), 32);
+    assert_eq!((c[0], c[31], c[1..31].iter().sum::<u64>()), (1, 2, 0));
+}
+
+#[test]
+fn a_region_of_the_previous_layout_version_is_refused_naming_both_versions() {
+    let view = ShmSlice::new_heap(MIB as usize);
+    Registry::init(view.clone(), &params(MIB)).unwrap();
+    assert_eq!(header::VERSION, 3);
+    view.u64_at(8)
+        .unwrap()
+        .store(2, std::sync::atomic::Ordering::SeqCst);
+    let e = Registry::attach(view).err().expect("version 2 refused");
+    assert!(matches!(
+        e,
+        RegistryError::BadVersion {
+            found: 2,
+            expected: 3
+        }
+    ));
+    assert_eq!(
+        e.to_string(),
+        "region layout version 2, this build understands 3: recreate the region \
+         (`memloop region destroy`, then `memloop region create`)"
+    );
 }

@@ -183,6 +183,12 @@ impl Header {
     }
 }
 
+/// The raw kind code in a ring's static line (compare with `RingKind as u32`), for a caller
+/// that must say which kind it found rather than only that [`Header::attach`] refused it.
+pub fn kind_code(view: &ShmSlice) -> Result<u32, RingError> {
+    Ok(view.u32_at(OFF_KIND)?.load(Relaxed))
+}
+
 /// Bytes (tail, head) that have passed through a ring so far, for observers such as
 /// `memloop status`: read-only, and `None` if `view` holds no initialised ring.
 pub fn totals(view: &ShmSlice) -> Option<(u64, u64)> {

@@ -6,9 +6,10 @@
 //!                    └──────server says no──┴─▶ DECLINED ─client acknowledges─▶ FREE(gen+1)
 //! FREE ─server─▶ RESERVED ─▶ DECLINED|MARKER ─server frees (or reclaim)─▶ FREE(gen+1)
 //! ```
-//! State word: `gen << 32 | client_tag << 8 | flags << 3 | phase` (flags: MARKER, then the
-//! closed/dead bits; phase: 3 bits). The client's member tag is in the word from the moment of
-//! reservation, so a reclaimer can find a dead client's half-built reservations. A decline
+//! State word ([`StateWord`]): generation, the client's member tag, and in the low byte
+//! `flags << 3 | phase` (flags: MARKER, then the closed/dead bits; phase: 3 bits). The client's
+//! member tag is in the word from the moment of reservation, so a reclaimer can find a dead
+//! client's half-built reservations. A decline
 //! marker (see `markers.rs`) is a slot without rings that a server publishes for a connection
 //! it found no offer for; its tag is the server's, so a dead server's markers are found the
 //! same way. The other fields are written by the client while RESERVED and published by the
@@ -22,6 +23,11 @@
 //! | 32 | creation counter · 40 ring capacity · 48 c2s ring offset · 56 s2c ring offset |
 //! | 64 | connection 4-tuple (40 B) |
 //! | 104 | client side: holders u32 · lock u32 · 112 server side: holders u32 · lock u32 |
+//! | 120 | channel kind u32 ([`ChannelKind`] code; 0 for a decline marker) · 124 reserved |
+//!
+//! The kind is written with the other fields before the offer is published and checked by
+//! every attach ([`Registry::rings_of`]) against what the caller expects and against the kind
+//! fields of the two ring headers; `accept` refuses kinds this build cannot use.
 //!
 //! The side words serve a channel shared by several processes after fork: `holders` counts the
 //! processes that hold one side open, `lock` (0 or a pid) serialises them. They are written
@@ -29,40 +35,45 @@
 //! and never by a freer, whose late write could land on the slot's next occupant.
 
 use crate::error::RegistryError;
-use crate::header::{CHANNEL_BYTES, H_CREATE_SEQ};
+use crate::header::H_CREATE_SEQ;
 use crate::key::{
     decode_tuple, encode_tuple, member_tag, pack_id, unpack_id, ChannelId, ConnTuple, EndpointId,
     MemberId, TUPLE_BYTES,
 };
+use crate::kind::ChannelKind;
+use crate::state_word::{bad_state, StateWord};
+use crate::tables::Slot;
 use crate::Registry;
-use memloop_ring::{init_ring, ring_bytes, RingKind};
+use memloop_ring::{init_ring, ring_bytes};
 use memloop_shm::sync::fence;
 use memloop_shm::sync::Ordering::{Acquire, Relaxed, SeqCst};
-use memloop_shm::{ShmSlice, ShmU32};
+use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 
-pub(crate) const C_FREE: u64 = 0;
-pub(crate) const C_RESERVED: u64 = 1;
-pub(crate) const C_OFFERED: u64 = 2;
-pub(crate) const C_ACCEPTED: u64 = 3;
-pub(crate) const C_CANCELLED: u64 = 4;
-pub(crate) const C_DECLINED: u64 = 5;
+pub(crate) const C_FREE: u8 = 0;
+pub(crate) const C_RESERVED: u8 = 1;
+pub(crate) const C_OFFERED: u8 = 2;
+pub(crate) const C_ACCEPTED: u8 = 3;
+pub(crate) const C_CANCELLED: u8 = 4;
+pub(crate) const C_DECLINED: u8 = 5;
+const PHASE_MASK: u8 = 0x7;
 /// Flag of a decline marker (phase DECLINED, no rings).
-pub(crate) const MARKER: u64 = 0x8;
-const CLIENT_CLOSED: u64 = 0x10;
-const SERVER_CLOSED: u64 = 0x20;
-const CLIENT_DEAD: u64 = 0x40;
-const SERVER_DEAD: u64 = 0x80;
+pub(crate) const MARKER: u8 = 0x8;
+const CLIENT_CLOSED: u8 = 0x10;
+const SERVER_CLOSED: u8 = 0x20;
+const CLIENT_DEAD: u8 = 0x40;
+const SERVER_DEAD: u8 = 0x80;
 
-pub(crate) const O_SERVER: u64 = 8;
-pub(crate) const O_CLIENT: u64 = 16;
-pub(crate) const O_EP: u64 = 24;
-pub(crate) const O_CREATED: u64 = 32;
-pub(crate) const O_CAP: u64 = 40;
-pub(crate) const O_C2S: u64 = 48;
-pub(crate) const O_S2C: u64 = 56;
-pub(crate) const O_TUPLE: u64 = 64;
+const O_SERVER: u64 = 8;
+const O_CLIENT: u64 = 16;
+const O_EP: u64 = 24;
+const O_CREATED: u64 = 32;
+const O_CAP: u64 = 40;
+const O_C2S: u64 = 48;
+const O_S2C: u64 = 56;
+const O_TUPLE: u64 = 64;
 const O_SIDE_CLIENT: u64 = 104;
 const O_SIDE_SERVER: u64 = 112;
+const O_KIND: u64 = 120;
 const MIN_RING: u64 = 64;
 /// Bound on CAS retries of one operation (only reachable under heavy contention or corruption).
 const RETRIES: usize = 10_000;
@@ -86,6 +97,8 @@ pub enum Side {
 pub struct ChannelInfo {
     pub id: ChannelId,
     pub state: ChannelState,
+    /// What the channel's rings are; `None` for a decline marker (it has no rings).
+    pub kind: Option<ChannelKind>,
     pub client: MemberId,
     pub server: Option<MemberId>,
     pub endpoint: EndpointId,
@@ -107,32 +120,131 @@ pub struct SideWords {
     pub lock: ShmU32,
 }
 
-/// Views of the two stream rings of a channel, for `memloop_ring` attach.
+/// Views of the two rings of a channel, for `memloop_ring` attach.
 #[derive(Clone)]
 pub struct ChannelRings {
     pub c2s: ShmSlice,
     pub s2c: ShmSlice,
 }
 
-pub(crate) fn c_phase(w: u64) -> u64 {
-    w & 0x7
+/// Everything a reserving member writes into its slot before publishing it.
+pub(crate) struct ChannelFields {
+    pub server: u64,
+    pub client: u64,
+    pub endpoint: u64,
+    pub created: u64,
+    pub capacity: u64,
+    pub c2s: u64,
+    pub s2c: u64,
+    /// A [`ChannelKind`] code, or 0 for a decline marker.
+    pub kind: u32,
+    pub tuple: [u8; TUPLE_BYTES],
+    /// Initial holders of each side (1 for a channel, 0 for a marker).
+    pub holders: u32,
 }
-pub(crate) fn is_marker(w: u64) -> bool {
-    w & MARKER != 0
+
+/// Typed view of one channel slot; the only code that knows the slot's field offsets.
+pub(crate) struct ChannelSlot(Slot);
+
+impl ChannelSlot {
+    /// `NotFound` if `idx` is outside the table.
+    pub fn new_checked(r: &Registry, idx: u32) -> Result<Self, RegistryError> {
+        Slot::new_checked(&r.view, r.layout.channels(), idx).map(Self)
+    }
+    pub fn word(&self) -> Result<StateWord, RegistryError> {
+        self.0.word()
+    }
+    pub fn cas(&self, old: StateWord, new: StateWord) -> Result<bool, RegistryError> {
+        self.0.cas(old, new)
+    }
+    /// Writes every field; the slot must be RESERVED by the caller (unpublished).
+    pub fn write(&self, f: &ChannelFields) -> Result<(), RegistryError> {
+        for (off, v) in [
+            (O_SERVER, f.server),
+            (O_CLIENT, f.client),
+            (O_EP, f.endpoint),
+            (O_CREATED, f.created),
+            (O_CAP, f.capacity),
+            (O_C2S, f.c2s),
+            (O_S2C, f.s2c),
+        ] {
+            self.0.st(off, v)?;
+        }
+        self.0.write(O_TUPLE, &f.tuple)?;
+        self.0.u32(O_KIND)?.store(f.kind, Relaxed);
+        self.0.u32(O_KIND + 4)?.store(0, Relaxed);
+        for off in [O_SIDE_CLIENT, O_SIDE_SERVER] {
+            self.0.u32(off)?.store(f.holders, Relaxed);
+            self.0.u32(off + 4)?.store(0, Relaxed);
+        }
+        Ok(())
+    }
+    /// The server word, claimed by CAS before OFFERED → ACCEPTED.
+    pub fn server_cell(&self) -> Result<ShmU64, RegistryError> {
+        self.0.u64(O_SERVER)
+    }
+    pub fn server(&self) -> Result<u64, RegistryError> {
+        self.0.ld(O_SERVER)
+    }
+    pub fn client(&self) -> Result<u64, RegistryError> {
+        self.0.ld(O_CLIENT)
+    }
+    pub fn endpoint(&self) -> Result<u64, RegistryError> {
+        self.0.ld(O_EP)
+    }
+    pub fn created(&self) -> Result<u64, RegistryError> {
+        self.0.ld(O_CREATED)
+    }
+    pub fn capacity(&self) -> Result<u64, RegistryError> {
+        self.0.ld(O_CAP)
+    }
+    pub fn c2s(&self) -> Result<u64, RegistryError> {
+        self.0.ld(O_C2S)
+    }
+    pub fn s2c(&self) -> Result<u64, RegistryError> {
+        self.0.ld(O_S2C)
+    }
+    pub fn tuple(&self) -> Result<[u8; TUPLE_BYTES], RegistryError> {
+        self.0.bytes(O_TUPLE)
+    }
+    pub fn kind_code(&self) -> Result<u32, RegistryError> {
+        Ok(self.0.u32(O_KIND)?.load(Relaxed))
+    }
+    pub fn side(&self, side: Side) -> Result<SideWords, RegistryError> {
+        let off = match side {
+            Side::Client => O_SIDE_CLIENT,
+            Side::Server => O_SIDE_SERVER,
+        };
+        Ok(SideWords {
+            holders: self.0.u32(off)?,
+            lock: self.0.u32(off + 4)?,
+        })
+    }
+    #[cfg(test)]
+    pub fn set_rings_for_test(&self, c2s: u64, s2c: u64) -> Result<(), RegistryError> {
+        self.0.st(O_C2S, c2s)?;
+        self.0.st(O_S2C, s2c)
+    }
+    #[cfg(test)]
+    pub fn set_kind_for_test(&self, code: u32) -> Result<(), RegistryError> {
+        self.0.u32(O_KIND)?.store(code, Relaxed);
+        Ok(())
+    }
 }
-pub(crate) fn c_gen(w: u64) -> u32 {
-    (w >> 32) as u32
+
+pub(crate) fn c_phase(w: StateWord) -> u8 {
+    w.low() & PHASE_MASK
 }
-pub(crate) fn c_client_tag(w: u64) -> u32 {
-    ((w >> 8) & 0xff_ffff) as u32
+pub(crate) fn is_marker(w: StateWord) -> bool {
+    w.low() & MARKER != 0
 }
-pub(crate) fn c_word(gen: u32, client_tag: u32, flags: u64, phase: u64) -> u64 {
-    ((gen as u64) << 32) | ((client_tag as u64 & 0xff_ffff) << 8) | (flags & 0xf8) | phase
+pub(crate) fn with_phase(w: StateWord, phase: u8) -> StateWord {
+    w.with_low((w.low() & !PHASE_MASK) | phase)
 }
-pub(crate) fn with_phase(w: u64, phase: u64) -> u64 {
-    (w & !0x7) | phase
+fn with_flag(w: StateWord, bit: u8) -> StateWord {
+    w.with_low(w.low() | bit)
 }
-fn side_bits(side: Side) -> (u64, u64) {
+fn side_bits(side: Side) -> (u8, u8) {
     match side {
         Side::Client => (CLIENT_CLOSED, CLIENT_DEAD),
         Side::Server => (SERVER_CLOSED, SERVER_DEAD),
@@ -144,12 +256,12 @@ fn other(side: Side) -> Side {
         Side::Server => Side::Client,
     }
 }
-fn gone(w: u64, side: Side) -> bool {
+fn gone(w: StateWord, side: Side) -> bool {
     let (c, d) = side_bits(side);
-    w & (c | d) != 0
+    w.low() & (c | d) != 0
 }
 
-pub(crate) fn phase_name(p: u64) -> &'static str {
+pub(crate) fn phase_name(p: u8) -> &'static str {
     match p {
         C_FREE => "FREE",
         C_RESERVED => "RESERVED",
@@ -161,7 +273,7 @@ pub(crate) fn phase_name(p: u64) -> &'static str {
     }
 }
 
-fn phase_state(p: u64) -> Option<ChannelState> {
+fn phase_state(p: u8) -> Option<ChannelState> {
     Some(match p {
         C_RESERVED => ChannelState::Reserved,
         C_OFFERED => ChannelState::Offered,
@@ -173,48 +285,56 @@ fn phase_state(p: u64) -> Option<ChannelState> {
 }
 
 impl Registry {
-    pub(crate) fn channel_off(&self, idx: u32) -> u64 {
-        self.layout.channels_off + idx as u64 * CHANNEL_BYTES
+    pub(crate) fn channel_slot(&self, idx: u32) -> Result<ChannelSlot, RegistryError> {
+        ChannelSlot::new_checked(self, idx)
     }
 
-    pub(crate) fn channel_word(&self, idx: u32) -> Result<u64, RegistryError> {
-        if idx >= self.layout.params.max_channels {
-            return Err(RegistryError::NotFound);
-        }
-        Ok(self.w64(self.channel_off(idx))?.load(SeqCst))
+    pub(crate) fn channel_word(&self, idx: u32) -> Result<StateWord, RegistryError> {
+        self.channel_slot(idx)?.word()
     }
 
-    pub(crate) fn cas_channel(&self, idx: u32, old: u64, new: u64) -> Result<bool, RegistryError> {
-        Ok(self
-            .w64(self.channel_off(idx))?
-            .compare_exchange(old, new, SeqCst, Relaxed)
-            .is_ok())
+    pub(crate) fn cas_channel(
+        &self,
+        idx: u32,
+        old: StateWord,
+        new: StateWord,
+    ) -> Result<bool, RegistryError> {
+        self.channel_slot(idx)?.cas(old, new)
     }
 
-    /// The state word of `id` if the slot still holds that incarnation.
-    pub(crate) fn check_channel(&self, id: ChannelId) -> Result<u64, RegistryError> {
-        let w = self.channel_word(id.idx)?;
-        if c_gen(w) != id.gen {
+    /// The slot and its state word if the slot still holds incarnation `id`.
+    pub(crate) fn channel_entry(
+        &self,
+        id: ChannelId,
+    ) -> Result<(ChannelSlot, StateWord), RegistryError> {
+        let slot = self.channel_slot(id.idx)?;
+        let w = slot.word()?;
+        if w.gen() != id.gen {
             return Err(RegistryError::Stale);
         }
         match c_phase(w) {
             C_FREE => Err(RegistryError::NotFound),
-            p if p > C_DECLINED || (is_marker(w) && p != C_DECLINED) => Err(
-                RegistryError::corrupt("channel state", format!("slot {} word {w:#x}", id.idx)),
-            ),
-            _ => Ok(w),
+            p if p > C_DECLINED || (is_marker(w) && p != C_DECLINED) => {
+                Err(bad_state("channel state", id.idx, w))
+            }
+            _ => Ok((slot, w)),
         }
     }
 
+    /// The state word of `id` if the slot still holds that incarnation.
+    pub(crate) fn check_channel(&self, id: ChannelId) -> Result<StateWord, RegistryError> {
+        self.channel_entry(id).map(|(_, w)| w)
+    }
+
     /// Refuses decline markers where only a real channel makes sense.
-    fn not_marker(w: u64) -> Result<u64, RegistryError> {
+    fn not_marker(w: StateWord) -> Result<StateWord, RegistryError> {
         match is_marker(w) {
             true => Err(RegistryError::wrong("a channel", "a decline marker")),
             false => Ok(w),
         }
     }
 
-    /// Reserves a free slot for `client`, allocates and initialises both stream rings, publishes
+    /// Reserves a free slot for `client`, allocates and initialises two stream rings, publishes
     /// the offer (OFFERED) and rings the endpoint's doorbell. The caller wakes a sleeping
     /// listener (see [`Registry::endpoint_doorbell`]).
     pub fn offer(
@@ -224,6 +344,20 @@ impl Registry {
         ring_capacity: u64,
         tuple: Option<ConnTuple>,
     ) -> Result<ChannelId, RegistryError> {
+        self.offer_kind(client, ep, ChannelKind::StreamPair, ring_capacity, tuple)
+    }
+
+    /// [`Registry::offer`] for a channel of `kind`; `UnsupportedChannelKind` for kinds this
+    /// build cannot build yet.
+    pub fn offer_kind(
+        &self,
+        client: MemberId,
+        ep: EndpointId,
+        kind: ChannelKind,
+        ring_capacity: u64,
+        tuple: Option<ConnTuple>,
+    ) -> Result<ChannelId, RegistryError> {
+        kind.require_supported()?;
         if !ring_capacity.is_power_of_two() || ring_capacity < MIN_RING {
             return Err(RegistryError::InvalidParams(format!(
                 "ring capacity {ring_capacity}: power of two >= {MIN_RING}"
@@ -232,7 +366,7 @@ impl Registry {
         self.live_member(client)?;
         self.live_endpoint(ep)?;
         let (id, reserved) = self.reserve(client)?;
-        if let Err(e) = self.build_offer(id, client, ep, ring_capacity, tuple) {
+        if let Err(e) = self.build_offer(id, client, ep, kind, ring_capacity, tuple) {
             self.free_channel(id, reserved).ok();
             return Err(e);
         }
@@ -246,7 +380,7 @@ impl Registry {
         if self.live_endpoint(ep).is_err() && self.cancel(id, client).is_ok() {
             return Err(RegistryError::NotFound); // the listener went away meanwhile
         }
-        tracing::trace!(?id, ?ep, "channel offered");
+        tracing::trace!(?id, ?ep, %kind, "channel offered");
         Ok(id)
     }
 
@@ -262,16 +396,20 @@ impl Registry {
         }
     }
 
-    pub(crate) fn reserve(&self, client: MemberId) -> Result<(ChannelId, u64), RegistryError> {
+    pub(crate) fn reserve(
+        &self,
+        client: MemberId,
+    ) -> Result<(ChannelId, StateWord), RegistryError> {
         let tag = member_tag(client);
         for idx in 0..self.layout.params.max_channels {
-            let w = self.channel_word(idx)?;
+            let slot = self.channel_slot(idx)?;
+            let w = slot.word()?;
             if c_phase(w) != C_FREE {
                 continue;
             }
-            let reserved = c_word(c_gen(w), tag, 0, C_RESERVED);
-            if self.cas_channel(idx, w, reserved)? {
-                return Ok((ChannelId { idx, gen: c_gen(w) }, reserved));
+            let reserved = StateWord::new(w.gen(), tag, C_RESERVED);
+            if slot.cas(w, reserved)? {
+                return Ok((ChannelId { idx, gen: w.gen() }, reserved));
             }
         }
         Err(RegistryError::RegionFull { what: "channels" })
@@ -279,7 +417,7 @@ impl Registry {
 
     /// The c2s ring offset recorded in the entry (possibly stale: callers verify by tag).
     pub(crate) fn channel_c2s(&self, ch: ChannelId) -> Option<u64> {
-        self.ld(self.channel_off(ch.idx) + O_C2S).ok()
+        self.channel_slot(ch.idx).ok()?.c2s().ok()
     }
 
     /// Bytes between the starts of the two rings (cache-line aligned).
@@ -292,45 +430,29 @@ impl Registry {
         id: ChannelId,
         client: MemberId,
         ep: EndpointId,
+        kind: ChannelKind,
         cap: u64,
         tuple: Option<ConnTuple>,
     ) -> Result<(), RegistryError> {
-        let base = self.channel_off(id.idx);
         let stride = Self::ring_stride(cap);
         let first = self.alloc_segments(id, self.segments_for(2 * stride))?;
         let c2s = self.segment_offset(first);
-        let created = self.next_seq(H_CREATE_SEQ)?;
-        for (off, v) in [
-            (O_SERVER, 0),
-            (O_CLIENT, pack_id(client.idx, client.gen)),
-            (O_EP, pack_id(ep.idx, ep.gen)),
-            (O_CREATED, created),
-            (O_CAP, cap),
-            (O_C2S, c2s),
-            (O_S2C, c2s + stride),
-        ] {
-            self.st(base + off, v)?;
-        }
-        let t = tuple.map(|t| encode_tuple(&t)).unwrap_or([0; TUPLE_BYTES]);
-        self.view.write(base + O_TUPLE, &t)?;
-        self.init_side_words(id.idx, 1)?;
-        for off in [c2s, c2s + stride] {
-            init_ring(
-                &self.view.slice(off, ring_bytes(cap))?,
-                RingKind::Stream,
-                cap,
-                0,
-            )?;
-        }
-        Ok(())
-    }
-
-    /// Sets both sides' holders to `holders` and unlocks them (the slot is RESERVED by us).
-    pub(crate) fn init_side_words(&self, idx: u32, holders: u32) -> Result<(), RegistryError> {
-        let base = self.channel_off(idx);
-        for off in [O_SIDE_CLIENT, O_SIDE_SERVER] {
-            self.view.u32_at(base + off)?.store(holders, Relaxed);
-            self.view.u32_at(base + off + 4)?.store(0, Relaxed);
+        let fields = ChannelFields {
+            server: 0,
+            client: pack_id(client.idx, client.gen),
+            endpoint: pack_id(ep.idx, ep.gen),
+            created: self.next_seq(H_CREATE_SEQ)?,
+            capacity: cap,
+            c2s,
+            s2c: c2s + stride,
+            kind: kind.code() as u32,
+            tuple: tuple.map(|t| encode_tuple(&t)).unwrap_or([0; TUPLE_BYTES]),
+            holders: 1,
+        };
+        self.channel_slot(id.idx)?.write(&fields)?;
+        let (k1, k2) = kind.ring_kinds();
+        for (off, rk) in [(c2s, k1), (c2s + stride, k2)] {
+            init_ring(&self.view.slice(off, ring_bytes(cap))?, rk, cap, 0)?;
         }
         Ok(())
     }
@@ -339,30 +461,24 @@ impl Registry {
     /// fork before the server accepts). The views stay valid memory but name the slot, not the
     /// incarnation: use them only while this side is held open.
     pub fn side_words(&self, ch: ChannelId, side: Side) -> Result<SideWords, RegistryError> {
-        let w = Self::not_marker(self.check_channel(ch)?)?;
+        let (slot, w) = self.channel_entry(ch)?;
+        let w = Self::not_marker(w)?;
         if !matches!(c_phase(w), C_OFFERED | C_ACCEPTED) {
             return Err(RegistryError::wrong(
                 "OFFERED or ACCEPTED",
                 phase_name(c_phase(w)),
             ));
         }
-        let off = self.channel_off(ch.idx)
-            + match side {
-                Side::Client => O_SIDE_CLIENT,
-                Side::Server => O_SIDE_SERVER,
-            };
-        Ok(SideWords {
-            holders: self.view.u32_at(off)?,
-            lock: self.view.u32_at(off + 4)?,
-        })
+        slot.side(side)
     }
 
     /// Frees the slot if its word is still `w`: FREE with generation + 1, then its segments.
     /// Returns whether this call freed it. A freer dying after the CAS leaves orphan segments,
     /// which `sweep_orphans` recognises by their stale generation.
-    pub(crate) fn free_channel(&self, id: ChannelId, w: u64) -> Result<bool, RegistryError> {
-        let ep = self.ld(self.channel_off(id.idx) + O_EP)?;
-        if !self.cas_channel(id.idx, w, (id.gen.wrapping_add(1) as u64) << 32)? {
+    pub(crate) fn free_channel(&self, id: ChannelId, w: StateWord) -> Result<bool, RegistryError> {
+        let slot = self.channel_slot(id.idx)?;
+        let ep = slot.endpoint()?;
+        if !slot.cas(w, StateWord::new(id.gen.wrapping_add(1), 0, C_FREE))? {
             return Ok(false);
         }
         if c_phase(w) == C_OFFERED {
@@ -377,12 +493,15 @@ impl Registry {
     }
 
     /// Reads the endpoint and creation counter of an OFFERED channel, consistently.
-    fn offered_fields(&self, idx: u32, w: u64) -> Result<Option<(u64, u64)>, RegistryError> {
-        let base = self.channel_off(idx);
-        let ep = self.ld(base + O_EP)?;
-        let created = self.ld(base + O_CREATED)?;
+    fn offered_fields(
+        &self,
+        slot: &ChannelSlot,
+        w: StateWord,
+    ) -> Result<Option<(u64, u64)>, RegistryError> {
+        let ep = slot.endpoint()?;
+        let created = slot.created()?;
         fence(Acquire);
-        Ok((self.channel_word(idx)? == w).then_some((ep, created)))
+        Ok((slot.word()? == w).then_some((ep, created)))
     }
 
     /// Offers to `ep` that are OFFERED right now, as (id, creation counter).
@@ -390,22 +509,26 @@ impl Registry {
         let epk = pack_id(ep.idx, ep.gen);
         let mut out = Vec::new();
         for idx in 0..self.layout.params.max_channels {
-            let Ok(w) = self.channel_word(idx) else {
+            let Ok(slot) = self.channel_slot(idx) else {
+                continue;
+            };
+            let Ok(w) = slot.word() else {
                 continue;
             };
             if c_phase(w) != C_OFFERED {
                 continue;
             }
-            if let Ok(Some((e, created))) = self.offered_fields(idx, w) {
+            if let Ok(Some((e, created))) = self.offered_fields(&slot, w) {
                 if e == epk {
-                    out.push((ChannelId { idx, gen: c_gen(w) }, created));
+                    out.push((ChannelId { idx, gen: w.gen() }, created));
                 }
             }
         }
         out
     }
 
-    /// Accepts the oldest pending offer to `ep`, if any.
+    /// Accepts the oldest pending offer to `ep`, if any. Offers of a kind this build cannot
+    /// use are declined (the client falls back) and skipped.
     pub fn take_offer(
         &self,
         ep: EndpointId,
@@ -424,29 +547,43 @@ impl Registry {
                     | RegistryError::NotFound
                     | RegistryError::WrongState { .. },
                 ) => {}
+                Err(
+                    e @ (RegistryError::UnknownChannelKind { .. }
+                    | RegistryError::UnsupportedChannelKind(_)),
+                ) => {
+                    tracing::debug!(?id, error = %e, "declining an offer of another kind");
+                    self.decline(id).ok();
+                }
                 Err(e) => return Err(e),
             }
         }
         Ok(None)
     }
 
-    /// OFFERED → ACCEPTED by `server`.
+    /// The kind recorded in a channel slot; unknown codes and kinds this build cannot use are
+    /// typed errors.
+    fn usable_kind(slot: &ChannelSlot) -> Result<ChannelKind, RegistryError> {
+        ChannelKind::from_code(slot.kind_code()?)?.require_supported()
+    }
+
+    /// OFFERED → ACCEPTED by `server`. Refuses channels of a kind this build cannot use.
     pub fn accept(&self, ch: ChannelId, server: MemberId) -> Result<(), RegistryError> {
         self.live_member(server)?;
-        let w = self.check_channel(ch)?;
+        let (slot, w) = self.channel_entry(ch)?;
         if c_phase(w) != C_OFFERED {
             return Err(RegistryError::wrong("OFFERED", phase_name(c_phase(w))));
         }
-        let base = self.channel_off(ch.idx);
+        // Published by the CAS to OFFERED; if the slot is recycled meanwhile our CAS fails.
+        Self::usable_kind(&slot)?;
         let me = pack_id(server.idx, server.gen);
-        let sw = self.w64(base + O_SERVER)?;
+        let sw = slot.server_cell()?;
         match sw.compare_exchange(0, me, SeqCst, Relaxed) {
             Ok(_) => {}
             Err(cur) if cur == me => {}
             Err(_) => return Err(RegistryError::wrong("OFFERED", "being accepted")),
         }
-        let ep = self.ld(base + O_EP)?;
-        if !self.cas_channel(ch.idx, w, with_phase(w, C_ACCEPTED))? {
+        let ep = slot.endpoint()?;
+        if !slot.cas(w, with_phase(w, C_ACCEPTED))? {
             sw.compare_exchange(me, 0, SeqCst, Relaxed).ok();
             let found = self.check_channel(ch)?;
             return Err(RegistryError::wrong("OFFERED", phase_name(c_phase(found))));
@@ -470,7 +607,7 @@ impl Registry {
             .into_iter()
             .map(|(id, _)| id)
             .find(|id| {
-                let Ok(t) = self.bytes::<TUPLE_BYTES>(self.channel_off(id.idx) + O_TUPLE) else {
+                let Ok(t) = self.channel_slot(id.idx).and_then(|s| s.tuple()) else {
                     return false;
                 };
                 fence(Acquire);
@@ -485,12 +622,12 @@ impl Registry {
     /// The server says no: RESERVED/OFFERED → DECLINED. The client frees it (close or cancel).
     pub fn decline(&self, ch: ChannelId) -> Result<(), RegistryError> {
         for _ in 0..RETRIES {
-            let w = self.check_channel(ch)?;
+            let (slot, w) = self.channel_entry(ch)?;
             match c_phase(w) {
                 C_DECLINED => return Ok(()),
                 C_RESERVED | C_OFFERED => {
-                    let ep = self.ld(self.channel_off(ch.idx) + O_EP)?;
-                    if self.cas_channel(ch.idx, w, with_phase(w, C_DECLINED))? {
+                    let ep = slot.endpoint()?;
+                    if slot.cas(w, with_phase(w, C_DECLINED))? {
                         if c_phase(w) == C_OFFERED {
                             self.backlog_add(ep, false);
                         }
@@ -510,8 +647,9 @@ impl Registry {
     /// already accepted (the client must then use the channel). Also frees a DECLINED channel.
     pub fn cancel(&self, ch: ChannelId, client: MemberId) -> Result<(), RegistryError> {
         for _ in 0..RETRIES {
-            let w = Self::not_marker(self.check_channel(ch)?)?;
-            if c_client_tag(w) != member_tag(client) {
+            let (slot, w) = self.channel_entry(ch)?;
+            let w = Self::not_marker(w)?;
+            if w.tag() != member_tag(client) {
                 return Err(RegistryError::wrong(
                     "the channel's client",
                     "another member",
@@ -522,8 +660,8 @@ impl Registry {
                 C_RESERVED | C_CANCELLED | C_DECLINED => w,
                 p => return Err(RegistryError::wrong("OFFERED", phase_name(p))),
             };
-            let ep = self.ld(self.channel_off(ch.idx) + O_EP)?;
-            if next != w && !self.cas_channel(ch.idx, w, next)? {
+            let ep = slot.endpoint()?;
+            if next != w && !slot.cas(w, next)? {
                 continue;
             }
             if next != w {
@@ -540,34 +678,67 @@ impl Registry {
 
     pub fn channel_state(&self, ch: ChannelId) -> Result<ChannelState, RegistryError> {
         let w = self.check_channel(ch)?;
-        phase_state(c_phase(w)).ok_or_else(|| RegistryError::corrupt("channel state", "phase"))
+        phase_state(c_phase(w)).ok_or_else(|| bad_state("channel state", ch.idx, w))
     }
 
-    /// Views of the two rings, validated against the heap bounds.
+    /// Views of the two rings of a stream-pair channel (see [`Registry::rings_of`]).
     pub fn rings(&self, ch: ChannelId) -> Result<ChannelRings, RegistryError> {
-        let w = self.check_channel(ch)?;
+        self.rings_of(ch, ChannelKind::StreamPair)
+    }
+
+    /// Views of the two rings of a channel the caller expects to be of `kind`, validated: the
+    /// slot's kind must be `kind` (`ChannelKindMismatch`, or `UnknownChannelKind` for a code
+    /// this build does not know), the rings must lie in the heap, apart, in this channel's
+    /// segments, and each ring header must carry the ring kind `kind` implies.
+    pub fn rings_of(
+        &self,
+        ch: ChannelId,
+        kind: ChannelKind,
+    ) -> Result<ChannelRings, RegistryError> {
+        let (slot, w) = self.channel_entry(ch)?;
         if !matches!(c_phase(w), C_OFFERED | C_ACCEPTED) {
             return Err(RegistryError::wrong(
                 "OFFERED or ACCEPTED",
                 phase_name(c_phase(w)),
             ));
         }
-        let base = self.channel_off(ch.idx);
-        let (cap, c2s, s2c) = (
-            self.ld(base + O_CAP)?,
-            self.ld(base + O_C2S)?,
-            self.ld(base + O_S2C)?,
+        let (code, cap, c2s, s2c) = (
+            slot.kind_code()?,
+            slot.capacity()?,
+            slot.c2s()?,
+            slot.s2c()?,
         );
         fence(Acquire);
-        if c_gen(self.channel_word(ch.idx)?) != ch.gen {
+        if slot.word()?.gen() != ch.gen {
             return Err(RegistryError::Stale);
         }
+        let found = ChannelKind::from_code(code)?;
+        if found != kind {
+            return Err(RegistryError::ChannelKindMismatch {
+                expected: kind,
+                found,
+            });
+        }
+        kind.require_supported()?;
         let len = self.ring_len(cap)?;
         self.check_ring_place(ch, c2s, s2c, len)?;
-        Ok(ChannelRings {
+        let rings = ChannelRings {
             c2s: self.heap_view(c2s, len)?,
             s2c: self.heap_view(s2c, len)?,
-        })
+        };
+        let (k1, k2) = kind.ring_kinds();
+        for (ring, view, expected) in [("c2s", &rings.c2s, k1), ("s2c", &rings.s2c, k2)] {
+            let found = memloop_ring::header::kind_code(view)?;
+            if found != expected as u32 {
+                return Err(RegistryError::RingKindMismatch {
+                    channel: kind,
+                    ring,
+                    expected,
+                    found,
+                });
+            }
+        }
+        Ok(rings)
     }
 
     /// The two rings of a channel must not overlap and must lie in memory tagged as this
@@ -650,17 +821,17 @@ impl Registry {
     pub(crate) fn mark_side(
         &self,
         ch: ChannelId,
-        w: u64,
+        w: StateWord,
         side: Side,
-        bit: u64,
+        bit: u8,
     ) -> Result<bool, RegistryError> {
         if gone(w, other(side)) {
             return self.free_channel(ch, w);
         }
-        if w & bit != 0 {
+        if w.low() & bit != 0 {
             return Ok(true);
         }
-        self.cas_channel(ch.idx, w, w | bit)
+        self.cas_channel(ch.idx, w, with_flag(w, bit))
     }
 
     /// Sets the dead bit of `side` (reclaim), freeing the channel if the other side is gone.
@@ -698,18 +869,18 @@ impl Registry {
     /// Reads a whole channel entry.
     pub fn channel(&self, ch: ChannelId) -> Result<ChannelInfo, RegistryError> {
         for _ in 0..64 {
-            let w = self.check_channel(ch)?;
-            let base = self.channel_off(ch.idx);
-            let raw = [
-                self.ld(base + O_SERVER)?,
-                self.ld(base + O_CLIENT)?,
-                self.ld(base + O_EP)?,
-                self.ld(base + O_CAP)?,
-            ];
-            let tuple = self.bytes::<TUPLE_BYTES>(base + O_TUPLE)?;
+            let (slot, w) = self.channel_entry(ch)?;
+            let raw = RawChannel {
+                server: slot.server()?,
+                client: slot.client()?,
+                endpoint: slot.endpoint()?,
+                capacity: slot.capacity()?,
+                kind: slot.kind_code()?,
+                tuple: slot.tuple()?,
+            };
             fence(Acquire);
-            if self.channel_word(ch.idx)? == w {
-                return self.decode_channel(ch, w, raw, &tuple);
+            if slot.word()? == w {
+                return self.decode_channel(ch, w, &raw);
             }
         }
         Err(RegistryError::corrupt("channel", "entry kept changing"))
@@ -718,39 +889,44 @@ impl Registry {
     fn decode_channel(
         &self,
         id: ChannelId,
-        w: u64,
-        raw: [u64; 4],
-        tuple: &[u8; TUPLE_BYTES],
+        w: StateWord,
+        raw: &RawChannel,
     ) -> Result<ChannelInfo, RegistryError> {
         let p = &self.layout.params;
         let bad = |what: &'static str, v: u64| {
             RegistryError::corrupt(what, format!("channel {}: {v:#x}", id.idx))
         };
-        let state = phase_state(c_phase(w)).ok_or_else(|| bad("channel state", w))?;
+        let state = phase_state(c_phase(w)).ok_or_else(|| bad_state("channel state", id.idx, w))?;
         let member = |v: u64| unpack_id(v, p.max_members).map(|(idx, gen)| MemberId { idx, gen });
-        let client = member(raw[1]).ok_or_else(|| bad("channel client", raw[1]))?;
-        let server = if raw[0] == 0 {
+        let client = member(raw.client).ok_or_else(|| bad("channel client", raw.client))?;
+        let server = if raw.server == 0 {
             None
         } else {
-            Some(member(raw[0]).ok_or_else(|| bad("channel server", raw[0]))?)
+            Some(member(raw.server).ok_or_else(|| bad("channel server", raw.server))?)
         };
-        let (eidx, egen) =
-            unpack_id(raw[2], p.max_endpoints).ok_or_else(|| bad("channel endpoint", raw[2]))?;
+        let (eidx, egen) = unpack_id(raw.endpoint, p.max_endpoints)
+            .ok_or_else(|| bad("channel endpoint", raw.endpoint))?;
+        let kind = match (is_marker(w), raw.kind) {
+            (true, 0) => None,
+            (true, k) => return Err(bad("decline marker kind", k as u64)),
+            (false, k) => Some(ChannelKind::from_code(k)?),
+        };
         Ok(ChannelInfo {
             id,
             state,
+            kind,
             client,
             server,
             endpoint: EndpointId {
                 idx: eidx,
                 gen: egen,
             },
-            tuple: decode_tuple(tuple)?,
-            client_closed: w & CLIENT_CLOSED != 0,
-            server_closed: w & SERVER_CLOSED != 0,
-            client_dead: w & CLIENT_DEAD != 0,
-            server_dead: w & SERVER_DEAD != 0,
-            ring_capacity: raw[3],
+            tuple: decode_tuple(&raw.tuple)?,
+            client_closed: w.low() & CLIENT_CLOSED != 0,
+            server_closed: w.low() & SERVER_CLOSED != 0,
+            client_dead: w.low() & CLIENT_DEAD != 0,
+            server_dead: w.low() & SERVER_DEAD != 0,
+            ring_capacity: raw.capacity,
             marker: is_marker(w),
         })
     }
@@ -765,7 +941,7 @@ impl Registry {
             if matches!(c_phase(w), C_FREE | C_RESERVED) {
                 continue;
             }
-            match self.channel(ChannelId { idx, gen: c_gen(w) }) {
+            match self.channel(ChannelId { idx, gen: w.gen() }) {
                 Ok(c) => out.push(c),
                 Err(RegistryError::Stale | RegistryError::NotFound) => {}
                 Err(e) => tracing::warn!(idx, error = %e, "skipping channel entry"),
@@ -800,12 +976,12 @@ impl Registry {
             let Ok(w) = self.channel_word(idx) else {
                 continue;
             };
-            let id = ChannelId { idx, gen: c_gen(w) };
+            let id = ChannelId { idx, gen: w.gen() };
             let phase = c_phase(w);
             if phase == C_FREE || phase > C_DECLINED {
                 continue;
             }
-            let (f, m) = if c_client_tag(w) == tag {
+            let (f, m) = if w.tag() == tag {
                 self.reclaim_client_side(id, tag)
             } else {
                 (0, 0)
@@ -821,17 +997,16 @@ impl Registry {
     /// If the dead member is (or was becoming) the server of `id`: dead bit, or release the
     /// server word it claimed just before dying mid-accept.
     fn reclaim_server_side(&self, id: ChannelId, packed: u64) -> (u32, u32) {
-        let Ok(w) = self.check_channel(id) else {
+        let Ok((slot, w)) = self.channel_entry(id) else {
             return (0, 0);
         };
-        let off = self.channel_off(id.idx) + O_SERVER;
-        if self.ld(off).unwrap_or(0) != packed {
+        if slot.server().unwrap_or(0) != packed {
             return (0, 0);
         }
         if c_phase(w) == C_ACCEPTED {
             return self.reclaim_side(id, Side::Server);
         }
-        if let Ok(s) = self.w64(off) {
+        if let Ok(s) = slot.server_cell() {
             s.compare_exchange(packed, 0, SeqCst, Relaxed).ok();
         }
         (0, 0)
@@ -844,7 +1019,7 @@ impl Registry {
             let Ok(w) = self.check_channel(id) else {
                 return (0, 0);
             };
-            if c_client_tag(w) != tag {
+            if w.tag() != tag {
                 return (0, 0);
             }
             if c_phase(w) == C_ACCEPTED {
@@ -866,13 +1041,23 @@ impl Registry {
     }
 }
 
+/// A channel entry's fields, read before the state word is re-checked.
+struct RawChannel {
+    server: u64,
+    client: u64,
+    endpoint: u64,
+    capacity: u64,
+    kind: u32,
+    tuple: [u8; TUPLE_BYTES],
+}
+
 #[cfg(all(test, not(loom)))]
 mod ring_place_tests {
     use super::*;
     use crate::EndpointKey;
 
     fn offered() -> (Registry, ChannelId, ChannelId) {
-        let (r, m) = crate::members::test_registry_with_member("m");
+        let (r, m) = crate::tables::members::test_registry_with_member("m");
         let ep = r.add_endpoint(m, &EndpointKey::Native("x".into())).unwrap();
         let a = r.offer(m, ep, 4096, None).unwrap();
         let b = r.offer(m, ep, 4096, None).unwrap();
@@ -882,9 +1067,9 @@ mod ring_place_tests {
     #[test]
     fn a_channel_whose_rings_overlap_is_corrupt() {
         let (r, a, _) = offered();
-        let base = r.channel_off(a.idx);
-        let c2s = r.ld(base + O_C2S).unwrap();
-        r.st(base + O_S2C, c2s + 64).unwrap();
+        let slot = r.channel_slot(a.idx).unwrap();
+        let c2s = slot.c2s().unwrap();
+        slot.set_rings_for_test(c2s, c2s + 64).unwrap();
         let e = r.rings(a).err().expect("overlapping rings refused");
         assert!(e.to_string().contains("overlap"), "{e}");
     }
@@ -893,12 +1078,120 @@ mod ring_place_tests {
     fn a_ring_in_another_channels_memory_is_corrupt() {
         let (r, a, b) = offered();
         assert!(r.rings(a).is_ok() && r.rings(b).is_ok());
-        let (ba, bb) = (r.channel_off(a.idx), r.channel_off(b.idx));
-        let theirs = r.ld(bb + O_C2S).unwrap();
-        r.st(ba + O_S2C, theirs).unwrap();
+        let (sa, sb) = (
+            r.channel_slot(a.idx).unwrap(),
+            r.channel_slot(b.idx).unwrap(),
+        );
+        let theirs = sb.c2s().unwrap();
+        sa.set_rings_for_test(sa.c2s().unwrap(), theirs).unwrap();
         let e = r.rings(a).err().expect("a ring in b's memory refused");
         assert!(e.to_string().contains("outside this channel"), "{e}");
         // b itself is untouched and still fine.
         assert!(r.rings(b).is_ok());
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod kind_tests {
+    use super::*;
+    use crate::EndpointKey;
+
+    fn setup() -> (Registry, MemberId, EndpointId) {
+        let (r, m) = crate::tables::members::test_registry_with_member("m");
+        let ep = r.add_endpoint(m, &EndpointKey::Native("x".into())).unwrap();
+        (r, m, ep)
+    }
+
+    #[test]
+    fn an_offer_records_its_kind_and_attach_checks_it() {
+        let (r, m, ep) = setup();
+        let ch = r.offer(m, ep, 4096, None).unwrap();
+        assert_eq!(r.channel(ch).unwrap().kind, Some(ChannelKind::StreamPair));
+        assert!(r.rings_of(ch, ChannelKind::StreamPair).is_ok());
+        match r.rings_of(ch, ChannelKind::DatagramPair) {
+            Err(RegistryError::ChannelKindMismatch { expected, found }) => {
+                assert_eq!(
+                    (expected, found),
+                    (ChannelKind::DatagramPair, ChannelKind::StreamPair)
+                )
+            }
+            other => panic!("expected a kind mismatch, got {:?}", other.err()),
+        }
+    }
+
+    #[test]
+    fn kinds_not_supported_yet_cannot_be_offered() {
+        let (r, m, ep) = setup();
+        for k in [ChannelKind::DatagramPair, ChannelKind::DescriptorCompletion] {
+            assert!(matches!(
+                r.offer_kind(m, ep, k, 4096, None),
+                Err(RegistryError::UnsupportedChannelKind(x)) if x == k
+            ));
+        }
+        assert_eq!(r.usage().channels, 0, "nothing reserved");
+    }
+
+    #[test]
+    fn a_corrupt_kind_is_a_typed_error_at_attach_and_accept() {
+        let (r, m, ep) = setup();
+        let ch = r.offer(m, ep, 4096, None).unwrap();
+        let slot = r.channel_slot(ch.idx).unwrap();
+        slot.set_kind_for_test(77).unwrap();
+        assert!(matches!(
+            r.rings(ch),
+            Err(RegistryError::UnknownChannelKind { code: 77 })
+        ));
+        assert!(matches!(
+            r.accept(ch, m),
+            Err(RegistryError::UnknownChannelKind { code: 77 })
+        ));
+        assert!(r.channels().is_empty(), "listing skips it");
+        // A recorded kind that is known but not usable here: accept refuses, take_offer
+        // declines it so the client falls back instead of waiting.
+        slot.set_kind_for_test(ChannelKind::DatagramPair.code() as u32)
+            .unwrap();
+        assert!(matches!(
+            r.accept(ch, m),
+            Err(RegistryError::UnsupportedChannelKind(
+                ChannelKind::DatagramPair
+            ))
+        ));
+        assert_eq!(r.take_offer(ep, m).unwrap(), None);
+        assert_eq!(r.channel_state(ch).unwrap(), ChannelState::Declined);
+    }
+
+    #[test]
+    fn a_ring_header_of_another_kind_is_refused() {
+        let (r, m, ep) = setup();
+        let ch = r.offer(m, ep, 4096, None).unwrap();
+        let rings = r.rings(ch).unwrap();
+        init_ring(&rings.s2c, memloop_ring::RingKind::Record, 4096, 0).unwrap();
+        match r.rings(ch) {
+            Err(RegistryError::RingKindMismatch { ring, found, .. }) => {
+                assert_eq!(
+                    (ring, found),
+                    ("s2c", memloop_ring::RingKind::Record as u32)
+                )
+            }
+            other => panic!("expected a ring kind mismatch, got {:?}", other.err()),
+        }
+    }
+
+    #[test]
+    fn a_corrupt_state_word_is_a_typed_error() {
+        let (r, m, ep) = setup();
+        let ch = r.offer(m, ep, 4096, None).unwrap();
+        let slot = r.channel_slot(ch.idx).unwrap();
+        let w = slot.word().unwrap();
+        // phase 7 does not exist; MARKER on an OFFERED slot neither
+        for bad in [w.with_low(7), with_flag(w, MARKER)] {
+            slot.0.state().unwrap().store(bad);
+            let e = r.channel_state(ch).unwrap_err();
+            assert!(matches!(e, RegistryError::Corrupt { .. }), "{e}");
+        }
+        assert!(matches!(
+            ChannelSlot::new_checked(&r, r.params().max_channels),
+            Err(RegistryError::NotFound)
+        ));
     }
 }

@@ -1,6 +1,6 @@
 //! The members table: one fixed slot per process or VM of the trust group.
 //!
-//! Slot state word: `gen << 32 | reclaimer_tag << 8 | state`. Identity fields are written while
+//! Slot state word ([`StateWord`]): generation, the reclaimer's tag (while RECLAIMING), state. Identity fields are written while
 //! the slot is CLAIMING (only by the joiner) and published by the store that makes it LIVE; they
 //! never change until the slot is FREE again with `gen + 1`, so a reader checks the state word
 //! before and after reading them. Addresses (soft state, re-advertised at will) have their own
@@ -14,17 +14,22 @@
 //! | 112 | address count · 120 families (8 B) · 128 addresses (8 × 16 B) |
 
 use crate::error::RegistryError;
-use crate::header::{H_JOIN_SEQ, MEMBER_BYTES};
+use crate::header::H_JOIN_SEQ;
 use crate::key::{arr16, decode_ip, encode_ip, member_tag, MemberId};
+#[cfg(test)]
+use crate::state_word::StateCell;
+use crate::state_word::{bad_state, StateWord};
+use crate::tables::Slot;
 use crate::Registry;
-use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release};
 use memloop_shm::sync::{fence, spin_hint};
+use memloop_shm::ShmU64;
 use std::net::IpAddr;
 
-pub(crate) const M_FREE: u64 = 0;
-pub(crate) const M_CLAIMING: u64 = 1;
-pub(crate) const M_LIVE: u64 = 2;
-pub(crate) const M_RECLAIMING: u64 = 3;
+pub(crate) const M_FREE: u8 = 0;
+pub(crate) const M_CLAIMING: u8 = 1;
+pub(crate) const M_LIVE: u8 = 2;
+pub(crate) const M_RECLAIMING: u8 = 3;
 
 /// Longest member name in bytes.
 pub const MAX_MEMBER_NAME: usize = 32;
@@ -91,20 +96,89 @@ pub struct MemberInfo {
     pub state: MemberState,
 }
 
-pub(crate) fn m_state(w: u64) -> u64 {
-    w & 0xff
-}
-pub(crate) fn m_gen(w: u64) -> u32 {
-    (w >> 32) as u32
-}
-pub(crate) fn m_reclaimer(w: u64) -> u32 {
-    ((w >> 8) & 0xff_ffff) as u32
-}
-pub(crate) fn m_word(gen: u32, reclaimer: u32, state: u64) -> u64 {
-    ((gen as u64) << 32) | ((reclaimer as u64 & 0xff_ffff) << 8) | state
+/// Typed view of one member slot; the only code that knows the slot's field offsets.
+pub(crate) struct MemberSlot(Slot);
+
+impl MemberSlot {
+    /// `NotFound` if `idx` is outside the table.
+    pub fn new_checked(r: &Registry, idx: u32) -> Result<Self, RegistryError> {
+        Slot::new_checked(&r.view, r.layout.members(), idx).map(Self)
+    }
+    #[cfg(test)]
+    pub fn state(&self) -> Result<StateCell, RegistryError> {
+        self.0.state()
+    }
+    pub fn word(&self) -> Result<StateWord, RegistryError> {
+        self.0.word()
+    }
+    pub fn cas(&self, old: StateWord, new: StateWord) -> Result<bool, RegistryError> {
+        self.0.cas(old, new)
+    }
+    /// Writes the identity; the slot must be CLAIMING by the caller.
+    fn write_identity(&self, join: u64, ident: &MemberIdentity) -> Result<(), RegistryError> {
+        for (off, v) in [
+            (O_HEARTBEAT, 0),
+            (O_JOIN, join),
+            (O_ADDR_SEQ, 0),
+            (O_PID, ident.pid as u64),
+            (O_START, ident.start_time),
+            (O_PIDNS, ident.pid_ns),
+            (O_NETNS, ident.net_ns),
+            (O_NADDR, 0),
+        ] {
+            self.0.st(off, v)?;
+        }
+        self.0.write(O_BOOT, &ident.boot_id)?;
+        let mut name = [0u8; MAX_MEMBER_NAME];
+        name[..ident.name.len()].copy_from_slice(ident.name.as_bytes());
+        self.0.write(O_NAME, &name)
+    }
+    fn read_identity(&self) -> Result<MemberIdentity, RegistryError> {
+        let pid = self.0.ld(O_PID)?;
+        let pid = u32::try_from(pid)
+            .map_err(|_| RegistryError::corrupt("member", format!("pid {pid}")))?;
+        let name: [u8; MAX_MEMBER_NAME] = self.0.bytes(O_NAME)?;
+        let len = name.iter().position(|&b| b == 0).unwrap_or(MAX_MEMBER_NAME);
+        let name = std::str::from_utf8(&name[..len])
+            .map_err(|e| RegistryError::corrupt("member name", e.to_string()))?
+            .to_owned();
+        Ok(MemberIdentity {
+            pid,
+            start_time: self.0.ld(O_START)?,
+            boot_id: self.0.bytes(O_BOOT)?,
+            pid_ns: self.0.ld(O_PIDNS)?,
+            net_ns: self.0.ld(O_NETNS)?,
+            name,
+        })
+    }
+    fn heartbeat(&self) -> Result<ShmU64, RegistryError> {
+        self.0.u64(O_HEARTBEAT)
+    }
+    fn addr_seq(&self) -> Result<ShmU64, RegistryError> {
+        self.0.u64(O_ADDR_SEQ)
+    }
+    /// Writes the addresses; the caller holds the address seqlock.
+    fn write_addresses(&self, addrs: &[IpAddr]) -> Result<(), RegistryError> {
+        let mut fams = [0u8; 8];
+        for (i, a) in addrs.iter().enumerate() {
+            let (f, b) = encode_ip(a);
+            fams[i] = f;
+            self.0.write(O_ADDRS + 16 * i as u64, &b)?;
+        }
+        self.0.write(O_FAMS, &fams)?;
+        self.0.st(O_NADDR, addrs.len() as u64)
+    }
+    /// The raw address fields (count, families, addresses), to be validated by the reader.
+    fn raw_addresses(&self) -> Result<(u64, [u8; 8], [u8; 16 * MAX_ADDRESSES]), RegistryError> {
+        Ok((
+            self.0.ld(O_NADDR)?,
+            self.0.bytes(O_FAMS)?,
+            self.0.bytes(O_ADDRS)?,
+        ))
+    }
 }
 
-pub(crate) fn state_name(st: u64) -> &'static str {
+pub(crate) fn state_name(st: u8) -> &'static str {
     match st {
         M_FREE => "FREE",
         M_CLAIMING => "CLAIMING",
@@ -124,37 +198,31 @@ fn check_identity(ident: &MemberIdentity) -> Result<(), RegistryError> {
 }
 
 impl Registry {
-    pub(crate) fn member_off(&self, idx: u32) -> u64 {
-        self.layout.members_off + idx as u64 * MEMBER_BYTES
+    pub(crate) fn member_slot(&self, idx: u32) -> Result<MemberSlot, RegistryError> {
+        MemberSlot::new_checked(self, idx)
     }
 
-    pub(crate) fn member_word(&self, idx: u32) -> Result<u64, RegistryError> {
-        if idx >= self.layout.params.max_members {
-            return Err(RegistryError::NotFound);
-        }
-        Ok(self.w64(self.member_off(idx))?.load(SeqCst))
+    pub(crate) fn member_word(&self, idx: u32) -> Result<StateWord, RegistryError> {
+        self.member_slot(idx)?.word()
     }
 
     /// The state word of `id`'s slot if it still belongs to `id` (any non-FREE state).
-    pub(crate) fn check_member(&self, id: MemberId) -> Result<u64, RegistryError> {
+    pub(crate) fn check_member(&self, id: MemberId) -> Result<StateWord, RegistryError> {
         let w = self.member_word(id.idx)?;
-        if m_gen(w) != id.gen {
+        if w.gen() != id.gen {
             return Err(RegistryError::Stale);
         }
-        match m_state(w) {
+        match w.low() {
             M_FREE => Err(RegistryError::NotFound),
             M_CLAIMING | M_LIVE | M_RECLAIMING => Ok(w),
-            s => Err(RegistryError::corrupt(
-                "member state",
-                format!("slot {} state {s}", id.idx),
-            )),
+            _ => Err(bad_state("member state", id.idx, w)),
         }
     }
 
     /// Like [`Self::check_member`] but the member must be LIVE.
     pub(crate) fn live_member(&self, id: MemberId) -> Result<(), RegistryError> {
         let w = self.check_member(id)?;
-        match m_state(w) {
+        match w.low() {
             M_LIVE => Ok(()),
             s => Err(RegistryError::wrong("LIVE", state_name(s))),
         }
@@ -166,7 +234,7 @@ impl Registry {
             return false;
         };
         match self.member_word(idx) {
-            Ok(w) => m_state(w) == M_LIVE && (m_gen(w) & 0xfff) == tag >> 12,
+            Ok(w) => w.low() == M_LIVE && (w.gen() & 0xfff) == tag >> 12,
             Err(_) => false,
         }
     }
@@ -175,47 +243,24 @@ impl Registry {
     pub fn join(&self, ident: &MemberIdentity) -> Result<MemberId, RegistryError> {
         check_identity(ident)?;
         for idx in 0..self.layout.params.max_members {
-            let w = self.member_word(idx)?;
-            if m_state(w) != M_FREE {
+            let slot = self.member_slot(idx)?;
+            let w = slot.word()?;
+            if w.low() != M_FREE {
                 continue;
             }
-            let claim = m_word(m_gen(w), 0, M_CLAIMING);
-            let slot = self.w64(self.member_off(idx))?;
-            if slot.compare_exchange(w, claim, SeqCst, Relaxed).is_ok() {
-                let id = MemberId { idx, gen: m_gen(w) };
-                self.write_identity(idx, ident)?;
+            let claim = StateWord::new(w.gen(), 0, M_CLAIMING);
+            if slot.cas(w, claim)? {
+                let id = MemberId { idx, gen: w.gen() };
+                slot.write_identity(self.next_seq(H_JOIN_SEQ)?, ident)?;
                 // A CAS, not a store: if we were so slow that our claim was expired as
                 // abandoned (see `expire_claim`), the slot is someone else's now.
-                let live = m_word(id.gen, 0, M_LIVE);
-                if slot.compare_exchange(claim, live, SeqCst, Relaxed).is_ok() {
+                if slot.cas(claim, StateWord::new(id.gen, 0, M_LIVE))? {
                     tracing::debug!(?id, name = %ident.name, "member joined");
                     return Ok(id);
                 }
             }
         }
         Err(RegistryError::RegionFull { what: "members" })
-    }
-
-    fn write_identity(&self, idx: u32, ident: &MemberIdentity) -> Result<(), RegistryError> {
-        let base = self.member_off(idx);
-        let join = self.next_seq(H_JOIN_SEQ)?;
-        for (off, v) in [
-            (O_HEARTBEAT, 0),
-            (O_JOIN, join),
-            (O_ADDR_SEQ, 0),
-            (O_PID, ident.pid as u64),
-            (O_START, ident.start_time),
-            (O_PIDNS, ident.pid_ns),
-            (O_NETNS, ident.net_ns),
-            (O_NADDR, 0),
-        ] {
-            self.st(base + off, v)?;
-        }
-        self.view.write(base + O_BOOT, &ident.boot_id)?;
-        let mut name = [0u8; MAX_MEMBER_NAME];
-        name[..ident.name.len()].copy_from_slice(ident.name.as_bytes());
-        self.view.write(base + O_NAME, &name)?;
-        Ok(())
     }
 
     /// Graceful exit: reclaims everything `id` holds, as if it had died.
@@ -226,8 +271,7 @@ impl Registry {
     /// Proof of life: bumps the member's heartbeat counter.
     pub fn heartbeat(&self, id: MemberId) -> Result<(), RegistryError> {
         self.live_member(id)?;
-        self.w64(self.member_off(id.idx) + O_HEARTBEAT)?
-            .fetch_add(1, Release);
+        self.member_slot(id.idx)?.heartbeat()?.fetch_add(1, Release);
         Ok(())
     }
 
@@ -239,24 +283,17 @@ impl Registry {
             )));
         }
         self.live_member(id)?;
-        let base = self.member_off(id.idx);
-        let seq = self.w64(base + O_ADDR_SEQ)?;
+        let slot = self.member_slot(id.idx)?;
+        let seq = slot.addr_seq()?;
         let start = self.lock_addresses(&seq);
-        let mut fams = [0u8; 8];
-        for (i, a) in addrs.iter().enumerate() {
-            let (f, b) = encode_ip(a);
-            fams[i] = f;
-            self.view.write(base + O_ADDRS + 16 * i as u64, &b)?;
-        }
-        self.view.write(base + O_FAMS, &fams)?;
-        self.st(base + O_NADDR, addrs.len() as u64)?;
+        slot.write_addresses(addrs)?;
         seq.store(start.wrapping_add(2), Release);
         Ok(())
     }
 
     /// Makes the address seqlock odd; returns the even value it had. A writer that died with the
     /// lock odd can only have been this member itself, so after a bounded wait we take it over.
-    fn lock_addresses(&self, seq: &memloop_shm::ShmU64) -> u64 {
+    fn lock_addresses(&self, seq: &ShmU64) -> u64 {
         for _ in 0..1000 {
             let s = seq.load(Relaxed);
             if s % 2 == 0 && seq.compare_exchange(s, s + 1, Acquire, Relaxed).is_ok() {
@@ -273,17 +310,18 @@ impl Registry {
     /// Reads one member; `Stale` if the slot no longer belongs to `id`.
     pub fn member(&self, id: MemberId) -> Result<MemberInfo, RegistryError> {
         let w = self.check_member(id)?;
-        let state = match m_state(w) {
+        let state = match w.low() {
             M_LIVE => MemberState::Live,
             M_RECLAIMING => MemberState::Reclaiming,
             _ => MemberState::Claiming,
         };
-        let identity = self.read_identity(id.idx)?;
-        let heartbeat = self.ld(self.member_off(id.idx) + O_HEARTBEAT)?;
-        let addresses = self.read_addresses(id.idx)?;
+        let slot = self.member_slot(id.idx)?;
+        let identity = slot.read_identity()?;
+        let heartbeat = slot.heartbeat()?.load(Relaxed);
+        let addresses = Self::read_addresses(&slot)?;
         fence(Acquire);
         let w2 = self.check_member(id)?;
-        if state == MemberState::Claiming || m_state(w2) == M_CLAIMING {
+        if state == MemberState::Claiming || w2.low() == M_CLAIMING {
             return Err(RegistryError::wrong("LIVE", "CLAIMING"));
         }
         Ok(MemberInfo {
@@ -295,38 +333,15 @@ impl Registry {
         })
     }
 
-    fn read_identity(&self, idx: u32) -> Result<MemberIdentity, RegistryError> {
-        let base = self.member_off(idx);
-        let pid = self.ld(base + O_PID)?;
-        let pid = u32::try_from(pid)
-            .map_err(|_| RegistryError::corrupt("member", format!("pid {pid}")))?;
-        let name: [u8; MAX_MEMBER_NAME] = self.bytes(base + O_NAME)?;
-        let len = name.iter().position(|&b| b == 0).unwrap_or(MAX_MEMBER_NAME);
-        let name = std::str::from_utf8(&name[..len])
-            .map_err(|e| RegistryError::corrupt("member name", e.to_string()))?
-            .to_owned();
-        Ok(MemberIdentity {
-            pid,
-            start_time: self.ld(base + O_START)?,
-            boot_id: self.bytes(base + O_BOOT)?,
-            pid_ns: self.ld(base + O_PIDNS)?,
-            net_ns: self.ld(base + O_NETNS)?,
-            name,
-        })
-    }
-
-    fn read_addresses(&self, idx: u32) -> Result<Vec<IpAddr>, RegistryError> {
-        let base = self.member_off(idx);
-        let seq = self.w64(base + O_ADDR_SEQ)?;
+    fn read_addresses(slot: &MemberSlot) -> Result<Vec<IpAddr>, RegistryError> {
+        let seq = slot.addr_seq()?;
         for _ in 0..READ_TRIES {
             let s1 = seq.load(Acquire);
             if s1 % 2 == 1 {
                 spin_hint();
                 continue;
             }
-            let n = self.ld(base + O_NADDR)?;
-            let fams: [u8; 8] = self.bytes(base + O_FAMS)?;
-            let raw: [u8; 16 * MAX_ADDRESSES] = self.bytes(base + O_ADDRS)?;
+            let (n, fams, raw) = slot.raw_addresses()?;
             fence(Acquire);
             if seq.load(Relaxed) != s1 {
                 continue;
@@ -354,10 +369,10 @@ impl Registry {
             let Ok(w) = self.member_word(idx) else {
                 continue;
             };
-            if !matches!(m_state(w), M_LIVE | M_RECLAIMING) {
+            if !matches!(w.low(), M_LIVE | M_RECLAIMING) {
                 continue;
             }
-            match self.member(MemberId { idx, gen: m_gen(w) }) {
+            match self.member(MemberId { idx, gen: w.gen() }) {
                 Ok(m) => out.push(m),
                 Err(RegistryError::Stale) => {}
                 Err(e) => tracing::warn!(idx, error = %e, "skipping member entry"),
@@ -371,29 +386,29 @@ impl Registry {
     pub fn claims(&self) -> Vec<(u32, u64)> {
         (0..self.layout.params.max_members)
             .filter_map(|idx| Some((idx, self.member_word(idx).ok()?)))
-            .filter(|(_, w)| m_state(*w) == M_CLAIMING)
+            .filter(|(_, w)| w.low() == M_CLAIMING)
+            .map(|(idx, w)| (idx, w.raw()))
             .collect()
     }
 
     /// Frees a join claim that has not moved (its state word is still `word`). Returns whether
     /// this call freed it. A claimer that was merely slow fails its final CAS and joins again.
     pub fn expire_claim(&self, idx: u32, word: u64) -> Result<bool, RegistryError> {
-        if m_state(word) != M_CLAIMING || idx >= self.layout.params.max_members {
+        let word = StateWord::from_raw(word);
+        if word.low() != M_CLAIMING || idx >= self.layout.params.max_members {
             return Err(RegistryError::WrongState {
                 expected: "claiming",
                 found: "other",
             });
         }
-        let free = m_word(m_gen(word).wrapping_add(1), 0, M_FREE);
-        let slot = self.w64(self.member_off(idx))?;
-        Ok(slot.compare_exchange(word, free, SeqCst, Relaxed).is_ok())
+        self.member_slot(idx)?.cas(word, word.next_gen(M_FREE))
     }
 
     pub(crate) fn count_members(&self) -> u32 {
         (0..self.layout.params.max_members)
             .filter(|&i| {
                 self.member_word(i)
-                    .map(|w| m_state(w) != M_FREE)
+                    .map(|w| w.low() != M_FREE)
                     .unwrap_or(false)
             })
             .count() as u32
@@ -448,9 +463,10 @@ mod tests {
         )
         .unwrap();
         // A process died between claiming slot 0 and going live.
-        let slot = r.w64(r.member_off(0)).unwrap();
-        let claim = m_word(0, 0, M_CLAIMING);
-        slot.store(claim, SeqCst);
+        let slot = r.member_slot(0).unwrap();
+        let claim = StateWord::new(0, 0, M_CLAIMING);
+        slot.state().unwrap().store(claim);
+        let claim = claim.raw();
         assert_eq!(r.claims(), vec![(0, claim)]);
         assert!(r.members().is_empty());
         assert!(r.expire_claim(0, claim).unwrap());
@@ -460,6 +476,22 @@ mod tests {
         // The slot is reusable, with a new generation so the old claim's word can never match.
         let id = r.join(&ident()).unwrap();
         assert_eq!((id.idx, id.gen), (0, 1));
-        assert!(r.expire_claim(0, m_word(1, 0, M_LIVE)).is_err());
+        assert!(r
+            .expire_claim(0, StateWord::new(1, 0, M_LIVE).raw())
+            .is_err());
+    }
+
+    #[test]
+    fn a_corrupt_member_state_is_a_typed_error() {
+        let (r, m) = test_registry_with_member("m");
+        let slot = r.member_slot(m.idx).unwrap();
+        slot.state().unwrap().store(StateWord::new(m.gen, 0, 9));
+        let e = r.member(m).unwrap_err();
+        assert!(matches!(e, RegistryError::Corrupt { .. }), "{e}");
+        assert!(r.members().is_empty(), "listing skips it");
+        assert!(matches!(
+            MemberSlot::new_checked(&r, r.params().max_members),
+            Err(RegistryError::NotFound)
+        ));
     }
 }

@@ -1,8 +1,8 @@
 //! Connection records: the connections the transparent layer left on plain TCP (or UDP), with
 //! the reason and their byte counts, so `memloop status` can show them next to the channels.
 //!
-//! Fixed slots, each driven by CAS on its state word `gen << 32 | owner_tag << 8 | state`
-//! (FREE → CLAIMED → USED → FREE with generation + 1). The owner writes the fields while
+//! Fixed slots, each driven by CAS on its [`StateWord`] (generation, owner's tag, state:
+//! FREE → CLAIMED → USED → FREE with generation + 1). The owner writes the fields while
 //! CLAIMED and publishes them with the CAS to USED; they are immutable until the slot is freed,
 //! except the two byte counters, which the owner bumps with relaxed adds (statistics only).
 //! Records are soft state: a full table only costs visibility (and is counted), and a record
@@ -15,19 +15,22 @@
 
 use crate::error::RegistryError;
 use crate::fallback::{FallbackReason, COUNTER_CONNS_DROPPED};
-use crate::header::CONN_BYTES;
 use crate::key::{
     decode_tuple, encode_tuple, member_tag, pack_id, unpack_id, ConnTuple, MemberId, Proto,
     TUPLE_BYTES,
 };
+#[cfg(test)]
+use crate::state_word::StateCell;
+use crate::state_word::{bad_state, StateWord};
+use crate::tables::Slot;
 use crate::Registry;
 use memloop_shm::sync::fence;
-use memloop_shm::sync::Ordering::{Acquire, Relaxed, SeqCst};
+use memloop_shm::sync::Ordering::Acquire;
 use memloop_shm::ShmU64;
 
-const R_FREE: u64 = 0;
-const R_CLAIMED: u64 = 1;
-const R_USED: u64 = 2;
+const R_FREE: u8 = 0;
+const R_CLAIMED: u8 = 1;
+const R_USED: u8 = 2;
 
 const O_OWNER: u64 = 8;
 const O_PID: u64 = 16;
@@ -60,17 +63,52 @@ pub struct ConnRecord {
     pub bytes_received: u64,
 }
 
-fn r_state(w: u64) -> u64 {
-    w & 0xff
-}
-fn r_gen(w: u64) -> u32 {
-    (w >> 32) as u32
-}
-fn r_owner_tag(w: u64) -> u32 {
-    ((w >> 8) & 0xff_ffff) as u32
-}
-fn r_word(gen: u32, owner_tag: u32, state: u64) -> u64 {
-    ((gen as u64) << 32) | ((owner_tag as u64 & 0xff_ffff) << 8) | state
+/// Typed view of one connection record slot; the only code that knows its field offsets.
+pub(crate) struct ConnSlot(Slot);
+
+impl ConnSlot {
+    /// `NotFound` if `idx` is outside the table.
+    pub fn new_checked(r: &Registry, idx: u32) -> Result<Self, RegistryError> {
+        Slot::new_checked(&r.view, r.layout.conns(), idx).map(Self)
+    }
+    #[cfg(test)]
+    pub fn state(&self) -> Result<StateCell, RegistryError> {
+        self.0.state()
+    }
+    fn word(&self) -> Result<StateWord, RegistryError> {
+        self.0.word()
+    }
+    fn cas(&self, old: StateWord, new: StateWord) -> Result<bool, RegistryError> {
+        self.0.cas(old, new)
+    }
+    /// Writes a record; the slot must be CLAIMED by the caller.
+    fn write(&self, raw: &RawRecord) -> Result<(), RegistryError> {
+        for (off, v) in [
+            (O_OWNER, raw.owner),
+            (O_PID, raw.pid),
+            (O_PROTO, raw.proto),
+            (O_REASON, raw.reason),
+            (O_SENT, raw.sent),
+            (O_RECEIVED, raw.received),
+        ] {
+            self.0.st(off, v)?;
+        }
+        self.0.write(O_TUPLE, &raw.tuple)
+    }
+    fn read(&self) -> Result<RawRecord, RegistryError> {
+        Ok(RawRecord {
+            owner: self.0.ld(O_OWNER)?,
+            pid: self.0.ld(O_PID)?,
+            proto: self.0.ld(O_PROTO)?,
+            reason: self.0.ld(O_REASON)?,
+            sent: self.0.ld(O_SENT)?,
+            received: self.0.ld(O_RECEIVED)?,
+            tuple: self.0.bytes(O_TUPLE)?,
+        })
+    }
+    fn counters(&self) -> Result<(ShmU64, ShmU64), RegistryError> {
+        Ok((self.0.u64(O_SENT)?, self.0.u64(O_RECEIVED)?))
+    }
 }
 
 fn proto_code(p: Proto) -> u64 {
@@ -100,30 +138,21 @@ struct RawRecord {
 }
 
 impl Registry {
-    fn conn_off(&self, idx: u32) -> u64 {
-        self.layout.conns_off + idx as u64 * CONN_BYTES
+    fn conn_slot(&self, idx: u32) -> Result<ConnSlot, RegistryError> {
+        ConnSlot::new_checked(self, idx)
     }
 
-    fn conn_word(&self, idx: u32) -> Result<ShmU64, RegistryError> {
-        if idx >= self.layout.params.max_conns {
-            return Err(RegistryError::NotFound);
-        }
-        self.w64(self.conn_off(idx))
-    }
-
-    /// The state word of `id` if the slot still holds that incarnation.
-    fn check_conn(&self, id: ConnRecordId) -> Result<u64, RegistryError> {
-        let w = self.conn_word(id.idx)?.load(SeqCst);
-        if r_gen(w) != id.gen {
+    /// The slot and its word if the slot still holds incarnation `id`.
+    fn check_conn(&self, id: ConnRecordId) -> Result<(ConnSlot, StateWord), RegistryError> {
+        let slot = self.conn_slot(id.idx)?;
+        let w = slot.word()?;
+        if w.gen() != id.gen {
             return Err(RegistryError::Stale);
         }
-        match r_state(w) {
+        match w.low() {
             R_FREE => Err(RegistryError::NotFound),
-            R_CLAIMED | R_USED => Ok(w),
-            s => Err(RegistryError::corrupt(
-                "connection record state",
-                format!("slot {} state {s}", id.idx),
-            )),
+            R_CLAIMED | R_USED => Ok((slot, w)),
+            _ => Err(bad_state("connection record state", id.idx, w)),
         }
     }
 
@@ -141,87 +170,65 @@ impl Registry {
     ) -> Option<ConnRecordId> {
         self.count_fallback(reason);
         self.live_member(member).ok()?;
-        let Some(id) = self.claim_conn(member) else {
+        let Some((slot, claimed)) = self.claim_conn(member) else {
             self.bump_counter(COUNTER_CONNS_DROPPED);
             return None;
         };
-        let claimed = r_word(id.gen, member_tag(member), R_CLAIMED);
-        let written = self.write_conn(id, member, pid, proto, tuple, reason);
-        let slot = self.conn_word(id.idx).ok()?;
-        if written.is_err() {
-            slot.compare_exchange(
-                claimed,
-                r_word(id.gen.wrapping_add(1), 0, R_FREE),
-                SeqCst,
-                Relaxed,
-            )
-            .ok();
+        let id = ConnRecordId {
+            idx: slot.0.idx(),
+            gen: claimed.gen(),
+        };
+        let raw = RawRecord {
+            owner: pack_id(member.idx, member.gen),
+            pid: pid as u64,
+            proto: proto_code(proto),
+            reason: reason.as_code() as u64,
+            sent: 0,
+            received: 0,
+            tuple: encode_tuple(tuple),
+        };
+        if slot.write(&raw).is_err() {
+            slot.cas(claimed, claimed.next_gen(R_FREE)).ok();
             return None;
         }
-        let used = r_word(id.gen, member_tag(member), R_USED);
         // A CAS: a reclaimer that declared us dead meanwhile has freed the slot.
-        slot.compare_exchange(claimed, used, SeqCst, Relaxed)
-            .ok()
-            .map(|_| id)
+        match slot.cas(claimed, claimed.with_low(R_USED)) {
+            Ok(true) => Some(id),
+            _ => None,
+        }
     }
 
-    fn claim_conn(&self, member: MemberId) -> Option<ConnRecordId> {
+    fn claim_conn(&self, member: MemberId) -> Option<(ConnSlot, StateWord)> {
         let tag = member_tag(member);
         for idx in 0..self.layout.params.max_conns {
-            let Ok(slot) = self.conn_word(idx) else {
+            let Ok(slot) = self.conn_slot(idx) else {
                 continue;
             };
-            let w = slot.load(SeqCst);
-            if r_state(w) != R_FREE {
+            let Ok(w) = slot.word() else {
+                continue;
+            };
+            if w.low() != R_FREE {
                 continue;
             }
-            let claimed = r_word(r_gen(w), tag, R_CLAIMED);
-            if slot.compare_exchange(w, claimed, SeqCst, Relaxed).is_ok() {
-                return Some(ConnRecordId { idx, gen: r_gen(w) });
+            let claimed = StateWord::new(w.gen(), tag, R_CLAIMED);
+            if slot.cas(w, claimed).unwrap_or(false) {
+                return Some((slot, claimed));
             }
         }
         None
     }
 
-    fn write_conn(
-        &self,
-        id: ConnRecordId,
-        member: MemberId,
-        pid: u32,
-        proto: Proto,
-        tuple: &ConnTuple,
-        reason: FallbackReason,
-    ) -> Result<(), RegistryError> {
-        let base = self.conn_off(id.idx);
-        for (off, v) in [
-            (O_OWNER, pack_id(member.idx, member.gen)),
-            (O_PID, pid as u64),
-            (O_PROTO, proto_code(proto)),
-            (O_REASON, reason.as_code() as u64),
-            (O_SENT, 0),
-            (O_RECEIVED, 0),
-        ] {
-            self.st(base + off, v)?;
-        }
-        self.view.write(base + O_TUPLE, &encode_tuple(tuple))?;
-        Ok(())
-    }
-
     /// The (sent, received) byte counters of a record; the owner adds with relaxed
     /// `fetch_add`. Like ring views they name the slot: stop using them after `release_conn`.
     pub fn conn_bytes(&self, id: ConnRecordId) -> Result<(ShmU64, ShmU64), RegistryError> {
-        self.check_conn(id)?;
-        let base = self.conn_off(id.idx);
-        Ok((self.w64(base + O_SENT)?, self.w64(base + O_RECEIVED)?))
+        self.check_conn(id)?.0.counters()
     }
 
     /// Frees a record (the connection is closed). Any process holding the id may release it.
     pub fn release_conn(&self, id: ConnRecordId) -> Result<(), RegistryError> {
-        let slot = self.conn_word(id.idx)?;
         for _ in 0..RETRIES {
-            let w = self.check_conn(id)?;
-            let free = r_word(id.gen.wrapping_add(1), 0, R_FREE);
-            if slot.compare_exchange(w, free, SeqCst, Relaxed).is_ok() {
+            let (slot, w) = self.check_conn(id)?;
+            if slot.cas(w, w.next_gen(R_FREE))? {
                 return Ok(());
             }
         }
@@ -231,19 +238,10 @@ impl Registry {
         ))
     }
 
-    fn read_conn(&self, idx: u32, w: u64) -> Result<Option<RawRecord>, RegistryError> {
-        let base = self.conn_off(idx);
-        let raw = RawRecord {
-            owner: self.ld(base + O_OWNER)?,
-            pid: self.ld(base + O_PID)?,
-            proto: self.ld(base + O_PROTO)?,
-            reason: self.ld(base + O_REASON)?,
-            sent: self.ld(base + O_SENT)?,
-            received: self.ld(base + O_RECEIVED)?,
-            tuple: self.bytes(base + O_TUPLE)?,
-        };
+    fn read_conn(&self, slot: &ConnSlot, w: StateWord) -> Result<Option<RawRecord>, RegistryError> {
+        let raw = slot.read()?;
         fence(Acquire);
-        Ok((self.conn_word(idx)?.load(SeqCst) == w).then_some(raw))
+        Ok((slot.word()? == w).then_some(raw))
     }
 
     fn decode_conn(&self, id: ConnRecordId, raw: &RawRecord) -> Result<ConnRecord, RegistryError> {
@@ -276,15 +274,18 @@ impl Registry {
     pub fn conns(&self) -> Vec<ConnRecord> {
         let mut out = Vec::new();
         for idx in 0..self.layout.params.max_conns {
-            let Ok(w) = self.conn_word(idx).map(|s| s.load(SeqCst)) else {
+            let Ok(slot) = self.conn_slot(idx) else {
                 continue;
             };
-            if r_state(w) != R_USED {
+            let Ok(w) = slot.word() else {
+                continue;
+            };
+            if w.low() != R_USED {
                 continue;
             }
-            let id = ConnRecordId { idx, gen: r_gen(w) };
+            let id = ConnRecordId { idx, gen: w.gen() };
             match self
-                .read_conn(idx, w)
+                .read_conn(&slot, w)
                 .and_then(|raw| raw.map(|r| self.decode_conn(id, &r)).transpose())
             {
                 Ok(Some(rec)) => out.push(rec),
@@ -298,8 +299,9 @@ impl Registry {
     pub(crate) fn count_conns(&self) -> u32 {
         (0..self.layout.params.max_conns)
             .filter(|&i| {
-                self.conn_word(i)
-                    .map(|s| r_state(s.load(SeqCst)) != R_FREE)
+                self.conn_slot(i)
+                    .and_then(|s| s.word())
+                    .map(|w| w.low() != R_FREE)
                     .unwrap_or(false)
             })
             .count() as u32
@@ -310,15 +312,16 @@ impl Registry {
     pub(crate) fn reclaim_conns(&self) -> u32 {
         let mut n = 0;
         for idx in 0..self.layout.params.max_conns {
-            let Ok(slot) = self.conn_word(idx) else {
+            let Ok(slot) = self.conn_slot(idx) else {
                 continue;
             };
-            let w = slot.load(SeqCst);
-            if r_state(w) == R_FREE || self.tag_alive(r_owner_tag(w)) {
+            let Ok(w) = slot.word() else {
+                continue;
+            };
+            if w.low() == R_FREE || self.tag_alive(w.tag()) {
                 continue;
             }
-            let free = r_word(r_gen(w).wrapping_add(1), 0, R_FREE);
-            n += slot.compare_exchange(w, free, SeqCst, Relaxed).is_ok() as u32;
+            n += slot.cas(w, w.next_gen(R_FREE)).unwrap_or(false) as u32;
         }
         n
     }
@@ -328,9 +331,25 @@ impl Registry {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+
+    #[test]
+    fn a_corrupt_record_state_is_a_typed_error() {
+        let (r, _, _) = populated();
+        let id = r.conns()[0].id;
+        let slot = r.conn_slot(id.idx).unwrap();
+        slot.state().unwrap().store(StateWord::new(id.gen, 0, 7));
+        let e = r.release_conn(id).unwrap_err();
+        assert!(matches!(e, RegistryError::Corrupt { .. }), "{e}");
+        assert!(r.conns().iter().all(|c| c.id != id), "listing skips it");
+        assert!(matches!(
+            ConnSlot::new_checked(&r, r.params().max_conns),
+            Err(RegistryError::NotFound)
+        ));
+    }
 
     fn populated() -> (Registry, MemberId, ConnTuple) {
-        let (r, m) = crate::members::test_registry_with_member("m");
+        let (r, m) = crate::tables::members::test_registry_with_member("m");
         let t = ConnTuple {
             client: "10.0.0.1:1".parse().unwrap(),
             server: "[::1]:2".parse().unwrap(),
@@ -360,7 +379,7 @@ mod tests {
             words in prop::collection::vec((0u64..4096, any::<u64>(), 0u8..5), 1..48)
         ) {
             let (r, m, t) = populated();
-            let len = r.layout.params.max_conns as u64 * CONN_BYTES;
+            let len = r.layout.params.max_conns as u64 * crate::header::CONN_BYTES;
             for &(off, v, kind) in &words {
                 let off = r.layout.conns_off + ((off % len) & !7);
                 r.view.u64_at(off).unwrap().store(plausible(v, kind), SeqCst);

@@ -12,16 +12,24 @@
 //! A marker must outlive the client's scan, whose timing is unbounded: the server frees it when
 //! the TCP connection closes. Its slot carries the server's tag, so reclaiming a dead server
 //! frees it, and [`Registry::sweep_markers`] frees markers whose owner is no longer live.
+//!
+//! A marker is a channel slot (layout in `channels.rs`, written through `ChannelSlot`) with:
+//!
+//! | field | value |
+//! | --- | --- |
+//! | state | phase DECLINED, flag MARKER, tag = the server's |
+//! | server, client | both the server's packed member id |
+//! | capacity, ring offsets, kind | 0 (no rings) |
+//! | tuple | the accepted connection's 4-tuple |
 
-use crate::channels::{
-    c_client_tag, c_gen, c_phase, c_word, is_marker, phase_name, with_phase, C_DECLINED, C_OFFERED,
-    MARKER, O_C2S, O_CAP, O_CLIENT, O_CREATED, O_EP, O_S2C, O_SERVER, O_TUPLE,
-};
 use crate::error::RegistryError;
 use crate::header::H_CREATE_SEQ;
 use crate::key::{
     decode_tuple, encode_tuple, member_tag, pack_id, ChannelId, ConnTuple, EndpointId, MemberId,
-    TUPLE_BYTES,
+};
+use crate::state_word::StateWord;
+use crate::tables::channels::{
+    c_phase, is_marker, phase_name, with_phase, ChannelFields, C_DECLINED, C_OFFERED, MARKER,
 };
 use crate::Registry;
 use memloop_shm::sync::fence;
@@ -67,7 +75,7 @@ impl Registry {
             self.free_channel(id, reserved).ok();
             return Err(e);
         }
-        let marker = with_phase(reserved, C_DECLINED) | MARKER;
+        let marker = with_phase(reserved, C_DECLINED | MARKER);
         if !self.cas_channel(id.idx, reserved, marker)? {
             return Err(RegistryError::Stale); // reclaimed under us: we were declared dead
         }
@@ -82,22 +90,21 @@ impl Registry {
         ep: EndpointId,
         tuple: &ConnTuple,
     ) -> Result<(), RegistryError> {
-        let base = self.channel_off(id.idx);
         let me = pack_id(server.idx, server.gen);
-        let created = self.next_seq(H_CREATE_SEQ)?;
-        for (off, v) in [
-            (O_SERVER, me),
-            (O_CLIENT, me),
-            (O_EP, pack_id(ep.idx, ep.gen)),
-            (O_CREATED, created),
-            (O_CAP, 0),
-            (O_C2S, 0),
-            (O_S2C, 0),
-        ] {
-            self.st(base + off, v)?;
-        }
-        self.view.write(base + O_TUPLE, &encode_tuple(tuple))?;
-        self.init_side_words(id.idx, 0)
+        // No rings, kind 0: a marker's slot only carries the tuple and its owner.
+        let fields = ChannelFields {
+            server: me,
+            client: me,
+            endpoint: pack_id(ep.idx, ep.gen),
+            created: self.next_seq(H_CREATE_SEQ)?,
+            capacity: 0,
+            c2s: 0,
+            s2c: 0,
+            kind: 0,
+            tuple: encode_tuple(tuple),
+            holders: 0,
+        };
+        self.channel_slot(id.idx)?.write(&fields)
     }
 
     /// Markers for connections from `client` (the client's half of the tuple). The client calls
@@ -134,7 +141,7 @@ impl Registry {
     fn scan_tuples(
         &self,
         client: SocketAddr,
-        want: impl Fn(u64) -> bool,
+        want: impl Fn(StateWord) -> bool,
     ) -> Vec<(ChannelId, ConnTuple)> {
         let mut out = Vec::new();
         for idx in 0..self.layout.params.max_channels {
@@ -146,7 +153,7 @@ impl Registry {
             }
             if let Some(t) = self.stable_tuple(idx, w) {
                 if same_endpoint(t.client, client) {
-                    out.push((ChannelId { idx, gen: c_gen(w) }, t));
+                    out.push((ChannelId { idx, gen: w.gen() }, t));
                 }
             }
         }
@@ -154,12 +161,11 @@ impl Registry {
     }
 
     /// The tuple of slot `idx` if its word is still `w` after reading it (and it decodes).
-    fn stable_tuple(&self, idx: u32, w: u64) -> Option<ConnTuple> {
-        let raw = self
-            .bytes::<TUPLE_BYTES>(self.channel_off(idx) + O_TUPLE)
-            .ok()?;
+    fn stable_tuple(&self, idx: u32, w: StateWord) -> Option<ConnTuple> {
+        let slot = self.channel_slot(idx).ok()?;
+        let raw = slot.tuple().ok()?;
         fence(Acquire);
-        if self.channel_word(idx).ok()? != w {
+        if slot.word().ok()? != w {
             return None;
         }
         decode_tuple(&raw).ok().flatten()
@@ -174,7 +180,7 @@ impl Registry {
                 phase_name(c_phase(w)),
             ));
         }
-        if c_client_tag(w) != member_tag(server) {
+        if w.tag() != member_tag(server) {
             return Err(RegistryError::wrong(
                 "the marker's server",
                 "another member",
@@ -195,9 +201,8 @@ impl Registry {
             let Ok(w) = self.channel_word(idx) else {
                 continue;
             };
-            let id = ChannelId { idx, gen: c_gen(w) };
-            if w != c_word(id.gen, c_client_tag(w), MARKER, C_DECLINED)
-                || self.tag_alive(c_client_tag(w))
+            let id = ChannelId { idx, gen: w.gen() };
+            if w != StateWord::new(id.gen, w.tag(), MARKER | C_DECLINED) || self.tag_alive(w.tag())
             {
                 continue;
             }
@@ -210,12 +215,12 @@ impl Registry {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::members::{m_word, M_FREE};
+    use crate::tables::members::M_FREE;
     use crate::EndpointKey;
 
     #[test]
     fn markers_of_an_owner_declared_dead_meanwhile_are_swept() {
-        let (r, s) = crate::members::test_registry_with_member("s");
+        let (r, s) = crate::tables::members::test_registry_with_member("s");
         let ep = r.add_endpoint(s, &EndpointKey::Native("x".into())).unwrap();
         let t = ConnTuple {
             client: "10.0.0.1:1".parse().unwrap(),
@@ -224,8 +229,10 @@ mod tests {
         let m = r.mark_declined(s, ep, &t).unwrap();
         assert_eq!(r.sweep_markers(), 0, "owner is live");
         // reclaimed (slot FREE, generation + 1) before the marker was published
-        let slot = r.w64(r.member_off(s.idx)).unwrap();
-        slot.store(m_word(s.gen + 1, 0, M_FREE), SeqCst);
+        let slot = r.member_slot(s.idx).unwrap();
+        slot.state()
+            .unwrap()
+            .store(StateWord::new(s.gen + 1, 0, M_FREE));
         assert_eq!(r.sweep_markers(), 1);
         assert!(matches!(r.channel(m), Err(RegistryError::Stale)));
         assert_eq!(r.usage().channels, 0);

@@ -5,16 +5,24 @@
 //! allocation that meets a conflict rolls back what it claimed. Because the tag names a channel
 //! *incarnation*, memory whose owner has moved on (freed, reused, or a freer that died half-way)
 //! is recognisable as an orphan and [`Registry::sweep_orphans`] returns it.
+//!
+//! | offset | field |
+//! | --- | --- |
+//! | tags + 8·s | owner of segment `s`: packed (channel slot, generation), 0 = free |
+//! | heap + s·segment size | the segment's bytes (rings of its owner) |
+//!
+//! A tag is a packed id, not a [`StateWord`](crate::state_word::StateWord): it has no state of
+//! its own, only an owner whose state word says whether the tag is still meant.
 
-use crate::channels::{c_gen, c_phase, C_FREE};
 use crate::error::RegistryError;
 use crate::key::{pack_id, unpack_id, ChannelId};
+use crate::tables::channels::{c_phase, C_FREE};
 use crate::Registry;
 use memloop_shm::sync::Ordering::{Relaxed, SeqCst};
 
 impl Registry {
     fn tag_word(&self, seg: u64) -> Result<memloop_shm::ShmU64, RegistryError> {
-        self.w64(self.layout.tags_off + 8 * seg)
+        Ok(self.view.u64_at(self.layout.tags_off + 8 * seg)?)
     }
 
     fn tag(&self, seg: u64) -> u64 {
@@ -167,7 +175,7 @@ impl Registry {
             return true;
         };
         match self.channel_word(idx) {
-            Ok(w) => c_phase(w) == C_FREE || c_gen(w) != gen,
+            Ok(w) => c_phase(w) == C_FREE || w.gen() != gen,
             Err(_) => false,
         }
     }

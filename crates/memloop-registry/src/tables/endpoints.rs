@@ -8,7 +8,8 @@
 //! cut under a concurrent probe; removed and backed-out slots become tombstones that later
 //! inserts reuse.
 //!
-//! Slot state word: `gen << 32 | owner_tag << 8 | state`; generation bumps at every removal.
+//! Slot state word ([`StateWord`]): generation, the owner's tag, state; the generation bumps at
+//! every removal.
 //!
 //! | offset | field |
 //! | --- | --- |
@@ -17,21 +18,24 @@
 //! | 112 | connecting u32: clients between their real `connect` and their offer (a hint) |
 
 use crate::error::RegistryError;
-use crate::header::ENDPOINT_BYTES;
 use crate::key::{
     check_key, decode_key, encode_key, hash_key, pack_id, unpack_id, EndpointId, EndpointKey,
     MemberId, KEY_BYTES,
 };
+#[cfg(test)]
+use crate::state_word::StateCell;
+use crate::state_word::StateWord;
+use crate::tables::Slot;
 use crate::Registry;
 use memloop_shm::sync::fence;
 use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use memloop_shm::ShmU32;
+use memloop_shm::{ShmU32, ShmU64};
 
-pub(crate) const E_EMPTY: u64 = 0;
-pub(crate) const E_CLAIMING: u64 = 1;
-pub(crate) const E_INSERTING: u64 = 2;
-pub(crate) const E_LIVE: u64 = 3;
-pub(crate) const E_TOMB: u64 = 4;
+pub(crate) const E_EMPTY: u8 = 0;
+pub(crate) const E_CLAIMING: u8 = 1;
+pub(crate) const E_INSERTING: u8 = 2;
+pub(crate) const E_LIVE: u8 = 3;
+pub(crate) const E_TOMB: u8 = 4;
 
 const O_SEQ: u64 = 8;
 const O_WAITING: u64 = 12;
@@ -50,51 +54,85 @@ pub struct EndpointInfo {
     pub owner: MemberId,
 }
 
-pub(crate) fn e_state(w: u64) -> u64 {
-    w & 0xff
-}
-pub(crate) fn e_gen(w: u64) -> u32 {
-    (w >> 32) as u32
-}
-pub(crate) fn e_owner_tag(w: u64) -> u32 {
-    ((w >> 8) & 0xff_ffff) as u32
-}
-pub(crate) fn e_word(gen: u32, owner_tag: u32, state: u64) -> u64 {
-    ((gen as u64) << 32) | ((owner_tag as u64 & 0xff_ffff) << 8) | state
+/// Typed view of one endpoint slot; the only code that knows the slot's field offsets.
+pub(crate) struct EndpointSlot(Slot);
+
+impl EndpointSlot {
+    /// `NotFound` if `idx` is outside the table.
+    pub fn new_checked(r: &Registry, idx: u32) -> Result<Self, RegistryError> {
+        Slot::new_checked(&r.view, r.layout.endpoints(), idx).map(Self)
+    }
+    #[cfg(test)]
+    pub fn state(&self) -> Result<StateCell, RegistryError> {
+        self.0.state()
+    }
+    pub fn word(&self) -> Result<StateWord, RegistryError> {
+        self.0.word()
+    }
+    pub fn cas(&self, old: StateWord, new: StateWord) -> Result<bool, RegistryError> {
+        self.0.cas(old, new)
+    }
+    /// Writes a new entry's fields; the slot must be CLAIMING by the caller.
+    fn write(&self, owner: u64, hash: u64, key: &[u8; KEY_BYTES]) -> Result<(), RegistryError> {
+        self.0.st(O_OWNER, owner)?;
+        self.0.st(O_HASH, hash)?;
+        self.connecting()?.store(0, Relaxed);
+        self.0.st(O_BACKLOG, 0)?;
+        self.waiting()?.store(0, Relaxed);
+        self.0.write(O_KEY, key)
+    }
+    fn owner(&self) -> Result<u64, RegistryError> {
+        self.0.ld(O_OWNER)
+    }
+    fn hash(&self) -> Result<u64, RegistryError> {
+        self.0.ld(O_HASH)
+    }
+    fn key(&self) -> Result<[u8; KEY_BYTES], RegistryError> {
+        self.0.bytes(O_KEY)
+    }
+    fn doorbell_seq(&self) -> Result<ShmU32, RegistryError> {
+        self.0.u32(O_SEQ)
+    }
+    fn waiting(&self) -> Result<ShmU32, RegistryError> {
+        self.0.u32(O_WAITING)
+    }
+    fn backlog(&self) -> Result<ShmU64, RegistryError> {
+        self.0.u64(O_BACKLOG)
+    }
+    fn connecting(&self) -> Result<ShmU32, RegistryError> {
+        self.0.u32(O_CONNECTING)
+    }
 }
 
 /// A published entry's contents, read seqlock-style.
 struct Entry {
-    word: u64,
+    word: StateWord,
     owner: u64,
     hash: u64,
     key: [u8; KEY_BYTES],
 }
 
 impl Registry {
-    pub(crate) fn endpoint_off(&self, idx: u32) -> u64 {
-        self.layout.endpoints_off + idx as u64 * ENDPOINT_BYTES
+    pub(crate) fn endpoint_slot(&self, idx: u32) -> Result<EndpointSlot, RegistryError> {
+        EndpointSlot::new_checked(self, idx)
     }
 
     fn ep_cap(&self) -> u32 {
         self.layout.params.max_endpoints
     }
 
-    pub(crate) fn endpoint_word(&self, idx: u32) -> Result<u64, RegistryError> {
-        if idx >= self.ep_cap() {
-            return Err(RegistryError::NotFound);
-        }
-        Ok(self.w64(self.endpoint_off(idx))?.load(SeqCst))
+    pub(crate) fn endpoint_word(&self, idx: u32) -> Result<StateWord, RegistryError> {
+        self.endpoint_slot(idx)?.word()
     }
 
     /// Reads the published fields of slot `idx`; `None` if the slot changed meanwhile.
-    fn read_entry(&self, idx: u32, word: u64) -> Result<Option<Entry>, RegistryError> {
-        let base = self.endpoint_off(idx);
-        let owner = self.ld(base + O_OWNER)?;
-        let hash = self.ld(base + O_HASH)?;
-        let key = self.bytes(base + O_KEY)?;
+    fn read_entry(&self, idx: u32, word: StateWord) -> Result<Option<Entry>, RegistryError> {
+        let slot = self.endpoint_slot(idx)?;
+        let owner = slot.owner()?;
+        let hash = slot.hash()?;
+        let key = slot.key()?;
         fence(Acquire);
-        Ok((self.endpoint_word(idx)? == word).then_some(Entry {
+        Ok((slot.word()? == word).then_some(Entry {
             word,
             owner,
             hash,
@@ -116,7 +154,7 @@ impl Registry {
     ) -> Result<Option<(u32, Entry)>, RegistryError> {
         for idx in self.probe(hash) {
             let w = self.endpoint_word(idx)?;
-            match e_state(w) {
+            match w.low() {
                 E_EMPTY => return Ok(None),
                 E_LIVE => {}
                 _ => continue,
@@ -144,32 +182,20 @@ impl Registry {
             return Err(RegistryError::AddrInUse);
         }
         let (idx, gen) = self.claim_endpoint_slot(owner, hash)?;
-        let base = self.endpoint_off(idx);
-        self.st(base + O_OWNER, pack_id(owner.idx, owner.gen))?;
-        self.st(base + O_HASH, hash)?;
-        self.view.u32_at(base + O_CONNECTING)?.store(0, Relaxed);
-        self.st(base + O_BACKLOG, 0)?;
-        self.view.u32_at(base + O_WAITING)?.store(0, Relaxed);
-        self.view.write(base + O_KEY, &enc)?;
+        let slot = self.endpoint_slot(idx)?;
+        slot.write(pack_id(owner.idx, owner.gen), hash, &enc)?;
         let tag = Self::tag_of(owner);
-        let slot = self.w64(base)?;
-        let inserting = e_word(gen, tag, E_INSERTING);
-        if slot
-            .compare_exchange(e_word(gen, tag, E_CLAIMING), inserting, SeqCst, Relaxed)
-            .is_err()
-        {
+        let inserting = StateWord::new(gen, tag, E_INSERTING);
+        if !slot.cas(StateWord::new(gen, tag, E_CLAIMING), inserting)? {
             return Err(RegistryError::Stale); // reclaimed under us: our member was declared dead
         }
         let conflict = self.has_rival(idx, &enc, hash);
         let next = if conflict {
-            e_word(gen.wrapping_add(1), 0, E_TOMB)
+            inserting.next_gen(E_TOMB)
         } else {
-            e_word(gen, tag, E_LIVE)
+            StateWord::new(gen, tag, E_LIVE)
         };
-        if slot
-            .compare_exchange(inserting, next, SeqCst, Relaxed)
-            .is_err()
-        {
+        if !slot.cas(inserting, next)? {
             return Err(RegistryError::Stale);
         }
         if conflict {
@@ -182,17 +208,13 @@ impl Registry {
     fn claim_endpoint_slot(&self, owner: MemberId, hash: u64) -> Result<(u32, u32), RegistryError> {
         let tag = Self::tag_of(owner);
         for idx in self.probe(hash) {
-            let w = self.endpoint_word(idx)?;
-            if !matches!(e_state(w), E_EMPTY | E_TOMB) {
+            let slot = self.endpoint_slot(idx)?;
+            let w = slot.word()?;
+            if !matches!(w.low(), E_EMPTY | E_TOMB) {
                 continue;
             }
-            let claim = e_word(e_gen(w), tag, E_CLAIMING);
-            if self
-                .w64(self.endpoint_off(idx))?
-                .compare_exchange(w, claim, SeqCst, Relaxed)
-                .is_ok()
-            {
-                return Ok((idx, e_gen(w)));
+            if slot.cas(w, StateWord::new(w.gen(), tag, E_CLAIMING))? {
+                return Ok((idx, w.gen()));
             }
         }
         Err(RegistryError::RegionFull { what: "endpoints" })
@@ -224,7 +246,7 @@ impl Registry {
     ) -> Result<Option<bool>, RegistryError> {
         for _ in 0..RESOLVE_SPINS {
             let w = self.endpoint_word(idx)?;
-            let st = e_state(w);
+            let st = w.low();
             if st == E_EMPTY {
                 return Ok(None);
             }
@@ -245,14 +267,15 @@ impl Registry {
         Ok(Some(true))
     }
 
-    /// Checks that `id` still names a LIVE endpoint and returns its slot offset.
-    pub(crate) fn live_endpoint(&self, id: EndpointId) -> Result<u64, RegistryError> {
-        let w = self.endpoint_word(id.idx)?;
-        if e_gen(w) != id.gen {
+    /// Checks that `id` still names a LIVE endpoint and returns its slot.
+    pub(crate) fn live_endpoint(&self, id: EndpointId) -> Result<EndpointSlot, RegistryError> {
+        let slot = self.endpoint_slot(id.idx)?;
+        let w = slot.word()?;
+        if w.gen() != id.gen {
             return Err(RegistryError::Stale);
         }
-        match e_state(w) {
-            E_LIVE => Ok(self.endpoint_off(id.idx)),
+        match w.low() {
+            E_LIVE => Ok(slot),
             _ => Err(RegistryError::NotFound),
         }
     }
@@ -279,7 +302,7 @@ impl Registry {
         Ok(EndpointInfo {
             id: EndpointId {
                 idx,
-                gen: e_gen(e.word),
+                gen: e.word.gen(),
             },
             key,
             owner: MemberId {
@@ -292,16 +315,15 @@ impl Registry {
     /// Removes a LIVE endpoint (tombstone, generation + 1), declines its pending offers and
     /// rings its doorbell so a sleeping acceptor notices.
     pub fn remove_endpoint(&self, id: EndpointId) -> Result<(), RegistryError> {
-        let off = self.live_endpoint(id)?;
-        let w = self.endpoint_word(id.idx)?;
-        if e_gen(w) != id.gen || e_state(w) != E_LIVE {
+        let slot = self.live_endpoint(id)?;
+        let w = slot.word()?;
+        if w.gen() != id.gen || w.low() != E_LIVE {
             return Err(RegistryError::Stale);
         }
-        let tomb = e_word(id.gen.wrapping_add(1), 0, E_TOMB);
-        self.w64(off)?
-            .compare_exchange(w, tomb, SeqCst, Relaxed)
-            .map_err(|_| RegistryError::Stale)?;
-        self.view.u32_at(off + O_SEQ)?.fetch_add(1, Release);
+        if !slot.cas(w, w.next_gen(E_TOMB))? {
+            return Err(RegistryError::Stale);
+        }
+        slot.doorbell_seq()?.fetch_add(1, Release);
         self.decline_offers_to(id);
         tracing::debug!(?id, "endpoint removed");
         Ok(())
@@ -314,7 +336,7 @@ impl Registry {
             let Ok(w) = self.endpoint_word(idx) else {
                 continue;
             };
-            if e_state(w) != E_LIVE {
+            if w.low() != E_LIVE {
                 continue;
             }
             match self
@@ -333,11 +355,8 @@ impl Registry {
     /// flag). A listener sets the flag, re-checks for offers and sleeps on the sequence word; a
     /// client that sees the flag after `offer` wakes it (futex where a kernel is shared).
     pub fn endpoint_doorbell(&self, id: EndpointId) -> Result<(ShmU32, ShmU32), RegistryError> {
-        let off = self.live_endpoint(id)?;
-        Ok((
-            self.view.u32_at(off + O_SEQ)?,
-            self.view.u32_at(off + O_WAITING)?,
-        ))
+        let slot = self.live_endpoint(id)?;
+        Ok((slot.doorbell_seq()?, slot.waiting()?))
     }
 
     /// Clients of a LIVE endpoint that are between their real `connect` and their offer. A
@@ -345,14 +364,12 @@ impl Registry {
     /// non-zero, because an offer is on its way. Only a hint: a client that dies in between
     /// leaves it high, which costs servers a bounded wait, never a wrong decision.
     pub fn endpoint_connecting(&self, id: EndpointId) -> Result<ShmU32, RegistryError> {
-        let off = self.live_endpoint(id)?;
-        Ok(self.view.u32_at(off + O_CONNECTING)?)
+        self.live_endpoint(id)?.connecting()
     }
 
     /// Offers currently waiting for the endpoint (a hint: maintained by offer/accept/cancel).
     pub fn backlog(&self, id: EndpointId) -> Result<u64, RegistryError> {
-        let off = self.live_endpoint(id)?;
-        self.ld(off + O_BACKLOG)
+        Ok(self.live_endpoint(id)?.backlog()?.load(Relaxed))
     }
 
     /// Adjusts the backlog of the endpoint packed in `ep` if it is still that incarnation.
@@ -360,10 +377,10 @@ impl Registry {
         let Some((idx, gen)) = unpack_id(ep, self.ep_cap()) else {
             return;
         };
-        let Ok(off) = self.live_endpoint(EndpointId { idx, gen }) else {
+        let Ok(slot) = self.live_endpoint(EndpointId { idx, gen }) else {
             return;
         };
-        if let Ok(w) = self.w64(off + O_BACKLOG) {
+        if let Ok(w) = slot.backlog() {
             let _ = w.fetch_update(SeqCst, Relaxed, |v| {
                 Some(if up {
                     v.saturating_add(1)
@@ -376,8 +393,9 @@ impl Registry {
 
     /// Bumps the doorbell sequence of the endpoint packed in `ep`.
     pub(crate) fn ring_doorbell(&self, ep: EndpointId) -> Result<(), RegistryError> {
-        let off = self.live_endpoint(ep)?;
-        self.view.u32_at(off + O_SEQ)?.fetch_add(1, Release);
+        self.live_endpoint(ep)?
+            .doorbell_seq()?
+            .fetch_add(1, Release);
         Ok(())
     }
 
@@ -385,7 +403,7 @@ impl Registry {
         (0..self.ep_cap())
             .filter(|&i| {
                 self.endpoint_word(i)
-                    .map(|w| e_state(w) == E_LIVE)
+                    .map(|w| w.low() == E_LIVE)
                     .unwrap_or(false)
             })
             .count() as u32
@@ -398,22 +416,38 @@ impl Registry {
             let Ok(w) = self.endpoint_word(idx) else {
                 continue;
             };
-            let st = e_state(w);
-            if e_owner_tag(w) != tag || !matches!(st, E_CLAIMING | E_INSERTING | E_LIVE) {
+            let st = w.low();
+            if w.tag() != tag || !matches!(st, E_CLAIMING | E_INSERTING | E_LIVE) {
                 continue;
             }
-            let id = EndpointId { idx, gen: e_gen(w) };
+            let id = EndpointId { idx, gen: w.gen() };
             if st == E_LIVE {
                 n += self.remove_endpoint(id).is_ok() as u32;
-            } else if let Ok(slot) = self.w64(self.endpoint_off(idx)) {
-                let _ = slot.compare_exchange(
-                    w,
-                    e_word(id.gen.wrapping_add(1), 0, E_TOMB),
-                    SeqCst,
-                    Relaxed,
-                );
+            } else if let Ok(slot) = self.endpoint_slot(idx) {
+                let _ = slot.cas(w, w.next_gen(E_TOMB));
             }
         }
         n
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_corrupt_endpoint_state_is_not_live_and_is_skipped() {
+        let (r, m) = crate::tables::members::test_registry_with_member("m");
+        let key = EndpointKey::Native("x".into());
+        let ep = r.add_endpoint(m, &key).unwrap();
+        let slot = r.endpoint_slot(ep.idx).unwrap();
+        let w = slot.word().unwrap();
+        slot.state().unwrap().store(w.with_low(0x7f));
+        assert!(matches!(r.live_endpoint(ep), Err(RegistryError::NotFound)));
+        assert!(r.lookup(&key).is_none() && r.endpoints().is_empty());
+        assert!(matches!(
+            EndpointSlot::new_checked(&r, r.params().max_endpoints),
+            Err(RegistryError::NotFound)
+        ));
     }
 }

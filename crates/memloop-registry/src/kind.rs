@@ -1,0 +1,106 @@
+//! Channel kinds: what a channel's two rings are, recorded in its slot when it is offered and
+//! checked when either side attaches, so a peer built for another kind (or a corrupt slot) is
+//! refused with a typed error instead of being read as the wrong ring type.
+
+use crate::error::RegistryError;
+use memloop_ring::RingKind;
+
+/// What a channel carries. The codes are stored in the region: never reuse one.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChannelKind {
+    /// Two byte-stream rings, client→server and server→client (TCP, native streams).
+    StreamPair = 1,
+    /// Two record rings (datagrams). Not creatable yet.
+    DatagramPair = 2,
+    /// A descriptor ring and a completion ring of fixed slots (zero-copy). Not creatable yet.
+    DescriptorCompletion = 3,
+}
+
+impl ChannelKind {
+    pub const ALL: [ChannelKind; 3] = [
+        Self::StreamPair,
+        Self::DatagramPair,
+        Self::DescriptorCompletion,
+    ];
+
+    pub fn code(self) -> u16 {
+        self as u16
+    }
+
+    /// The kind stored as `code`; `UnknownChannelKind` for anything else (0 included: only
+    /// decline markers, which have no rings, carry 0).
+    pub fn from_code(code: u32) -> Result<Self, RegistryError> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.code() as u32 == code)
+            .ok_or(RegistryError::UnknownChannelKind { code })
+    }
+
+    /// The ring kinds of the (c2s, s2c) rings.
+    pub fn ring_kinds(self) -> (RingKind, RingKind) {
+        match self {
+            Self::StreamPair => (RingKind::Stream, RingKind::Stream),
+            Self::DatagramPair => (RingKind::Record, RingKind::Record),
+            Self::DescriptorCompletion => (RingKind::Slots, RingKind::Slots),
+        }
+    }
+
+    /// Whether this build can create and attach channels of this kind.
+    pub fn supported(self) -> bool {
+        matches!(self, Self::StreamPair)
+    }
+
+    /// `Ok(self)` if supported, else `UnsupportedChannelKind`.
+    pub(crate) fn require_supported(self) -> Result<Self, RegistryError> {
+        match self.supported() {
+            true => Ok(self),
+            false => Err(RegistryError::UnsupportedChannelKind(self)),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::StreamPair => "stream pair",
+            Self::DatagramPair => "datagram pair",
+            Self::DescriptorCompletion => "descriptor/completion",
+        }
+    }
+}
+
+impl std::fmt::Display for ChannelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_unknown_codes_are_typed_errors() {
+        for k in ChannelKind::ALL {
+            assert_eq!(ChannelKind::from_code(k.code() as u32).unwrap(), k);
+        }
+        for code in [0, 4, 0xffff, u32::MAX] {
+            assert!(matches!(
+                ChannelKind::from_code(code),
+                Err(RegistryError::UnknownChannelKind { code: c }) if c == code
+            ));
+        }
+    }
+
+    #[test]
+    fn only_stream_pairs_are_supported_today() {
+        assert!(ChannelKind::StreamPair.require_supported().is_ok());
+        for k in [ChannelKind::DatagramPair, ChannelKind::DescriptorCompletion] {
+            let e = k.require_supported().unwrap_err();
+            assert!(e.to_string().contains("not supported"), "{e}");
+        }
+        assert_eq!(
+            ChannelKind::StreamPair.ring_kinds(),
+            (RingKind::Stream, RingKind::Stream)
+        );
+    }
+}
