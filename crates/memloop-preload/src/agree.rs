@@ -119,9 +119,9 @@ pub fn client_offer(
     let reg = engine.registry();
     let ch = reg
         .offer(engine.me(), ep.id, engine.cfg.ring_capacity, Some(tuple))
-        .map_err(|e| match e {
-            RegistryError::RegionFull { .. } => FallbackReason::RegionFull,
-            _ => FallbackReason::Error,
+        .map_err(|e| {
+            tracing::debug!("cannot offer a channel: {e}");
+            FallbackReason::from_registry(&e)
         })?;
     let marked = reg
         .markers_for_client(tuple.client)
@@ -161,12 +161,19 @@ pub enum Accepted {
     Plain(FallbackReason, Option<ChannelId>),
 }
 
-/// The 4-tuple of an accepted connection as the server sees it.
+/// The 4-tuple of an accepted connection as the server sees it (none if the kernel cannot
+/// name both ends: the connection is already gone, and stays on TCP to report it).
 fn accepted_tuple(fd: c_int) -> Option<ConnTuple> {
-    Some(ConnTuple {
-        client: canonical(real::peer_addr(fd)?),
-        server: canonical(real::local_addr(fd)?),
-    })
+    let t = (|| {
+        Some(ConnTuple {
+            client: canonical(real::peer_addr(fd)?),
+            server: canonical(real::local_addr(fd)?),
+        })
+    })();
+    if t.is_none() {
+        tracing::debug!(fd, "accepted connection without addresses: stays on TCP");
+    }
+    t
 }
 
 /// Server side, when this process cannot use rings (it waits in ways memloop cannot see):

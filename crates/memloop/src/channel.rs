@@ -6,7 +6,7 @@
 
 use crate::error::Error;
 use crate::node::Node;
-use memloop_registry::{ChannelId, ChannelState, MemberId, Registry, Side};
+use memloop_registry::{ChannelId, ChannelKind, ChannelState, MemberId, Registry, Side};
 use memloop_ring::{StreamConsumer, StreamProducer, WaitCell};
 use memloop_shm::ShmSlice;
 
@@ -20,10 +20,11 @@ pub struct StreamEnds {
 }
 
 impl StreamEnds {
-    /// Attaches `side`'s ends of channel `ch`. The registry has validated where the rings lie;
-    /// attaching validates each ring's header (kind, capacity, indices).
+    /// Attaches `side`'s ends of channel `ch`, which must be a byte-stream pair. The registry
+    /// validates the channel's kind and where its rings lie; attaching validates each ring's
+    /// header (kind, capacity, indices).
     pub fn attach(reg: &Registry, ch: ChannelId, side: Side) -> Result<StreamEnds, Error> {
-        let rings = reg.rings(ch)?;
+        let rings = reg.rings_of(ch, ChannelKind::StreamPair)?;
         let (tx_view, rx_view) = match side {
             Side::Client => (rings.c2s, rings.s2c),
             Side::Server => (rings.s2c, rings.c2s),

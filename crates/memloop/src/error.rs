@@ -37,6 +37,20 @@ pub enum Error {
     Io(#[from] io::Error),
 }
 
+impl Error {
+    /// The reason a transparent connection that met this error stays on TCP: the registry's
+    /// or the ring's own cause where there is one.
+    pub fn fallback_reason(&self) -> memloop_registry::FallbackReason {
+        use memloop_registry::FallbackReason;
+        match self {
+            Error::Registry(e) => FallbackReason::from_registry(e),
+            Error::Ring(e) => FallbackReason::from_ring(e),
+            Error::Shm(_) => FallbackReason::RegistryCorrupt,
+            _ => FallbackReason::Error,
+        }
+    }
+}
+
 impl From<Error> for io::Error {
     fn from(e: Error) -> io::Error {
         let kind = match &e {

@@ -87,7 +87,7 @@ impl Conn {
         let reg = p.engine.registry();
         let ends = StreamEnds::attach(reg, p.ch, p.side).map_err(|e| {
             tracing::warn!(ch = ?p.ch, "cannot attach the channel's rings: {e}");
-            FallbackReason::Error
+            e.fallback_reason()
         })?;
         let side_words = match reg.side_words(p.ch, p.side) {
             Ok(w) => Some(w),

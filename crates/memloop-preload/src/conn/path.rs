@@ -122,7 +122,15 @@ impl Conn {
                         }
                     }
                 }
-                _ => self.to_tcp(FallbackReason::Error),
+                Ok(state) => {
+                    // Freed or reused under us (reclaimed as dead, or a buggy peer).
+                    tracing::debug!(ch = ?self.ch, ?state, "offer in an unexpected state");
+                    self.to_tcp(FallbackReason::Stale);
+                }
+                Err(e) => {
+                    tracing::debug!(ch = ?self.ch, "offer unreadable: {e}");
+                    self.to_tcp(FallbackReason::from_registry(&e));
+                }
             }
         }
     }
