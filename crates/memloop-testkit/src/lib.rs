@@ -35,7 +35,7 @@ pub fn root() -> Need {
     let pretend = std::env::var(PRETEND_UNPRIVILEGED).is_ok_and(|v| !v.is_empty() && v != "0");
     if pretend || !rustix::process::geteuid().is_root() {
         return Err(if pretend {
-            format!("needs root ({PRETEND_UNPRIVILEGED} is set)")
+            format!("needs root: {PRETEND_UNPRIVILEGED} is set")
         } else {
             "needs root".into()
         });
