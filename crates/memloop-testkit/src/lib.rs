@@ -1,15 +1,19 @@
 //! A test harness (`harness = false` targets, on libtest-mimic) for tests that cannot run on
 //! every machine. A test whose needs are not met here is reported by the runner itself as
-//! `ignored, <reason>` — or, when `CI` is set, fails with the reason: a CI machine that cannot
+//! `ignored (<reason>)` — or, when `CI` is set, fails with the reason: a CI machine that cannot
 //! run a test is a broken CI machine. It never counts as passed. Filters, `--ignored`,
 //! `--include-ignored`, `--skip`, `--list` and `--exact` work as with the standard harness.
 //!
-//! ```ignore
+//! ```no_run
+//! # fn fast_one() {}
+//! # fn needs_root() {}
+//! # fn slow_one() {}
 //! fn main() -> std::process::ExitCode {
+//!     use memloop_testkit::test;
 //!     memloop_testkit::run(vec![
-//!         memloop_testkit::test!(fast_one),
-//!         memloop_testkit::test!(needs_root).needs(memloop_testkit::root()),
-//!         memloop_testkit::test!(slow_one).ignore("slow: 10^9 bytes"),
+//!         test!(fast_one),
+//!         test!(needs_root).needs(memloop_testkit::root()),
+//!         test!(slow_one).ignore("slow: 10^9 bytes"),
 //!     ])
 //! }
 //! ```
@@ -116,19 +120,37 @@ impl Test {
             need,
             body,
         } = self;
-        let trial = match need {
-            Ok(()) => Trial::test(name, move || {
+        let trial = match decide(need, ci) {
+            Verdict::Run => Trial::test(name, move || {
                 body();
                 Ok(())
             }),
-            Err(why) if ci => Trial::test(name, move || {
-                Err(Failed::from(format!(
-                    "cannot run here: {why} (CI is set, so this is a failure, not a skip)"
-                )))
-            }),
-            Err(why) => Trial::ignorable_test(name, move || Ok(Completion::ignored_with(why))),
+            Verdict::Fail(why) => Trial::test(name, move || Err(Failed::from(why))),
+            Verdict::Ignore(why) => {
+                Trial::ignorable_test(name, move || Ok(Completion::ignored_with(why)))
+            }
         };
         trial.with_ignored_flag(ignored)
+    }
+}
+
+/// What becomes of a test, given what it needs and whether `CI` is set.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Run,
+    /// Reported by the runner as `ignored (reason)`.
+    Ignore(String),
+    /// Reported as a failure with this message.
+    Fail(String),
+}
+
+fn decide(need: Need, ci: bool) -> Verdict {
+    match need {
+        Ok(()) => Verdict::Run,
+        Err(why) if ci => Verdict::Fail(format!(
+            "cannot run here: {why} (CI is set, so this is a failure, not a skip)"
+        )),
+        Err(why) => Verdict::Ignore(why),
     }
 }
 
@@ -138,4 +160,46 @@ pub fn run(tests: Vec<Test>) -> ExitCode {
     let ci = under_ci();
     let trials = tests.into_iter().map(|t| t.into_trial(ci)).collect();
     libtest_mimic::run(&args, trials).exit_code()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unmet_need_is_ignored_with_its_reason_or_fails_under_ci() {
+        let need = || Err("needs a unicorn".to_string());
+        assert_eq!(
+            decide(need(), false),
+            Verdict::Ignore("needs a unicorn".into())
+        );
+        match decide(need(), true) {
+            Verdict::Fail(msg) => assert!(msg.contains("needs a unicorn") && msg.contains("CI")),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(decide(Ok(()), true), Verdict::Run);
+        assert_eq!(decide(Ok(()), false), Verdict::Run);
+    }
+
+    #[test]
+    fn ignore_marks_the_trial_and_keeps_the_need() {
+        let t = Test::new("slow", || ())
+            .ignore("slow")
+            .needs(Err("a".into()));
+        assert!(t.ignored);
+        assert!(t.into_trial(false).has_ignored_flag());
+        let fast = Test::new("fast", || ()).needs(Err("a".into()));
+        assert!(!fast.into_trial(true).has_ignored_flag());
+    }
+
+    #[test]
+    fn the_first_unmet_need_is_the_reason() {
+        let need = all([Ok(()), Err("first".into()), Err("second".into())]);
+        assert_eq!(need, Err("first".to_string()));
+        let t = Test::new("t", || ())
+            .needs(Err("a".into()))
+            .needs(Err("b".into()));
+        assert_eq!(t.need, Err("a".to_string()));
+        assert!(tool("/nonexistent/tool", &[]).is_err());
+    }
 }
