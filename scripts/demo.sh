@@ -17,7 +17,7 @@ fi
 
 if [ "${1:-}" = "--native" ]; then
   shift
-  cargo build --release -q -p memloop-cli
+  cargo build --release -q -p memloop-cli -p memloop-bench
   exec target/release/memloop bench native "$@"
 fi
 

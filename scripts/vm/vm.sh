@@ -180,9 +180,9 @@ image_inputs() {
   # Everything whose change must rebuild the initramfs, as "path size mtime" lines.
   local progs libs
   mapfile -t progs < <(program_paths)
-  local files=("$BIN_DIR/memloop" "$BIN_DIR/libmemloop_preload.so" "$SCRIPT_DIR/init.sh" "$SCRIPT_DIR/region.sh"
+  local files=("$BIN_DIR/memloop" "$BIN_DIR/memloop-bench" "$BIN_DIR/libmemloop_preload.so" "$SCRIPT_DIR/init.sh" "$SCRIPT_DIR/region.sh"
     "${BASH_SOURCE[0]}" /bin/busybox "${progs[@]}")
-  mapfile -t libs < <(libs_of "$BIN_DIR/memloop" "$BIN_DIR/libmemloop_preload.so" "${progs[@]}")
+  mapfile -t libs < <(libs_of "$BIN_DIR/memloop" "$BIN_DIR/memloop-bench" "$BIN_DIR/libmemloop_preload.so" "${progs[@]}")
   stat -L -c '%n %s %Y' "${files[@]}" "${libs[@]}"
   echo "modules: $MODULES"
   echo "programs: $PROGRAMS"
@@ -199,8 +199,8 @@ cmd_image() {
 }
 
 build_image() {
-  if [ ! -x "$BIN_DIR/memloop" ] || [ ! -f "$BIN_DIR/libmemloop_preload.so" ]; then
-    die "missing $BIN_DIR/memloop or libmemloop_preload.so: cargo build --release -p memloop-cli -p memloop-preload"
+  if [ ! -x "$BIN_DIR/memloop" ] || [ ! -x "$BIN_DIR/memloop-bench" ] || [ ! -f "$BIN_DIR/libmemloop_preload.so" ]; then
+    die "missing $BIN_DIR/memloop, memloop-bench or libmemloop_preload.so: cargo build --release -p memloop-cli -p memloop-bench -p memloop-preload"
   fi
   ensure_packages
 
@@ -251,6 +251,9 @@ build_image() {
   # Debug info stripped (symbols kept): 28 MB -> 4 MB for the CLI.
   strip --strip-debug -o "$st/usr/bin/memloop" "$BIN_DIR/memloop" 2>/dev/null ||
     cp "$BIN_DIR/memloop" "$st/usr/bin/memloop"
+  # `memloop bench …` runs the memloop-bench next to it.
+  strip --strip-debug -o "$st/usr/bin/memloop-bench" "$BIN_DIR/memloop-bench" 2>/dev/null ||
+    cp "$BIN_DIR/memloop-bench" "$st/usr/bin/memloop-bench"
   strip --strip-debug -o "$st/usr/lib/memloop/libmemloop_preload.so" "$BIN_DIR/libmemloop_preload.so" 2>/dev/null ||
     cp "$BIN_DIR/libmemloop_preload.so" "$st/usr/lib/memloop/libmemloop_preload.so"
   local progs lib
@@ -259,7 +262,7 @@ build_image() {
   while read -r lib; do
     mkdir -p "$st$(dirname "$lib")"
     cp -L "$lib" "$st$lib"
-  done < <(libs_of "$BIN_DIR/memloop" "$BIN_DIR/libmemloop_preload.so" "${progs[@]}")
+  done < <(libs_of "$BIN_DIR/memloop" "$BIN_DIR/memloop-bench" "$BIN_DIR/libmemloop_preload.so" "${progs[@]}")
   [ -e "$st/lib64/ld-linux-x86-64.so.2" ] || die "the dynamic loader was not found by ldd"
 
   : >"$st/etc/memloop-vm/modules"

@@ -26,7 +26,7 @@ passed=0 failed=0
 ok() { echo "vm-test: ok: $*"; passed=$((passed + 1)); }
 bad() { echo "vm-test: FAILED: $*"; failed=$((failed + 1)); }
 
-[ -x "$M" ] || cargo build --release -p memloop-cli -p memloop-preload
+[ -x "$M" ] && [ -x "$M-bench" ] || cargo build --release -p memloop-cli -p memloop-bench -p memloop-preload
 "$VM" image
 
 region=/dev/shm/memloop-vmtest-$$

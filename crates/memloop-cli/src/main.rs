@@ -1,18 +1,13 @@
-//! `memloop`: manage regions, show what is in them, and benchmark the native path against the
-//! kernel's.
+//! `memloop`: manage regions, show what is in them, run programs over rings. `memloop bench …`
+//! is forwarded to the `memloop-bench` binary next to this one, so the operator tool does not
+//! carry the benchmarks' plotting and progress-bar dependencies.
 #![forbid(unsafe_code)]
 
-mod bench;
-mod cat;
-mod domains;
-mod error;
-mod peer;
-mod region_cmd;
-mod run;
-mod status;
-mod units;
+mod forward;
 
 use clap::{Parser, Subcommand};
+use memloop_cli::{cat, domains, init_logging, region_cmd, run, status};
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -33,15 +28,13 @@ enum Cmd {
     Region(region_cmd::RegionCmd),
     /// Members, endpoints, channels and counters of a region.
     Status(status::StatusArgs),
-    /// Benchmarks, side by side in one run.
-    #[command(subcommand)]
-    Bench(bench::BenchCmd),
-    /// The far end of a benchmark (started by `memloop bench`).
-    #[command(hide = true)]
-    BenchPeer(peer::PeerArgs),
-    /// An end of `memloop bench tcp` (an ordinary socket program).
-    #[command(hide = true)]
-    BenchTcpPeer(bench::tcp::peer::PeerArgs),
+    /// Benchmarks, side by side in one run (`memloop bench --help`; the `memloop-bench` binary).
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// Passed to `memloop-bench` unchanged.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
     /// Network-namespace domains on a bridge (the veth+bridge baseline).
     #[command(subcommand)]
     Domains(domains::DomainsCmd),
@@ -57,9 +50,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Region(c) => region_cmd::run(c),
         Cmd::Status(a) => status::run(&a),
-        Cmd::Bench(c) => bench::run(c),
-        Cmd::BenchPeer(a) => peer::run(&a),
-        Cmd::BenchTcpPeer(a) => bench::tcp::peer::run(&a),
+        Cmd::Bench { args } => forward::bench(&args),
         Cmd::Domains(c) => domains::run(c),
         Cmd::Run(a) => run::run(&a),
         Cmd::Cat(a) => cat::run(&a),
@@ -71,22 +62,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Logging is off unless `MEMLOOP_LOG` holds a filter (e.g. `debug`, `memloop=trace`).
-fn init_logging() {
-    let Ok(filter) = std::env::var("MEMLOOP_LOG") else {
-        return;
-    };
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|e| {
-        eprintln!("memloop: ignoring bad MEMLOOP_LOG {filter:?}: {e}");
-        tracing_subscriber::EnvFilter::new("off")
-    });
-    // Colour only for a terminal: logs are often redirected to a file.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .init();
 }

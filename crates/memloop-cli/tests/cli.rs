@@ -108,95 +108,28 @@ fn missing_region_is_a_clear_error() {
 }
 
 #[test]
-fn bench_quick_writes_positive_results_for_every_path() {
-    let file = std::env::temp_dir().join(format!("memloop-cli-bench-{}.json", std::process::id()));
-    let child = Command::new(BIN)
-        .args([
-            "bench",
-            "native",
-            "--quick",
-            "--json",
-            file.to_str().unwrap(),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let bench_pid = child.id();
-    let o = child.wait_with_output().unwrap();
-    assert!(o.status.success(), "bench failed: {}", stderr(&o));
-    assert!(stdout(&o).contains("memloop vs tcp"), "{}", stdout(&o));
-    let records: Vec<Value> =
-        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).expect("JSON array");
-    let _ = std::fs::remove_file(&file);
-    let value = |test: &str, path: &str, size: u64, unit: &str| {
-        let r = records.iter().find(|r| {
-            r["test"] == test && r["path"] == path && r["size"] == size && r["unit"] == unit
-        });
-        r.unwrap_or_else(|| panic!("no {test}/{path}/{size}/{unit} record"))["value"]
-            .as_f64()
-            .unwrap()
-    };
-    for path in ["memloop", "unix", "tcp-loopback"] {
-        for size in [64, 1024, 65536] {
-            for (test, unit) in [
-                ("rr", "us"),
-                ("rr", "rt/s"),
-                ("stream", "msg/s"),
-                ("stream", "Gbit/s"),
-            ] {
-                let v = value(test, path, size, unit);
-                assert!(
-                    v > 0.0 && v.is_finite(),
-                    "{test}/{path}/{size}/{unit} = {v}"
-                );
-            }
-        }
-    }
-    assert!(value("pingpong", "cacheline", 64, "us") > 0.0);
-    assert!(value("idle", "memloop", 0, "cpu%") >= 0.0);
-    // The temporary region and the ping-pong line are gone.
-    for leftover in [
-        format!("memloop-bench-{bench_pid}"),
-        format!("memloop-bench-{bench_pid}-line"),
-    ] {
-        assert!(!std::path::Path::new("/dev/shm").join(leftover).exists());
-    }
-}
-
-#[test]
 fn status_lists_a_connected_peer() {
     let r = TestRegion::create("status");
     let region = Region::open(&RegionSpec::parse(&r.0)).unwrap();
     let node = Node::join(region, "cli-test").unwrap();
     let listener = Listener::bind(&node, "cli-test-svc").unwrap();
-    // The bench's peer process connects and echoes what the bench protocol sends it.
+    // A peer process: `memloop cat` copies its stdin into a stream to our listener.
     let mut peer = Command::new(BIN)
-        .args([
-            "bench-peer",
-            "--path",
-            "memloop",
-            "--addr",
-            "cli-test-svc",
-            "--region",
-            &r.0,
-        ])
+        .args(["cat", "--connect", "cli-test-svc"])
+        .env("MEMLOOP_REGION", &r.0)
+        .stdin(Stdio::piped())
         .spawn()
         .unwrap();
     let mut s = listener
         .accept_timeout(Some(Duration::from_secs(10)))
         .expect("peer connects");
-    // One rr op of one 16-byte message (sequence number 0), then the end marker.
-    let mut header = [0u8; 16];
-    header[0] = 1;
-    header[8] = 16;
-    s.write_all(&header).unwrap();
-    for msg in [[0u8; 16], [0xff; 16]] {
-        s.write_all(&msg).unwrap();
-        let mut echo = [0u8; 16];
-        s.read_exact(&mut echo).unwrap();
-        assert_eq!(echo, msg);
-    }
+    let sent: Vec<u8> = (0..32).collect();
+    let mut input = peer.stdin.take().unwrap();
+    input.write_all(&sent).unwrap();
+    drop(input);
+    let mut got = [0u8; 32];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(got[..], sent[..]);
 
     let o = memloop(&["status", "--region", &r.0, "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -208,7 +141,7 @@ fn status_lists_a_connected_peer() {
         .map(|m| m["name"].as_str().unwrap())
         .collect();
     assert!(
-        names.contains(&"cli-test") && names.contains(&"memloop-bench-peer"),
+        names.contains(&"cli-test") && names.contains(&"cat"),
         "{names:?}"
     );
     assert!(v["members"]
@@ -227,7 +160,7 @@ fn status_lists_a_connected_peer() {
     let ch = &v["channels"].as_array().unwrap()[0];
     assert_eq!(ch["state"], "accepted");
     assert!(
-        ch["bytes_c2s"].as_u64().unwrap() >= 32 && ch["bytes_s2c"].as_u64().unwrap() >= 32,
+        ch["bytes_c2s"].as_u64() == Some(32) && ch["bytes_s2c"].as_u64() == Some(0),
         "{ch}"
     );
 
@@ -240,7 +173,7 @@ fn status_lists_a_connected_peer() {
     drop(s);
     assert!(
         peer.wait().unwrap().success(),
-        "peer exits cleanly at end of stream"
+        "peer exits cleanly once we close"
     );
 }
 
@@ -315,5 +248,67 @@ fn status_lists_tcp_connections_and_fallbacks() {
     assert_eq!(
         v["fallbacks"]["no_listener"], 1,
         "counters outlive the records"
+    );
+}
+
+/// A scratch directory holding a copy of `memloop` and, if given, a `memloop-bench` script.
+struct LoneMemloop(std::path::PathBuf);
+
+impl LoneMemloop {
+    fn new(tag: &str, bench_script: Option<&str>) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("memloop-fwd-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(BIN, dir.join("memloop")).unwrap();
+        if let Some(script) = bench_script {
+            let bench = dir.join("memloop-bench");
+            std::fs::write(&bench, script).unwrap();
+            std::fs::set_permissions(&bench, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        LoneMemloop(dir)
+    }
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(self.0.join("memloop"))
+            .args(args)
+            .output()
+            .expect("run memloop")
+    }
+}
+
+impl Drop for LoneMemloop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn bench_is_forwarded_with_its_arguments_and_exit_code() {
+    // The stand-in records its arguments one per line and exits with a code of its own.
+    let lone = LoneMemloop::new(
+        "args",
+        Some("#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$0.args\"\nexit 7\n"),
+    );
+    let args = ["tcp", "--quick", "--json", "a b.json", "-x", "--help", "--"];
+    let o = lone.run(&[&["bench"], &args[..]].concat());
+    assert_eq!(o.status.code(), Some(7), "{}", stderr(&o));
+    let seen = std::fs::read_to_string(lone.0.join("memloop-bench.args")).unwrap();
+    assert_eq!(seen.lines().collect::<Vec<_>>(), args);
+
+    let o = lone.run(&["bench", "--help"]);
+    assert_eq!(o.status.code(), Some(7), "{}", stderr(&o));
+    let seen = std::fs::read_to_string(lone.0.join("memloop-bench.args")).unwrap();
+    assert_eq!(seen, "--help\n");
+}
+
+#[test]
+fn bench_without_the_bench_binary_says_how_to_build_it() {
+    let lone = LoneMemloop::new("missing", None);
+    let o = lone.run(&["bench", "native", "--quick"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("memloop-bench") && err.contains("cargo build --release -p memloop-bench"),
+        "{err}"
     );
 }

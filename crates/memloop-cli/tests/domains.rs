@@ -1,5 +1,6 @@
 //! End-to-end tests of `memloop domains`: namespaces on a bridge (the veth+bridge baseline).
-//! They need root and `ip` (iproute2); without them they print why and pass.
+//! Most need root, `ip` (iproute2) and python3; without them the runner reports them ignored
+//! with the reason (failed under `CI`).
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read};
@@ -47,18 +48,23 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// Why these tests cannot run here, if they cannot.
-fn unsupported() -> Option<&'static str> {
-    if !rustix::process::geteuid().is_root() {
-        return Some("not root");
-    }
-    if Command::new("ip").arg("-V").output().is_err() {
-        return Some("`ip` (iproute2) missing");
-    }
-    if Command::new("python3").arg("-V").output().is_err() {
-        return Some("python3 missing");
-    }
-    None
+fn main() -> std::process::ExitCode {
+    use memloop_testkit::test;
+    memloop_testkit::run(vec![
+        test!(domains_up_connect_isolate_list_down).needs(needs()),
+        test!(domains_exec_in_unknown_domain_is_a_clear_error).needs(needs()),
+        test!(domains_reject_bad_plans_before_touching_anything),
+        test!(domains_down_with_nothing_there_is_fine).needs(needs()),
+    ])
+}
+
+/// What most of these tests need: root, `ip` and python3.
+fn needs() -> memloop_testkit::Need {
+    memloop_testkit::all([
+        memloop_testkit::root(),
+        memloop_testkit::tool("ip", &["-V"]),
+        memloop_testkit::tool("python3", &["-V"]),
+    ])
 }
 
 /// Domains under a prefix unique to this process; `domains down` on drop, whatever happened.
@@ -178,12 +184,7 @@ fn netns_names() -> String {
     )
 }
 
-#[test]
 fn domains_up_connect_isolate_list_down() {
-    if let Some(why) = unsupported() {
-        println!("skipping domains test: {why}");
-        return;
-    }
     let d = Domains::up(2);
     let (a0, a1) = (d.addr(1), d.addr(2));
 
@@ -245,12 +246,7 @@ fn check_list(d: &Domains, addrs: &[String]) {
     );
 }
 
-#[test]
 fn domains_exec_in_unknown_domain_is_a_clear_error() {
-    if let Some(why) = unsupported() {
-        println!("skipping domains test: {why}");
-        return;
-    }
     // A domain that does not exist is a clear error.
     let o = memloop(&["domains", "exec", "0", "--prefix", "nonexist", "--", "true"]);
     assert!(!o.status.success());
@@ -261,7 +257,6 @@ fn domains_exec_in_unknown_domain_is_a_clear_error() {
     );
 }
 
-#[test]
 fn domains_reject_bad_plans_before_touching_anything() {
     // Interface names over 15 bytes, a subnet without room for .254: errors, no root needed.
     let o = memloop(&["domains", "up", "2", "--prefix", "averyverylongprefix"]);
@@ -270,9 +265,10 @@ fn domains_reject_bad_plans_before_touching_anything() {
     let o = memloop(&["domains", "up", "2", "--subnet", "10.0.0.0/28"]);
     assert!(!o.status.success());
     assert!(text(&o.stderr).contains("--subnet"), "{}", text(&o.stderr));
-    // Nothing there is fine for `down` (when we may run it at all).
-    if unsupported().is_none() {
-        let o = memloop(&["domains", "down", "--prefix", "nonexist"]);
-        assert!(o.status.success(), "{}", text(&o.stderr));
-    }
+}
+
+/// Nothing there is fine for `down`.
+fn domains_down_with_nothing_there_is_fine() {
+    let o = memloop(&["domains", "down", "--prefix", "nonexist"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
 }

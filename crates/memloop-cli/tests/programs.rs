@@ -15,13 +15,15 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_memloop");
 
-#[test]
-#[ignore = "slow: real programs across two domains (needs root); run with --ignored"]
+fn main() -> std::process::ExitCode {
+    memloop_testkit::run(vec![memloop_testkit::test!(
+        real_programs_across_two_domains
+    )
+    .ignore("slow: real programs across two domains; run with --ignored")
+    .needs(memloop_testkit::root())])
+}
+
 fn real_programs_across_two_domains() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: the real-program suite needs root (network namespaces)");
-        return;
-    }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/run.sh");
     let mut cmd = Command::new("timeout");
     // The suite bounds every case; this bounds the whole run (installing packages included).

@@ -22,7 +22,7 @@
 //! its pairings check that everything still works, not that rings were used.
 //!
 //! A runtime whose program or toolchain is missing fails its tests with the reason when `CI` is
-//! set, and is skipped with the reason (on stderr) otherwise. `MEMLOOP_RUNTIMES_DIR` says where
+//! set, and is reported ignored with the reason by the test runner otherwise. `MEMLOOP_RUNTIMES_DIR` says where
 //! the built programs are (default `target/runtimes`); `MEMLOOP_PRELOAD_LIB` which library.
 
 mod support;
@@ -35,6 +35,27 @@ use support::{
     death_signal, describe, env_prefix, find_artifact, not_started, profile_dir, signal_name,
     spawn, wait_bounded, wait_for_port, workspace, Outcome, RegionGuard, Scratch,
 };
+
+fn main() -> std::process::ExitCode {
+    use memloop_testkit::test;
+    let mut tests = same_runtime_tests();
+    tests.extend([
+        test!(cross_runtimes_with_tokio)
+            .ignore("slow: 36 cross-runtime pairings, kernel and preload each")
+            .needs(runnable(&ALL)),
+        test!(cross_runtimes_with_libuv)
+            .ignore("slow: 36 cross-runtime pairings, kernel and preload each")
+            .needs(runnable(&ALL)),
+        test!(larger_runs_every_runtime)
+            .ignore("slow: 20 000 round trips and 100 × 1 MiB streams per runtime")
+            .needs(runnable(&ALL)),
+        test!(repeated_runs_every_runtime)
+            .ignore("slow: 5 preload runs of each runtime's three tests")
+            .needs(runnable(&ALL)),
+        test!(every_runtime_is_found_or_explained).needs(runnable(&ALL)),
+    ]);
+    memloop_testkit::run(tests)
+}
 
 /// Seconds a program may run under `timeout` (its own watchdog fires at `DEADLINE`).
 const PROCESS_TIMEOUT: u64 = 60;
@@ -216,25 +237,34 @@ impl Rt {
     }
 }
 
-/// The runtime's program, or — when it cannot run here — a failure under `CI` and a loud skip
-/// elsewhere (`None`).
-fn launch(rt: Rt) -> Option<Launch> {
+/// Where each runtime's program is, or why it cannot run here (looked up once).
+fn located(rt: Rt) -> Result<Launch, String> {
     static CACHE: OnceLock<Vec<(Rt, Result<Launch, String>)>> = OnceLock::new();
     let all = CACHE.get_or_init(|| ALL.iter().map(|&r| (r, r.locate())).collect());
     let found = all.iter().find(|(r, _)| *r == rt).map(|(_, l)| l.clone());
-    match found.expect("every runtime is listed") {
-        Ok(l) => Some(l),
-        Err(why) if std::env::var_os("CI").is_some() => {
-            panic!("runtime {} cannot run: {why}", rt.name())
-        }
-        Err(why) => {
-            eprintln!(
-                "SKIPPED: runtime {} cannot run here: {why} (under CI this fails)",
-                rt.name()
-            );
-            None
-        }
+    found.expect("every runtime is listed")
+}
+
+/// What a test of these runtimes needs: every one of them runnable here (all reasons if not).
+fn runnable(rts: &[Rt]) -> memloop_testkit::Need {
+    let missing: Vec<String> = rts
+        .iter()
+        .filter_map(|&rt| {
+            located(rt)
+                .err()
+                .map(|why| format!("runtime {}: {why}", rt.name()))
+        })
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(missing.join("; "))
     }
+}
+
+/// The runtime's program; its test declared it with [`runnable`], so it is there.
+fn launch(rt: Rt) -> Launch {
+    located(rt).unwrap_or_else(|why| panic!("runtime {} cannot run: {why}", rt.name()))
 }
 
 // ---- one run ----------------------------------------------------------------------------------
@@ -412,9 +442,7 @@ fn problems(o: &Outcome, t: &Test, mode: Mode, fallback: Option<&str>) -> Vec<St
 /// `client` against `server` on kernel TCP (must pass: the reference), then under the preload
 /// `runs` times, each in a fresh region. Returns the failures (empty: all passed).
 fn pair(server: Rt, client: Rt, t: &Test, runs: usize) -> Vec<String> {
-    let (Some(sl), Some(cl)) = (launch(server), launch(client)) else {
-        return vec![];
-    };
+    let (sl, cl) = (launch(server), launch(client));
     let label = format!(
         "{} client → {} server, test {}{}",
         client.name(),
@@ -498,12 +526,14 @@ fn check(rt: Rt, t: Test) {
 // ---- fast tier: each runtime against itself ---------------------------------------------------
 
 macro_rules! same_runtime {
-    ($($name:ident: $rt:expr, $t:expr;)*) => {$(
-        #[test]
-        fn $name() {
-            check($rt, $t);
+    ($($name:ident: $rt:expr, $t:expr;)*) => {
+        fn same_runtime_tests() -> Vec<memloop_testkit::Test> {
+            vec![$(
+                memloop_testkit::Test::new(stringify!($name), || check($rt, $t))
+                    .needs(runnable(&[$rt])),
+            )*]
         }
-    )*};
+    };
 }
 
 same_runtime! {
@@ -540,8 +570,6 @@ same_runtime! {
 
 /// Every other runtime's client against the tokio server, and the tokio client against every
 /// other runtime's server ("both as client and as server"), all three tests.
-#[test]
-#[ignore = "slow: 36 cross-runtime pairings, kernel and preload each"]
 fn cross_runtimes_with_tokio() {
     let mut pairs = Vec::new();
     for rt in ALL.into_iter().filter(|&r| r != Rt::Tokio && !r.nested()) {
@@ -555,8 +583,6 @@ fn cross_runtimes_with_tokio() {
 
 /// Every client against the libuv server and the libuv client against every server: the same
 /// pairings around a single-threaded C loop.
-#[test]
-#[ignore = "slow: 36 cross-runtime pairings, kernel and preload each"]
 fn cross_runtimes_with_libuv() {
     let mut pairs = Vec::new();
     for rt in ALL.into_iter().filter(|&r| r != Rt::Libuv && !r.nested()) {
@@ -569,8 +595,6 @@ fn cross_runtimes_with_libuv() {
 }
 
 /// Larger runs: 20 000 round trips, 100 connections of 1 MiB each.
-#[test]
-#[ignore = "slow: 20 000 round trips and 100 × 1 MiB streams per runtime"]
 fn larger_runs_every_runtime() {
     const RR_LONG: Test = Test {
         name: "rr",
@@ -591,8 +615,6 @@ fn larger_runs_every_runtime() {
 }
 
 /// Each runtime against itself, five preload runs per test: races that show up now and then.
-#[test]
-#[ignore = "slow: 5 preload runs of each runtime's three tests"]
 fn repeated_runs_every_runtime() {
     let mut pairs = Vec::new();
     for rt in ALL.into_iter() {
@@ -603,14 +625,9 @@ fn repeated_runs_every_runtime() {
     check_pairs(&pairs, 5);
 }
 
-/// The suite's own plumbing: a missing program is reported, not passed over in silence.
-#[test]
+/// The suite's own plumbing: every runtime is found (else this says which are not, and why).
 fn every_runtime_is_found_or_explained() {
     for rt in ALL {
-        if let Err(why) = rt.locate() {
-            let msg = format!("runtime {}: {why}", rt.name());
-            assert!(std::env::var_os("CI").is_none(), "{msg}");
-            eprintln!("SKIPPED: {msg}");
-        }
+        launch(rt);
     }
 }

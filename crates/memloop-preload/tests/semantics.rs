@@ -3,7 +3,8 @@
 //! reference: the scenario's own checks must pass there), then with both programs under
 //! `libmemloop_preload.so` in a fresh region, where the same checks must pass AND the server's
 //! debug log must show that its connections were accepted on rings. `xdom_*` tests put the
-//! server and the client in two network-namespace domains (`memloop domains`, needs root).
+//! server and the client in two network-namespace domains (`memloop domains`, needs root and
+//! `ip`; without them the runner reports them ignored with the reason, failed under `CI`).
 //!
 //! Run (`cargo test` builds the library next to this test binary; the `xdom_*` tests also need
 //! the `memloop` binary, from the same profile or `target/release`):
@@ -36,9 +37,96 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use support::{
-    env_prefix, is_root, killed, memloop_bin, not_started, spawn, wait_bounded, wait_for_port,
-    workspace, Outcome, RegionGuard, Scratch,
+    env_prefix, killed, memloop_bin, not_started, spawn, wait_bounded, wait_for_port, workspace,
+    Outcome, RegionGuard, Scratch,
 };
+
+fn main() -> std::process::ExitCode {
+    use memloop_testkit::test;
+    memloop_testkit::run(vec![
+        test!(memloop_disable_keeps_everything_on_tcp),
+        test!(echo_10mb_sha256_both_ways),
+        test!(many_small_messages),
+        test!(msg_peek_then_read),
+        test!(msg_waitall_gathers_pieces),
+        test!(msg_dontwait_eagain_on_empty_and_full),
+        test!(msg_nosignal_write_to_closed_peer_is_epipe),
+        test!(write_to_closed_peer_raises_sigpipe),
+        test!(echo_256mb_sha256_both_ways).ignore("slow: 256 MB echoed with sha256 both ways"),
+        test!(msg_peek_with_waitall_waits_for_all),
+        test!(shutdown_rd_still_reads_queued_data),
+        test!(bug_msg_oob_urgent_byte).ignore(
+            "bug (not emulated): MSG_OOB goes inline on a ring; the receiver never sees POLLPRI \
+            nor the urgent byte — ffi.rs send/recv pass MSG_OOB to the ring as a plain send",
+        ),
+        test!(siocoutq_counts_unsent_bytes),
+        test!(nonblocking_connect_pollout_so_error),
+        test!(nonblocking_read_eagain),
+        test!(accept4_flags_visible_via_fcntl),
+        test!(readv_writev_recvmsg_sendmsg_recvfrom_sendto),
+        test!(fionread_counts_unread_bytes),
+        test!(shutdown_wr_eof_after_data_and_peer_still_sends),
+        test!(close_delivers_queued_data_then_eof),
+        test!(abortive_close_linger0_is_a_reset),
+        test!(close_with_unread_data_is_a_reset),
+        test!(poll_select_epoll_readable_and_writable),
+        test!(writable_only_when_there_is_space),
+        test!(pollrdhup_and_pollhup_after_shutdowns),
+        test!(pollrdhup_after_peer_close),
+        test!(no_pollhup_after_peer_close_alone),
+        test!(pollout_after_own_shutdown_wr),
+        test!(epoll_edge_triggered_reports_once_per_new_data),
+        test!(epoll_edge_triggered_quiet_when_peer_reads_our_data),
+        test!(epoll_oneshot_until_rearmed),
+        test!(one_fd_in_two_epoll_sets),
+        test!(poll_mixes_rings_pipes_and_kernel_sockets),
+        test!(select_mixes_rings_pipes_and_kernel_sockets),
+        test!(epoll_mixes_rings_pipes_and_kernel_sockets),
+        test!(waits_time_out),
+        test!(o_nonblock_toggling_fcntl_and_fionbio),
+        test!(dup_family_keeps_the_connection),
+        test!(so_rcvtimeo_and_so_sndtimeo),
+        test!(eintr_without_sa_restart_and_restart_with_it),
+        test!(ppoll_pselect_epoll_pwait_apply_their_sigmask),
+        test!(blocked_send_eintr_and_sa_restart),
+        test!(concurrent_send_and_recv_from_two_threads),
+        test!(fork_child_serves_parent_closes_at_once),
+        test!(fork_parent_and_child_both_write),
+        test!(exec_keeps_an_inherited_connection),
+        test!(fork_exec_child_serves_parent_closes_at_once),
+        test!(spawned_child_keeps_connection_after_parent_closes),
+        test!(o_nonblock_shared_with_forked_child),
+        test!(sendfile_from_a_file),
+        test!(splice_to_and_from_a_connection),
+        test!(getsockname_getpeername_like_the_kernel),
+        test!(ipv4_client_on_a_dual_stack_listener),
+        test!(ipv6_loopback),
+        test!(peer_killed_mid_stream_eof_within_2s),
+        test!(peer_killed_while_idle_wakes_epoll_and_recv),
+        test!(peer_killed_while_we_send_epipe_or_reset),
+        test!(peer_killed_at_random_moments)
+            .ignore("slow: 20 SIGKILLs of a streaming peer at random moments"),
+        test!(asyncio_streams_echo),
+        test!(selectors_echo_server_20_clients),
+        test!(xdom_echo_10mb_sha256_both_ways).needs(needs_domains()),
+        test!(xdom_nonblocking_connect_pollout_so_error).needs(needs_domains()),
+        test!(xdom_pollrdhup_and_pollhup_after_shutdowns).needs(needs_domains()),
+        test!(xdom_fork_child_serves).needs(needs_domains()),
+        test!(xdom_exec_keeps_an_inherited_connection).needs(needs_domains()),
+        test!(xdom_ipv4_client_on_a_dual_stack_listener).needs(needs_domains()),
+        test!(xdom_peer_killed_mid_stream).needs(needs_domains()),
+        test!(xdom_peer_killed_while_idle).needs(needs_domains()),
+        test!(xdom_selectors_echo_server_20_clients).needs(needs_domains()),
+    ])
+}
+
+/// `xdom_*`: network-namespace domains need root and `ip`.
+fn needs_domains() -> memloop_testkit::Need {
+    memloop_testkit::all([
+        memloop_testkit::root(),
+        memloop_testkit::tool("ip", &["-V"]),
+    ])
+}
 
 /// Seconds each script may run (its own watchdog fires earlier, at `DEADLINE`).
 const PROCESS_TIMEOUT: u64 = 60;
@@ -60,11 +148,7 @@ struct Domains {
 static SUBNETS: Mutex<u32> = Mutex::new(0);
 
 impl Domains {
-    fn up() -> Option<Domains> {
-        if !is_root() {
-            eprintln!("skipped: domains need root (network namespaces)");
-            return None;
-        }
+    fn up() -> Domains {
         let bin = memloop_bin();
         let routes = Command::new("ip")
             .args(["-4", "route", "show"])
@@ -101,7 +185,7 @@ impl Domains {
             "memloop domains up: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Some(d)
+        d
     }
 
     /// `cmd` wrapped to run in domain `i`.
@@ -380,7 +464,7 @@ fn check(s: Scenario) {
 
 /// Kernel reference and preload run with the server in domain 0 and the client in domain 1.
 fn check_domains(s: Scenario) {
-    let Some(d) = Domains::up() else { return };
+    let d = Domains::up();
     check_with(s, Some(&d));
 }
 
@@ -388,7 +472,6 @@ fn check_domains(s: Scenario) {
 
 /// `MEMLOOP_DISABLE=1`: the library stays loaded but dormant: the data still arrives, over the
 /// kernel, and the region never hears of the programs.
-#[test]
 fn memloop_disable_keeps_everything_on_tcp() {
     let s = sc("stream", "echo_10mb");
     let region = RegionGuard::new("sem", s.case, 64 << 20);
@@ -413,227 +496,182 @@ fn memloop_disable_keeps_everything_on_tcp() {
 
 // ---- stream -----------------------------------------------------------------------------------
 
-#[test]
 fn echo_10mb_sha256_both_ways() {
     check(sc("stream", "echo_10mb"));
 }
 
-#[test]
 fn many_small_messages() {
     check(sc("stream", "small_messages"));
 }
 
-#[test]
 fn msg_peek_then_read() {
     check(sc("stream", "peek"));
 }
 
-#[test]
 fn msg_waitall_gathers_pieces() {
     check(sc("stream", "waitall"));
 }
 
-#[test]
 fn msg_dontwait_eagain_on_empty_and_full() {
     check(sc("stream", "dontwait"));
 }
 
-#[test]
 fn msg_nosignal_write_to_closed_peer_is_epipe() {
     check(sc("stream", "nosignal_epipe"));
 }
 
-#[test]
 fn write_to_closed_peer_raises_sigpipe() {
     check(sc("stream", "sigpipe"));
 }
 
-#[test]
-#[ignore = "slow: 256 MB echoed with sha256 both ways"]
 fn echo_256mb_sha256_both_ways() {
     check(sc("stream", "echo_10mb").extra("268435456"));
 }
 
-#[test]
 fn msg_peek_with_waitall_waits_for_all() {
     check(sc("flags", "peek_waitall"));
 }
 
-#[test]
 fn shutdown_rd_still_reads_queued_data() {
     check(sc("flags", "shut_rd"));
 }
 
-#[test]
-#[ignore = "bug (not emulated): MSG_OOB goes inline on a ring; the receiver never sees POLLPRI \
-            nor the urgent byte — ffi.rs send/recv pass MSG_OOB to the ring as a plain send"]
 fn bug_msg_oob_urgent_byte() {
     check(sc("flags", "oob"));
 }
 
-#[test]
 fn siocoutq_counts_unsent_bytes() {
     check(sc("flags", "siocoutq"));
 }
 
 // ---- non-blocking -------------------------------------------------------------------------------
 
-#[test]
 fn nonblocking_connect_pollout_so_error() {
     check(sc("nonblock", "nb_connect").rings(3));
 }
 
-#[test]
 fn nonblocking_read_eagain() {
     check(sc("nonblock", "nb_read"));
 }
 
-#[test]
 fn accept4_flags_visible_via_fcntl() {
     check(sc("nonblock", "accept4_flags").rings(2));
 }
 
 // ---- data calls -----------------------------------------------------------------------------------
 
-#[test]
 fn readv_writev_recvmsg_sendmsg_recvfrom_sendto() {
     check(sc("vectored", "vectored_io"));
 }
 
-#[test]
 fn fionread_counts_unread_bytes() {
     check(sc("vectored", "fionread"));
 }
 
 // ---- shutdown and close -----------------------------------------------------------------------
 
-#[test]
 fn shutdown_wr_eof_after_data_and_peer_still_sends() {
     check(sc("shutdown", "shut_wr"));
 }
 
-#[test]
 fn close_delivers_queued_data_then_eof() {
     check(sc("shutdown", "close_delivers"));
 }
 
-#[test]
 fn abortive_close_linger0_is_a_reset() {
     check(sc("resets", "linger0"));
 }
 
-#[test]
 fn close_with_unread_data_is_a_reset() {
     check(sc("resets", "close_unread"));
 }
 
 // ---- readiness ----------------------------------------------------------------------------------
 
-#[test]
 fn poll_select_epoll_readable_and_writable() {
     check(sc("readiness", "poll_select_epoll"));
 }
 
-#[test]
 fn writable_only_when_there_is_space() {
     check(sc("readiness", "writable"));
 }
 
-#[test]
 fn pollrdhup_and_pollhup_after_shutdowns() {
     check(sc("readiness", "hup_rdhup"));
 }
 
-#[test]
 fn pollrdhup_after_peer_close() {
     check(sc("readiness", "close_hup"));
 }
 
-#[test]
 fn no_pollhup_after_peer_close_alone() {
     check(sc("readiness", "close_hup_strict"));
 }
 
-#[test]
 fn pollout_after_own_shutdown_wr() {
     check(sc("readiness", "shut_wr_pollout"));
 }
 
-#[test]
 fn epoll_edge_triggered_reports_once_per_new_data() {
     check(sc("readiness", "epoll_et").rings(2));
 }
 
-#[test]
 fn epoll_edge_triggered_quiet_when_peer_reads_our_data() {
     check(sc("readiness", "epoll_et_quiet"));
 }
 
-#[test]
 fn epoll_oneshot_until_rearmed() {
     check(sc("readiness", "epoll_oneshot"));
 }
 
-#[test]
 fn one_fd_in_two_epoll_sets() {
     check(sc("readiness", "epoll_two_sets"));
 }
 
-#[test]
 fn poll_mixes_rings_pipes_and_kernel_sockets() {
     check(sc("readiness", "mixed_poll"));
 }
 
-#[test]
 fn select_mixes_rings_pipes_and_kernel_sockets() {
     check(sc("readiness", "mixed_select"));
 }
 
-#[test]
 fn epoll_mixes_rings_pipes_and_kernel_sockets() {
     check(sc("readiness", "mixed_epoll"));
 }
 
-#[test]
 fn waits_time_out() {
     check(sc("readiness", "timeouts"));
 }
 
 // ---- fd control -------------------------------------------------------------------------------
 
-#[test]
 fn o_nonblock_toggling_fcntl_and_fionbio() {
     check(sc("fdctl", "nonblock_toggle"));
 }
 
-#[test]
 fn dup_family_keeps_the_connection() {
     check(sc("fdctl", "dup_family").rings(2));
 }
 
-#[test]
 fn so_rcvtimeo_and_so_sndtimeo() {
     check(sc("fdctl", "sockopt_timeouts"));
 }
 
-#[test]
 fn eintr_without_sa_restart_and_restart_with_it() {
     check(sc("fdctl", "eintr"));
 }
 
-#[test]
 fn ppoll_pselect_epoll_pwait_apply_their_sigmask() {
     check(sc("signals", "sigmask_waits"));
 }
 
-#[test]
 fn blocked_send_eintr_and_sa_restart() {
     check(sc("signals", "eintr_send"));
 }
 
 // ---- threads ------------------------------------------------------------------------------------
 
-#[test]
 fn concurrent_send_and_recv_from_two_threads() {
     check(sc("threads", "duplex_threads"));
 }
@@ -641,22 +679,18 @@ fn concurrent_send_and_recv_from_two_threads() {
 // ---- processes ----------------------------------------------------------------------------------
 
 /// With parent and child on one CPU the parent closes its copy before the child runs at all.
-#[test]
 fn fork_child_serves_parent_closes_at_once() {
     check(sc("procs", "fork_child_serves").extra("one_cpu").repeat(2));
 }
 
-#[test]
 fn fork_parent_and_child_both_write() {
     check(sc("procs", "fork_both_write"));
 }
 
-#[test]
 fn exec_keeps_an_inherited_connection() {
     check(sc("procs", "exec_inherit").evidence("inherited ring connection adopted after exec"));
 }
 
-#[test]
 fn fork_exec_child_serves_parent_closes_at_once() {
     check(
         sc("procs", "fork_exec_inherit")
@@ -666,62 +700,50 @@ fn fork_exec_child_serves_parent_closes_at_once() {
     );
 }
 
-#[test]
 fn spawned_child_keeps_connection_after_parent_closes() {
     check(sc("procs", "spawn_inherit").evidence("inherited ring connection adopted after exec"));
 }
 
-#[test]
 fn o_nonblock_shared_with_forked_child() {
     check(sc("procs", "fork_shared_nonblock"));
 }
 
 // ---- sendfile, names ------------------------------------------------------------------------------
 
-#[test]
 fn sendfile_from_a_file() {
     check(sc("sendfile", "sendfile"));
 }
 
-#[test]
 fn splice_to_and_from_a_connection() {
     check(sc("sendfile", "splice"));
 }
 
-#[test]
 fn getsockname_getpeername_like_the_kernel() {
     check(sc("names", "names"));
 }
 
-#[test]
 fn ipv4_client_on_a_dual_stack_listener() {
     check(sc("names", "names").bind("::").extra("dualstack"));
 }
 
-#[test]
 fn ipv6_loopback() {
     check(sc("names", "names").host("::1"));
 }
 
 // ---- peer death ---------------------------------------------------------------------------------
 
-#[test]
 fn peer_killed_mid_stream_eof_within_2s() {
     check(sc("death", "killed_streaming").dies());
 }
 
-#[test]
 fn peer_killed_while_idle_wakes_epoll_and_recv() {
     check(sc("death", "killed_idle").dies());
 }
 
-#[test]
 fn peer_killed_while_we_send_epipe_or_reset() {
     check(sc("death", "killed_while_sending").dies());
 }
 
-#[test]
-#[ignore = "slow: 20 SIGKILLs of a streaming peer at random moments"]
 fn peer_killed_at_random_moments() {
     check(
         sc("death", "killed_streaming")
@@ -733,61 +755,50 @@ fn peer_killed_at_random_moments() {
 
 // ---- programs -----------------------------------------------------------------------------------
 
-#[test]
 fn asyncio_streams_echo() {
     check(sc("apps", "asyncio_echo").rings(10));
 }
 
-#[test]
 fn selectors_echo_server_20_clients() {
     check(sc("apps", "selectors_echo").rings(20));
 }
 
 // ---- across two domains ---------------------------------------------------------------------------
 
-#[test]
 fn xdom_echo_10mb_sha256_both_ways() {
     check_domains(sc("stream", "echo_10mb"));
 }
 
-#[test]
 fn xdom_nonblocking_connect_pollout_so_error() {
     check_domains(sc("nonblock", "nb_connect").rings(3));
 }
 
-#[test]
 fn xdom_pollrdhup_and_pollhup_after_shutdowns() {
     check_domains(sc("readiness", "hup_rdhup"));
 }
 
-#[test]
 fn xdom_fork_child_serves() {
     check_domains(sc("procs", "fork_child_serves").extra("one_cpu"));
 }
 
-#[test]
 fn xdom_exec_keeps_an_inherited_connection() {
     check_domains(
         sc("procs", "exec_inherit").evidence("inherited ring connection adopted after exec"),
     );
 }
 
-#[test]
 fn xdom_ipv4_client_on_a_dual_stack_listener() {
     check_domains(sc("names", "names").bind("::").extra("dualstack"));
 }
 
-#[test]
 fn xdom_peer_killed_mid_stream() {
     check_domains(sc("death", "killed_streaming").dies());
 }
 
-#[test]
 fn xdom_peer_killed_while_idle() {
     check_domains(sc("death", "killed_idle").dies());
 }
 
-#[test]
 fn xdom_selectors_echo_server_20_clients() {
     check_domains(sc("apps", "selectors_echo").rings(20));
 }

@@ -29,7 +29,6 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 fn spawn_child(role: &str, region: &str, svc: &str, arg: u64) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
         .env(ROLE, role)
         .env("MEMLOOP_REGION", region)
         .env("CHILD_SVC", svc)
@@ -75,15 +74,25 @@ impl Drop for TestRegion {
     }
 }
 
-/// Entry point of child processes; a no-op when run as a normal test.
-#[test]
-fn child_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
-        return;
-    };
+fn main() -> std::process::ExitCode {
+    // A re-executed child plays its role instead of running the tests (no "test" that passes
+    // by doing nothing).
+    if let Ok(role) = std::env::var(ROLE) {
+        child_entry(&role);
+    }
+    use memloop_testkit::test;
+    memloop_testkit::run(vec![
+        test!(stream_carries_checksummed_bytes_between_processes),
+        test!(record_ring_carries_random_sized_records_between_processes),
+        test!(sigkill_at_random_points_never_hangs_or_leaks),
+    ])
+}
+
+/// Entry point of child processes.
+fn child_entry(role: &str) -> ! {
     let svc = std::env::var("CHILD_SVC").unwrap();
     let arg: u64 = std::env::var("CHILD_ARG").unwrap().parse().unwrap();
-    let code = match role.as_str() {
+    let code = match role {
         "writer" => child_writer(&svc, arg),
         "echo-server" => child_echo_server(&svc),
         "echo-client" => child_echo_client(&svc, arg),
@@ -227,7 +236,6 @@ fn record_len(rng: &mut impl Rng, max: usize) -> usize {
     }
 }
 
-#[test]
 fn stream_carries_checksummed_bytes_between_processes() {
     let total = env_u64("MEMLOOP_STRESS_BYTES", 64 << 20);
     let r = TestRegion::new("stream", 16 << 20);
@@ -260,7 +268,6 @@ fn stream_carries_checksummed_bytes_between_processes() {
     assert_eq!(wait_child(&mut child, Duration::from_secs(30)), Some(0));
 }
 
-#[test]
 fn record_ring_carries_random_sized_records_between_processes() {
     use memloop::ring::{init_ring, ring_bytes, RecordConsumer, RingKind, WaitPolicy};
     let count = env_u64("MEMLOOP_STRESS_RECORDS", 200_000);
@@ -306,7 +313,6 @@ fn baseline(u: &Usage) -> (u32, u32, u32, u64) {
 
 /// Kills one or both ends of an echo pair at random moments. The survivor must finish (EOF or
 /// a peer-dead error, never corrupted data or a hang) and the region must return to baseline.
-#[test]
 fn sigkill_at_random_points_never_hangs_or_leaks() {
     let trials = env_u64("MEMLOOP_KILL_TRIALS", 200);
     let r = TestRegion::new("kill", 8 << 20);

@@ -4,6 +4,31 @@ use memloop::{CreateRegion, Error, Listener, Node, Region, RegionSpec, Stream};
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 
+fn main() -> std::process::ExitCode {
+    use memloop_testkit::test;
+    memloop_testkit::run(vec![
+        test!(concurrent_creators_end_with_one_initialised_region),
+        test!(an_initialiser_that_died_is_replaced),
+        test!(missing_and_garbage_regions_give_clear_errors),
+        test!(mode_is_applied_at_creation),
+        test!(device_path_backend_is_initialised_then_attached),
+        test!(hugetlbfs_backend_works_when_available).needs(needs_hugetlbfs()),
+    ])
+}
+
+/// Reserving huge pages and mounting hugetlbfs: root and a kernel with hugetlbfs.
+fn needs_hugetlbfs() -> memloop_testkit::Need {
+    memloop_testkit::root()?;
+    let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    if !fs
+        .lines()
+        .any(|l| l.split_whitespace().last() == Some("hugetlbfs"))
+    {
+        return Err("needs hugetlbfs in the kernel (not in /proc/filesystems)".into());
+    }
+    memloop_testkit::tool("mount", &["--version"])
+}
+
 fn unique(tag: &str) -> String {
     format!("test-{tag}-{}", std::process::id())
 }
@@ -37,7 +62,6 @@ fn round_trip(region: &Region) {
     assert_eq!(&buf, b"pong");
 }
 
-#[test]
 fn concurrent_creators_end_with_one_initialised_region() {
     let spec = RegionSpec::Named(unique("race"));
     for _round in 0..20 {
@@ -65,7 +89,6 @@ fn concurrent_creators_end_with_one_initialised_region() {
     Region::destroy(&spec).unwrap();
 }
 
-#[test]
 fn an_initialiser_that_died_is_replaced() {
     // A creator that made and sized the file but died before writing the header.
     let spec = RegionSpec::Named(unique("half"));
@@ -84,7 +107,6 @@ fn an_initialiser_that_died_is_replaced() {
     Region::destroy(&spec).unwrap();
 }
 
-#[test]
 fn missing_and_garbage_regions_give_clear_errors() {
     let spec = RegionSpec::Named(unique("missing"));
     let _ = Region::destroy(&spec);
@@ -98,7 +120,6 @@ fn missing_and_garbage_regions_give_clear_errors() {
     Region::destroy(&spec).unwrap();
 }
 
-#[test]
 fn mode_is_applied_at_creation() {
     use std::os::unix::fs::PermissionsExt;
     let spec = RegionSpec::Named(unique("mode"));
@@ -113,7 +134,6 @@ fn mode_is_applied_at_creation() {
     Region::destroy(&spec).unwrap();
 }
 
-#[test]
 fn device_path_backend_is_initialised_then_attached() {
     // Stands in for the ivshmem BAR: a fixed-size mappable file we may not create or resize.
     let path = PathBuf::from(format!("/tmp/memloop-{}.bar", unique("dev")));
@@ -130,12 +150,8 @@ fn device_path_backend_is_initialised_then_attached() {
     std::fs::remove_file(&path).unwrap();
 }
 
-#[test]
 fn hugetlbfs_backend_works_when_available() {
-    let Some(mnt) = HugeMount::new() else {
-        eprintln!("skipped: cannot reserve huge pages or mount hugetlbfs here (needs root)");
-        return;
-    };
+    let mnt = HugeMount::new().expect("reserving huge pages and mounting hugetlbfs as root");
     let spec = RegionSpec::parse(mnt.dir.join("region").to_str().unwrap());
     assert!(matches!(spec, RegionSpec::Hugetlbfs(_)), "{spec:?}");
     let r = Region::open_or_create(&spec, &small()).unwrap();

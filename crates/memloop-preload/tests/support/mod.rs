@@ -90,17 +90,6 @@ pub fn memloop_bin() -> PathBuf {
     )
 }
 
-pub fn is_root() -> bool {
-    fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
-}
-
 // ---- guards -----------------------------------------------------------------------------------
 
 /// A scratch directory `$TMPDIR/memloop-<suite>-<pid>-<tag>-<n>`, removed on drop.

@@ -1,4 +1,4 @@
-//! `memloop bench-tcp-peer` (hidden): the two ends of `memloop bench tcp`, each an ordinary
+//! `memloop-bench tcp-peer` (hidden): the two ends of `memloop bench tcp`, each an ordinary
 //! socket program. Nothing here uses memloop: when the driver starts an end under
 //! `memloop run`, the preloaded library sees plain std::net calls, as from any application.
 //!
@@ -81,7 +81,7 @@ pub fn serve(listener: &wire::Listener) -> ! {
         let mut c = match listener.accept() {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("bench-tcp-peer: accept: {e}");
+                eprintln!("memloop-bench tcp-peer: accept: {e}");
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
@@ -100,14 +100,14 @@ pub fn serve(listener: &wire::Listener) -> ! {
                     report(r, &format!("{op:?} {size} B"));
                 });
             }
-            Err(e) => eprintln!("bench-tcp-peer: connection header: {e}"),
+            Err(e) => eprintln!("memloop-bench tcp-peer: connection header: {e}"),
         }
     }
 }
 
 fn report(r: std::io::Result<()>, what: &str) {
     if let Err(e) = r {
-        eprintln!("bench-tcp-peer: {what}: {e}");
+        eprintln!("memloop-bench tcp-peer: {what}: {e}");
     }
 }
 
@@ -150,7 +150,7 @@ fn janitor(prefix: Option<&str>, regions: &[String]) -> CliResult<()> {
     }
     // Give the peers a moment to notice their stdin closed and exit.
     std::thread::sleep(Duration::from_millis(500));
-    let exe = std::env::current_exe().context("locating the memloop binary")?;
+    let exe = std::env::current_exe().context("locating the memloop-bench binary")?;
     let quiet = |args: &[&str]| {
         let _ = Command::new(&exe)
             .args(args)

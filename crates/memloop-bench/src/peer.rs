@@ -1,4 +1,4 @@
-//! `memloop bench-peer` (hidden): the far end of a benchmark path, run as its own process so
+//! `memloop-bench peer` (hidden): the far end of a benchmark path, run as its own process so
 //! every path crosses a process boundary, as real traffic does.
 
 use crate::bench::{self, proto};

@@ -53,7 +53,7 @@ fn stat_ticks(p: &std::path::Path) -> Option<u64> {
     Some(f.next()?.parse::<u64>().ok()? + f.next()?.parse::<u64>().ok()?)
 }
 
-/// A peer process (this binary's hidden `bench-peer`); killed if dropped before [`Self::finish`].
+/// A peer process (this binary's hidden `peer`); killed if dropped before [`Self::finish`].
 pub struct Peer {
     child: Option<Child>,
     what: String,
@@ -61,9 +61,9 @@ pub struct Peer {
 
 impl Peer {
     pub fn spawn(args: &[String]) -> CliResult<Peer> {
-        let exe = std::env::current_exe().context("locating the memloop binary")?;
+        let exe = std::env::current_exe().context("locating the memloop-bench binary")?;
         let child = Command::new(exe)
-            .arg("bench-peer")
+            .arg("peer")
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

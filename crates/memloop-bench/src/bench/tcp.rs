@@ -1,7 +1,7 @@
 //! `memloop bench tcp`: unmodified TCP programs over memloop (the LD_PRELOAD library started by
 //! `memloop run`) beside the kernel paths, in one run, interleaved rounds, medians.
 //!
-//! Both ends of every path are processes (`memloop bench-tcp-peer`, an ordinary socket program)
+//! Both ends of every path are processes (`memloop-bench tcp-peer`, an ordinary socket program)
 //! started in network-namespace domains through `memloop domains exec`:
 //!
 //! | path | server | client | preload |
@@ -437,7 +437,7 @@ pub(crate) fn preload_status(exe: &std::path::Path) -> Result<(), String> {
         .args(["run", "--help"])
         .output();
     if !help.is_ok_and(|o| o.status.success()) {
-        return Err("unavailable (this memloop binary has no `run` command)".into());
+        return Err("unavailable (this binary has no `run` command)".into());
     }
     Ok(())
 }

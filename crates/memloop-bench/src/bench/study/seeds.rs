@@ -51,7 +51,7 @@ impl Row {
 
 const XEN: &str = "Xen 3.2 guests on 2009 hardware, netperf's 1-byte TCP_RR, packets through \
                    netfront/netback or XenLoop's FIFOs; ours: network namespaces of one kernel, \
-                   64-byte request/response of bench-tcp-peer, veth+bridge vs the preload's rings";
+                   64-byte request/response of tcp-peer, veth+bridge vs the preload's rings";
 const XEN_BW: &str = "Xen guests on 2009 hardware, netperf TCP_STREAM with its default message; \
                       ours: namespaces of one kernel, a stream of 64 KB messages";
 const PIVOT: &str = "Xen guests on a modern kernel, netperf TCP_RR (mean of 5 runs); ours: \

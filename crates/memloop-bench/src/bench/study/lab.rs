@@ -1,5 +1,5 @@
 //! The study's testbed: two network-namespace domains, the regions, and helpers that start the
-//! unmodified `bench-tcp-peer` ends on any path (with the options an experiment varies: CPUs,
+//! unmodified `tcp-peer` ends on any path (with the options an experiment varies: CPUs,
 //! environment, regions) and measure with each end's CPU time.
 
 use crate::bench::sys;

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 /// How many of a peer's last stderr lines we keep to explain a failure.
 const DIAG_LINES: usize = 8;
 
-/// One end of a path: `memloop domains exec … bench-tcp-peer …`, talking JSON lines.
+/// One end of a path: `memloop-bench domains exec … tcp-peer …`, talking JSON lines.
 pub struct Proc {
     what: String,
     child: Child,
@@ -202,7 +202,7 @@ impl Testbed {
                 "`memloop bench tcp` needs root: it creates network namespaces (domains)",
             ));
         }
-        let exe = std::env::current_exe().context("locating the memloop binary")?;
+        let exe = std::env::current_exe().context("locating the memloop-bench binary")?;
         let pid = std::process::id();
         let net = free_subnet(pid)?;
         let prefix = format!("mlb{pid}");
@@ -291,7 +291,7 @@ impl Testbed {
                 "--".into(),
             ]);
         }
-        v.extend([exe, "bench-tcp-peer".into()]);
+        v.extend([exe, "tcp-peer".into()]);
         v.extend_from_slice(peer_args);
         if let (Some(c), false) = (cpu, self.taskset) {
             v.extend(["--cpu".into(), c.to_string()]);
@@ -323,7 +323,7 @@ fn spawn_janitor(
     regions: &[String],
 ) -> CliResult<(Child, ChildStdin)> {
     let mut cmd = Command::new(exe);
-    cmd.args(["bench-tcp-peer", "--role", "janitor", "--prefix", prefix]);
+    cmd.args(["tcp-peer", "--role", "janitor", "--prefix", prefix]);
     for r in regions {
         cmd.args(["--region", r]);
     }

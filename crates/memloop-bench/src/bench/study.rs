@@ -5,7 +5,7 @@
 //! DIR/report.md, DIR/results.json and one SVG figure per experiment.
 //!
 //! Experiments 1-7 use the unmodified socket programs of `memloop bench tcp`
-//! (`bench-tcp-peer`) in network-namespace domains, so the figures are those any TCP program
+//! (`tcp-peer`) in network-namespace domains, so the figures are those any TCP program
 //! would see; experiment 8 runs the Debian programs themselves (or says they are unavailable).
 
 mod exps;

@@ -1,0 +1,68 @@
+//! `memloop-bench`, run as `memloop bench …`: every path measured side by side, each against a
+//! peer process. Its own binary so that the operator tool `memloop` does not link plotters and
+//! indicatif. The peers it starts are this binary again (hidden commands below), including
+//! `domains exec` and `run`, shared with `memloop` through its library: the benchmark works
+//! without the `memloop` binary.
+#![forbid(unsafe_code)]
+
+mod bench;
+mod peer;
+
+// The CLI's helpers, under the paths the benchmark modules use.
+use memloop_cli::{error, units};
+
+use clap::{Parser, Subcommand};
+use memloop_cli::{domains, init_logging, region_cmd, run};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "memloop-bench",
+    bin_name = "memloop bench",
+    version,
+    about = "memloop's benchmarks: every path side by side in one run"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    #[command(flatten)]
+    Bench(bench::BenchCmd),
+    /// The far end of a `native` path (started by the benchmark).
+    #[command(hide = true)]
+    Peer(peer::PeerArgs),
+    /// An end of `tcp` and `study` (an ordinary socket program).
+    #[command(hide = true)]
+    TcpPeer(bench::tcp::peer::PeerArgs),
+    /// `memloop domains`, for the peers' domains.
+    #[command(hide = true, subcommand)]
+    Domains(domains::DomainsCmd),
+    /// `memloop run`, for the preloaded peers.
+    #[command(hide = true)]
+    Run(run::RunArgs),
+    /// `memloop region`, for cleaning up after a killed run.
+    #[command(hide = true, subcommand)]
+    Region(region_cmd::RegionCmd),
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let result = match Cli::parse().cmd {
+        Cmd::Bench(c) => bench::run(c),
+        Cmd::Peer(a) => peer::run(&a),
+        Cmd::TcpPeer(a) => bench::tcp::peer::run(&a),
+        Cmd::Domains(c) => domains::run(c),
+        Cmd::Run(a) => run::run(&a),
+        Cmd::Region(c) => region_cmd::run(c),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("memloop bench: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
