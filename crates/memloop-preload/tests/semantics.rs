@@ -57,7 +57,7 @@ fn main() -> std::process::ExitCode {
         test!(shutdown_rd_still_reads_queued_data),
         test!(bug_msg_oob_urgent_byte).ignore(
             "bug (not emulated): MSG_OOB goes inline on a ring; the receiver never sees POLLPRI \
-            nor the urgent byte — ffi.rs send/recv pass MSG_OOB to the ring as a plain send",
+            nor the urgent byte — hooks/data.rs send/recv pass MSG_OOB to the ring as a plain send",
         ),
         test!(siocoutq_counts_unsent_bytes),
         test!(nonblocking_connect_pollout_so_error),
