@@ -1,0 +1,146 @@
+//! Ring placement and channel-kind validation, with the fields a buggy peer could corrupt.
+
+use super::*;
+
+mod ring_place_tests {
+    use super::*;
+    use crate::EndpointKey;
+
+    fn offered() -> (Registry, ChannelId, ChannelId) {
+        let (r, m) = crate::tables::members::test_registry_with_member("m");
+        let ep = r.add_endpoint(m, &EndpointKey::Native("x".into())).unwrap();
+        let a = r.offer(m, ep, 4096, None).unwrap();
+        let b = r.offer(m, ep, 4096, None).unwrap();
+        (r, a, b)
+    }
+
+    #[test]
+    fn a_channel_whose_rings_overlap_is_corrupt() {
+        let (r, a, _) = offered();
+        let slot = r.channel_slot(a.idx).unwrap();
+        let c2s = slot.c2s().unwrap();
+        slot.set_rings_for_test(c2s, c2s + 64).unwrap();
+        let e = r.rings(a).err().expect("overlapping rings refused");
+        assert!(e.to_string().contains("overlap"), "{e}");
+    }
+
+    #[test]
+    fn a_ring_in_another_channels_memory_is_corrupt() {
+        let (r, a, b) = offered();
+        assert!(r.rings(a).is_ok() && r.rings(b).is_ok());
+        let (sa, sb) = (
+            r.channel_slot(a.idx).unwrap(),
+            r.channel_slot(b.idx).unwrap(),
+        );
+        let theirs = sb.c2s().unwrap();
+        sa.set_rings_for_test(sa.c2s().unwrap(), theirs).unwrap();
+        let e = r.rings(a).err().expect("a ring in b's memory refused");
+        assert!(e.to_string().contains("outside this channel"), "{e}");
+        // b itself is untouched and still fine.
+        assert!(r.rings(b).is_ok());
+    }
+}
+
+mod kind_tests {
+    use super::*;
+    use crate::EndpointKey;
+
+    fn setup() -> (Registry, MemberId, EndpointId) {
+        let (r, m) = crate::tables::members::test_registry_with_member("m");
+        let ep = r.add_endpoint(m, &EndpointKey::Native("x".into())).unwrap();
+        (r, m, ep)
+    }
+
+    #[test]
+    fn an_offer_records_its_kind_and_attach_checks_it() {
+        let (r, m, ep) = setup();
+        let ch = r.offer(m, ep, 4096, None).unwrap();
+        assert_eq!(r.channel(ch).unwrap().kind, Some(ChannelKind::StreamPair));
+        assert!(r.rings_of(ch, ChannelKind::StreamPair).is_ok());
+        match r.rings_of(ch, ChannelKind::DatagramPair) {
+            Err(RegistryError::ChannelKindMismatch { expected, found }) => {
+                assert_eq!(
+                    (expected, found),
+                    (ChannelKind::DatagramPair, ChannelKind::StreamPair)
+                )
+            }
+            other => panic!("expected a kind mismatch, got {:?}", other.err()),
+        }
+    }
+
+    #[test]
+    fn kinds_not_supported_yet_cannot_be_offered() {
+        let (r, m, ep) = setup();
+        for k in [ChannelKind::DatagramPair, ChannelKind::DescriptorCompletion] {
+            assert!(matches!(
+                r.offer_kind(m, ep, k, 4096, None),
+                Err(RegistryError::UnsupportedChannelKind(x)) if x == k
+            ));
+        }
+        assert_eq!(r.usage().channels, 0, "nothing reserved");
+    }
+
+    #[test]
+    fn a_corrupt_kind_is_a_typed_error_at_attach_and_accept() {
+        let (r, m, ep) = setup();
+        let ch = r.offer(m, ep, 4096, None).unwrap();
+        let slot = r.channel_slot(ch.idx).unwrap();
+        slot.set_kind_for_test(77).unwrap();
+        assert!(matches!(
+            r.rings(ch),
+            Err(RegistryError::UnknownChannelKind { code: 77 })
+        ));
+        assert!(matches!(
+            r.accept(ch, m),
+            Err(RegistryError::UnknownChannelKind { code: 77 })
+        ));
+        assert!(r.channels().is_empty(), "listing skips it");
+        // A recorded kind that is known but not usable here: accept refuses, take_offer
+        // declines it so the client falls back instead of waiting.
+        slot.set_kind_for_test(ChannelKind::DatagramPair.code() as u32)
+            .unwrap();
+        assert!(matches!(
+            r.accept(ch, m),
+            Err(RegistryError::UnsupportedChannelKind(
+                ChannelKind::DatagramPair
+            ))
+        ));
+        assert_eq!(r.take_offer(ep, m).unwrap(), None);
+        assert_eq!(r.channel_state(ch).unwrap(), ChannelState::Declined);
+    }
+
+    #[test]
+    fn a_ring_header_of_another_kind_is_refused() {
+        let (r, m, ep) = setup();
+        let ch = r.offer(m, ep, 4096, None).unwrap();
+        let rings = r.rings(ch).unwrap();
+        init_ring(&rings.s2c, memloop_ring::RingKind::Record, 4096, 0).unwrap();
+        match r.rings(ch) {
+            Err(RegistryError::RingKindMismatch { ring, found, .. }) => {
+                assert_eq!(
+                    (ring, found),
+                    ("s2c", memloop_ring::RingKind::Record as u32)
+                )
+            }
+            other => panic!("expected a ring kind mismatch, got {:?}", other.err()),
+        }
+    }
+
+    #[test]
+    fn a_corrupt_state_word_is_a_typed_error() {
+        let (r, m, ep) = setup();
+        let ch = r.offer(m, ep, 4096, None).unwrap();
+        let slot = r.channel_slot(ch.idx).unwrap();
+        let w = slot.word().unwrap();
+        // phase 7 does not exist; MARKER on an OFFERED slot neither
+        for bad in [w.with_low(7), with_flag(w, MARKER)] {
+            slot.0.state().unwrap().store(bad);
+            let e = r.channel_state(ch).unwrap_err();
+            assert!(matches!(e, RegistryError::Corrupt { .. }), "{e}");
+        }
+        assert!(matches!(
+            ChannelSlot::new_checked(&r, r.params().max_channels),
+            Err(RegistryError::NotFound)
+        ));
+    }
+}
