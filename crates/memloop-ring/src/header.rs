@@ -186,17 +186,17 @@ impl Header {
 /// The raw kind code in a ring's static line (compare with `RingKind as u32`), for a caller
 /// that must say which kind it found rather than only that [`Header::attach`] refused it.
 pub fn kind_code(view: &ShmSlice) -> Result<u32, RingError> {
-    Ok(view.u32_at(OFF_KIND)?.load(Relaxed))
+    Ok(view.atomic_u32(OFF_KIND)?.load(Relaxed))
 }
 
 /// Bytes (tail, head) that have passed through a ring so far, for observers such as
 /// `memloop status`: read-only, and `None` if `view` holds no initialised ring.
 pub fn totals(view: &ShmSlice) -> Option<(u64, u64)> {
-    if view.u64_at(OFF_MAGIC).ok()?.load(Acquire) != RING_MAGIC {
+    if view.atomic_u64(OFF_MAGIC).ok()?.load(Acquire) != RING_MAGIC {
         return None;
     }
-    let tail = view.u64_at(OFF_TAIL).ok()?.load(Acquire);
-    Some((tail, view.u64_at(OFF_HEAD).ok()?.load(Acquire)))
+    let tail = view.atomic_u64(OFF_TAIL).ok()?.load(Acquire);
+    Some((tail, view.atomic_u64(OFF_HEAD).ok()?.load(Acquire)))
 }
 
 /// A lock-free snapshot of a ring's state for readiness checks (poll/epoll) by either side,
@@ -226,18 +226,18 @@ pub fn probe_attached(view: &ShmSlice, capacity: u64) -> Option<Probe> {
 /// Reads a [`Probe`]; `None` if the header or indices are not a valid ring (corruption).
 /// Readers that attached the ring should use [`probe_attached`].
 pub fn probe(view: &ShmSlice) -> Option<Probe> {
-    if view.u64_at(OFF_MAGIC).ok()?.load(Acquire) != RING_MAGIC {
+    if view.atomic_u64(OFF_MAGIC).ok()?.load(Acquire) != RING_MAGIC {
         return None;
     }
-    let capacity = view.u64_at(OFF_CAP).ok()?.load(Relaxed);
+    let capacity = view.atomic_u64(OFF_CAP).ok()?.load(Relaxed);
     // Flags first (acquire): bytes published before a shutdown are then visible below.
-    let wflags = view.u32_at(OFF_WFLAGS).ok()?.load(Acquire);
-    let rflags = view.u32_at(OFF_RFLAGS).ok()?.load(Acquire);
+    let wflags = view.atomic_u32(OFF_WFLAGS).ok()?.load(Acquire);
+    let rflags = view.atomic_u32(OFF_RFLAGS).ok()?.load(Acquire);
     // Both indices may move between the two loads; a torn pair looks out of range, so retry
     // a few times before calling it corrupt.
     for _ in 0..8 {
-        let head = view.u64_at(OFF_HEAD).ok()?.load(Acquire);
-        let tail = view.u64_at(OFF_TAIL).ok()?.load(Acquire);
+        let head = view.atomic_u64(OFF_HEAD).ok()?.load(Acquire);
+        let tail = view.atomic_u64(OFF_TAIL).ok()?.load(Acquire);
         let used = tail.wrapping_sub(head);
         if used <= capacity {
             return Some(Probe {

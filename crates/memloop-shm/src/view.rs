@@ -153,6 +153,24 @@ mod imp {
             }
             Ok(ShmU32 { view })
         }
+
+        /// The 8-byte atomic at `off`, borrowed from this view: no handle (and no reference
+        /// count) is made, which matters on paths that poll a few words in a loop.
+        pub fn atomic_u64(&self, off: u64) -> Result<&AtomicU64, OutOfBounds> {
+            let o = self.check_atomic(off, 8)?;
+            // SAFETY: `check_atomic` proved `[o, o+8)` lies inside this view and `o` is a
+            // multiple of 8 (the base is 8-aligned); the mapping lives as long as `self`, which
+            // the returned reference borrows; `AtomicU64` has no invalid bit patterns and the
+            // shared memory is only ever accessed atomically or by copies.
+            Ok(unsafe { &*(self.ptr.as_ptr().add(o) as *const AtomicU64) })
+        }
+
+        /// The 4-byte atomic at `off`, borrowed from this view (see [`ShmSlice::atomic_u64`]).
+        pub fn atomic_u32(&self, off: u64) -> Result<&AtomicU32, OutOfBounds> {
+            let o = self.check_atomic(off, 4)?;
+            // SAFETY: as in `atomic_u64`, with 4 bytes and 4-byte alignment.
+            Ok(unsafe { &*(self.ptr.as_ptr().add(o) as *const AtomicU32) })
+        }
     }
 
     /// A validated 8-byte atomic in shared memory.
@@ -290,6 +308,14 @@ mod imp {
                 idx: (self.start + off as usize) / 4,
             })
         }
+        pub fn atomic_u64(&self, off: u64) -> Result<&AtomicU64, OutOfBounds> {
+            self.check_atomic(off, 8)?;
+            Ok(&self.mem.words[(self.start + off as usize) / 8])
+        }
+        pub fn atomic_u32(&self, off: u64) -> Result<&AtomicU32, OutOfBounds> {
+            self.check_atomic(off, 4)?;
+            Ok(&self.mem.halves[(self.start + off as usize) / 4])
+        }
     }
 
     #[derive(Clone)]
@@ -320,6 +346,7 @@ pub use imp::{ShmSlice, ShmU32, ShmU64};
 
 impl ShmSlice {
     /// Validates `[off, off+len)` against the view and returns `off` as a `usize`.
+    #[inline]
     fn check(&self, off: u64, len: u64) -> Result<usize, OutOfBounds> {
         let view = self.len() as u64;
         match off.checked_add(len) {
@@ -328,13 +355,14 @@ impl ShmSlice {
         }
     }
 
-    #[cfg(loom)]
-    fn check_atomic(&self, off: u64, align: u64) -> Result<(), OutOfBounds> {
-        self.check(off, align)?;
+    /// Validates an atomic of `align` bytes at `off` (in range and aligned); returns `off`.
+    #[inline]
+    fn check_atomic(&self, off: u64, align: u64) -> Result<usize, OutOfBounds> {
+        let o = self.check(off, align)?;
         if off % align != 0 {
             return Err(OutOfBounds::Misaligned { off, align });
         }
-        Ok(())
+        Ok(o)
     }
 
     /// A sub-view `[off, off+len)`; fails if it does not fit. Sub-views keep 8-byte alignment

@@ -64,11 +64,12 @@ pub struct ConnRecord {
 }
 
 /// Typed view of one connection record slot; the only code that knows its field offsets.
-pub(crate) struct ConnSlot(Slot);
+#[derive(Clone, Copy)]
+pub(crate) struct ConnSlot<'a>(Slot<'a>);
 
-impl ConnSlot {
+impl<'a> ConnSlot<'a> {
     /// `NotFound` if `idx` is outside the table.
-    pub fn new_checked(r: &Registry, idx: u32) -> Result<Self, RegistryError> {
+    pub fn new_checked(r: &'a Registry, idx: u32) -> Result<Self, RegistryError> {
         Slot::new_checked(&r.view, r.layout.conns(), idx).map(Self)
     }
     #[cfg(test)]
@@ -138,12 +139,12 @@ struct RawRecord {
 }
 
 impl Registry {
-    fn conn_slot(&self, idx: u32) -> Result<ConnSlot, RegistryError> {
+    fn conn_slot(&self, idx: u32) -> Result<ConnSlot<'_>, RegistryError> {
         ConnSlot::new_checked(self, idx)
     }
 
     /// The slot and its word if the slot still holds incarnation `id`.
-    fn check_conn(&self, id: ConnRecordId) -> Result<(ConnSlot, StateWord), RegistryError> {
+    fn check_conn(&self, id: ConnRecordId) -> Result<(ConnSlot<'_>, StateWord), RegistryError> {
         let slot = self.conn_slot(id.idx)?;
         let w = slot.word()?;
         if w.gen() != id.gen {
@@ -198,7 +199,7 @@ impl Registry {
         }
     }
 
-    fn claim_conn(&self, member: MemberId) -> Option<(ConnSlot, StateWord)> {
+    fn claim_conn(&self, member: MemberId) -> Option<(ConnSlot<'_>, StateWord)> {
         let tag = member_tag(member);
         for idx in 0..self.layout.params.max_conns {
             let Ok(slot) = self.conn_slot(idx) else {
@@ -238,7 +239,7 @@ impl Registry {
         ))
     }
 
-    fn read_conn(&self, slot: &ConnSlot, w: StateWord) -> Result<Option<RawRecord>, RegistryError> {
+    fn read_conn(&self, slot: &ConnSlot<'_>, w: StateWord) -> Result<Option<RawRecord>, RegistryError> {
         let raw = slot.read()?;
         fence(Acquire);
         Ok((slot.word()? == w).then_some(raw))

@@ -55,11 +55,12 @@ pub struct EndpointInfo {
 }
 
 /// Typed view of one endpoint slot; the only code that knows the slot's field offsets.
-pub(crate) struct EndpointSlot(Slot);
+#[derive(Clone, Copy)]
+pub(crate) struct EndpointSlot<'a>(Slot<'a>);
 
-impl EndpointSlot {
+impl<'a> EndpointSlot<'a> {
     /// `NotFound` if `idx` is outside the table.
-    pub fn new_checked(r: &Registry, idx: u32) -> Result<Self, RegistryError> {
+    pub fn new_checked(r: &'a Registry, idx: u32) -> Result<Self, RegistryError> {
         Slot::new_checked(&r.view, r.layout.endpoints(), idx).map(Self)
     }
     #[cfg(test)]
@@ -113,7 +114,7 @@ struct Entry {
 }
 
 impl Registry {
-    pub(crate) fn endpoint_slot(&self, idx: u32) -> Result<EndpointSlot, RegistryError> {
+    pub(crate) fn endpoint_slot(&self, idx: u32) -> Result<EndpointSlot<'_>, RegistryError> {
         EndpointSlot::new_checked(self, idx)
     }
 
@@ -268,7 +269,7 @@ impl Registry {
     }
 
     /// Checks that `id` still names a LIVE endpoint and returns its slot.
-    pub(crate) fn live_endpoint(&self, id: EndpointId) -> Result<EndpointSlot, RegistryError> {
+    pub(crate) fn live_endpoint(&self, id: EndpointId) -> Result<EndpointSlot<'_>, RegistryError> {
         let slot = self.endpoint_slot(id.idx)?;
         let w = slot.word()?;
         if w.gen() != id.gen {

@@ -97,11 +97,12 @@ pub struct MemberInfo {
 }
 
 /// Typed view of one member slot; the only code that knows the slot's field offsets.
-pub(crate) struct MemberSlot(Slot);
+#[derive(Clone, Copy)]
+pub(crate) struct MemberSlot<'a>(Slot<'a>);
 
-impl MemberSlot {
+impl<'a> MemberSlot<'a> {
     /// `NotFound` if `idx` is outside the table.
-    pub fn new_checked(r: &Registry, idx: u32) -> Result<Self, RegistryError> {
+    pub fn new_checked(r: &'a Registry, idx: u32) -> Result<Self, RegistryError> {
         Slot::new_checked(&r.view, r.layout.members(), idx).map(Self)
     }
     #[cfg(test)]
@@ -198,7 +199,7 @@ fn check_identity(ident: &MemberIdentity) -> Result<(), RegistryError> {
 }
 
 impl Registry {
-    pub(crate) fn member_slot(&self, idx: u32) -> Result<MemberSlot, RegistryError> {
+    pub(crate) fn member_slot(&self, idx: u32) -> Result<MemberSlot<'_>, RegistryError> {
         MemberSlot::new_checked(self, idx)
     }
 
@@ -333,7 +334,7 @@ impl Registry {
         })
     }
 
-    fn read_addresses(slot: &MemberSlot) -> Result<Vec<IpAddr>, RegistryError> {
+    fn read_addresses(slot: &MemberSlot<'_>) -> Result<Vec<IpAddr>, RegistryError> {
         let seq = slot.addr_seq()?;
         for _ in 0..READ_TRIES {
             let s1 = seq.load(Acquire);

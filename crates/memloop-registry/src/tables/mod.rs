@@ -4,8 +4,8 @@
 //! offsets of its fields, and other modules go through it.
 //!
 //! Views follow the checked-view pattern: `XSlot::new_checked(registry, idx)` validates the
-//! index against the table size once and cuts the slot's bytes out of the region, so field
-//! accessors work on a slot-sized view and cannot reach a neighbour even with a wrong offset.
+//! index against the table size and the slot against the region once; field accessors are
+//! checked against the slot's size, so they cannot reach a neighbour even with a wrong offset.
 
 pub(crate) mod channels;
 pub(crate) mod conns;
@@ -16,7 +16,7 @@ pub(crate) mod segments;
 
 use crate::error::RegistryError;
 use crate::state_word::{StateCell, StateWord};
-use memloop_shm::sync::Ordering::Relaxed;
+use memloop_shm::sync::Ordering::{Relaxed, SeqCst};
 use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 
 /// Where a table lives in the region.
@@ -27,54 +27,83 @@ pub(crate) struct Table {
     pub count: u32,
 }
 
-/// The bytes of one slot, bounds-checked once.
-#[derive(Clone)]
-pub(crate) struct Slot {
-    view: ShmSlice,
+/// One slot of a table, bounds-checked once. It borrows the region (scans visit every slot of
+/// a table on connection set-up, so a view that took a reference count per slot or per field
+/// would cost more than the scan itself); field accessors check `off + len <= slot_bytes`, so
+/// they cannot reach a neighbour even with a wrong offset.
+#[derive(Clone, Copy)]
+pub(crate) struct Slot<'a> {
+    region: &'a ShmSlice,
+    base: u64,
+    bytes: u64,
     idx: u32,
 }
 
-impl Slot {
+impl<'a> Slot<'a> {
     /// `NotFound` for an index outside the table (ids come from peers and callers).
-    pub fn new_checked(region: &ShmSlice, t: Table, idx: u32) -> Result<Slot, RegistryError> {
+    pub fn new_checked(
+        region: &'a ShmSlice,
+        t: Table,
+        idx: u32,
+    ) -> Result<Slot<'a>, RegistryError> {
         if idx >= t.count {
             return Err(RegistryError::NotFound);
         }
-        let view = region.slice(t.off + idx as u64 * t.slot_bytes, t.slot_bytes)?;
-        Ok(Slot { view, idx })
+        let base = t.off + idx as u64 * t.slot_bytes;
+        // The whole slot must lie in the region: checked here, once.
+        region.slice(base, t.slot_bytes)?;
+        Ok(Slot {
+            region,
+            base,
+            bytes: t.slot_bytes,
+            idx,
+        })
     }
     pub fn idx(&self) -> u32 {
         self.idx
     }
+    /// The region offset of field `off..off+len` of this slot.
+    fn at(&self, off: u64, len: u64) -> Result<u64, RegistryError> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.bytes => Ok(self.base + off),
+            _ => Err(memloop_shm::OutOfBounds::Range {
+                off,
+                len,
+                view: self.bytes,
+            }
+            .into()),
+        }
+    }
     pub fn state(&self) -> Result<StateCell, RegistryError> {
-        Ok(StateCell::new(self.view.u64_at(0)?))
+        Ok(StateCell::new(self.u64(0)?))
     }
     pub fn word(&self) -> Result<StateWord, RegistryError> {
-        Ok(self.state()?.load())
+        let a = self.region.atomic_u64(self.at(0, 8)?)?;
+        Ok(StateWord::from_raw(a.load(SeqCst)))
     }
     pub fn cas(&self, old: StateWord, new: StateWord) -> Result<bool, RegistryError> {
         Ok(self.state()?.cas(old, new))
     }
     pub fn u64(&self, off: u64) -> Result<ShmU64, RegistryError> {
-        Ok(self.view.u64_at(off)?)
+        Ok(self.region.u64_at(self.at(off, 8)?)?)
     }
     pub fn u32(&self, off: u64) -> Result<ShmU32, RegistryError> {
-        Ok(self.view.u32_at(off)?)
+        Ok(self.region.u32_at(self.at(off, 4)?)?)
     }
     /// Relaxed load of a data word (published by a state-word CAS, or re-checked after).
     pub fn ld(&self, off: u64) -> Result<u64, RegistryError> {
-        Ok(self.view.u64_at(off)?.load(Relaxed))
+        Ok(self.region.atomic_u64(self.at(off, 8)?)?.load(Relaxed))
     }
     pub fn st(&self, off: u64, v: u64) -> Result<(), RegistryError> {
-        self.view.u64_at(off)?.store(v, Relaxed);
+        self.region.atomic_u64(self.at(off, 8)?)?.store(v, Relaxed);
         Ok(())
     }
     pub fn bytes<const N: usize>(&self, off: u64) -> Result<[u8; N], RegistryError> {
         let mut b = [0u8; N];
-        self.view.read(off, &mut b)?;
+        self.region.read(self.at(off, N as u64)?, &mut b)?;
         Ok(b)
     }
     pub fn write(&self, off: u64, b: &[u8]) -> Result<(), RegistryError> {
-        Ok(self.view.write(off, b)?)
+        Ok(self.region.write(self.at(off, b.len() as u64)?, b)?)
     }
 }

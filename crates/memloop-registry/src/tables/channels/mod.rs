@@ -145,11 +145,12 @@ pub(crate) struct ChannelFields {
 }
 
 /// Typed view of one channel slot; the only code that knows the slot's field offsets.
-pub(crate) struct ChannelSlot(Slot);
+#[derive(Clone, Copy)]
+pub(crate) struct ChannelSlot<'a>(Slot<'a>);
 
-impl ChannelSlot {
+impl<'a> ChannelSlot<'a> {
     /// `NotFound` if `idx` is outside the table.
-    pub fn new_checked(r: &Registry, idx: u32) -> Result<Self, RegistryError> {
+    pub fn new_checked(r: &'a Registry, idx: u32) -> Result<Self, RegistryError> {
         Slot::new_checked(&r.view, r.layout.channels(), idx).map(Self)
     }
     pub fn word(&self) -> Result<StateWord, RegistryError> {
@@ -221,12 +222,12 @@ impl ChannelSlot {
             lock: self.0.u32(off + 4)?,
         })
     }
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub fn set_rings_for_test(&self, c2s: u64, s2c: u64) -> Result<(), RegistryError> {
         self.0.st(O_C2S, c2s)?;
         self.0.st(O_S2C, s2c)
     }
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub fn set_kind_for_test(&self, code: u32) -> Result<(), RegistryError> {
         self.0.u32(O_KIND)?.store(code, Relaxed);
         Ok(())
@@ -286,7 +287,7 @@ fn phase_state(p: u8) -> Option<ChannelState> {
 }
 
 impl Registry {
-    pub(crate) fn channel_slot(&self, idx: u32) -> Result<ChannelSlot, RegistryError> {
+    pub(crate) fn channel_slot(&self, idx: u32) -> Result<ChannelSlot<'_>, RegistryError> {
         ChannelSlot::new_checked(self, idx)
     }
 
@@ -307,7 +308,7 @@ impl Registry {
     pub(crate) fn channel_entry(
         &self,
         id: ChannelId,
-    ) -> Result<(ChannelSlot, StateWord), RegistryError> {
+    ) -> Result<(ChannelSlot<'_>, StateWord), RegistryError> {
         let slot = self.channel_slot(id.idx)?;
         let w = slot.word()?;
         if w.gen() != id.gen {
@@ -563,7 +564,7 @@ impl Registry {
 
     /// The kind recorded in a channel slot; unknown codes and kinds this build cannot use are
     /// typed errors.
-    fn usable_kind(slot: &ChannelSlot) -> Result<ChannelKind, RegistryError> {
+    fn usable_kind(slot: &ChannelSlot<'_>) -> Result<ChannelKind, RegistryError> {
         ChannelKind::from_code(slot.kind_code()?)?.require_supported()
     }
 
