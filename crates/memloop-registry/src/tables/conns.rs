@@ -239,7 +239,11 @@ impl Registry {
         ))
     }
 
-    fn read_conn(&self, slot: &ConnSlot<'_>, w: StateWord) -> Result<Option<RawRecord>, RegistryError> {
+    fn read_conn(
+        &self,
+        slot: &ConnSlot<'_>,
+        w: StateWord,
+    ) -> Result<Option<RawRecord>, RegistryError> {
         let raw = slot.read()?;
         fence(Acquire);
         Ok((slot.word()? == w).then_some(raw))
