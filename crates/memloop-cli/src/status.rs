@@ -54,7 +54,7 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
             "fallbacks": fallbacks_json(&counters),
             "conn_records_dropped": counters.get(COUNTER_CONNS_DROPPED),
             "ring_connections": counters.get(COUNTER_RING_CONNS),
-            "ring_bytes": counters.get(COUNTER_RING_BYTES),
+            "ring_bytes": ring_bytes(reg, &counters),
             "counters": counters,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -73,6 +73,10 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
     print_channels(reg, &channels, &members);
     print_connections(reg, &channels, &conns, &members);
     print_counters(&counters);
+    println!(
+        "\nRING BYTES carried by every channel so far: {}",
+        ring_bytes(reg, &counters)
+    );
     Ok(())
 }
 
@@ -380,4 +384,12 @@ fn fallbacks_json(counters: &[u64]) -> Value {
         })
         .collect();
     Value::Object(m)
+}
+
+/// Bytes the region's rings have carried: freed channels (the counter, added once when a
+/// channel is freed, even if its processes died without closing) plus the channels still
+/// allocated, read from their rings — so the figure is current while connections live.
+fn ring_bytes(reg: &Registry, counters: &[u64]) -> u64 {
+    let freed = counters.get(COUNTER_RING_BYTES).copied().unwrap_or(0);
+    freed.saturating_add(reg.live_ring_bytes())
 }

@@ -316,3 +316,61 @@ fn bench_without_the_bench_binary_says_how_to_build_it() {
         "{err}"
     );
 }
+
+/// The region's `ring_bytes` stays exact when a process dies without closing: the channel is
+/// counted from its rings while it lives, and once when it is freed — here by `region
+/// reclaim`, after the peer was SIGKILLed and our side closed.
+#[test]
+fn ring_bytes_survive_a_peer_killed_without_closing() {
+    let r = TestRegion::create("bytes");
+    let ring_bytes = || {
+        let o = memloop(&["status", "--region", &r.0, "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: Value = serde_json::from_str(&stdout(&o)).expect("status --json is JSON");
+        v["ring_bytes"].as_u64().expect("ring_bytes is a number")
+    };
+    let region = Region::open(&RegionSpec::parse(&r.0)).unwrap();
+    let node = Node::join(region, "cli-test").unwrap();
+    let listener = Listener::bind(&node, "cli-bytes-svc").unwrap();
+    let mut peer = Command::new(BIN)
+        .args(["cat", "--connect", "cli-bytes-svc"])
+        .env("MEMLOOP_REGION", &r.0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut s = listener
+        .accept_timeout(Some(Duration::from_secs(10)))
+        .expect("peer connects");
+    let sent = vec![0x5a_u8; 4096];
+    let mut input = peer.stdin.take().unwrap();
+    input.write_all(&sent).unwrap();
+    let mut got = vec![0u8; sent.len()];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(got, sent);
+    assert_eq!(ring_bytes(), 4096, "counted from the live channel's rings");
+
+    // SIGKILL: the peer never closes its end of the channel.
+    peer.kill().unwrap();
+    peer.wait().unwrap();
+    drop(input);
+    drop(s);
+    assert_eq!(
+        ring_bytes(),
+        4096,
+        "still counted while the channel waits for reclaim"
+    );
+    let o = memloop(&["region", "reclaim", "--region", &r.0]);
+    assert!(o.status.success(), "reclaim: {}", stderr(&o));
+    assert_eq!(
+        ring_bytes(),
+        4096,
+        "counted exactly once after the channel is freed"
+    );
+    let o = memloop(&["status", "--region", &r.0, "--json"]);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(
+        v["channels"].as_array().unwrap().is_empty(),
+        "the reclaim freed the channel: {v}"
+    );
+}

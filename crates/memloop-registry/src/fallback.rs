@@ -192,7 +192,9 @@ pub fn counter_name(i: usize) -> Option<&'static str> {
 
 /// Header counter: transparent connections that took a ring (bumped by the accepting server).
 pub const COUNTER_RING_CONNS: usize = COUNTER_CONNS_DROPPED + 1;
-/// Header counter: bytes that crossed transparent rings (each side adds what it sent, at close).
+/// Header counter: bytes carried by the rings of channels already freed (both directions,
+/// added once when the channel is freed, whoever frees it). `Registry::live_ring_bytes` adds
+/// the channels still allocated.
 pub const COUNTER_RING_BYTES: usize = COUNTER_CONNS_DROPPED + 2;
 
 const _: () = assert!(COUNTER_RING_BYTES < NCOUNTERS);

@@ -76,12 +76,11 @@ def merge(state, st):
     return state
 
 
-RING_BYTES_COUNTER = 15  # registry::COUNTER_RING_BYTES
-
-
-def counter(st, i):
-    c = st.get("counters") or []
-    return c[i] if i < len(c) and isinstance(c[i], int) else 0
+def region_ring_bytes(st):
+    """Bytes the region's rings carried: freed channels plus the live ones (status's
+    `ring_bytes`, by name: counter indices move when the layout grows)."""
+    v = st.get("ring_bytes")
+    return v if isinstance(v, int) else 0
 
 
 def new_state():
@@ -120,9 +119,9 @@ def summary(a):
     final = status(a.memloop, a.region)
     merge(state, final)
     # Channels are sampled: a transfer that starts and ends between two samples (iperf3 moves
-    # 256 MB in ~15 ms on a ring) leaves no sample, but its bytes are added to the region's
-    # ring_bytes counter when the connection closes.
-    ring_bytes = max(ring_evidence(state), counter(final, RING_BYTES_COUNTER))
+    # 256 MB in ~15 ms on a ring) leaves no sample, but its bytes are in the region's
+    # ring_bytes (added when the channel is freed, even if its processes were killed).
+    ring_bytes = max(ring_evidence(state), region_ring_bytes(final))
     records = state.get("fallback_records", {})
     reasons = {}
     for r in records.values():

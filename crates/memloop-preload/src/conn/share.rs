@@ -172,12 +172,9 @@ impl Conn {
             // Doorbells left unread would make the kernel reset instead of closing cleanly.
             self.drain();
         }
-        // The ring's tail counts every byte ever published, whichever process wrote it.
-        let sent = memloop_ring::header::totals(&self.rings.tx_view).map(|(tail, _)| tail);
         self.log_ring_error("closing our ring end", self.with_cons(|c| c.close()));
         real::ring_doorbell(fd);
         let reg = self.engine.registry();
-        reg.add_counter(memloop::registry::COUNTER_RING_BYTES, sent.unwrap_or(0));
         if let Err(e) = reg.close(self.ch, self.side) {
             tracing::debug!(ch = ?self.ch, "close: {e}");
         }

@@ -480,9 +480,19 @@ impl Registry {
     pub(crate) fn free_channel(&self, id: ChannelId, w: StateWord) -> Result<bool, RegistryError> {
         let slot = self.channel_slot(id.idx)?;
         let ep = slot.endpoint()?;
+        // Read while the word is still `w` (the CAS below proves it was): once FREE, the slot
+        // may be reused at once.
+        let carried = if is_marker(w) {
+            0
+        } else {
+            self.bytes_carried(&slot)
+        };
         if !slot.cas(w, StateWord::new(id.gen.wrapping_add(1), 0, C_FREE))? {
             return Ok(false);
         }
+        // Counted once, by whoever frees the channel (its last side to close, or the
+        // reclaimer of a member that died): a process killed without closing is counted too.
+        self.add_counter(crate::COUNTER_RING_BYTES, carried);
         if c_phase(w) == C_OFFERED {
             self.backlog_add(ep, false);
         }

@@ -118,4 +118,32 @@ impl Registry {
             )),
         }
     }
+
+    /// Bytes a channel's rings have carried, both directions (each ring's tail counts every
+    /// byte ever published). Statistics only: an unreadable ring counts as 0.
+    pub(super) fn bytes_carried(&self, slot: &ChannelSlot<'_>) -> u64 {
+        let tail = |off: u64, cap: u64| -> Option<u64> {
+            let view = self.heap_view(off, self.ring_len(cap).ok()?).ok()?;
+            memloop_ring::header::totals(&view).map(|(tail, _)| tail)
+        };
+        let (Ok(cap), Ok(c2s), Ok(s2c)) = (slot.capacity(), slot.c2s(), slot.s2c()) else {
+            return 0;
+        };
+        let c = tail(c2s, cap).unwrap_or(0);
+        c.saturating_add(tail(s2c, cap).unwrap_or(0))
+    }
+
+    /// Bytes carried by the rings of every channel still allocated (see
+    /// [`Registry::bytes_carried`]): with the ring-bytes counter, which counts freed channels,
+    /// the total the region has carried, current while connections live.
+    pub fn live_ring_bytes(&self) -> u64 {
+        (0..self.layout.params.max_channels)
+            .filter_map(|idx| {
+                let slot = self.channel_slot(idx).ok()?;
+                let w = slot.word().ok()?;
+                let live = !is_marker(w) && c_phase(w) != C_FREE;
+                live.then(|| self.bytes_carried(&slot))
+            })
+            .fold(0u64, u64::saturating_add)
+    }
 }

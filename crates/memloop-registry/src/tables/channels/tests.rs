@@ -144,3 +144,52 @@ mod kind_tests {
         ));
     }
 }
+
+mod carried_tests {
+    use super::*;
+    use crate::{EndpointKey, COUNTER_RING_BYTES};
+    use memloop_ring::StreamProducer;
+
+    /// A channel with 100 bytes client→server and 50 back; the registry, its member and id.
+    fn busy_channel() -> (Registry, MemberId, ChannelId) {
+        let (r, m) = crate::tables::members::test_registry_with_member("m");
+        let ep = r.add_endpoint(m, &EndpointKey::Native("x".into())).unwrap();
+        let ch = r.offer(m, ep, 4096, None).unwrap();
+        r.accept(ch, m).unwrap();
+        let rings = r.rings(ch).unwrap();
+        let mut c2s = StreamProducer::attach(rings.c2s).unwrap();
+        assert_eq!(c2s.write(&[7; 100]).unwrap(), 100);
+        let mut s2c = StreamProducer::attach(rings.s2c).unwrap();
+        assert_eq!(s2c.write(&[8; 50]).unwrap(), 50);
+        (r, m, ch)
+    }
+
+    #[test]
+    fn a_freed_channel_adds_what_its_rings_carried_exactly_once() {
+        let (r, _, ch) = busy_channel();
+        let before = r.counters()[COUNTER_RING_BYTES];
+        assert_eq!(
+            r.live_ring_bytes(),
+            150,
+            "live channels are counted from their rings"
+        );
+        r.close(ch, Side::Client).unwrap();
+        assert_eq!(r.live_ring_bytes(), 150, "one side still holds it");
+        assert_eq!(r.counters()[COUNTER_RING_BYTES], before);
+        r.close(ch, Side::Server).unwrap();
+        assert_eq!(r.counters()[COUNTER_RING_BYTES] - before, 150);
+        assert_eq!(r.live_ring_bytes(), 0);
+    }
+
+    #[test]
+    fn a_channel_freed_by_reclaiming_a_dead_member_is_counted_too() {
+        // The process holding the server side died without closing: the reclaimer frees the
+        // channel, and its bytes still reach the total.
+        let (r, m, ch) = busy_channel();
+        let before = r.counters()[COUNTER_RING_BYTES];
+        r.close(ch, Side::Client).unwrap();
+        r.reclaim(m, m).unwrap();
+        assert_eq!(r.counters()[COUNTER_RING_BYTES] - before, 150);
+        assert_eq!(r.live_ring_bytes(), 0);
+    }
+}
