@@ -17,6 +17,7 @@ pub mod descriptor;
 mod error;
 pub mod header;
 mod index;
+pub mod leave;
 pub mod record;
 pub mod slots;
 pub mod stream;

@@ -83,6 +83,17 @@ impl StreamProducer {
         self.written
     }
 
+    /// The ring index after the last byte this end published (its tail).
+    pub fn position(&self) -> u64 {
+        self.core.tail
+    }
+
+    /// Copies published bytes starting at ring index `from` into `dst` (the caller checked
+    /// that they are still in the ring).
+    pub(crate) fn copy_published(&self, from: u64, dst: &mut [u8]) -> Result<(), RingError> {
+        copy_out(&self.core.h.data, self.core.cap(), from, dst)
+    }
+
     /// Announces that this writer is about to sleep outside the ring (poll/epoll) until the
     /// reader frees space; the reader's next release then reports a doorbell request
     /// ([`StreamConsumer::take_doorbell`]). Re-check the free space after arming.
@@ -201,6 +212,11 @@ impl StreamConsumer {
 
     pub fn total_read(&self) -> u64 {
         self.read
+    }
+
+    /// The ring index after the last byte this end consumed (its head).
+    pub fn position(&self) -> u64 {
+        self.core.head
     }
 
     /// Whether the writer shut down (data may still be waiting to be read).
