@@ -267,7 +267,7 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
         Ok(c) => {
             reg.bump_counter(memloop::registry::COUNTER_RING_CONNS);
             // The client may be waiting for our decision in poll: wake it.
-            real::ring_doorbell(fd);
+            c.ring_doorbell();
             Accepted::Ring(c)
         }
         Err(r) => {

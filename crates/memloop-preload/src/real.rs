@@ -114,10 +114,10 @@ fn check(r: isize) -> Result<usize, c_int> {
     }
 }
 
-/// One doorbell byte to the peer; a failure is only logged (the peer also wakes on its own
-/// bounded sleep and on the connection closing; a full socket buffer already holds bytes
-/// that will wake it).
-pub fn ring_doorbell(fd: c_int) {
+/// One doorbell byte to the peer; true if it was sent (live path switching counts them). A
+/// failure is only logged (the peer also wakes on its own bounded sleep and on the connection
+/// closing; a full socket buffer already holds bytes that will wake it).
+pub fn ring_doorbell(fd: c_int) -> bool {
     let b = [1u8];
     // SAFETY: valid one-byte buffer.
     let r = unsafe {
@@ -134,6 +134,7 @@ pub fn ring_doorbell(fd: c_int) {
             tracing::debug!(fd, errno = e, "doorbell not sent");
         }
     }
+    r == 1
 }
 
 /// Outcome of draining doorbells from the kernel socket.

@@ -9,7 +9,7 @@ use loom::thread;
 
 /// Header 512 + 2 members + 2 endpoints + 2 channels + 1 connection record, segment tags,
 /// then four 256-byte segments.
-const SIZE: u64 = 2816;
+const SIZE: u64 = 3072;
 
 fn tiny() -> RegionParams {
     RegionParams {

@@ -214,7 +214,7 @@ impl Conn {
             self.shut_wr.store(true, Release);
             self.with_prod(|p| p.shutdown())?;
             // The peer may sleep in epoll without having armed for this end: always ring.
-            real::ring_doorbell(self.kfd());
+            self.ring_doorbell();
         }
         Ok(())
     }

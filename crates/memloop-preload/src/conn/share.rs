@@ -19,6 +19,9 @@ pub(super) struct Sharing {
     pub(super) side_words: Option<SideWords>,
     /// Our side is already closed in the registry (last holder closed).
     pub(super) released: AtomicBool,
+    /// Set just before our side is closed in the registry: the channel's words may be freed
+    /// and reused from then on, so nothing more is counted in them.
+    pub(super) side_closed: AtomicBool,
 }
 
 impl Sharing {
@@ -29,6 +32,7 @@ impl Sharing {
             resync_cons: AtomicBool::new(false),
             side_words,
             released: AtomicBool::new(false),
+            side_closed: AtomicBool::new(false),
         }
     }
 }
@@ -118,7 +122,7 @@ impl Conn {
         }
         let r = f(&mut p);
         if p.take_doorbell() {
-            real::ring_doorbell(self.kfd());
+            self.ring_doorbell();
         }
         Ok(r)
     }
@@ -134,7 +138,7 @@ impl Conn {
         }
         let r = f(&mut c);
         if c.take_doorbell() {
-            real::ring_doorbell(self.kfd());
+            self.ring_doorbell();
         }
         Ok(r)
     }
@@ -173,7 +177,17 @@ impl Conn {
             self.drain();
         }
         self.log_ring_error("closing our ring end", self.with_cons(|c| c.close()));
-        real::ring_doorbell(fd);
+        self.ring_doorbell();
+        if let Some(w) = &self.share.side_words {
+            tracing::debug!(
+                ch = ?self.ch,
+                side = ?self.side,
+                sent = w.doorbells_sent.load(Relaxed),
+                read = w.doorbells_read.load(Relaxed),
+                "doorbell counts at close"
+            );
+        }
+        self.share.side_closed.store(true, Release);
         let reg = self.engine.registry();
         if let Err(e) = reg.close(self.ch, self.side) {
             tracing::debug!(ch = ?self.ch, "close: {e}");

@@ -37,6 +37,26 @@ impl Sleepers {
 }
 
 impl Conn {
+    /// Sends one doorbell byte to the peer, counted where every process holding this side
+    /// sees it (a switch to TCP discards exactly the peer's unread ones).
+    pub fn ring_doorbell(&self) {
+        if real::ring_doorbell(self.kfd()) {
+            if let Some(w) = self.counting() {
+                w.doorbells_sent.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// The side words to count doorbells in — only while the connection is on its ring and
+    /// our side is not closed: otherwise the channel may be freed (a cancelled offer, a
+    /// closed side) and its slot reused, and a late count would land on the next occupant.
+    fn counting(&self) -> Option<&memloop::registry::SideWords> {
+        if self.path() != super::Path::Ring || self.share.side_closed.load(Acquire) {
+            return None;
+        }
+        self.share.side_words.as_ref()
+    }
+
     /// Drains doorbells from the kernel socket, noting a closed or reset peer.
     ///
     /// Doorbells are consumed only while no thread of ours sleeps on this socket, and no thread
@@ -61,6 +81,9 @@ impl Conn {
 
     pub(super) fn drain_now(&self) {
         let (state, bytes) = real::drain_doorbells(self.kfd());
+        if let Some(w) = self.counting() {
+            w.doorbells_read.fetch_add(bytes as u64, Relaxed);
+        }
         let read = u32::try_from(bytes).unwrap_or(u32::MAX);
         // The closure always returns Some: this update cannot fail.
         let _ = self

@@ -98,6 +98,11 @@ impl<'a> Slot<'a> {
         self.region.atomic_u64(self.at(off, 8)?)?.store(v, Relaxed);
         Ok(())
     }
+    /// A sub-view of `len` bytes at `off` in this slot (8-aligned), for a record another
+    /// crate lays out (e.g. a ring-leave cell).
+    pub fn view(&self, off: u64, len: u64) -> Result<ShmSlice, RegistryError> {
+        Ok(self.region.slice(self.at(off, len)?, len)?)
+    }
     pub fn bytes<const N: usize>(&self, off: u64) -> Result<[u8; N], RegistryError> {
         let mut b = [0u8; N];
         self.region.read(self.at(off, N as u64)?, &mut b)?;

@@ -24,10 +24,17 @@
 //! | 64 | connection 4-tuple (40 B) |
 //! | 104 | client side: holders u32 · lock u32 · 112 server side: holders u32 · lock u32 |
 //! | 120 | channel kind u32 ([`ChannelKind`] code; 0 for a decline marker) · 124 reserved |
+//! | 128 | client side's switch words: doorbells sent u64 · 136 doorbells read u64 · 144 leave cell (32 B) |
+//! | 176 | server side's switch words: the same · 224..256 reserved |
 //!
 //! The kind is written with the other fields before the offer is published and checked by
 //! every attach ([`Registry::rings_of`]) against what the caller expects and against the kind
 //! fields of the two ring headers; `accept` refuses kinds this build cannot use.
+//!
+//! The switch words count the doorbell bytes each side sent and read on its kernel socket, in
+//! shared memory so that processes sharing a side after fork count together, and hold the
+//! side's ring-leave record (`memloop_ring::leave`): live path switching discards exactly the
+//! peer's unread doorbells (`docs/design/path-switching.md`).
 //!
 //! The side words serve a channel shared by several processes after fork: `holders` counts the
 //! processes that hold one side open, `lock` (0 or a pid) serialises them. They are written
@@ -75,6 +82,10 @@ const O_TUPLE: u64 = 64;
 const O_SIDE_CLIENT: u64 = 104;
 const O_SIDE_SERVER: u64 = 112;
 const O_KIND: u64 = 120;
+const O_SWITCH_CLIENT: u64 = 128;
+const O_SWITCH_SERVER: u64 = 176;
+/// Per side: doorbells sent, doorbells read, then the leave cell.
+const SWITCH_BYTES: u64 = 16 + memloop_ring::leave::LEAVE_CELL_BYTES;
 const MIN_RING: u64 = 64;
 /// Bound on CAS retries of one operation (only reachable under heavy contention or corruption).
 const RETRIES: usize = 10_000;
@@ -119,6 +130,12 @@ pub struct ChannelInfo {
 pub struct SideWords {
     pub holders: ShmU32,
     pub lock: ShmU32,
+    /// Doorbell bytes this side sent on its kernel socket (every process holding it).
+    pub doorbells_sent: ShmU64,
+    /// Doorbell bytes this side read from its kernel socket.
+    pub doorbells_read: ShmU64,
+    /// This side's ring-leave record (`memloop_ring::leave::LeaveCell::new(&leave, 0)`).
+    pub leave: ShmSlice,
 }
 
 /// Views of the two rings of a channel, for `memloop_ring` attach.
@@ -179,6 +196,11 @@ impl<'a> ChannelSlot<'a> {
             self.0.u32(off)?.store(f.holders, Relaxed);
             self.0.u32(off + 4)?.store(0, Relaxed);
         }
+        for off in [O_SWITCH_CLIENT, O_SWITCH_SERVER] {
+            for word in (0..SWITCH_BYTES).step_by(8) {
+                self.0.st(off + word, 0)?;
+            }
+        }
         Ok(())
     }
     /// The server word, claimed by CAS before OFFERED → ACCEPTED.
@@ -217,9 +239,18 @@ impl<'a> ChannelSlot<'a> {
             Side::Client => O_SIDE_CLIENT,
             Side::Server => O_SIDE_SERVER,
         };
+        let sw = match side {
+            Side::Client => O_SWITCH_CLIENT,
+            Side::Server => O_SWITCH_SERVER,
+        };
         Ok(SideWords {
             holders: self.0.u32(off)?,
             lock: self.0.u32(off + 4)?,
+            doorbells_sent: self.0.u64(sw)?,
+            doorbells_read: self.0.u64(sw + 8)?,
+            leave: self
+                .0
+                .view(sw + 16, memloop_ring::leave::LEAVE_CELL_BYTES)?,
         })
     }
     #[cfg(all(test, not(loom)))]
