@@ -13,6 +13,7 @@ use memloop::registry::{
 use memloop::ring::header::totals;
 use serde_json::{json, Value};
 use std::collections::HashSet;
+use std::sync::atomic::Ordering::Relaxed;
 
 #[derive(clap::Args)]
 pub struct StatusArgs {
@@ -357,7 +358,25 @@ fn channel_json(reg: &Registry, c: &ChannelInfo) -> Value {
         "client_closed": c.client_closed, "server_closed": c.server_closed,
         "client_dead": c.client_dead, "server_dead": c.server_dead,
         "path": "ring", "marker": c.marker, "tuple": c.tuple.as_ref().map(tuple_json),
+        "doorbells": doorbells_json(reg, c),
     })
+}
+
+/// Doorbell bytes each side sent and read on its kernel socket (what live path switching will
+/// reconcile); null for a channel without side words (a marker, or one being torn down).
+fn doorbells_json(reg: &Registry, c: &ChannelInfo) -> Value {
+    use memloop::registry::Side;
+    let side = |s: Side| {
+        let w = reg.side_words(c.id, s).ok()?;
+        Some(json!({
+            "sent": w.doorbells_sent.load(Relaxed),
+            "read": w.doorbells_read.load(Relaxed),
+        }))
+    };
+    match (c.marker, side(Side::Client), side(Side::Server)) {
+        (false, Some(client), Some(server)) => json!({ "client": client, "server": server }),
+        _ => Value::Null,
+    }
 }
 
 fn tuple_json(t: &ConnTuple) -> Value {

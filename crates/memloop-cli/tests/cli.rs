@@ -163,6 +163,14 @@ fn status_lists_a_connected_peer() {
         ch["bytes_c2s"].as_u64() == Some(32) && ch["bytes_s2c"].as_u64() == Some(0),
         "{ch}"
     );
+    // Native streams wake each other by futex: no doorbell bytes on any socket.
+    for side in ["client", "server"] {
+        let d = &ch["doorbells"][side];
+        assert!(
+            d["sent"].as_u64() == Some(0) && d["read"].as_u64() == Some(0),
+            "{ch}"
+        );
+    }
 
     let text = stdout(&memloop(&["status", "--region", &r.0]));
     assert!(
