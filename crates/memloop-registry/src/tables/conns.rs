@@ -19,10 +19,7 @@ use crate::key::{
     decode_tuple, encode_tuple, member_tag, pack_id, unpack_id, ConnTuple, MemberId, Proto,
     TUPLE_BYTES,
 };
-#[cfg(test)]
-use crate::state_word::StateCell;
 use crate::state_word::{bad_state, StateWord};
-use crate::tables::Slot;
 use crate::Registry;
 use memloop_shm::sync::fence;
 use memloop_shm::sync::Ordering::Acquire;
@@ -63,25 +60,13 @@ pub struct ConnRecord {
     pub bytes_received: u64,
 }
 
-/// Typed view of one connection record slot; the only code that knows its field offsets.
-#[derive(Clone, Copy)]
-pub(crate) struct ConnSlot<'a>(Slot<'a>);
+crate::tables::slot_view!(
+    /// Typed view of one connection record slot; the only code that knows its field offsets.
+    ConnSlot,
+    conns
+);
 
 impl<'a> ConnSlot<'a> {
-    /// `NotFound` if `idx` is outside the table.
-    pub fn new_checked(r: &'a Registry, idx: u32) -> Result<Self, RegistryError> {
-        Slot::new_checked(&r.view, r.layout.conns(), idx).map(Self)
-    }
-    #[cfg(test)]
-    pub fn state(&self) -> Result<StateCell, RegistryError> {
-        self.0.state()
-    }
-    fn word(&self) -> Result<StateWord, RegistryError> {
-        self.0.word()
-    }
-    fn cas(&self, old: StateWord, new: StateWord) -> Result<bool, RegistryError> {
-        self.0.cas(old, new)
-    }
     /// Writes a record; the slot must be CLAIMED by the caller.
     fn write(&self, raw: &RawRecord) -> Result<(), RegistryError> {
         for (off, v) in [

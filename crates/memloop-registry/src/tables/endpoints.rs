@@ -22,10 +22,7 @@ use crate::key::{
     check_key, decode_key, encode_key, hash_key, pack_id, unpack_id, EndpointId, EndpointKey,
     MemberId, KEY_BYTES,
 };
-#[cfg(test)]
-use crate::state_word::StateCell;
 use crate::state_word::StateWord;
-use crate::tables::Slot;
 use crate::Registry;
 use memloop_shm::sync::fence;
 use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release, SeqCst};
@@ -54,25 +51,13 @@ pub struct EndpointInfo {
     pub owner: MemberId,
 }
 
-/// Typed view of one endpoint slot; the only code that knows the slot's field offsets.
-#[derive(Clone, Copy)]
-pub(crate) struct EndpointSlot<'a>(Slot<'a>);
+crate::tables::slot_view!(
+    /// Typed view of one endpoint slot; the only code that knows the slot's field offsets.
+    EndpointSlot,
+    endpoints
+);
 
 impl<'a> EndpointSlot<'a> {
-    /// `NotFound` if `idx` is outside the table.
-    pub fn new_checked(r: &'a Registry, idx: u32) -> Result<Self, RegistryError> {
-        Slot::new_checked(&r.view, r.layout.endpoints(), idx).map(Self)
-    }
-    #[cfg(test)]
-    pub fn state(&self) -> Result<StateCell, RegistryError> {
-        self.0.state()
-    }
-    pub fn word(&self) -> Result<StateWord, RegistryError> {
-        self.0.word()
-    }
-    pub fn cas(&self, old: StateWord, new: StateWord) -> Result<bool, RegistryError> {
-        self.0.cas(old, new)
-    }
     /// Writes a new entry's fields; the slot must be CLAIMING by the caller.
     fn write(&self, owner: u64, hash: u64, key: &[u8; KEY_BYTES]) -> Result<(), RegistryError> {
         self.0.st(O_OWNER, owner)?;

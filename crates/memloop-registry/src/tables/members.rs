@@ -16,10 +16,7 @@
 use crate::error::RegistryError;
 use crate::header::H_JOIN_SEQ;
 use crate::key::{arr16, decode_ip, encode_ip, member_tag, MemberId};
-#[cfg(test)]
-use crate::state_word::StateCell;
 use crate::state_word::{bad_state, StateWord};
-use crate::tables::Slot;
 use crate::Registry;
 use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release};
 use memloop_shm::sync::{fence, spin_hint};
@@ -96,25 +93,13 @@ pub struct MemberInfo {
     pub state: MemberState,
 }
 
-/// Typed view of one member slot; the only code that knows the slot's field offsets.
-#[derive(Clone, Copy)]
-pub(crate) struct MemberSlot<'a>(Slot<'a>);
+crate::tables::slot_view!(
+    /// Typed view of one member slot; the only code that knows the slot's field offsets.
+    MemberSlot,
+    members
+);
 
 impl<'a> MemberSlot<'a> {
-    /// `NotFound` if `idx` is outside the table.
-    pub fn new_checked(r: &'a Registry, idx: u32) -> Result<Self, RegistryError> {
-        Slot::new_checked(&r.view, r.layout.members(), idx).map(Self)
-    }
-    #[cfg(test)]
-    pub fn state(&self) -> Result<StateCell, RegistryError> {
-        self.0.state()
-    }
-    pub fn word(&self) -> Result<StateWord, RegistryError> {
-        self.0.word()
-    }
-    pub fn cas(&self, old: StateWord, new: StateWord) -> Result<bool, RegistryError> {
-        self.0.cas(old, new)
-    }
     /// Writes the identity; the slot must be CLAIMING by the caller.
     fn write_identity(&self, join: u64, ident: &MemberIdentity) -> Result<(), RegistryError> {
         for (off, v) in [

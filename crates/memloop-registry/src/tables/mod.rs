@@ -19,6 +19,48 @@ use crate::state_word::{StateCell, StateWord};
 use memloop_shm::sync::Ordering::{Relaxed, SeqCst};
 use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 
+/// Declares a table's typed slot view: the struct, `new_checked` against that table and the
+/// state-word accessors every table shares. Field accessors stay in the table's own module,
+/// the only code that knows its offsets.
+macro_rules! slot_view {
+    ($(#[$meta:meta])* $name:ident, $table:ident) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy)]
+        pub(crate) struct $name<'a>($crate::tables::Slot<'a>);
+
+        impl<'a> $name<'a> {
+            /// `NotFound` if `idx` is outside the table.
+            pub fn new_checked(
+                r: &'a $crate::Registry,
+                idx: u32,
+            ) -> Result<Self, $crate::error::RegistryError> {
+                $crate::tables::Slot::new_checked(&r.view, r.layout.$table(), idx).map(Self)
+            }
+            /// Tests only: slots change by CAS.
+            #[cfg(all(test, not(loom)))]
+            #[allow(dead_code)]
+            pub fn state(
+                &self,
+            ) -> Result<$crate::state_word::StateCell, $crate::error::RegistryError> {
+                self.0.state()
+            }
+            pub fn word(
+                &self,
+            ) -> Result<$crate::state_word::StateWord, $crate::error::RegistryError> {
+                self.0.word()
+            }
+            pub fn cas(
+                &self,
+                old: $crate::state_word::StateWord,
+                new: $crate::state_word::StateWord,
+            ) -> Result<bool, $crate::error::RegistryError> {
+                self.0.cas(old, new)
+            }
+        }
+    };
+}
+pub(crate) use slot_view;
+
 /// Where a table lives in the region.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Table {

@@ -49,7 +49,6 @@ use crate::key::{
 };
 use crate::kind::ChannelKind;
 use crate::state_word::{bad_state, StateWord};
-use crate::tables::Slot;
 use crate::Registry;
 use memloop_ring::{init_ring, ring_bytes};
 use memloop_shm::sync::fence;
@@ -161,21 +160,13 @@ pub(crate) struct ChannelFields {
     pub holders: u32,
 }
 
-/// Typed view of one channel slot; the only code that knows the slot's field offsets.
-#[derive(Clone, Copy)]
-pub(crate) struct ChannelSlot<'a>(Slot<'a>);
+crate::tables::slot_view!(
+    /// Typed view of one channel slot; the only code that knows the slot's field offsets.
+    ChannelSlot,
+    channels
+);
 
 impl<'a> ChannelSlot<'a> {
-    /// `NotFound` if `idx` is outside the table.
-    pub fn new_checked(r: &'a Registry, idx: u32) -> Result<Self, RegistryError> {
-        Slot::new_checked(&r.view, r.layout.channels(), idx).map(Self)
-    }
-    pub fn word(&self) -> Result<StateWord, RegistryError> {
-        self.0.word()
-    }
-    pub fn cas(&self, old: StateWord, new: StateWord) -> Result<bool, RegistryError> {
-        self.0.cas(old, new)
-    }
     /// Writes every field; the slot must be RESERVED by the caller (unpublished).
     pub fn write(&self, f: &ChannelFields) -> Result<(), RegistryError> {
         for (off, v) in [
