@@ -78,30 +78,18 @@ impl PeerWatch {
         }
     }
 
-    /// Someone found the peer dead and reclaimed it: its side carries the dead bit.
-    pub fn reclaimed(&self) -> bool {
-        match self.registry().channel(self.ch) {
-            Ok(info) => match self.side {
-                Side::Client => info.server_dead,
-                Side::Server => info.client_dead,
-            },
-            Err(_) => false,
-        }
-    }
-
-    /// The peer member lives, by `/proc` in our pid namespace or by its heartbeat; a dead
-    /// one is reclaimed on the spot. A channel without a peer yet counts as alive.
-    pub fn alive(&self) -> bool {
-        match self.registry().channel(self.ch) {
-            Ok(info) => {
-                let peer = match self.side {
-                    Side::Client => info.server,
-                    Side::Server => Some(info.client),
-                };
-                peer.map_or(true, |p| self.node.peer_alive(p))
-            }
-            Err(_) => false,
-        }
+    /// The peer is dead: someone reclaimed it (its side carries the dead bit), or its member
+    /// is dead by `/proc` in our pid namespace or by its heartbeat (reclaimed on the spot). A
+    /// channel without a peer yet is not; an unreadable one is. One read of the channel.
+    pub fn dead(&self) -> bool {
+        let Ok(info) = self.registry().channel(self.ch) else {
+            return true;
+        };
+        let (peer, dead_bit) = match self.side {
+            Side::Client => (info.server, info.server_dead),
+            Side::Server => (Some(info.client), info.client_dead),
+        };
+        dead_bit || peer.is_some_and(|p| !self.node.peer_alive(p))
     }
 
     /// The peer closed its side, died, or refused the channel (a client's offer declined, a
@@ -112,15 +100,14 @@ impl PeerWatch {
             .unwrap_or(true)
     }
 
-    /// The peer can no longer take part: the channel was refused, the peer carries the dead
-    /// bit, or its member is dead. Unlike [`PeerWatch::gone`], a peer that merely closed its
-    /// side is not lost (its rings say so, and what it sent is still read).
-    pub fn lost(&self, peer: MemberId) -> bool {
+    /// The peer can no longer take part: the channel was refused or is unreadable, or the
+    /// peer is [`dead`](PeerWatch::dead). Unlike [`PeerWatch::gone`], a peer that merely closed
+    /// its side is not lost (its rings say so, and what it sent is still read).
+    pub fn lost(&self) -> bool {
         match self.registry().channel_state(self.ch) {
-            Ok(ChannelState::Declined | ChannelState::Cancelled) | Err(_) => return true,
-            Ok(_) => {}
+            Ok(ChannelState::Declined | ChannelState::Cancelled) | Err(_) => true,
+            Ok(_) => self.dead(),
         }
-        self.reclaimed() || !self.node.peer_alive(peer)
     }
 
     /// The peer runs in our kernel (futexes and kernel sockets reach it). Unknown → yes.

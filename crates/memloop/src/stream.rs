@@ -263,7 +263,7 @@ impl Stream {
 
     /// Has the peer died, or (for an unaccepted offer) been declined?
     fn peer_gone(&self) -> bool {
-        self.watch.lost(self.peer)
+        self.watch.lost()
     }
 }
 

@@ -1,7 +1,7 @@
 //! The data calls on a ring connection, with the kernel's semantics (partial reads, EOF after
 //! a FIN, one ECONNRESET after a reset, EPIPE/SIGPIPE, MSG_PEEK/WAITALL/DONTWAIT, timeouts).
 
-use super::{us, Conn, Dir};
+use super::{deadline, Conn, Dir};
 use crate::forklock::ForkMutex;
 use crate::real;
 use libc::c_int;
@@ -11,7 +11,6 @@ use memloop_ring::{StreamConsumer, StreamProducer};
 use memloop_shm::ShmSlice;
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::{AtomicBool, Ordering::*};
-use std::time::Instant;
 
 /// Our ends of the channel's two rings.
 pub(super) struct Rings {
@@ -56,12 +55,7 @@ impl Conn {
         // After our own SHUT_RD the kernel still hands out what was queued, then EOF.
         let shut_rd = self.shut_rd.load(Acquire);
         let dontwait = shut_rd || flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
-        let timeout = if dontwait {
-            None
-        } else {
-            us(&self.rcvtimeo_us)
-        };
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = deadline(dontwait, &self.rcvtimeo_us);
         let mut got = 0usize;
         loop {
             // MSG_PEEK|MSG_WAITALL: wait until the whole length is there, then peek it.
@@ -156,12 +150,7 @@ impl Conn {
         let want: usize = bufs.iter().map(|b| b.len()).sum();
         let nosignal = flags & libc::MSG_NOSIGNAL != 0;
         let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
-        let timeout = if dontwait {
-            None
-        } else {
-            us(&self.sndtimeo_us)
-        };
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = deadline(dontwait, &self.sndtimeo_us);
         let mut sent = 0usize;
         loop {
             if self.shut_wr.load(Acquire) || self.peer_closed() {
@@ -227,7 +216,7 @@ impl Conn {
     /// Waits (unless `nonblock`) until the tx ring has room; returns how much (≤ `max`).
     pub fn wait_room(&self, max: usize, nonblock: bool) -> Result<usize, c_int> {
         let dontwait = nonblock || self.nonblocking();
-        let deadline = us(&self.sndtimeo_us).map(|t| Instant::now() + t);
+        let deadline = deadline(false, &self.sndtimeo_us);
         loop {
             if self.shut_wr.load(Acquire) || self.peer_closed() {
                 return Err(libc::EPIPE);

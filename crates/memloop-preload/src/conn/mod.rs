@@ -35,7 +35,7 @@ use peer::PeerState;
 use share::Sharing;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use waiting::Sleepers;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -153,9 +153,12 @@ fn timeout_us(fd: c_int, opt: c_int) -> u64 {
     real::sockopt_timeout(fd, opt).map_or(0, |d| d.as_micros().clamp(1, u64::MAX as u128) as u64)
 }
 
-fn us(v: &AtomicU64) -> Option<Duration> {
-    match v.load(Relaxed) {
+/// When a blocking call with socket timeout `timeout_us` (0 = none) gives up; `None` for a
+/// call that does not wait at all or waits for ever.
+fn deadline(dontwait: bool, timeout_us: &AtomicU64) -> Option<Instant> {
+    match timeout_us.load(Relaxed) {
+        _ if dontwait => None,
         0 => None,
-        n => Some(Duration::from_micros(n)),
+        n => Some(Instant::now() + Duration::from_micros(n)),
     }
 }

@@ -56,7 +56,7 @@ impl Conn {
     /// and the connection ends as TCP's would once it gave up: reset.
     pub(super) fn check_peer(&self) {
         let w = &self.peer.watch;
-        if !self.peer.same_kernel && (w.reclaimed() || !w.alive()) {
+        if !self.peer.same_kernel && w.dead() {
             self.peer.peer_reset.store(true, Release);
             self.set_peer_closed();
         } else if w.gone() {

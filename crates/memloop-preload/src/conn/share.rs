@@ -3,6 +3,7 @@
 //! again; and the release of our side when the last holder closes.
 
 use super::{Conn, Path};
+use crate::forklock::ForkMutex;
 use crate::real;
 use libc::c_int;
 use memloop::registry::SideWords;
@@ -115,29 +116,32 @@ impl Conn {
         &self,
         f: impl FnOnce(&mut StreamProducer) -> R,
     ) -> Result<R, c_int> {
-        let mut p = self.rings.prod.lock();
-        let _l = self.side_lock();
-        if _l.is_some() || self.share.resync_prod.swap(false, AcqRel) {
-            p.resync().map_err(|_| libc::EIO)?;
-        }
-        let r = f(&mut p);
-        if p.take_doorbell() {
-            self.ring_doorbell();
-        }
-        Ok(r)
+        self.with_end(&self.rings.prod, &self.share.resync_prod, f)
     }
 
     pub(super) fn with_cons<R>(
         &self,
         f: impl FnOnce(&mut StreamConsumer) -> R,
     ) -> Result<R, c_int> {
-        let mut c = self.rings.cons.lock();
+        self.with_end(&self.rings.cons, &self.share.resync_cons, f)
+    }
+
+    /// Runs `f` on one ring end under its lock (and the cross-process side lock while the
+    /// end is shared, reloading the indices other processes may have moved), then rings the
+    /// peer if the operation found it asleep behind a doorbell.
+    fn with_end<E: RingEnd, R>(
+        &self,
+        end: &ForkMutex<E>,
+        resync: &AtomicBool,
+        f: impl FnOnce(&mut E) -> R,
+    ) -> Result<R, c_int> {
+        let mut e = end.lock();
         let _l = self.side_lock();
-        if _l.is_some() || self.share.resync_cons.swap(false, AcqRel) {
-            c.resync().map_err(|_| libc::EIO)?;
+        if _l.is_some() || resync.swap(false, AcqRel) {
+            e.resync().map_err(|_| libc::EIO)?;
         }
-        let r = f(&mut c);
-        if c.take_doorbell() {
+        let r = f(&mut e);
+        if e.take_doorbell() {
             self.ring_doorbell();
         }
         Ok(r)
@@ -208,3 +212,24 @@ impl Drop for SideLock<'_> {
 fn process_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
+
+/// What [`Conn::with_end`] needs of a ring end, as both ends of a stream ring provide it.
+trait RingEnd {
+    fn resync(&mut self) -> Result<(), memloop_ring::RingError>;
+    fn take_doorbell(&mut self) -> bool;
+}
+
+macro_rules! ring_end {
+    ($($end:ty),*) => {$(
+        impl RingEnd for $end {
+            fn resync(&mut self) -> Result<(), memloop_ring::RingError> {
+                <$end>::resync(self)
+            }
+            fn take_doorbell(&mut self) -> bool {
+                <$end>::take_doorbell(self)
+            }
+        }
+    )*};
+}
+
+ring_end!(StreamProducer, StreamConsumer);

@@ -29,6 +29,54 @@ fn sent(p: &PlainTcp, r: ssize_t) -> Result<ssize_t, c_int> {
     Ok(r)
 }
 
+/// A single-buffer receive (`read`, `recv`, `recvfrom`): from the ring (after `on_ring`), or
+/// the kernel's, counted for a recorded TCP connection.
+///
+/// # Safety
+/// `buf` must be writable for `n` bytes (or `n == 0`).
+unsafe fn recv_one(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    kernel: impl FnOnce() -> ssize_t,
+    on_ring: impl FnOnce(),
+) -> Result<ssize_t, c_int> {
+    match dispatch::route(fd) {
+        Route::Real => Ok(kernel()),
+        Route::Ring(c) => {
+            on_ring();
+            // SAFETY: the caller's contract.
+            let buf = unsafe { slice_mut(buf, n) };
+            c.recv(&mut [IoSliceMut::new(buf)], flags).map(len)
+        }
+        Route::Counted(p) => received(&p, kernel(), flags),
+    }
+}
+
+/// A single-buffer send (`write`, `send`, `sendto`): into the ring, or the kernel's, counted
+/// for a recorded TCP connection.
+///
+/// # Safety
+/// `buf` must be readable for `n` bytes (or `n == 0`).
+unsafe fn send_one(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    kernel: impl FnOnce() -> ssize_t,
+) -> Result<ssize_t, c_int> {
+    match dispatch::route(fd) {
+        Route::Real => Ok(kernel()),
+        Route::Ring(c) => {
+            // SAFETY: the caller's contract.
+            let buf = unsafe { slice(buf, n) };
+            c.send(&[IoSlice::new(buf)], flags).map(len)
+        }
+        Route::Counted(p) => sent(&p, kernel()),
+    }
+}
+
 // ---- receive ----------------------------------------------------------------------------------
 
 hook! {
@@ -36,15 +84,8 @@ hook! {
     real kernel = real::read, pass if table::kind(fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
-        match dispatch::route(fd) {
-            Route::Real => Ok(kernel()),
-            Route::Ring(c) => {
-                // SAFETY: read's contract: `buf` is writable for `count` bytes.
-                let buf = unsafe { slice_mut(buf, count) };
-                c.recv(&mut [IoSliceMut::new(buf)], 0).map(len)
-            }
-            Route::Counted(p) => received(&p, kernel(), 0),
-        }
+        // SAFETY: read's contract: `buf` is writable for `count` bytes.
+        unsafe { recv_one(fd, buf, count, 0, kernel, || {}) }
     }
 }
 
@@ -62,15 +103,8 @@ hook! {
     real kernel = real::recv, pass if table::kind(fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
-        match dispatch::route(fd) {
-            Route::Real => Ok(kernel()),
-            Route::Ring(c) => {
-                // SAFETY: recv's contract: `buf` is writable for `n` bytes.
-                let buf = unsafe { slice_mut(buf, n) };
-                c.recv(&mut [IoSliceMut::new(buf)], flags).map(len)
-            }
-            Route::Counted(p) => received(&p, kernel(), flags),
-        }
+        // SAFETY: recv's contract: `buf` is writable for `n` bytes.
+        unsafe { recv_one(fd, buf, n, flags, kernel, || {}) }
     }
 }
 
@@ -96,19 +130,14 @@ hook! {
     real kernel = real::recvfrom, pass if table::kind(fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
-        match dispatch::route(fd) {
-            Route::Real => Ok(kernel()),
-            Route::Ring(c) => {
-                // SAFETY: recvfrom's contract: `alen` is null or a writable socklen_t.
-                if let Some(alen) = unsafe { alen.as_mut() } {
-                    *alen = 0; // as TCP: no source address for a connected stream
-                }
-                // SAFETY: recvfrom's contract: `buf` is writable for `n` bytes.
-                let buf = unsafe { slice_mut(buf, n) };
-                c.recv(&mut [IoSliceMut::new(buf)], flags).map(len)
+        let no_source = || {
+            // SAFETY: recvfrom's contract: `alen` is null or a writable socklen_t.
+            if let Some(alen) = unsafe { alen.as_mut() } {
+                *alen = 0; // as TCP: no source address for a connected stream
             }
-            Route::Counted(p) => received(&p, kernel(), flags),
-        }
+        };
+        // SAFETY: recvfrom's contract: `buf` is writable for `n` bytes.
+        unsafe { recv_one(fd, buf, n, flags, kernel, no_source) }
     }
 }
 
@@ -212,15 +241,8 @@ hook! {
     real kernel = real::write, pass if table::kind(fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
-        match dispatch::route(fd) {
-            Route::Real => Ok(kernel()),
-            Route::Ring(c) => {
-                // SAFETY: write's contract: `buf` is readable for `count` bytes.
-                let buf = unsafe { slice(buf, count) };
-                c.send(&[IoSlice::new(buf)], 0).map(len)
-            }
-            Route::Counted(p) => sent(&p, kernel()),
-        }
+        // SAFETY: write's contract: `buf` is readable for `count` bytes.
+        unsafe { send_one(fd, buf, count, 0, kernel) }
     }
 }
 
@@ -229,15 +251,8 @@ hook! {
     real kernel = real::send, pass if table::kind(fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
-        match dispatch::route(fd) {
-            Route::Real => Ok(kernel()),
-            Route::Ring(c) => {
-                // SAFETY: send's contract: `buf` is readable for `n` bytes.
-                let buf = unsafe { slice(buf, n) };
-                c.send(&[IoSlice::new(buf)], flags).map(len)
-            }
-            Route::Counted(p) => sent(&p, kernel()),
-        }
+        // SAFETY: send's contract: `buf` is readable for `n` bytes.
+        unsafe { send_one(fd, buf, n, flags, kernel) }
     }
 }
 
@@ -253,15 +268,8 @@ hook! {
     real kernel = real::sendto, pass if table::kind(fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
-        match dispatch::route(fd) {
-            Route::Real => Ok(kernel()),
-            Route::Ring(c) => {
-                // SAFETY: sendto's contract: `buf` is readable for `n` bytes.
-                let buf = unsafe { slice(buf, n) };
-                c.send(&[IoSlice::new(buf)], flags).map(len)
-            }
-            Route::Counted(p) => sent(&p, kernel()),
-        }
+        // SAFETY: sendto's contract: `buf` is readable for `n` bytes.
+        unsafe { send_one(fd, buf, n, flags, kernel) }
     }
 }
 
