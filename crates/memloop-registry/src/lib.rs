@@ -24,6 +24,7 @@ mod key;
 mod kind;
 mod reclaim;
 mod state_word;
+mod switch;
 mod tables;
 
 #[cfg(all(test, loom))]
@@ -38,6 +39,7 @@ pub use key::{ChannelId, ConnTuple, EndpointId, EndpointKey, MemberId, Proto, MA
 pub use kind::ChannelKind;
 pub use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 pub use reclaim::ReclaimReport;
+pub use switch::{SwitchReason, SwitchWord, COUNTER_SWITCH_FIRST};
 pub use tables::channels::{ChannelInfo, ChannelRings, ChannelState, Side, SideWords};
 pub use tables::conns::{ConnRecord, ConnRecordId};
 pub use tables::endpoints::EndpointInfo;

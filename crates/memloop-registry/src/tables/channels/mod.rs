@@ -25,7 +25,7 @@
 //! | 104 | client side: holders u32 · lock u32 · 112 server side: holders u32 · lock u32 |
 //! | 120 | channel kind u32 ([`ChannelKind`] code; 0 for a decline marker) · 124 reserved |
 //! | 128 | client side's switch words: doorbells sent u64 · 136 doorbells read u64 · 144 leave cell (32 B) |
-//! | 176 | server side's switch words: the same · 224..256 reserved |
+//! | 176 | server side's switch words: the same · 224 switch word u64 (`switch.rs`) · 232..256 reserved |
 //!
 //! The kind is written with the other fields before the offer is published and checked by
 //! every attach ([`Registry::rings_of`]) against what the caller expects and against the kind
@@ -83,6 +83,8 @@ const O_SIDE_SERVER: u64 = 112;
 const O_KIND: u64 = 120;
 const O_SWITCH_CLIENT: u64 = 128;
 const O_SWITCH_SERVER: u64 = 176;
+/// The channel's switch word (`crate::switch::SwitchWord`).
+const O_SWITCH_WORD: u64 = 224;
 /// Per side: doorbells sent, doorbells read, then the leave cell.
 const SWITCH_BYTES: u64 = 16 + memloop_ring::leave::LEAVE_CELL_BYTES;
 const MIN_RING: u64 = 64;
@@ -135,6 +137,8 @@ pub struct SideWords {
     pub doorbells_read: ShmU64,
     /// This side's ring-leave record (`memloop_ring::leave::LeaveCell::new(&leave, 0)`).
     pub leave: ShmSlice,
+    /// The channel's switch word (shared by both sides).
+    pub switch: crate::switch::SwitchWord,
 }
 
 /// Views of the two rings of a channel, for `memloop_ring` attach.
@@ -192,7 +196,10 @@ impl<'a> ChannelSlot<'a> {
                 self.0.st(off + word, 0)?;
             }
         }
-        Ok(())
+        self.0.st(O_SWITCH_WORD, 0)
+    }
+    pub fn switch_word(&self) -> Result<ShmU64, RegistryError> {
+        self.0.u64(O_SWITCH_WORD)
     }
     /// The server word, claimed by CAS before OFFERED → ACCEPTED.
     pub fn server_cell(&self) -> Result<ShmU64, RegistryError> {
@@ -242,6 +249,7 @@ impl<'a> ChannelSlot<'a> {
             leave: self
                 .0
                 .view(sw + 16, memloop_ring::leave::LEAVE_CELL_BYTES)?,
+            switch: crate::switch::SwitchWord(self.switch_word()?),
         })
     }
     #[cfg(all(test, not(loom)))]

@@ -1,0 +1,248 @@
+//! Live path switching in the registry: why a connection moved between its ring and its TCP
+//! socket (each reason with a header counter), and the channel's switch word, through which a
+//! side (or `memloop demote`) asks both sides to leave the ring.
+//!
+//! The switch word is one u64 of the channel slot ([`SwitchWord`]):
+//! - bit 0 `REQUESTED`: a leave was asked for; set once, by CAS, by either side or an operator;
+//! - bits 1, 2: the client's / the server's side has finished its move to TCP (discarded the
+//!   peer's doorbells, re-sent what the peer never consumed), so every process holding that side
+//!   may read TCP from now on;
+//! - bits 8..16: the code of the first request's [`SwitchReason`].
+//!
+//! The word is zeroed with the rest of the slot before an offer is published and is only ever
+//! OR-ed into afterwards, so a late write after the slot was freed can only ask the slot's
+//! next occupant to leave its ring — a cost, never a loss (the leave protocol is safe at any
+//! moment).
+
+use crate::error::RegistryError;
+use crate::fallback::COUNTER_RING_BYTES;
+use crate::header::NCOUNTERS;
+use crate::key::ChannelId;
+use crate::tables::channels::Side;
+use crate::Registry;
+use memloop_shm::sync::Ordering::{AcqRel, Acquire};
+use memloop_shm::ShmU64;
+
+/// Why a connection left its ring for TCP (or came back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SwitchReason {
+    /// Its fd was sent to another process with `SCM_RIGHTS`.
+    FdPassed,
+    /// `exec` with the connection open and not close-on-exec.
+    Exec,
+    /// A process was started with the connection inherited by a path that runs no fork
+    /// handlers (`posix_spawn`, `clone`).
+    Spawn,
+    /// An operation the ring does not carry (`MSG_OOB`).
+    Oob,
+    /// The peer asked (any reason of its own, seen from this side).
+    Peer,
+    /// `memloop demote`.
+    Operator,
+    /// The region is going away, or its member left it.
+    Region,
+    /// TCP → ring: the connection was promoted back onto a ring.
+    Promoted,
+}
+
+/// Header counter of the first switch reason (the ones before are fallback reasons and the
+/// ring totals).
+pub const COUNTER_SWITCH_FIRST: usize = COUNTER_RING_BYTES + 1;
+
+const _: () = assert!(COUNTER_SWITCH_FIRST + SwitchReason::ALL.len() <= NCOUNTERS);
+
+impl SwitchReason {
+    pub const ALL: [SwitchReason; 8] = [
+        Self::FdPassed,
+        Self::Exec,
+        Self::Spawn,
+        Self::Oob,
+        Self::Peer,
+        Self::Operator,
+        Self::Region,
+        Self::Promoted,
+    ];
+
+    /// The stable code kept in the switch word (1-based; 0 is "no reason").
+    pub fn as_code(self) -> u8 {
+        Self::ALL.iter().position(|&r| r == self).unwrap_or(0) as u8 + 1
+    }
+
+    pub fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.get((code as usize).checked_sub(1)?).copied()
+    }
+
+    pub fn counter_index(self) -> usize {
+        COUNTER_SWITCH_FIRST + self.as_code() as usize - 1
+    }
+
+    /// A short identifier, for JSON keys and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::FdPassed => "fd_passed",
+            Self::Exec => "exec",
+            Self::Spawn => "spawn",
+            Self::Oob => "oob",
+            Self::Peer => "peer",
+            Self::Operator => "operator",
+            Self::Region => "region",
+            Self::Promoted => "promoted",
+        }
+    }
+}
+
+impl std::fmt::Display for SwitchReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The name of header counter `i` if it counts switches (`switch_<reason>`).
+pub(crate) fn switch_counter_name(i: usize) -> Option<&'static str> {
+    const NAMES: [&str; 8] = [
+        "switch_fd_passed",
+        "switch_exec",
+        "switch_spawn",
+        "switch_oob",
+        "switch_peer",
+        "switch_operator",
+        "switch_region",
+        "switch_promoted",
+    ];
+    NAMES.get(i.checked_sub(COUNTER_SWITCH_FIRST)?).copied()
+}
+
+pub const REQUESTED: u64 = 1;
+const CLIENT_ON_TCP: u64 = 2;
+const SERVER_ON_TCP: u64 = 4;
+const REASON_SHIFT: u32 = 8;
+
+/// A channel's switch word (see the module docs).
+#[derive(Clone)]
+pub struct SwitchWord(pub ShmU64);
+
+fn on_tcp_bit(side: Side) -> u64 {
+    match side {
+        Side::Client => CLIENT_ON_TCP,
+        Side::Server => SERVER_ON_TCP,
+    }
+}
+
+impl SwitchWord {
+    /// Whether anything happened at all (one load: the data calls' fast-path check).
+    #[inline]
+    pub fn quiet(&self) -> bool {
+        self.0.load(Acquire) == 0
+    }
+
+    /// Asks both sides to leave the ring; true if this call made the request (the first
+    /// reason is kept).
+    pub fn request(&self, reason: SwitchReason) -> bool {
+        let bits = REQUESTED | (reason.as_code() as u64) << REASON_SHIFT;
+        let mut cur = self.0.load(Acquire);
+        loop {
+            if cur & REQUESTED != 0 {
+                return false;
+            }
+            match self.0.compare_exchange(cur, cur | bits, AcqRel, Acquire) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    pub fn requested(&self) -> bool {
+        self.0.load(Acquire) & REQUESTED != 0
+    }
+
+    /// The reason of the request, if any (an unknown code reads as `None`).
+    pub fn reason(&self) -> Option<SwitchReason> {
+        SwitchReason::from_code((self.0.load(Acquire) >> REASON_SHIFT) as u8)
+    }
+
+    /// `side` finished its move to TCP.
+    pub fn set_on_tcp(&self, side: Side) {
+        self.0.fetch_or(on_tcp_bit(side), AcqRel);
+    }
+
+    pub fn on_tcp(&self, side: Side) -> bool {
+        self.0.load(Acquire) & on_tcp_bit(side) != 0
+    }
+}
+
+impl Registry {
+    /// Counts one switch of a connection for `reason`.
+    pub fn count_switch(&self, reason: SwitchReason) {
+        self.bump_counter(reason.counter_index());
+    }
+
+    /// The switch counters by reason.
+    pub fn switch_counts(&self) -> Vec<(SwitchReason, u64)> {
+        let c = self.counters();
+        SwitchReason::ALL
+            .iter()
+            .map(|&r| (r, c.get(r.counter_index()).copied().unwrap_or(0)))
+            .collect()
+    }
+
+    /// The switch word of an accepted channel.
+    pub fn switch_word(&self, ch: ChannelId) -> Result<SwitchWord, RegistryError> {
+        let (slot, _) = self.channel_entry(ch)?;
+        slot.switch_word().map(SwitchWord)
+    }
+
+    /// Asks both sides of channel `ch` to leave its ring (`memloop demote`); true if this call
+    /// made the request. Only an ACCEPTED channel has sides to ask.
+    pub fn request_switch(
+        &self,
+        ch: ChannelId,
+        reason: SwitchReason,
+    ) -> Result<bool, RegistryError> {
+        let (slot, w) = self.channel_entry(ch)?;
+        if crate::tables::channels::c_phase(w) != crate::tables::channels::C_ACCEPTED {
+            return Err(RegistryError::wrong(
+                "ACCEPTED",
+                crate::tables::channels::phase_name(crate::tables::channels::c_phase(w)),
+            ));
+        }
+        Ok(SwitchWord(slot.switch_word()?).request(reason))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use memloop_shm::ShmSlice;
+
+    #[test]
+    fn reasons_round_trip_and_have_their_own_counters() {
+        for r in SwitchReason::ALL {
+            assert_eq!(SwitchReason::from_code(r.as_code()), Some(r));
+            assert_eq!(
+                switch_counter_name(r.counter_index()),
+                Some(format!("switch_{}", r.name()).as_str())
+            );
+            assert!(r.counter_index() < NCOUNTERS);
+        }
+        assert_eq!(SwitchReason::from_code(0), None);
+        assert_eq!(switch_counter_name(COUNTER_RING_BYTES), None);
+    }
+
+    #[test]
+    fn the_first_request_wins_and_sides_are_marked_apart() {
+        let v = ShmSlice::new_heap(8);
+        let w = SwitchWord(v.u64_at(0).unwrap());
+        assert!(w.quiet() && !w.requested() && w.reason().is_none());
+        assert!(w.request(SwitchReason::Exec));
+        assert!(!w.request(SwitchReason::Operator));
+        assert_eq!(w.reason(), Some(SwitchReason::Exec));
+        assert!(!w.on_tcp(Side::Client));
+        w.set_on_tcp(Side::Server);
+        assert!(w.on_tcp(Side::Server) && !w.on_tcp(Side::Client));
+        assert_eq!(
+            w.reason(),
+            Some(SwitchReason::Exec),
+            "marks keep the reason"
+        );
+    }
+}
