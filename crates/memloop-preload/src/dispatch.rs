@@ -9,7 +9,7 @@ use crate::listen::Listener;
 use crate::plain::PlainTcp;
 use crate::table::{self, Entry, Fresh};
 use libc::c_int;
-use memloop::registry::{EndpointInfo, FallbackReason};
+use memloop::registry::{EndpointInfo, FallbackReason, SwitchReason};
 use std::net::SocketAddr;
 use std::sync::atomic::{
     AtomicBool,
@@ -32,10 +32,15 @@ pub fn route(fd: c_int) -> Route {
         return Route::Real;
     }
     match table::get(fd).as_deref() {
-        Some(Entry::Conn(c)) => match c.resolve(true) {
-            Path::Ring => Route::Ring(c.clone()),
-            _ => c.plain().map_or(Route::Real, Route::Counted),
-        },
+        Some(Entry::Conn(c)) => {
+            if !c.switch_quiet() {
+                c.settle_switch();
+            }
+            match c.resolve(true) {
+                Path::Ring => Route::Ring(c.clone()),
+                _ => c.plain().map_or(Route::Real, Route::Counted),
+            }
+        }
         Some(Entry::Plain(p)) => Route::Counted(p.clone()),
         _ => Route::Real,
     }
@@ -377,11 +382,57 @@ pub fn set_nonblock(fd: c_int, on: bool) {
 
 // ---- exec ---------------------------------------------------------------------------------
 
-/// Before `exec`: epoll sets the new image inherits (no close-on-exec) get the program's own
+/// Before `exec`: ring connections the new image inherits move to TCP unless it loads this
+/// library too (then it adopts them); epoll sets the new image inherits (no close-on-exec) get the program's own
 /// registrations back in the kernel.
-pub fn before_exec() {
+pub fn before_exec(keeps_library: bool) {
+    if !keeps_library {
+        demote_inheritable(SwitchReason::Exec);
+    }
+    crate::plain::finish_resends();
     for (fd, s) in inherited_sets() {
         s.prepare_exec(fd);
+    }
+}
+
+/// Ring connections a new program image (or a spawned process) would inherit leave their
+/// rings first: that image may be static, setuid or started without the library, and
+/// nothing may strand bytes in a ring it cannot read.
+pub fn demote_inheritable(reason: SwitchReason) {
+    for c in table::conns() {
+        if matches!(c.path(), Path::Ring | Path::Pending | Path::Leaving) && c.inheritable() {
+            if let Err(e) = c.demote(reason) {
+                tracing::debug!(ch = ?c.ch, errno = e, %reason, "connection kept its ring");
+            }
+        }
+    }
+}
+
+/// Before `posix_spawn`: what the child inherits cannot stay on a ring.
+pub fn before_spawn() {
+    demote_inheritable(SwitchReason::Spawn);
+    crate::plain::finish_resends();
+}
+
+/// `MSG_OOB` on a ring connection: the ring has no urgent data, so the connection moves to
+/// TCP first and the kernel sends the byte.
+pub fn before_urgent(fd: c_int) {
+    if let Some(c) = table::conn(fd) {
+        if let Err(e) = c.demote(SwitchReason::Oob) {
+            tracing::debug!(fd, errno = e, "urgent data: connection kept its ring");
+        }
+    }
+}
+
+/// Ring connections among the fds of an `SCM_RIGHTS` message leave their rings before the
+/// message goes: the receiver gets a plain TCP socket, whatever it runs.
+pub fn before_passing(fds: &[c_int]) {
+    for &fd in fds {
+        if let Some(c) = table::conn(fd) {
+            if let Err(e) = c.demote(SwitchReason::FdPassed) {
+                tracing::debug!(fd, errno = e, "passed connection kept its ring");
+            }
+        }
     }
 }
 
@@ -405,6 +456,7 @@ fn inherited_sets() -> Vec<(c_int, Arc<EpollSet>)> {
 /// that closes its copy right after fork cannot shut the rings under the child.
 pub fn fork_prepare() {
     engine::lock_for_fork();
+    crate::plain::lock_for_fork();
     table::lock_for_fork(|c| c.prepare_fork());
     crate::epoll::hold_for_fork(table::epoll_sets());
 }
@@ -413,6 +465,7 @@ pub fn fork_parent() {
     crate::epoll::release_after_fork();
     table::release_after_fork();
     engine::release_after_fork();
+    crate::plain::release_after_fork();
 }
 
 pub fn fork_child() {
@@ -420,5 +473,7 @@ pub fn fork_child() {
     crate::epoll::release_after_fork();
     table::release_after_fork();
     engine::release_after_fork();
+    crate::plain::release_after_fork();
+    crate::plain::forget_resends_in_child();
     engine::reset_in_child();
 }

@@ -22,6 +22,7 @@ mod engine;
 mod epoll;
 mod forklock;
 mod hooks;
+mod image;
 mod inherit;
 mod listen;
 mod plain;

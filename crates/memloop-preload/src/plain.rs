@@ -2,16 +2,119 @@
 //! the region so `memloop status` can show it with its reason and byte counts.
 
 use crate::engine::Engine;
-use memloop::registry::{ChannelId, ConnRecordId, ConnTuple, FallbackReason, Proto};
+use crate::forklock::ForkMutex;
+use crate::real;
+use libc::c_int;
+use memloop::registry::{ChannelId, ConnRecordId, ConnTuple, FallbackReason, Proto, SwitchReason};
 use memloop_shm::ShmU64;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
 use std::sync::Arc;
+use std::time::Duration;
 
 pub struct PlainTcp {
     engine: Arc<Engine>,
     record: Option<(ConnRecordId, ShmU64, ShmU64)>,
     /// The server's decline marker, freed when the connection closes.
     marker: Option<ChannelId>,
+    /// Bytes a switch from the ring still re-sends: the program's own sends wait for them.
+    resend: Option<Arc<Resend>>,
+}
+
+/// Bytes the peer never consumed from our ring, re-sent over TCP after a switch. What the
+/// socket takes at once is sent inline; the rest by a thread of its own (both sides may be
+/// re-sending a full ring to each other, and neither reads until its takeover is over), on a
+/// duplicate of the socket so the program may close its fd meanwhile.
+pub struct Resend {
+    len: usize,
+    done: AtomicBool,
+    /// The duplicate the thread writes on (-1 once closed).
+    fd: AtomicI32,
+}
+
+/// Re-sends still under way in this process (exec waits for them; a fork child forgets them).
+static RESENDS: ForkMutex<Vec<Arc<Resend>>> = ForkMutex::new(Vec::new());
+
+impl Resend {
+    /// Sends `bytes` on `fd`; `None` when that finished inline.
+    pub fn start(fd: c_int, bytes: Vec<u8>) -> Result<Option<Arc<Resend>>, c_int> {
+        let sent = real::send_now(fd, &bytes)?;
+        if sent == bytes.len() {
+            return Ok(None);
+        }
+        let dup = real::dup_cloexec(fd)?;
+        let r = Arc::new(Resend {
+            len: bytes.len(),
+            done: AtomicBool::new(false),
+            fd: AtomicI32::new(dup),
+        });
+        RESENDS.lock().push(r.clone());
+        let t = r.clone();
+        let bytes: Arc<[u8]> = bytes.into();
+        let rest = bytes.clone();
+        let spawned = std::thread::Builder::new()
+            .name("memloop-resend".into())
+            .spawn(move || {
+                if let Err(e) = real::send_all(dup, &rest[sent..]) {
+                    tracing::debug!(errno = e, "re-sending after a switch failed");
+                }
+                t.finish();
+            });
+        if let Err(e) = spawned {
+            tracing::debug!("no re-send thread ({e}): sending inline");
+            let r2 = real::send_all(dup, &bytes[sent..]);
+            r.finish();
+            r2?;
+        }
+        Ok(Some(r))
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    fn finish(&self) {
+        let fd = self.fd.swap(-1, AcqRel);
+        if fd >= 0 {
+            real::close_own(fd);
+        }
+        self.done.store(true, Release);
+        RESENDS.lock().retain(|r| !r.done.load(Acquire));
+    }
+
+    /// Waits until every byte went out (or the connection failed).
+    pub fn wait(&self) {
+        let mut pause = Duration::from_micros(10);
+        while !self.done.load(Acquire) {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Before exec: every re-send must be out (its thread does not survive the exec).
+pub fn finish_resends() {
+    let pending: Vec<_> = RESENDS.lock().clone();
+    pending.iter().for_each(|r| r.wait());
+}
+
+pub fn lock_for_fork() {
+    RESENDS.acquire_for_fork(|_| {});
+}
+
+pub fn release_after_fork() {
+    RESENDS.release_after_fork();
+}
+
+/// In a fork child: the re-send threads are the parent's; close our copies of their fds
+/// (they would hold the connection open) and let our sends go on.
+pub fn forget_resends_in_child() {
+    for r in RESENDS.lock().drain(..) {
+        let fd = r.fd.swap(-1, AcqRel);
+        if fd >= 0 {
+            real::close_own(fd);
+        }
+        r.done.store(true, Release);
+    }
 }
 
 impl PlainTcp {
@@ -43,7 +146,30 @@ impl PlainTcp {
             engine: engine.clone(),
             record,
             marker,
+            resend: None,
         })
+    }
+
+    /// A connection that switched from its ring to TCP for `reason`.
+    pub fn switched(
+        engine: &Arc<Engine>,
+        _tuple: &ConnTuple,
+        _reason: SwitchReason,
+        resend: Option<Arc<Resend>>,
+    ) -> Arc<PlainTcp> {
+        Arc::new(PlainTcp {
+            engine: engine.clone(),
+            record: None,
+            marker: None,
+            resend,
+        })
+    }
+
+    /// A send waits for the bytes a switch still re-sends (they come first in the stream).
+    pub fn before_send(&self) {
+        if let Some(r) = &self.resend {
+            r.wait();
+        }
     }
 
     pub fn unrecorded(engine: &Arc<Engine>, marker: Option<ChannelId>) -> Arc<PlainTcp> {
@@ -51,6 +177,7 @@ impl PlainTcp {
             engine: engine.clone(),
             record: None,
             marker,
+            resend: None,
         })
     }
 

@@ -31,14 +31,29 @@ fn members(fds: &[pollfd]) -> Vec<(usize, Watch)> {
         }
         match table::get(p.fd).as_deref() {
             // Pending: the kernel's readiness stands for it until the decision.
-            Some(Entry::Conn(c)) if c.resolve(false) == Path::Ring => {
-                out.push((i, Watch::Ring(c.clone())))
-            }
+            Some(Entry::Conn(c)) if settled(c) == Path::Ring => out.push((i, Watch::Ring(c.clone()))),
             Some(Entry::Epoll(s)) => out.push((i, Watch::Set(s.clone()))),
             _ => {}
         }
     }
     out
+}
+
+/// The connection's path after dealing with a switch asked of it.
+fn settled(c: &Conn) -> Path {
+    if !c.switch_quiet() {
+        c.settle_switch();
+    }
+    c.resolve(false)
+}
+
+/// A ring member that has a switch to deal with, or left its ring meanwhile: the members
+/// must be looked at again.
+fn stale(members: &[(usize, Watch)]) -> bool {
+    members.iter().any(|(_, w)| match w {
+        Watch::Ring(c) => c.switch_pending() || c.path() != Path::Ring,
+        Watch::Set(_) => false,
+    })
 }
 
 fn ring_revents(c: &Conn, events: i16) -> i16 {
@@ -48,6 +63,7 @@ fn ring_revents(c: &Conn, events: i16) -> i16 {
 /// What a member reports from its own state (a set: readable if a ring member is ready).
 fn own_revents(w: &Watch, events: i16) -> i16 {
     match w {
+        Watch::Ring(c) if c.path() != Path::Ring || c.switch_pending() => 0,
         Watch::Ring(c) => ring_revents(c, events),
         Watch::Set(s) if s.peek().is_some() => events & libc::POLLIN,
         Watch::Set(_) => 0,
@@ -57,7 +73,7 @@ fn own_revents(w: &Watch, events: i16) -> i16 {
 fn is_ring(members: &[(usize, Watch)], i: usize) -> bool {
     members
         .iter()
-        .any(|(j, w)| *j == i && matches!(w, Watch::Ring(_)))
+        .any(|(j, w)| *j == i && matches!(w, Watch::Ring(c) if c.path() == Path::Ring))
 }
 
 /// One pass: the kernel's view of everything but rings (timeout 0), then our own states.
@@ -125,7 +141,11 @@ pub fn poll(
         return Ok(n);
     }
     if spin(fds, &members) {
-        return scan(fds, &members);
+        members = self::members(fds);
+        let n = scan(fds, &members)?;
+        if n > 0 {
+            return Ok(n);
+        }
     }
     loop {
         let left = match deadline {
@@ -164,7 +184,7 @@ fn spin(fds: &mut [pollfd], members: &[(usize, Watch)]) -> bool {
         } else {
             any_own(fds, members)
         };
-        found > 0
+        found > 0 || stale(members)
     })
 }
 
@@ -207,7 +227,7 @@ fn block(
     sigmask: *const libc::sigset_t,
 ) -> Result<(), c_int> {
     enter(fds, members);
-    let ready = any_own(fds, members) > 0;
+    let ready = any_own(fds, members) > 0 || stale(members);
     let mut set: Vec<pollfd> = fds
         .iter()
         .enumerate()

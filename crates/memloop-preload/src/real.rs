@@ -79,6 +79,8 @@ real_fns! {
     execvp: fn(*const libc::c_char, *const *const libc::c_char) -> c_int;
     execvpe: fn(*const libc::c_char, *const *const libc::c_char, *const *const libc::c_char) -> c_int;
     fexecve: fn(c_int, *const *const libc::c_char, *const *const libc::c_char) -> c_int;
+    posix_spawn: fn(*mut libc::pid_t, *const libc::c_char, *const libc::posix_spawn_file_actions_t, *const libc::posix_spawnattr_t, *const *mut libc::c_char, *const *mut libc::c_char) -> c_int;
+    posix_spawnp: fn(*mut libc::pid_t, *const libc::c_char, *const libc::posix_spawn_file_actions_t, *const libc::posix_spawnattr_t, *const *mut libc::c_char, *const *mut libc::c_char) -> c_int;
     syscall: fn(libc::c_long, libc::c_long, libc::c_long, libc::c_long, libc::c_long, libc::c_long, libc::c_long) -> libc::c_long;
     epoll_create1: fn(c_int) -> c_int;
     fcntl: fn(c_int, c_int, libc::c_ulong) -> c_int;
@@ -494,4 +496,80 @@ pub fn ppoll_raw(
     // SAFETY: `fds` is a valid array; `tsp` null or live; `sigmask` null or the caller's mask.
     let r = unsafe { ppoll()(fds.as_mut_ptr(), fds.len() as libc::nfds_t, tsp, sigmask) };
     check(r as isize)
+}
+
+// ---- live path switching: raw socket I/O of a switch ------------------------------------------
+
+/// Reads and throws away exactly `n` bytes (the peer's unread doorbells), waiting for them if
+/// needed; stops early at EOF or an error of the connection. Returns how many it discarded.
+pub fn discard_exact(fd: c_int, mut n: u64) -> Result<u64, c_int> {
+    let mut buf = [0u8; 256];
+    let mut done = 0;
+    while n > 0 {
+        let want = (n as usize).min(buf.len());
+        // SAFETY: valid buffer of at least `want` bytes.
+        let r = unsafe { recv()(fd, buf.as_mut_ptr().cast(), want, libc::MSG_DONTWAIT) };
+        match check(r) {
+            Ok(0) => return Ok(done),
+            Ok(k) => {
+                done += k as u64;
+                n -= k as u64;
+            }
+            Err(libc::EINTR) => {}
+            Err(libc::EAGAIN) => {
+                wait_fd(fd, libc::POLLIN, Some(std::time::Duration::from_millis(100)))?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Sends as much of `bytes` as the socket takes without blocking; how much that was.
+pub fn send_now(fd: c_int, bytes: &[u8]) -> Result<usize, c_int> {
+    let mut sent = 0;
+    while sent < bytes.len() {
+        let rest = &bytes[sent..];
+        // SAFETY: valid buffer of `rest.len()` bytes.
+        let r = unsafe {
+            send()(
+                fd,
+                rest.as_ptr().cast(),
+                rest.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        match check(r) {
+            Ok(k) => sent += k,
+            Err(libc::EINTR) => {}
+            Err(libc::EAGAIN) => return Ok(sent),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(sent)
+}
+
+/// Sends all of `bytes`, waiting for room as long as it takes.
+pub fn send_all(fd: c_int, bytes: &[u8]) -> Result<(), c_int> {
+    let mut sent = 0;
+    while sent < bytes.len() {
+        sent += send_now(fd, &bytes[sent..])?;
+        if sent < bytes.len() {
+            wait_fd(fd, libc::POLLOUT, Some(std::time::Duration::from_millis(100)))?;
+        }
+    }
+    Ok(())
+}
+
+/// A close-on-exec duplicate of `fd`.
+pub fn dup_cloexec(fd: c_int) -> Result<c_int, c_int> {
+    // SAFETY: F_DUPFD_CLOEXEC takes an integer argument.
+    let r = unsafe { fcntl()(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    check(r as isize).map(|_| r)
+}
+
+/// Closes an fd of our own (not the program's: no bookkeeping).
+pub fn close_own(fd: c_int) {
+    // SAFETY: closing an fd this crate opened and nobody else uses.
+    unsafe { close()(fd) };
 }

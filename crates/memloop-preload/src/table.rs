@@ -143,6 +143,19 @@ pub fn all() -> Vec<(i32, Arc<Entry>)> {
         .collect()
 }
 
+/// Every connection of ours, once each (several fds may name one).
+pub fn conns() -> Vec<Arc<Conn>> {
+    let mut v: Vec<Arc<Conn>> = Vec::new();
+    for (_, e) in all() {
+        if let Entry::Conn(c) = &*e {
+            if !v.iter().any(|x| Arc::ptr_eq(x, c)) {
+                v.push(c.clone());
+            }
+        }
+    }
+    v
+}
+
 /// The fds under which `set` is known (an epoll fd may have been duplicated).
 pub fn epoll_fds_of(set: &Arc<EpollSet>) -> Vec<i32> {
     EPOLLS

@@ -25,6 +25,9 @@ pub(crate) struct NodeInner {
     pub(crate) liveness: Liveness,
     /// Spin window towards peers in another kernel (see [`vm_spin_from_env`]).
     vm_spin: Duration,
+    /// Run by the heartbeat thread on every beat (the transparent layer's sweep for
+    /// connections asked to switch paths while their process is in no call of ours).
+    on_beat: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 /// How long a waiter spins before sleeping when its peer runs in another kernel:
@@ -54,6 +57,7 @@ impl Node {
             id,
             liveness,
             vm_spin: vm_spin_from_env(),
+            on_beat: std::sync::OnceLock::new(),
         });
         inner.reclaim_dead();
         spawn_heartbeat(Arc::downgrade(&inner));
@@ -69,6 +73,12 @@ impl Node {
 
     pub fn id(&self) -> MemberId {
         self.inner.id
+    }
+
+    /// Runs `f` on every heartbeat from now on (once per [`HEARTBEAT_PERIOD`], on the
+    /// heartbeat thread); false if a hook was set already.
+    pub fn on_heartbeat(&self, f: Box<dyn Fn() + Send + Sync>) -> bool {
+        self.inner.on_beat.set(f).is_ok()
     }
     pub fn region(&self) -> &Region {
         &self.inner.region
@@ -123,6 +133,9 @@ fn spawn_heartbeat(node: Weak<NodeInner>) {
                 let Some(n) = node.upgrade() else { return };
                 if n.region.registry().heartbeat(n.id).is_err() {
                     return;
+                }
+                if let Some(f) = n.on_beat.get() {
+                    f();
                 }
                 // Members that die without leaving (SIGKILL, a powered-off VM) hold channels
                 // and ring memory until someone reclaims them: every member looks about once

@@ -1,7 +1,7 @@
 //! The data calls on a ring connection, with the kernel's semantics (partial reads, EOF after
 //! a FIN, one ECONNRESET after a reset, EPIPE/SIGPIPE, MSG_PEEK/WAITALL/DONTWAIT, timeouts).
 
-use super::{deadline, Conn, Dir};
+use super::{deadline, Conn, Dir, SWITCHED};
 use crate::forklock::ForkMutex;
 use crate::real;
 use libc::c_int;
@@ -61,7 +61,11 @@ impl Conn {
             // MSG_PEEK|MSG_WAITALL: wait until the whole length is there, then peek it.
             let enough = !(peek && waitall) || self.readable_bytes() >= want;
             if enough {
-                let n = self.read_some(bufs, got, peek)?;
+                let n = match self.read_some(bufs, got, peek) {
+                    Ok(n) => n,
+                    Err(SWITCHED) if got > 0 && !peek => return Ok(got),
+                    Err(e) => return Err(e),
+                };
                 got = if peek { n } else { got + n };
                 if got == want || (got > 0 && !waitall) {
                     return Ok(got);
@@ -79,7 +83,7 @@ impl Conn {
             }
             match self.wait(Dir::Read, deadline) {
                 Ok(()) => {}
-                Err(e) if got > 0 && (e == libc::EINTR || e == libc::EAGAIN) => return Ok(got),
+                Err(e) if got > 0 && !peek && partial_ok(e) => return Ok(got),
                 Err(e) => return Err(e),
             }
         }
@@ -157,10 +161,15 @@ impl Conn {
                 return self.broken_pipe(sent, nosignal);
             }
             let r = if sent == 0 {
-                self.with_prod(|p| p.write_vectored(bufs))?
+                self.with_prod(|p| p.write_vectored(bufs))
             } else {
                 let rest = advance(bufs, sent);
-                self.with_prod(|p| p.write_vectored(&rest))?
+                self.with_prod(|p| p.write_vectored(&rest))
+            };
+            let r = match r {
+                Ok(r) => r,
+                Err(SWITCHED) if sent > 0 => return Ok(sent),
+                Err(e) => return Err(e),
             };
             match r {
                 Ok(n) => sent += n,
@@ -179,7 +188,7 @@ impl Conn {
             }
             match self.wait(Dir::Write, deadline) {
                 Ok(()) => {}
-                Err(e) if sent > 0 && (e == libc::EINTR || e == libc::EAGAIN) => return Ok(sent),
+                Err(e) if sent > 0 && partial_ok(e) => return Ok(sent),
                 Err(e) => return Err(e),
             }
         }
@@ -248,6 +257,12 @@ impl Conn {
                 .is_some_and(|p| p.writer_shut || p.writer_reset);
         (t, h, fin)
     }
+}
+
+/// Errors after which a call that already moved bytes returns their count instead: a
+/// signal, a timeout, or the connection leaving its ring (the rest goes by TCP next call).
+fn partial_ok(e: c_int) -> bool {
+    e == libc::EINTR || e == libc::EAGAIN || e == SWITCHED
 }
 
 /// Whether a connection was reset: the peer said so in the ring, or the kernel socket was

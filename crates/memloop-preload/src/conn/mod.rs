@@ -18,10 +18,12 @@ mod io;
 mod path;
 mod peer;
 mod share;
+mod switch;
 mod waiting;
 
 pub use memloop_ring::Spinner;
 pub use path::Path;
+pub use switch::{sweep as sweep_switches, SWITCHED};
 
 use crate::engine::Engine;
 use crate::forklock::ForkMutex;
@@ -33,6 +35,7 @@ use memloop::registry::{ChannelId, ConnTuple, FallbackReason, Side};
 use path::Decision;
 use peer::PeerState;
 use share::Sharing;
+use switch::Switching;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,6 +66,7 @@ pub struct Conn {
     share: Sharing,
     sleepers: Sleepers,
     peer: PeerState,
+    switching: Switching,
 }
 
 /// What creating a connection needs.
@@ -96,6 +100,9 @@ impl Conn {
                 None
             }
         };
+        let peer_words = side_words
+            .as_ref()
+            .and_then(|_| reg.side_words(p.ch, switch::other(p.side)).ok());
         let nonblock = real::status_flags(p.fd) & libc::O_NONBLOCK != 0;
         let spin = p.engine.cfg.spin_for(p.same_kernel);
         let watch = PeerWatch::new(&p.engine.node, p.ch, p.side);
@@ -111,6 +118,7 @@ impl Conn {
             share: Sharing::new(side_words),
             sleepers: Sleepers::new(spin),
             peer: PeerState::new(watch, p.same_kernel),
+            switching: Switching::new(peer_words),
             engine: p.engine,
             ch: p.ch,
             side: p.side,

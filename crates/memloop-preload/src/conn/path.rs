@@ -19,6 +19,9 @@ pub enum Path {
     Pending,
     Ring,
     Tcp,
+    /// Switching to TCP: this side left its rings, the peer's side has not yet (only while
+    /// a switch is under way, see `switch.rs`).
+    Leaving,
 }
 
 /// A [`Path`] readable without a lock on every data call.
@@ -32,6 +35,7 @@ impl AtomicPath {
         match self.0.load(o) {
             0 => Path::Pending,
             1 => Path::Ring,
+            3 => Path::Leaving,
             _ => Path::Tcp,
         }
     }

@@ -87,7 +87,7 @@ impl Conn {
         self.share.shared.load(Acquire)
     }
 
-    fn side_lock(&self) -> Option<SideLock<'_>> {
+    pub(super) fn side_lock(&self) -> Option<SideLock<'_>> {
         if !self.still_shared() {
             return None;
         }
@@ -135,13 +135,18 @@ impl Conn {
         resync: &AtomicBool,
         f: impl FnOnce(&mut E) -> R,
     ) -> Result<R, c_int> {
-        let mut e = end.lock();
-        let _l = self.side_lock();
-        if _l.is_some() || resync.swap(false, AcqRel) {
-            e.resync().map_err(|_| libc::EIO)?;
-        }
-        let r = f(&mut e);
-        if e.take_doorbell() {
+        let (r, bell) = {
+            let mut e = end.lock();
+            let _l = self.side_lock();
+            self.on_ring()?;
+            if _l.is_some() || resync.swap(false, AcqRel) {
+                e.resync().map_err(|_| libc::EIO)?;
+            }
+            let r = f(&mut e);
+            (r, e.take_doorbell())
+        };
+        // Rung after the locks are dropped: the doorbell takes the side lock itself.
+        if bell {
             self.ring_doorbell();
         }
         Ok(r)
@@ -199,7 +204,7 @@ impl Conn {
     }
 }
 
-struct SideLock<'a> {
+pub(super) struct SideLock<'a> {
     w: &'a SideWords,
 }
 

@@ -38,8 +38,19 @@ impl Sleepers {
 
 impl Conn {
     /// Sends one doorbell byte to the peer, counted where every process holding this side
-    /// sees it (a switch to TCP discards exactly the peer's unread ones).
+    /// sees it (a switch to TCP discards exactly the peer's unread ones). None once this side
+    /// left its ring: the count is published then, and TCP may carry data from then on.
     pub fn ring_doorbell(&self) {
+        let shared = self.side_lock();
+        self.ring_doorbell_locked(shared.is_some());
+    }
+
+    /// [`Conn::ring_doorbell`] with the side lock already held when `shared`.
+    pub(super) fn ring_doorbell_locked(&self, shared: bool) {
+        let _b = self.switching.bell.lock();
+        if self.path() != super::Path::Ring || (shared && self.side_left()) {
+            return;
+        }
         if real::ring_doorbell(self.kfd()) {
             if let Some(w) = self.counting() {
                 w.doorbells_sent.fetch_add(1, Relaxed);
@@ -55,6 +66,37 @@ impl Conn {
             return None;
         }
         self.share.side_words.as_ref()
+    }
+
+    /// Another process holding this side has left the ring (its leave record is set).
+    fn side_left(&self) -> bool {
+        let Some(w) = &self.share.side_words else {
+            return false;
+        };
+        memloop_ring::leave::LeaveCell::new(&w.leave, 0)
+            .map_or(true, |c| !matches!(c.read(), Ok(None)))
+    }
+
+    /// Stops every drain of this process (waiting out one in progress) while the leave
+    /// publishes its count; drains started afterwards see the path has left the ring.
+    pub(super) fn stop_drains(&self) {
+        loop {
+            let v = self.sleepers.waiters.load(Acquire);
+            if v & DRAINING == 0
+                && self
+                    .sleepers
+                    .waiters
+                    .compare_exchange_weak(v, v | DRAINING, AcqRel, Acquire)
+                    .is_ok()
+            {
+                return;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    pub(super) fn resume_drains(&self) {
+        self.sleepers.waiters.fetch_and(!DRAINING, AcqRel);
     }
 
     /// Drains doorbells from the kernel socket, noting a closed or reset peer.
@@ -79,7 +121,14 @@ impl Conn {
         self.sleepers.waiters.store(0, Release);
     }
 
+    /// Reads the doorbells queued on the socket — only while this side is on its ring: after
+    /// a leave the socket may carry data. A shared side drains under the side lock, which the
+    /// leave takes too, so its count is final when the leave reads it.
     pub(super) fn drain_now(&self) {
+        let shared = self.side_lock();
+        if self.path() != super::Path::Ring || (shared.is_some() && self.side_left()) {
+            return;
+        }
         let (state, bytes) = real::drain_doorbells(self.kfd());
         if let Some(w) = self.counting() {
             w.doorbells_read.fetch_add(bytes as u64, Relaxed);
@@ -130,9 +179,10 @@ impl Conn {
         ev
     }
 
-    /// Whether a `dir` call would not block (only that direction's ring is read).
+    /// Whether a `dir` call would not block (only that direction's ring is read). A switch
+    /// to deal with, or one done, ends a wait too.
     pub fn ready(&self, dir: Dir) -> bool {
-        if self.peer_closed() {
+        if self.peer_closed() || self.switch_pending() || self.path() != super::Path::Ring {
             return true;
         }
         match dir {
@@ -212,6 +262,15 @@ impl Conn {
     /// Blocks until `dir` is ready, the deadline passes (`EAGAIN`) or a signal arrives
     /// (`EINTR`, unless `SA_RESTART` made the kernel restart our sleep).
     pub(super) fn wait(&self, dir: Dir, deadline: Option<Instant>) -> Result<(), c_int> {
+        let r = self.wait_ring(dir, deadline);
+        // Woken by a switch (asked for, or done by another thread): deal with it, and the
+        // caller goes to the kernel socket.
+        self.settle_switch();
+        self.on_ring()?;
+        r
+    }
+
+    fn wait_ring(&self, dir: Dir, deadline: Option<Instant>) -> Result<(), c_int> {
         if self
             .sleepers
             .spinner

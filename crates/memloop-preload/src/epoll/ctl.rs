@@ -145,6 +145,24 @@ impl EpollSet {
         }
     }
 
+    /// Connection `c` switched from its ring to TCP: its registrations become the program's
+    /// own again (the kernel re-evaluates readiness on the change, so nothing is lost).
+    pub fn conn_switched(&self, c: &crate::conn::Conn) {
+        let epfd = self.fd();
+        let mut st = self.st.lock();
+        let ids: Vec<u32> = st
+            .items
+            .iter()
+            .filter(|(_, it)| matches!(&it.target, Target::Conn(x) if std::ptr::eq(&**x, c)))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            if let Some(it) = self.remove(&mut st, id) {
+                let _ = to_kernel_fd(epfd, it, 0);
+            }
+        }
+    }
+
     /// The program is closing `fd`, one of `target`'s fds. The kernel keeps a registration
     /// while another fd of the same file is open (`last == false`): so do we, but the closed
     /// number no longer names it. With the last fd the registration goes.

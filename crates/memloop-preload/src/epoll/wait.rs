@@ -225,6 +225,9 @@ impl EpollSet {
         c: &Arc<Conn>,
         kernel_ev: u32,
     ) -> Option<epoll_event> {
+        if !c.switch_quiet() {
+            c.settle_switch(); // a switch hands the registration back to the kernel itself
+        }
         let path = match c.path() {
             Path::Pending => c.resolve(true),
             p => p,

@@ -3,7 +3,7 @@
 //! connection goes to the kernel with byte counts; anything else straight to the kernel.
 
 use super::{fail, hook, iovecs, iovecs_mut, slice, slice_mut, track};
-use crate::conn::Conn;
+use crate::conn::{Conn, SWITCHED};
 use crate::dispatch::{self, Route};
 use crate::plain::PlainTcp;
 use crate::real;
@@ -29,8 +29,53 @@ fn sent(p: &PlainTcp, r: ssize_t) -> Result<ssize_t, c_int> {
     Ok(r)
 }
 
+/// A receive the kernel does (counted when the connection is recorded).
+fn kernel_recv(
+    p: Option<&PlainTcp>,
+    flags: c_int,
+    kernel: impl FnOnce() -> ssize_t,
+) -> Result<ssize_t, c_int> {
+    match p {
+        Some(p) => received(p, kernel(), flags),
+        None => Ok(kernel()),
+    }
+}
+
+/// A send the kernel does: after the bytes a switch still re-sends, counted when recorded.
+fn kernel_send(p: Option<&PlainTcp>, kernel: impl FnOnce() -> ssize_t) -> Result<ssize_t, c_int> {
+    match p {
+        Some(p) => {
+            p.before_send();
+            sent(p, kernel())
+        }
+        None => Ok(kernel()),
+    }
+}
+
+/// A data call on `fd`: `ring` while the connection is on its ring, `plain` otherwise —
+/// also when the connection left its ring during the call with nothing moved ([`SWITCHED`]).
+fn data_call(
+    fd: c_int,
+    ring: impl FnOnce(&Conn) -> Result<ssize_t, c_int>,
+    plain: impl FnOnce(Option<&PlainTcp>) -> Result<ssize_t, c_int>,
+) -> Result<ssize_t, c_int> {
+    let r = match dispatch::route(fd) {
+        Route::Ring(c) => ring(&c),
+        Route::Counted(p) => return plain(Some(&p)),
+        Route::Real => return plain(None),
+    };
+    if r != Err(SWITCHED) {
+        return r;
+    }
+    match dispatch::route(fd) {
+        Route::Counted(p) => plain(Some(&p)),
+        _ => plain(None),
+    }
+}
+
 /// A single-buffer receive (`read`, `recv`, `recvfrom`): from the ring (after `on_ring`), or
-/// the kernel's, counted for a recorded TCP connection.
+/// the kernel's, counted for a recorded TCP connection. The ring carries no urgent data: a
+/// `MSG_OOB` receive is the kernel's (after a switch the peer's urgent byte is there).
 ///
 /// # Safety
 /// `buf` must be writable for `n` bytes (or `n == 0`).
@@ -42,20 +87,20 @@ unsafe fn recv_one(
     kernel: impl FnOnce() -> ssize_t,
     on_ring: impl FnOnce(),
 ) -> Result<ssize_t, c_int> {
-    match dispatch::route(fd) {
-        Route::Real => Ok(kernel()),
-        Route::Ring(c) => {
-            on_ring();
-            // SAFETY: the caller's contract.
-            let buf = unsafe { slice_mut(buf, n) };
-            c.recv(&mut [IoSliceMut::new(buf)], flags).map(len)
+    let ring = |c: &Conn| {
+        if flags & libc::MSG_OOB != 0 {
+            return Err(SWITCHED);
         }
-        Route::Counted(p) => received(&p, kernel(), flags),
-    }
+        on_ring();
+        // SAFETY: the caller's contract.
+        let buf = unsafe { slice_mut(buf, n) };
+        c.recv(&mut [IoSliceMut::new(buf)], flags).map(len)
+    };
+    data_call(fd, ring, |p| kernel_recv(p, flags, kernel))
 }
 
 /// A single-buffer send (`write`, `send`, `sendto`): into the ring, or the kernel's, counted
-/// for a recorded TCP connection.
+/// for a recorded TCP connection. `MSG_OOB` moves the connection to TCP first.
 ///
 /// # Safety
 /// `buf` must be readable for `n` bytes (or `n == 0`).
@@ -66,15 +111,15 @@ unsafe fn send_one(
     flags: c_int,
     kernel: impl FnOnce() -> ssize_t,
 ) -> Result<ssize_t, c_int> {
-    match dispatch::route(fd) {
-        Route::Real => Ok(kernel()),
-        Route::Ring(c) => {
-            // SAFETY: the caller's contract.
-            let buf = unsafe { slice(buf, n) };
-            c.send(&[IoSlice::new(buf)], flags).map(len)
-        }
-        Route::Counted(p) => sent(&p, kernel()),
+    if flags & libc::MSG_OOB != 0 {
+        dispatch::before_urgent(fd);
     }
+    let ring = |c: &Conn| {
+        // SAFETY: the caller's contract.
+        let buf = unsafe { slice(buf, n) };
+        c.send(&[IoSlice::new(buf)], flags).map(len)
+    };
+    data_call(fd, ring, |p| kernel_send(p, kernel))
 }
 
 // ---- receive ----------------------------------------------------------------------------------
@@ -163,12 +208,12 @@ hook! {
     real kernel = real::readv, pass if table::kind(fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
-        match dispatch::route(fd) {
-            Route::Real => Ok(kernel()),
+        data_call(
+            fd,
             // SAFETY: readv's contract: `iov` holds `n` iovecs of writable buffers.
-            Route::Ring(c) => c.recv(&mut unsafe { iovecs_mut(iov, n) }, 0).map(len),
-            Route::Counted(p) => received(&p, kernel(), 0),
-        }
+            |c| c.recv(&mut unsafe { iovecs_mut(iov, n) }, 0).map(len),
+            |p| kernel_recv(p, 0, kernel),
+        )
     }
 }
 
@@ -177,20 +222,26 @@ hook! {
     real kernel = real::recvmsg, pass if table::kind(fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
-        match dispatch::route(fd) {
-            Route::Real => Ok(kernel()),
-            Route::Ring(c) => {
-                // SAFETY: recvmsg's contract: `msg` is null or a readable, writable msghdr.
-                let m = unsafe { msg.as_mut() }.ok_or(libc::EFAULT)?;
-                m.msg_namelen = 0;
-                m.msg_controllen = 0;
-                m.msg_flags = 0;
-                // SAFETY: recvmsg's contract: `msg_iov` holds `msg_iovlen` writable iovecs.
-                let mut bufs = unsafe { iovecs_mut(m.msg_iov, m.msg_iovlen as c_int) };
-                c.recv(&mut bufs, flags).map(len)
+        let ring = |c: &Conn| {
+            if flags & libc::MSG_OOB != 0 {
+                return Err(SWITCHED); // no urgent data on a ring: the kernel answers
             }
-            Route::Counted(p) => received(&p, kernel(), flags),
-        }
+            // SAFETY: recvmsg's contract: `msg` is null or a readable, writable msghdr.
+            let m = unsafe { msg.as_mut() }.ok_or(libc::EFAULT)?;
+            let (namelen, controllen) = (m.msg_namelen, m.msg_controllen);
+            m.msg_namelen = 0;
+            m.msg_controllen = 0;
+            m.msg_flags = 0;
+            // SAFETY: recvmsg's contract: `msg_iov` holds `msg_iovlen` writable iovecs.
+            let mut bufs = unsafe { iovecs_mut(m.msg_iov, m.msg_iovlen as c_int) };
+            let r = c.recv(&mut bufs, flags).map(len);
+            if r == Err(SWITCHED) {
+                // The kernel gets the header as the program gave it.
+                (m.msg_namelen, m.msg_controllen) = (namelen, controllen);
+            }
+            r
+        };
+        data_call(fd, ring, |p| kernel_recv(p, flags, kernel))
     }
 }
 
@@ -278,31 +329,38 @@ hook! {
     real kernel = real::writev, pass if table::kind(fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
-        match dispatch::route(fd) {
-            Route::Real => Ok(kernel()),
+        data_call(
+            fd,
             // SAFETY: writev's contract: `iov` holds `n` iovecs of readable buffers.
-            Route::Ring(c) => c.send(&unsafe { iovecs(iov, n) }, 0).map(len),
-            Route::Counted(p) => sent(&p, kernel()),
-        }
+            |c| c.send(&unsafe { iovecs(iov, n) }, 0).map(len),
+            |p| kernel_send(p, kernel),
+        )
     }
 }
 
 hook! {
     fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t;
-    real kernel = real::sendmsg, pass if table::kind(fd) != table::K_OBJ;
+    real kernel = real::sendmsg,
+        // SAFETY: sendmsg's contract: `msg` is null or a readable msghdr.
+        pass if table::kind(fd) != table::K_OBJ && !unsafe { has_control(msg) };
     on_panic fail(libc::EIO);
     {
-        match dispatch::route(fd) {
-            Route::Real => Ok(kernel()),
-            Route::Ring(c) => {
-                // SAFETY: sendmsg's contract: `msg` is null or a readable msghdr.
-                let m = unsafe { msg.as_ref() }.ok_or(libc::EFAULT)?;
-                // SAFETY: sendmsg's contract: `msg_iov` holds `msg_iovlen` readable iovecs.
-                let bufs = unsafe { iovecs(m.msg_iov, m.msg_iovlen as c_int) };
-                c.send(&bufs, flags).map(len)
-            }
-            Route::Counted(p) => sent(&p, kernel()),
+        // SAFETY: sendmsg's contract: `msg` is null or a readable msghdr with valid control.
+        let passed = unsafe { passed_fds(msg) };
+        if !passed.is_empty() {
+            dispatch::before_passing(&passed);
         }
+        if flags & libc::MSG_OOB != 0 {
+            dispatch::before_urgent(fd);
+        }
+        let ring = |c: &Conn| {
+            // SAFETY: sendmsg's contract: `msg` is null or a readable msghdr.
+            let m = unsafe { msg.as_ref() }.ok_or(libc::EFAULT)?;
+            // SAFETY: sendmsg's contract: `msg_iov` holds `msg_iovlen` readable iovecs.
+            let bufs = unsafe { iovecs(m.msg_iov, m.msg_iovlen as c_int) };
+            c.send(&bufs, flags).map(len)
+        };
+        data_call(fd, ring, |p| kernel_send(p, kernel))
     }
 }
 
@@ -402,12 +460,12 @@ hook! {
     real kernel = real::sendfile, pass if table::kind(out_fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
-        match dispatch::route(out_fd) {
+        data_call(
+            out_fd,
             // SAFETY: sendfile's contract: `offset` is null or a valid off_t (= off64_t here).
-            Route::Ring(c) => unsafe { ring_sendfile(&c, in_fd, offset.cast(), count) },
-            Route::Real => Ok(kernel()),
-            Route::Counted(p) => sent(&p, kernel()),
-        }
+            |c| unsafe { ring_sendfile(c, in_fd, offset.cast(), count) },
+            |p| kernel_send(p, kernel),
+        )
     }
 }
 
@@ -417,12 +475,12 @@ hook! {
     real kernel = real::sendfile64, pass if table::kind(out_fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
-        match dispatch::route(out_fd) {
+        data_call(
+            out_fd,
             // SAFETY: sendfile64's contract: `offset` is null or a valid off64_t.
-            Route::Ring(c) => unsafe { ring_sendfile(&c, in_fd, offset, count) },
-            Route::Real => Ok(kernel()),
-            Route::Counted(p) => sent(&p, kernel()),
-        }
+            |c| unsafe { ring_sendfile(c, in_fd, offset, count) },
+            |p| kernel_send(p, kernel),
+        )
     }
 }
 
@@ -509,14 +567,57 @@ hook! {
     on_panic fail(libc::EIO);
     {
         let nonblock = flags & libc::SPLICE_F_NONBLOCK != 0;
-        match (dispatch::route(fd_in), dispatch::route(fd_out)) {
+        let r = match (dispatch::route(fd_in), dispatch::route(fd_out)) {
             // SAFETY: splice's contract: `off_in` is null or a valid loff_t.
             (_, Route::Ring(c)) => unsafe { splice_into_ring(&c, fd_in, off_in, n, nonblock) }
                 .map(len),
             // SAFETY: splice's contract: `off_out` is null or a valid loff_t.
             (Route::Ring(c), _) => unsafe { splice_from_ring(&c, fd_out, off_out, n, nonblock) }
                 .map(len),
-            _ => Ok(kernel()),
+            _ => return Ok(kernel()),
+        };
+        match r {
+            // Left its ring during the call with nothing moved: the kernel splices.
+            Err(SWITCHED) => Ok(kernel()),
+            r => r,
         }
     }
+}
+
+/// Whether a message carries control data (cheap: the header only).
+///
+/// # Safety
+/// `msg` must be null or point to a readable msghdr.
+unsafe fn has_control(msg: *const libc::msghdr) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe { msg.as_ref() }.is_some_and(|m| m.msg_controllen > 0 && !m.msg_control.is_null())
+}
+
+/// The fds an `SCM_RIGHTS` message passes.
+///
+/// # Safety
+/// `msg` must be null or point to a readable msghdr whose control buffer is valid for
+/// `msg_controllen` bytes.
+unsafe fn passed_fds(msg: *const libc::msghdr) -> Vec<c_int> {
+    let mut out = Vec::new();
+    // SAFETY: the caller's contract.
+    if !unsafe { has_control(msg) } {
+        return out;
+    }
+    // SAFETY: a valid msghdr with a valid control buffer (the caller's contract); the CMSG
+    // macros stay within `msg_controllen`.
+    unsafe {
+        let mut cm = libc::CMSG_FIRSTHDR(msg);
+        while !cm.is_null() {
+            let h = &*cm;
+            if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cm) as *const c_int;
+                let n = (h.cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<c_int>();
+                out.extend((0..n).map(|i| data.add(i).read_unaligned()));
+            }
+            cm = libc::CMSG_NXTHDR(msg, cm);
+        }
+    }
+    out
 }

@@ -4,6 +4,7 @@
 use super::{fail, hook, track};
 use crate::{dispatch, real, table};
 use libc::{c_int, c_uint};
+use std::ffi::CStr;
 
 /// `close_range` and `closefrom` close many fds at once: ours among them get the bookkeeping
 /// of `close` first (a stale entry would later act on a reused fd number).
@@ -81,10 +82,11 @@ hook! {
 
 type Argv = *const *const libc::c_char;
 
-/// Runs an exec: inherited epoll sets get the program's registrations back first, and ours
-/// again if the exec fails (errno as the exec left it).
-fn exec_with(exec: impl FnOnce() -> c_int) -> Result<c_int, c_int> {
-    dispatch::before_exec();
+/// Runs an exec: inherited ring connections move to TCP unless the new image loads this
+/// library, inherited epoll sets get the program's registrations back first, and ours again
+/// if the exec fails (errno as the exec left it).
+fn exec_with(keeps_library: bool, exec: impl FnOnce() -> c_int) -> Result<c_int, c_int> {
+    track("exec", || dispatch::before_exec(keeps_library));
     let r = exec();
     let e = real::errno();
     track("exec", dispatch::after_failed_exec);
@@ -92,39 +94,119 @@ fn exec_with(exec: impl FnOnce() -> c_int) -> Result<c_int, c_int> {
     Ok(r)
 }
 
+/// An exec's environment: `envp`, or ours when the call takes none.
+///
+/// # Safety
+/// `envp` must be null or a null-terminated array of C strings.
+unsafe fn env_of(envp: Argv) -> Vec<Vec<u8>> {
+    if envp.is_null() {
+        return crate::image::current_env();
+    }
+    let mut out = Vec::new();
+    // SAFETY: the caller's contract: a null-terminated array of valid C strings.
+    unsafe {
+        let mut p = envp;
+        while !(*p).is_null() {
+            out.push(CStr::from_ptr(*p).to_bytes().to_vec());
+            p = p.add(1);
+        }
+    }
+    out
+}
+
+/// Whether exec'ing `file` with `envp` keeps the library loaded (a panic says no: the
+/// connections then move to TCP, which is always safe).
+///
+/// # Safety
+/// `file` must be null or a C string; `envp` as for [`env_of`].
+unsafe fn keeps(file: *const libc::c_char, search: bool, envp: Argv) -> bool {
+    if file.is_null() {
+        return false;
+    }
+    // SAFETY: the caller's contract.
+    let (file, env) = unsafe { (CStr::from_ptr(file), env_of(envp)) };
+    let env: Vec<&[u8]> = env.iter().map(|v| v.as_slice()).collect();
+    crate::hooks::contain("exec image", || crate::image::keeps_library(file, search, &env))
+        .unwrap_or(false)
+}
+
 hook! {
     fn execve(path: *const libc::c_char, argv: Argv, envp: Argv) -> c_int;
     real kernel = real::execve;
     on_panic kernel();
-    { exec_with(kernel) }
+    // SAFETY: execve's contract: a C string and a null-terminated environment.
+    { exec_with(unsafe { keeps(path, false, envp) }, kernel) }
 }
 
 hook! {
     fn execv(path: *const libc::c_char, argv: Argv) -> c_int;
     real kernel = real::execv;
     on_panic kernel();
-    { exec_with(kernel) }
+    // SAFETY: execv's contract: a C string; our own environment.
+    { exec_with(unsafe { keeps(path, false, std::ptr::null()) }, kernel) }
 }
 
 hook! {
     fn execvp(file: *const libc::c_char, argv: Argv) -> c_int;
     real kernel = real::execvp;
     on_panic kernel();
-    { exec_with(kernel) }
+    // SAFETY: execvp's contract: a C string; our own environment.
+    { exec_with(unsafe { keeps(file, true, std::ptr::null()) }, kernel) }
 }
 
 hook! {
     fn execvpe(file: *const libc::c_char, argv: Argv, envp: Argv) -> c_int;
     real kernel = real::execvpe;
     on_panic kernel();
-    { exec_with(kernel) }
+    // SAFETY: execvpe's contract: a C string and a null-terminated environment.
+    { exec_with(unsafe { keeps(file, true, envp) }, kernel) }
 }
 
 hook! {
     fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int;
     real kernel = real::fexecve;
     on_panic kernel();
-    { exec_with(kernel) }
+    {
+        let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).unwrap_or_default();
+        // SAFETY: a C string of ours; fexecve's contract for the environment.
+        exec_with(unsafe { keeps(path.as_ptr(), false, envp) }, kernel)
+    }
+}
+
+hook! {
+    /// `posix_spawn` runs no fork handlers and execs in the child where we cannot see it:
+    /// inheritable ring connections move to TCP first (the child's image adopts nothing).
+    fn posix_spawn(
+        pid: *mut libc::pid_t,
+        path: *const libc::c_char,
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut libc::c_char,
+        envp: *const *mut libc::c_char,
+    ) -> c_int;
+    real kernel = real::posix_spawn;
+    on_panic kernel();
+    {
+        track("spawn", || dispatch::before_spawn());
+        Ok(kernel())
+    }
+}
+
+hook! {
+    fn posix_spawnp(
+        pid: *mut libc::pid_t,
+        file: *const libc::c_char,
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut libc::c_char,
+        envp: *const *mut libc::c_char,
+    ) -> c_int;
+    real kernel = real::posix_spawnp;
+    on_panic kernel();
+    {
+        track("spawn", || dispatch::before_spawn());
+        Ok(kernel())
+    }
 }
 
 // ---- raw system calls -------------------------------------------------------------------------

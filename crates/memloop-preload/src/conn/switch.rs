@@ -1,0 +1,276 @@
+//! Live path switching: a ring connection moves to its kernel socket mid-stream, in both
+//! directions at once, without losing, duplicating or reordering a byte
+//! (`docs/design/path-switching.md`; the protocol's core is `memloop_ring::leave`).
+//!
+//! Either side (or `memloop demote`) sets the channel's switch word; each side then *leaves*
+//! both rings — one last counted doorbell, then its `Left {tail, head, doorbells sent}` — and
+//! waits for the peer's. Once both have left, each side throws away the peer's doorbells it
+//! never read, re-sends over TCP what the peer never consumed of its tx ring, and from then on
+//! the connection is a plain TCP one. A side notices a request in its data calls, in its
+//! waits (poll, epoll, blocking calls), or at the latest on its next heartbeat.
+//!
+//! Nothing of ours reads the socket between the leave and the takeover: drains stop at the
+//! leave (this process: the `DRAINING` bit; other processes holding the side: the side lock),
+//! so the doorbell count read at the takeover is final.
+
+use super::{Conn, Path};
+use crate::forklock::ForkMutex;
+use crate::plain::{PlainTcp, Resend};
+use crate::real;
+use libc::c_int;
+use memloop::registry::{Side, SideWords, SwitchReason};
+use memloop_ring::leave::{doorbells_to_discard, LeaveCell, Left};
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a ring operation returns (never the program) when the connection left its ring during
+/// the call with nothing moved: the caller goes again, to the kernel socket.
+pub const SWITCHED: c_int = 0x5357_4348;
+
+/// Longest pause between two looks at the peer's leave record.
+const PEER_POLL_MAX: Duration = Duration::from_micros(200);
+
+pub(super) struct Switching {
+    /// Serialises this process's switch of the connection.
+    lock: ForkMutex<()>,
+    /// Taken around every doorbell and by the leave: no doorbell of this process can be sent
+    /// after the leave read the count it publishes.
+    pub(super) bell: ForkMutex<()>,
+    /// The peer side's words (its leave record).
+    peer: Option<SideWords>,
+    /// The request in the switch word was dealt with here: moved to TCP, or given up
+    /// because the peer is gone (the ring then delivers what is left, then EOF).
+    handled: AtomicBool,
+}
+
+impl Switching {
+    pub(super) fn new(peer: Option<SideWords>) -> Self {
+        Switching {
+            lock: ForkMutex::new(()),
+            bell: ForkMutex::new(()),
+            peer,
+            handled: AtomicBool::new(false),
+        }
+    }
+}
+
+pub(super) fn other(side: Side) -> Side {
+    match side {
+        Side::Client => Side::Server,
+        Side::Server => Side::Client,
+    }
+}
+
+impl Conn {
+    /// Nothing was asked of the switch word (one shared-memory load: every data call's check).
+    #[inline]
+    pub fn switch_quiet(&self) -> bool {
+        self.share.side_words.as_ref().map_or(true, |w| w.switch.quiet())
+    }
+
+    /// A switch was asked for and this process has not dealt with it yet.
+    pub fn switch_pending(&self) -> bool {
+        !self.switch_quiet()
+            && !self.switching.handled.load(Acquire)
+            && matches!(self.path(), Path::Ring | Path::Leaving)
+    }
+
+    /// Deals with a switch the peer (or an operator) asked for. Blocks until the peer's side
+    /// has left too — that takes a moment of the peer's, at most one heartbeat.
+    pub fn settle_switch(&self) {
+        if self.switch_pending() {
+            if let Err(e) = self.switch_to_tcp(None) {
+                tracing::debug!(ch = ?self.ch, errno = e, "switch to TCP not done");
+            }
+        }
+    }
+
+    /// Moves the connection to its kernel socket because of `reason` (ours), waiting for the
+    /// peer's side. A pending connection is decided first.
+    pub fn demote(&self, reason: SwitchReason) -> Result<(), c_int> {
+        if self.resolve(true) != Path::Ring {
+            return Ok(()); // already on TCP
+        }
+        self.switch_to_tcp(Some(reason))
+    }
+
+    fn switch_to_tcp(&self, ask: Option<SwitchReason>) -> Result<(), c_int> {
+        let (Some(w), Some(pw)) = (&self.share.side_words, &self.switching.peer) else {
+            return Err(libc::ENOTSUP);
+        };
+        let _g = self.switching.lock.lock();
+        if !matches!(self.path(), Path::Ring | Path::Leaving) {
+            return Ok(());
+        }
+        if let Some(r) = ask {
+            if w.switch.request(r) {
+                self.engine.registry().count_switch(r);
+            }
+        }
+        self.leave(w)?;
+        let Some(peer) = self.await_peer(pw)? else {
+            // The peer is gone without leaving: its bytes are still in our rx ring and only
+            // the ring can deliver them (then EOF), so this connection stays there.
+            tracing::debug!(ch = ?self.ch, "peer gone during a switch: staying on the ring");
+            self.switching.handled.store(true, Release);
+            self.decision.path.store(Path::Ring, Release);
+            return Err(libc::EPIPE);
+        };
+        let reason = w.switch.reason().unwrap_or(SwitchReason::Peer);
+        let resend = self.take_over(w, peer, reason)?;
+        self.finish_on_tcp(reason, resend);
+        Ok(())
+    }
+
+    /// Leaves both rings: one last counted doorbell (a sleeping peer wakes and notices), then
+    /// our `Left`. Another process holding this side may have left already: then only our
+    /// path changes.
+    fn leave(&self, w: &SideWords) -> Result<(), c_int> {
+        let cell = LeaveCell::new(&w.leave, 0).map_err(|_| libc::EIO)?;
+        self.stop_drains();
+        let r = (|| {
+            let mut prod = self.rings.prod.lock();
+            let mut cons = self.rings.cons.lock();
+            let lock = self.side_lock();
+            if lock.is_some() {
+                prod.resync().map_err(|_| libc::EIO)?;
+                cons.resync().map_err(|_| libc::EIO)?;
+            }
+            if cell.read().map_err(|_| libc::EIO)?.is_none() {
+                self.ring_doorbell_locked(lock.is_some());
+                let _b = self.switching.bell.lock();
+                let left = Left {
+                    tail: prod.position(),
+                    head: cons.position(),
+                    doorbells: w.doorbells_sent.load(Acquire),
+                };
+                cell.publish(left);
+                self.decision.path.store(Path::Leaving, Release);
+                tracing::debug!(ch = ?self.ch, side = ?self.side, ?left, "left the ring");
+            } else {
+                self.decision.path.store(Path::Leaving, Release);
+            }
+            Ok(())
+        })();
+        self.resume_drains();
+        r
+    }
+
+    /// Waits for the peer's `Left`; `None` if the peer is gone without leaving.
+    fn await_peer(&self, pw: &SideWords) -> Result<Option<Left>, c_int> {
+        let cell = LeaveCell::new(&pw.leave, 0).map_err(|_| libc::EIO)?;
+        let mut pause = Duration::from_micros(1);
+        loop {
+            match cell.read() {
+                Ok(Some(l)) => return Ok(Some(l)),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(ch = ?self.ch, "peer's leave record: {e}");
+                    return Err(libc::EIO);
+                }
+            }
+            if self.peer_vanished() {
+                return Ok(None);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(PEER_POLL_MAX);
+        }
+    }
+
+    /// The peer closed its side, died, or its socket is gone (no byte is read to tell).
+    fn peer_vanished(&self) -> bool {
+        self.check_peer();
+        if self.peer_closed() {
+            return true;
+        }
+        let hup = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
+        matches!(real::wait_fd(self.kfd(), libc::POLLRDHUP, Some(Duration::ZERO)), Ok(ev) if ev & hup != 0)
+    }
+
+    /// Both sides have left: throw away the peer's unread doorbells, re-send what the peer
+    /// never consumed, and release our side of the channel. Done once per side, under the
+    /// side lock when the side is shared.
+    fn take_over(
+        &self,
+        w: &SideWords,
+        peer: Left,
+        reason: SwitchReason,
+    ) -> Result<Option<Arc<Resend>>, c_int> {
+        let _l = self.side_lock();
+        if w.switch.on_tcp(self.side) {
+            return Ok(None); // another process holding this side did it
+        }
+        let fd = self.kfd();
+        let read = w.doorbells_read.load(Acquire);
+        let discard = doorbells_to_discard(&peer, read).map_err(|e| {
+            tracing::warn!(ch = ?self.ch, "cannot switch: {e}");
+            libc::EIO
+        })?;
+        let gone = real::discard_exact(fd, discard)?;
+        let mut unconsumed = Vec::new();
+        self.rings
+            .prod
+            .lock()
+            .unconsumed(peer.head, &mut unconsumed)
+            .map_err(|e| {
+                tracing::warn!(ch = ?self.ch, "cannot switch: {e}");
+                libc::EIO
+            })?;
+        let resend = Resend::start(fd, unconsumed)?;
+        w.switch.set_on_tcp(self.side);
+        tracing::debug!(
+            ch = ?self.ch, side = ?self.side, %reason, discarded = gone,
+            resent = resend.as_ref().map_or(0, |r| r.len()),
+            "switched to TCP"
+        );
+        self.share.released.store(true, Release);
+        self.share.side_closed.store(true, Release);
+        if let Err(e) = self.engine.registry().close(self.ch, self.side) {
+            tracing::debug!(ch = ?self.ch, "releasing the channel after a switch: {e}");
+        }
+        Ok(resend)
+    }
+
+    /// From now on a plain TCP connection: the program's TCP_NODELAY back, a record for
+    /// `memloop status`, and every epoll set holding it handed the kernel fd back.
+    fn finish_on_tcp(&self, reason: SwitchReason, resend: Option<Arc<Resend>>) {
+        real::set_sockopt_int(
+            self.kfd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            self.decision.nodelay.load(Relaxed),
+        );
+        let plain = PlainTcp::switched(&self.engine, &self.tuple, reason, resend);
+        *self.decision.plain.lock() = Some(plain);
+        self.switching.handled.store(true, Release);
+        self.decision.path.store(Path::Tcp, Release);
+        for s in crate::table::epoll_sets() {
+            s.conn_switched(self);
+        }
+    }
+
+    /// Ring operations refuse to run once the connection left its ring.
+    pub(super) fn on_ring(&self) -> Result<(), c_int> {
+        match self.path() {
+            Path::Ring => Ok(()),
+            _ => Err(SWITCHED),
+        }
+    }
+
+    /// Whether `fd`s of this connection survive an exec (one without close-on-exec).
+    pub fn inheritable(&self) -> bool {
+        self.fds
+            .lock()
+            .iter()
+            .any(|&fd| real::fd_flags(fd) & libc::FD_CLOEXEC == 0)
+    }
+}
+
+/// The heartbeat's sweep: connections of this process asked to switch while it is in none
+/// of our calls (computing, or blocked somewhere we do not see) switch here.
+pub fn sweep() {
+    for c in crate::table::conns() {
+        c.settle_switch();
+    }
+}
