@@ -20,6 +20,10 @@
 //! reason says how, and where in the source); they pass on kernel TCP and will pass once the
 //! bug is fixed. The other ignored tests are merely slow.
 //!
+//! The handoff tests (`tests/semantics/handoff.py`: inetd chains, SCM_RIGHTS, re-exec, MSG_OOB
+//! mid-stream) expect live path switching (`Scenario::switches`): until it lands they fail
+//! under the preload (on kernel TCP they pass).
+//!
 //! `MEMLOOP_PRELOAD_LIB` and `MEMLOOP_BIN` override where the library and the CLI are taken
 //! from (default: next to this test binary's profile directory, then `target/release`).
 //! Every process runs under `timeout`, every script has its own watchdog, and regions, domains
