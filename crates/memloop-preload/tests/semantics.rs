@@ -20,6 +20,10 @@
 //! reason says how, and where in the source); they pass on kernel TCP and will pass once the
 //! bug is fixed. The other ignored tests are merely slow.
 //!
+//! The handoff tests (`tests/semantics/handoff.py`: inetd chains, SCM_RIGHTS, re-exec, MSG_OOB
+//! mid-stream) expect live path switching (`Scenario::switches`): until it lands they fail
+//! under the preload (on kernel TCP they pass).
+//!
 //! `MEMLOOP_PRELOAD_LIB` and `MEMLOOP_BIN` override where the library and the CLI are taken
 //! from (default: next to this test binary's profile directory, then `target/release`).
 //! Every process runs under `timeout`, every script has its own watchdog, and regions, domains
@@ -109,6 +113,12 @@ fn main() -> std::process::ExitCode {
             .ignore("slow: 20 SIGKILLs of a streaming peer at random moments"),
         test!(asyncio_streams_echo),
         test!(selectors_echo_server_20_clients),
+        test!(inetd_handler_chain_dup2_exec_exec),
+        test!(inetd_handler_exits_without_close),
+        test!(scm_rights_handoff_to_preloaded_worker),
+        test!(scm_rights_handoff_to_plain_worker),
+        test!(reexec_server_chroot_and_setuid).needs(memloop_testkit::root()),
+        test!(msg_oob_mid_stream_leaves_the_ring),
         test!(xdom_echo_10mb_sha256_both_ways).needs(needs_domains()),
         test!(xdom_nonblocking_connect_pollout_so_error).needs(needs_domains()),
         test!(xdom_pollrdhup_and_pollhup_after_shutdowns).needs(needs_domains()),
@@ -231,6 +241,11 @@ struct Scenario {
     extra: Option<&'static str>,
     /// A line the server's debug log must contain under the preload.
     evidence: Option<&'static str>,
+    /// Under the preload the connection is expected to leave its ring for its TCP socket, for
+    /// this reason (`fd_passed`, `exec`, `oob`, ...): a log (server or client) must have a
+    /// `switched to TCP` line naming it, and lines saying that the connection stays on TCP
+    /// for it are not problems.
+    switches: Option<&'static str>,
     /// Preload runs (a racy bug shows up within a few).
     repeat: usize,
 }
@@ -245,6 +260,7 @@ const fn sc(script: &'static str, case: &'static str) -> Scenario {
         host: None,
         extra: None,
         evidence: None,
+        switches: None,
         repeat: 1,
     }
 }
@@ -272,6 +288,10 @@ impl Scenario {
     }
     const fn evidence(mut self, e: &'static str) -> Self {
         self.evidence = Some(e);
+        self
+    }
+    const fn switches(mut self, reason: &'static str) -> Self {
+        self.switches = Some(reason);
         self
     }
     const fn repeat(mut self, n: usize) -> Self {
@@ -405,10 +425,25 @@ fn assert_ring_used(s: &Scenario, o: &Outcome, what: &str) {
             problems.push(format!("the server's log lacks {e:?}"));
         }
     }
+    if let Some(reason) = s.switches {
+        let switched = [&o.server_err, &o.client_err]
+            .iter()
+            .flat_map(|l| l.lines())
+            .any(|l| l.contains(SWITCHED) && l.contains(reason));
+        if !switched {
+            problems.push(format!(
+                "no log says {SWITCHED:?} with reason {reason:?} (the connection was expected \
+                 to leave its ring)"
+            ));
+        }
+    }
     problems.extend(doorbell_count_problems(&[&o.server_err, &o.client_err]));
     for (who, log) in [("server", &o.server_err), ("client", &o.client_err)] {
         for bad in ["stays on TCP", "no ring offered", "panicked", "ring error"] {
-            if log.contains(bad) {
+            // A connection that switched on purpose goes on on TCP, and may say so.
+            let excused =
+                |line: &str| bad == "stays on TCP" && s.switches.is_some_and(|r| line.contains(r));
+            if log.lines().any(|l| l.contains(bad) && !excused(l)) {
                 problems.push(format!("the {who}'s log says {bad:?}"));
             }
         }
@@ -419,6 +454,9 @@ fn assert_ring_used(s: &Scenario, o: &Outcome, what: &str) {
         o.report(&format!("{what}: {}", problems.join("; ")))
     );
 }
+
+/// The library's log line for a connection that left its ring (live path switching).
+const SWITCHED: &str = "switched to TCP";
 
 fn check_with(s: Scenario, doms: Option<&Domains>) {
     let place = if doms.is_some() {
@@ -763,6 +801,46 @@ fn asyncio_streams_echo() {
 
 fn selectors_echo_server_20_clients() {
     check(sc("apps", "selectors_echo").rings(20));
+}
+
+// ---- handoffs -----------------------------------------------------------------------------------
+// A connection handed to another process or program image the way real servers do it. Under
+// the preload each is expected to leave its ring for its TCP socket (live path switching)
+// without losing a byte.
+
+/// inetd: fork, dup2 onto fds 0 and 1, close the original, exec a handler that forks and execs
+/// a `read(0)`/`write(1)` echo; EOF follows the last byte promptly.
+fn inetd_handler_chain_dup2_exec_exec() {
+    check(sc("handoff", "inetd_chain").switches("exec"));
+}
+
+/// The same, but the handler images end with `_exit(0)` without closing the connection.
+fn inetd_handler_exits_without_close() {
+    check(sc("handoff", "inetd_exit_no_close").switches("exec"));
+}
+
+/// The acceptor passes the connection (with bytes in flight) to a preloaded worker with
+/// SCM_RIGHTS and closes its copy at once.
+fn scm_rights_handoff_to_preloaded_worker() {
+    check(sc("handoff", "scm_rights_preloaded").switches("fd_passed"));
+}
+
+/// The same, to a worker run without `LD_PRELOAD`: it must get every byte over plain TCP.
+fn scm_rights_handoff_to_plain_worker() {
+    check(sc("handoff", "scm_rights_plain_worker").switches("fd_passed"));
+}
+
+/// sshd-like: fork, move the connection to fd 3, re-exec, chroot into an empty directory and
+/// drop to `nobody`, then serve.
+fn reexec_server_chroot_and_setuid() {
+    check(sc("handoff", "reexec_privsep").switches("exec"));
+}
+
+/// An urgent byte between two megabyte streams: in-band bytes in order around it, SIOCATMARK
+/// at the mark (`flags.py` `oob`, run by `bug_msg_oob_urgent_byte`, covers POLLPRI, select and
+/// recv(MSG_OOB) on a tiny stream).
+fn msg_oob_mid_stream_leaves_the_ring() {
+    check(sc("handoff", "oob").switches("oob"));
 }
 
 // ---- across two domains ---------------------------------------------------------------------------

@@ -1,0 +1,396 @@
+#!/usr/bin/env python3
+"""A connection handed to another process or another program image, the way real servers do:
+  inetd_chain          accept, fork; the child dup2s the connection onto fds 0 and 1, closes the
+                       original and execs a handler; the handler forks and execs a second image
+                       that echoes with os.read(0) / os.write(1), closes 0 and 1 and exits (the
+                       handler waits for it, keeping its own 0 and 1 open);
+  inetd_exit_no_close  the same, but both images end with os._exit(0) without closing anything;
+  scm_rights_preloaded   the acceptor sends the connection to a worker (a separately exec'd
+                       python that keeps LD_PRELOAD) with SCM_RIGHTS and closes its copy at once;
+  scm_rights_plain_worker  the same, but the worker runs without LD_PRELOAD and MEMLOOP_*;
+  reexec_privsep       sshd-like: fork, the child moves the connection to fd 3 and re-execs this
+                       script, which chroots into an empty directory, drops to `nobody` (root
+                       only; otherwise says so and skips both) and serves;
+  oob                  an urgent byte (MSG_OOB) between two megabyte streams: the in-band bytes
+                       arrive in order around it, SIOCATMARK is set at the mark, the urgent byte
+                       is read out of band. (flags.py `oob` checks POLLPRI, select's exceptional
+                       set and recv(MSG_OOB) on a tiny stream; this one adds the mark and a
+                       stream in flight.)
+In every case the client starts streaming before the connection reaches the program that serves
+it, so bytes are in flight during the handoff; the serving image echoes everything and then the
+sha256 of what it read, the client checks both and that EOF follows the last byte promptly.
+The server role prints OK only once every process that served the connection exited 0. Every
+helper image has its own watchdog; every wait is bounded."""
+
+import faulthandler
+import fcntl
+import hashlib
+import os
+import select
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+from semlib import (Fail, check, dial, eq, now, pattern, poll1, recv_exact, run, sha,
+                    wait_until, with_thread)
+
+SIZE = 4 << 20
+CHUNK = 65536
+# Helper images run at most this long (the roles' own watchdog is at --deadline, 45 s).
+HELPER_DEADLINE = 35
+# How long a parent waits for the process that serves the connection.
+CHILD_WAIT = 32
+# EOF must follow the last byte (written just before the serving image exits) within this.
+EOF_WITHIN = 3.0
+SIOCATMARK = 0x8905
+
+
+def wait_child(pid, timeout=CHILD_WAIT):
+    end = time.monotonic() + timeout
+    while True:
+        p, status = os.waitpid(pid, os.WNOHANG)
+        if p == pid:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > end:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise Fail(f"child {pid} still running after {timeout} s")
+        time.sleep(0.01)
+
+
+def wait_popen(p, what, timeout=CHILD_WAIT):
+    try:
+        return p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise Fail(f"{what} still running after {timeout} s")
+
+
+def helper_argv(*words):
+    return [sys.executable, os.path.abspath(__file__), *map(str, words)]
+
+
+def preloaded():
+    with open("/proc/self/maps") as f:
+        return "libmemloop_preload" in f.read()
+
+
+# ---- the client: stream while the connection changes hands, then check the echo ---------------
+
+def stream_client(args, seed, prefix=b"", head=b""):
+    """Sends `prefix` and SIZE pattern bytes at once (from a thread, so the server's handoff
+    happens with bytes in flight), then SHUT_WR; expects `head`, the echo, the serving image's
+    sha256, then EOF within EOF_WITHIN s of the last byte."""
+    s = dial(args)
+    s.settimeout(30)  # a stuck connection fails the case instead of waiting for the watchdog
+    data = pattern(SIZE, seed)
+
+    def send():
+        s.sendall(prefix)
+        for i in range(0, SIZE, CHUNK):
+            s.sendall(data[i : i + CHUNK])
+        s.shutdown(socket.SHUT_WR)
+
+    join = with_thread(send)
+    want = len(head) + SIZE + 64
+    got = recv_exact(s, want, "the echo")
+    t_last = now()
+    eof = s.recv(100)
+    waited = now() - t_last
+    eq(eof, b"", "EOF after the echo and its sha256 (no extra bytes)")
+    check(waited <= EOF_WITHIN,
+          f"EOF came {waited:.2f} s after the last byte, want within {EOF_WITHIN} s")
+    join()
+    eq(got[: len(head)], head, "what the first process wrote before the handoff")
+    echo = got[len(head) : len(head) + SIZE]
+    eq(len(echo), SIZE, "echo length")
+    eq(sha(echo), sha(data), "sha256 of the echo (lost, duplicated or reordered bytes)")
+    eq(got[len(head) + SIZE :].decode(), sha(data), "the serving image's sha256 of its input")
+    s.close()
+
+
+def echo_socket(sock):
+    """Echoes everything until EOF, then the sha256 of what came."""
+    h = hashlib.sha256()
+    while True:
+        b = sock.recv(CHUNK)
+        if not b:
+            break
+        h.update(b)
+        sock.sendall(b)
+    sock.sendall(h.hexdigest().encode())
+
+
+# ---- inetd_chain / inetd_exit_no_close ----------------------------------------------------------
+
+def inetd_server(lsock, args):
+    conn, _ = lsock.accept()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            lsock.close()
+            fd = conn.fileno()
+            os.dup2(fd, 0)
+            os.dup2(fd, 1)
+            conn.close()  # the original fd goes; only 0 and 1 hold the connection
+            os.execv(sys.executable, helper_argv("inetd-handler", args.case))
+        finally:
+            os._exit(127)
+    conn.close()
+    lsock.close()
+    eq(wait_child(pid), 0, "the inetd handler's exit code")
+
+
+def inetd_handler(case):
+    """Image 2: forks and execs image 3 on the same fds 0 and 1, waits for it."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execv(sys.executable, helper_argv("inetd-echo", case))
+        finally:
+            os._exit(127)
+    code = wait_child(pid)
+    if code != 0:
+        raise Fail(f"the echo image exited {code}")
+    if case == "inetd_exit_no_close":
+        os._exit(0)
+    os.close(0)
+    os.close(1)
+
+
+def inetd_echo(case):
+    """Image 3: plain read(0) / write(1) echo, then the sha256 of the input."""
+    h = hashlib.sha256()
+
+    def write_all(b):
+        v = memoryview(b)
+        while v:
+            v = v[os.write(1, v) :]
+
+    while True:
+        b = os.read(0, CHUNK)
+        if not b:
+            break
+        h.update(b)
+        write_all(b)
+    write_all(h.hexdigest().encode())
+    if case == "inetd_exit_no_close":
+        os._exit(0)
+    os.close(0)
+    os.close(1)
+
+
+def inetd_client(args):
+    stream_client(args, 1101)
+
+
+# ---- scm_rights_preloaded / scm_rights_plain_worker ---------------------------------------------
+
+HELLO = b"HELLO\n"
+ACCEPTED = b"ACCEPTED\n"
+
+
+def worker_env(case):
+    if case == "scm_rights_plain_worker":
+        return {k: v for k, v in os.environ.items()
+                if k != "LD_PRELOAD" and not k.startswith("MEMLOOP_")}
+    return dict(os.environ)
+
+
+def scm_server(lsock, args):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.settimeout(20)
+    worker = subprocess.Popen(helper_argv("scm-worker", args.case, theirs.fileno()),
+                              pass_fds=[theirs.fileno()], env=worker_env(args.case))
+    theirs.close()
+    try:
+        eq(ours.recv(6), b"ready\n", "the worker is up")
+        conn, _ = lsock.accept()
+        lsock.close()
+        eq(recv_exact(conn, len(HELLO), "hello"), HELLO, "the client's hello")
+        conn.sendall(ACCEPTED)
+        # Let the client's stream queue up behind the hello, so the fd is passed with unread
+        # bytes in it.
+        wait_until(lambda: poll1(conn, select.POLLIN, 0), 5, "the client's stream")
+        time.sleep(0.05)
+        socket.send_fds(ours, [b"fd"], [conn.fileno()])
+        conn.close()  # the acceptor's copy goes at once
+        eq(ours.recv(3), b"ok\n", "the worker's verdict")
+    finally:
+        code = wait_popen(worker, "the worker")
+    eq(code, 0, "the worker's exit code")
+
+
+def scm_worker(case, fd):
+    unix = socket.socket(fileno=fd)
+    unix.settimeout(20)
+    if case == "scm_rights_plain_worker" and preloaded():
+        raise Fail("the plain worker has the preload library mapped")
+    for k in os.environ:
+        check(case != "scm_rights_plain_worker" or not k.startswith("MEMLOOP_"),
+              f"{k} reached the plain worker")
+    unix.sendall(b"ready\n")
+    msg, fds, _, _ = socket.recv_fds(unix, 16, 1)
+    eq((msg, len(fds)), (b"fd", 1), "the passed connection")
+    conn = socket.socket(fileno=fds[0])
+    check(conn.getpeername(), "the passed socket is connected")
+    echo_socket(conn)
+    conn.close()
+    unix.sendall(b"ok\n")
+    unix.close()
+
+
+def scm_client(args):
+    stream_client(args, 1103, prefix=HELLO, head=ACCEPTED)
+
+
+# ---- reexec_privsep ---------------------------------------------------------------------------------
+
+PRIVSEP_FD = 3
+
+
+def privsep_server(lsock, args):
+    conn, _ = lsock.accept()
+    root = tempfile.mkdtemp(prefix="memloop-privsep-")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            lsock.close()
+            fd = conn.fileno()
+            if fd != PRIVSEP_FD:
+                os.dup2(fd, PRIVSEP_FD)
+                conn.close()
+            os.set_inheritable(PRIVSEP_FD, True)
+            os.execv(sys.executable, helper_argv("privsep", args.case, PRIVSEP_FD, root))
+        finally:
+            os._exit(127)
+    conn.close()
+    lsock.close()
+    try:
+        eq(wait_child(pid), 0, "the re-exec'd child's exit code")
+    finally:
+        os.rmdir(root)
+
+
+def privsep_child(case, fd, root):
+    """The re-exec'd image: everything it needs is loaded; then chroot, setuid, serve."""
+    import pwd
+
+    conn = socket.socket(fileno=fd)
+    check(conn.getpeername(), "the inherited socket is connected")
+    if os.geteuid() == 0:
+        pw = pwd.getpwnam("nobody")
+        os.chroot(root)
+        os.chdir("/")
+        eq(os.listdir("/"), [], "the chroot is the empty directory")
+        os.setgroups([])
+        os.setgid(pw.pw_gid)
+        os.setuid(pw.pw_uid)
+        eq((os.getuid(), os.geteuid(), os.getgid()), (pw.pw_uid, pw.pw_uid, pw.pw_gid),
+           "uid, euid, gid after dropping to nobody")
+    else:
+        print(f"NOTE server {case}: not root, chroot and setuid skipped", flush=True)
+    echo_socket(conn)
+    conn.close()
+
+
+def privsep_client(args):
+    stream_client(args, 1105)
+
+
+# ---- oob: an urgent byte in the middle of a stream ---------------------------------------------------
+
+OOB_HALF = 1 << 20
+
+
+def at_mark(sock):
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), SIOCATMARK, b"\0\0\0\0"))[0]
+
+
+def oob_server(conn, args):
+    conn.settimeout(30)
+    first = recv_exact(conn, OOB_HALF, "the stream before the urgent byte")
+    ev = poll1(conn, select.POLLPRI, 5000)
+    check(ev & select.POLLPRI, f"POLLPRI never came (revents {ev:#x})")
+    eq(at_mark(conn), 1, "SIOCATMARK at the urgent byte's position")
+    eq(conn.recv(1, socket.MSG_OOB), b"!", "the urgent byte")
+    rest = bytearray()
+    while True:
+        b = conn.recv(CHUNK)
+        if not b:
+            break
+        rest += b
+    inband = first + bytes(rest)
+    eq(len(inband), 2 * OOB_HALF, "in-band bytes (the urgent byte is not among them)")
+    conn.sendall(f"got {len(inband)} {sha(inband)}\n".encode())
+    conn.close()
+
+
+def oob_client(args):
+    s = dial(args)
+    s.settimeout(30)
+    a, b = pattern(OOB_HALF, 1107), pattern(OOB_HALF, 1108)
+    s.sendall(a)
+    s.send(b"!", socket.MSG_OOB)
+    s.sendall(b)
+    s.shutdown(socket.SHUT_WR)
+    line = recv_exact(s, len(f"got {2 * OOB_HALF} {sha(b'')}\n"), "the server's verdict")
+    eq(line.decode().split(), ["got", str(2 * OOB_HALF), sha(a + b)],
+       "what the server read in band")
+    t0 = now()
+    eq(s.recv(10), b"", "EOF")
+    check(now() - t0 <= EOF_WITHIN, "EOF promptly after the verdict")
+    s.close()
+
+
+def oob_serve(lsock, args):
+    conn, _ = lsock.accept()
+    lsock.close()
+    oob_server(conn, args)
+
+
+CASES = {
+    "inetd_chain": (inetd_server, inetd_client),
+    "inetd_exit_no_close": (inetd_server, inetd_client),
+    "scm_rights_preloaded": (scm_server, scm_client),
+    "scm_rights_plain_worker": (scm_server, scm_client),
+    "reexec_privsep": (privsep_server, privsep_client),
+    "oob": (oob_serve, oob_client),
+}
+
+HELPERS = {
+    "inetd-handler": lambda a: inetd_handler(a[0]),
+    "inetd-echo": lambda a: inetd_echo(a[0]),
+    "scm-worker": lambda a: scm_worker(a[0], int(a[1])),
+    "privsep": lambda a: privsep_child(a[0], int(a[1]), a[2]),
+}
+
+
+def helper_main(role, rest):
+    """A helper image: its own watchdog; failures go to stderr (fd 1 may be the connection);
+    the verdict is the exit code, which the server role checks."""
+    import traceback  # now: after a chroot nothing can be imported
+
+    faulthandler.dump_traceback_later(HELPER_DEADLINE, exit=True)
+    case = rest[0]
+    try:
+        HELPERS[role](rest)
+    except Fail as e:
+        print(f"FAIL server {case} ({role}): {e}", file=sys.stderr, flush=True)
+        os._exit(1)
+    except BaseException as e:  # noqa: BLE001
+        traceback.print_exc()
+        print(f"FAIL server {case} ({role}): {type(e).__name__}: {e}", file=sys.stderr,
+              flush=True)
+        os._exit(1)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] in HELPERS:
+        helper_main(sys.argv[1], sys.argv[2:])
+    run(CASES)
