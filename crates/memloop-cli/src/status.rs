@@ -389,7 +389,7 @@ fn conn_json(r: &ConnRecord) -> Value {
         "pid": r.pid, "owner": { "idx": r.owner.idx, "gen": r.owner.gen },
         "bytes_sent": r.bytes_sent, "bytes_received": r.bytes_received,
         "reason": r.reason.name(), "reason_text": r.reason.to_string(),
-        "reason_code": r.reason.as_code(),
+        "reason_code": r.fallback().map(|f| f.as_code()),
     })
 }
 
