@@ -57,11 +57,12 @@ fn state_str(s: ChannelState) -> String {
     format!("{s:?}").to_lowercase()
 }
 
-/// The channels `a` selects. `--conn` must name an accepted channel; the other selectors pick
-/// among the accepted channels there are (none is fine).
+/// The channels `a` selects. `--conn` must name an accepted channel of a TCP connection; the
+/// other selectors pick among those there are (none is fine). Native streams (`memloop cat`,
+/// the native API; no 4-tuple) have no kernel socket to move to and are never selected.
 fn select(reg: &Registry, a: &SwitchArgs, verb: &str) -> CliResult<Vec<ChannelId>> {
     let chans: Vec<ChannelInfo> = reg.channels().into_iter().filter(|c| !c.marker).collect();
-    let accepted = |c: &&ChannelInfo| c.state == ChannelState::Accepted;
+    let accepted = |c: &&ChannelInfo| c.state == ChannelState::Accepted && c.tuple.is_some();
     if let Some(spec) = &a.conn {
         let (idx, gen) = parse_channel_id(spec).ok_or_else(|| {
             fail(format!(
@@ -77,6 +78,12 @@ fn select(reg: &Registry, a: &SwitchArgs, verb: &str) -> CliResult<Vec<ChannelId
                 "{verb}: channel {} is {}, not accepted: it has no connection to move",
                 id_str(c.id),
                 state_str(c.state)
+            )));
+        }
+        if c.tuple.is_none() {
+            return Err(fail(format!(
+                "{verb}: channel {} is a native stream: it has no TCP socket to move to",
+                id_str(c.id)
             )));
         }
         return Ok(vec![c.id]);

@@ -475,6 +475,43 @@ fn demote_and_promote_selectors_are_checked() {
         "markers are not channels: {}",
         stdout(&o)
     );
+
+    // A native stream has no TCP socket to move to: not selected by --all, refused by --conn.
+    let listener = Listener::bind(&node, "dm-native").unwrap();
+    let mut peer = Command::new(BIN)
+        .args(["cat", "--connect", "dm-native"])
+        .env("MEMLOOP_REGION", &r.0)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let s = listener
+        .accept_timeout(Some(Duration::from_secs(10)))
+        .expect("peer connects");
+    let v = status_json(&r.0);
+    let ch = v["channels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["state"] == "accepted")
+        .expect("the native channel")
+        .clone();
+    let id = format!("{}.{}", ch["idx"], ch["gen"]);
+    let o = memloop(&["demote", "--all", "--region", &r.0]);
+    assert!(
+        o.status.success() && stdout(&o).contains("asked 0 channels"),
+        "{}",
+        stdout(&o)
+    );
+    let o = memloop(&["demote", "--conn", &id, "--region", &r.0]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("native stream"), "{}", stderr(&o));
+    assert_eq!(
+        find_channel(&status_json(&r.0), &id).unwrap()["switch_requested"],
+        false
+    );
+    drop(peer.stdin.take());
+    drop(s);
+    assert!(peer.wait().unwrap().success());
 }
 
 /// `status --json` records a switched connection and the switch counters.
