@@ -8,6 +8,7 @@ pub mod error;
 pub mod region_cmd;
 pub mod run;
 pub mod status;
+pub mod switch_cmd;
 pub mod units;
 
 /// Logging is off unless `MEMLOOP_LOG` holds a filter (e.g. `debug`, `memloop=trace`).

@@ -6,7 +6,7 @@
 mod forward;
 
 use clap::{Parser, Subcommand};
-use memloop_cli::{cat, domains, init_logging, region_cmd, run, status};
+use memloop_cli::{cat, domains, init_logging, region_cmd, run, status, switch_cmd};
 use std::ffi::OsString;
 use std::process::ExitCode;
 
@@ -28,6 +28,11 @@ enum Cmd {
     Region(region_cmd::RegionCmd),
     /// Members, endpoints, channels and counters of a region.
     Status(status::StatusArgs),
+    /// Move live ring connections to their TCP sockets, without losing a byte (live path
+    /// switching): the processes holding them leave the ring on their next call or heartbeat.
+    Demote(switch_cmd::SwitchArgs),
+    /// Move TCP connections between members onto rings (not implemented yet: issue 12).
+    Promote(switch_cmd::SwitchArgs),
     /// Benchmarks, side by side in one run (`memloop bench --help`; the `memloop-bench` binary).
     #[command(disable_help_flag = true)]
     Bench {
@@ -50,6 +55,8 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Region(c) => region_cmd::run(c),
         Cmd::Status(a) => status::run(&a),
+        Cmd::Demote(a) => switch_cmd::demote(&a),
+        Cmd::Promote(a) => switch_cmd::promote(&a),
         Cmd::Bench { args } => forward::bench(&args),
         Cmd::Domains(c) => domains::run(c),
         Cmd::Run(a) => run::run(&a),

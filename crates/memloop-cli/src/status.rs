@@ -1,6 +1,9 @@
 //! `memloop status`: who is in a region, what they listen on, which connections it carries —
 //! accelerated ones (channels on rings) and those the transparent layer left on TCP (connection
 //! records, with the reason) — how many bytes went each way, and the fallback counters.
+//! Live path switching shows as well: the switch counters by reason, each channel's pending
+//! switch request, and for each record of a connection that switched from its ring to TCP, why,
+//! how often, and what it carried on the ring before.
 
 use crate::error::CliResult;
 use crate::region_cmd::{self, RegionArg};
@@ -8,7 +11,8 @@ use crate::units::fmt_size;
 use memloop::liveness::{Liveness, HEARTBEAT_PERIOD};
 use memloop::registry::{
     counter_name, ChannelInfo, ConnRecord, ConnTuple, EndpointInfo, FallbackReason, MemberId,
-    MemberInfo, Proto, Registry, COUNTER_CONNS_DROPPED, COUNTER_RING_BYTES, COUNTER_RING_CONNS,
+    MemberInfo, Proto, Registry, Side, SwitchReason, COUNTER_CONNS_DROPPED, COUNTER_RING_BYTES,
+    COUNTER_RING_CONNS, COUNTER_SWITCH_FIRST,
 };
 use memloop::ring::header::totals;
 use serde_json::{json, Value};
@@ -53,6 +57,7 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
             "channels": channels.iter().map(|c| channel_json(reg, c)).collect::<Vec<_>>(),
             "connections": conns.iter().map(conn_json).collect::<Vec<_>>(),
             "fallbacks": fallbacks_json(&counters),
+            "switches": switches_json(&counters),
             "conn_records_dropped": counters.get(COUNTER_CONNS_DROPPED),
             "ring_connections": counters.get(COUNTER_RING_CONNS),
             "ring_bytes": ring_bytes(reg, &counters),
@@ -74,6 +79,7 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
     print_channels(reg, &channels, &members);
     print_connections(reg, &channels, &conns, &members);
     print_counters(&counters);
+    print_switches(&counters);
     println!(
         "\nRING BYTES carried by every channel so far: {}",
         ring_bytes(reg, &counters)
@@ -221,10 +227,28 @@ fn print_channels(reg: &Registry, chans: &[ChannelInfo], members: &[Member]) {
             },
             up,
             down,
-            flags(c),
+            flags(reg, c),
         ]);
     }
     print_rows(&rows);
+}
+
+/// A channel's switch word as shown: (requested, first reason, client on TCP, server on TCP);
+/// `None` for a decline marker or a channel gone since it was listed.
+fn switch_state(
+    reg: &Registry,
+    c: &ChannelInfo,
+) -> Option<(bool, Option<SwitchReason>, bool, bool)> {
+    if c.marker {
+        return None;
+    }
+    let w = reg.switch_word(c.id).ok()?;
+    Some((
+        w.requested(),
+        w.reason(),
+        w.on_tcp(Side::Client),
+        w.on_tcp(Side::Server),
+    ))
 }
 
 /// Every connection: accelerated ones (channels, bytes from the client's view) and those left on
@@ -243,6 +267,7 @@ fn print_connections(
         "pid",
         "sent",
         "received",
+        "ring bytes before switch",
         "state / reason",
     ])];
     for c in ring {
@@ -250,35 +275,61 @@ fn print_connections(
             (a.to_string(), b.to_string())
         });
         let server = c.server.map_or("-".into(), |s| member_pid(members, s));
+        let mut state = format!("{:?}", c.state).to_lowercase();
+        if let Some((true, reason, _, _)) = switch_state(reg, c) {
+            state += &format!(
+                ", switch requested ({})",
+                reason.map_or("unknown reason", |r| r.name())
+            );
+        }
         rows.push(vec![
             "ring".into(),
             tuple_str(c.tuple.as_ref()),
             format!("{}/{}", member_pid(members, c.client), server),
             up,
             down,
-            format!("{:?}", c.state).to_lowercase(),
+            "-".into(),
+            state,
         ]);
     }
     for r in conns {
+        let (ring, reason) = match r.switched() {
+            Some(_) => (
+                r.ring_bytes.to_string(),
+                format!(
+                    "{}, {} switch{}",
+                    r.reason,
+                    r.switches,
+                    if r.switches == 1 { "" } else { "es" }
+                ),
+            ),
+            None => ("-".into(), r.reason.to_string()),
+        };
         rows.push(vec![
             proto_str(r.proto).into(),
             tuple_str(Some(&r.tuple)),
             r.pid.to_string(),
             r.bytes_sent.to_string(),
             r.bytes_received.to_string(),
-            r.reason.to_string(),
+            ring,
+            reason,
         ]);
     }
     print_rows(&rows);
 }
 
-fn flags(c: &ChannelInfo) -> String {
+fn flags(reg: &Registry, c: &ChannelInfo) -> String {
+    let (requested, _, client_tcp, server_tcp) =
+        switch_state(reg, c).unwrap_or((false, None, false, false));
     let f = [
         (c.marker, "decline-marker"),
         (c.client_closed, "client-closed"),
         (c.server_closed, "server-closed"),
         (c.client_dead, "client-dead"),
         (c.server_dead, "server-dead"),
+        (requested, "switch-requested"),
+        (client_tcp, "client-on-tcp"),
+        (server_tcp, "server-on-tcp"),
     ];
     let set: Vec<&str> = f.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
     if set.is_empty() {
@@ -290,10 +341,11 @@ fn flags(c: &ChannelInfo) -> String {
 
 fn print_counters(counters: &[u64]) {
     println!("\nFALLBACKS (connections left on TCP since the region was created; zeros omitted)");
+    let switch = COUNTER_SWITCH_FIRST..COUNTER_SWITCH_FIRST + SwitchReason::ALL.len();
     let nonzero: Vec<String> = counters
         .iter()
         .enumerate()
-        .filter(|(_, v)| **v > 0)
+        .filter(|(i, v)| **v > 0 && !switch.contains(i))
         .map(|(i, v)| format!("  {}: {v}", counter_label(i)))
         .collect();
     if nonzero.is_empty() {
@@ -301,6 +353,23 @@ fn print_counters(counters: &[u64]) {
     }
     for line in nonzero {
         println!("{line}");
+    }
+}
+
+/// One line of switch counts by reason, only when a connection ever switched path.
+fn print_switches(counters: &[u64]) {
+    let nonzero: Vec<String> = SwitchReason::ALL
+        .iter()
+        .filter_map(|r| {
+            let n = counters.get(r.counter_index()).copied().unwrap_or(0);
+            (n > 0).then(|| format!("{}: {n}", r.name()))
+        })
+        .collect();
+    if !nonzero.is_empty() {
+        println!(
+            "\nSWITCHES (connections that changed path, by reason): {}",
+            nonzero.join(", ")
+        );
     }
 }
 
@@ -348,6 +417,7 @@ fn endpoint_json(e: &EndpointInfo) -> Value {
 
 fn channel_json(reg: &Registry, c: &ChannelInfo) -> Value {
     let bytes = channel_bytes(reg, c);
+    let sw = switch_state(reg, c);
     json!({
         "idx": c.id.idx, "gen": c.id.gen, "state": format!("{:?}", c.state).to_lowercase(),
         "client": { "idx": c.client.idx, "gen": c.client.gen },
@@ -359,6 +429,9 @@ fn channel_json(reg: &Registry, c: &ChannelInfo) -> Value {
         "client_dead": c.client_dead, "server_dead": c.server_dead,
         "path": "ring", "marker": c.marker, "tuple": c.tuple.as_ref().map(tuple_json),
         "doorbells": doorbells_json(reg, c),
+        "switch_requested": sw.map(|s| s.0),
+        "switch_reason": sw.and_then(|s| s.1).map(|r| r.name()),
+        "on_tcp": sw.map(|s| json!({ "client": s.2, "server": s.3 })),
     })
 }
 
@@ -389,8 +462,24 @@ fn conn_json(r: &ConnRecord) -> Value {
         "pid": r.pid, "owner": { "idx": r.owner.idx, "gen": r.owner.gen },
         "bytes_sent": r.bytes_sent, "bytes_received": r.bytes_received,
         "reason": r.reason.name(), "reason_text": r.reason.to_string(),
-        "reason_code": r.reason.as_code(),
+        "reason_code": r.fallback().map(|f| f.as_code()),
+        "fallback": r.fallback().map(|f| f.name()),
+        "switched": r.switched().map(|s| s.name()),
+        "switches": r.switches, "ring_bytes": r.ring_bytes,
+        "tcp_bytes_sent": r.bytes_sent, "tcp_bytes_received": r.bytes_received,
     })
+}
+
+/// Every switch reason by name, zeros included (like `fallbacks`).
+fn switches_json(counters: &[u64]) -> Value {
+    let m: serde_json::Map<String, Value> = SwitchReason::ALL
+        .iter()
+        .map(|r| {
+            let n = counters.get(r.counter_index()).copied().unwrap_or(0);
+            (r.name().to_string(), n.into())
+        })
+        .collect();
+    Value::Object(m)
 }
 
 /// Every fallback reason by name, zeros included (a stable set of keys for scripts).

@@ -36,7 +36,9 @@ fn record_count_bytes_release() {
             pid: 4242,
             proto: Proto::Tcp,
             tuple: tuple(5000),
-            reason: FallbackReason::NoListener,
+            reason: RecordReason::Fallback(FallbackReason::NoListener),
+            switches: 0,
+            ring_bytes: 0,
             bytes_sent: 100,
             bytes_received: 7,
         }]

@@ -1,5 +1,8 @@
 //! Connection records: the connections the transparent layer left on plain TCP (or UDP), with
 //! the reason and their byte counts, so `memloop status` can show them next to the channels.
+//! A record says either why the connection *fell back* at set-up (a [`FallbackReason`]) or that
+//! it was a ring connection that *switched* to TCP mid-stream (a [`SwitchReason`], live path
+//! switching), with the number of switches and the bytes it carried on its ring before.
 //!
 //! Fixed slots, each driven by CAS on its [`StateWord`] (generation, owner's tag, state:
 //! FREE → CLAIMED → USED → FREE with generation + 1). The owner writes the fields while
@@ -10,8 +13,14 @@
 //!
 //! | offset | field (u64) |
 //! | --- | --- |
-//! | 0 | state · 8 owner (packed member id) · 16 pid · 24 proto · 32 reason code |
+//! | 0 | state · 8 owner (packed member id) · 16 pid · 24 proto · 32 fallback reason code |
 //! | 40 | bytes sent · 48 bytes received · 56 connection 4-tuple (40 B) |
+//! | 96 | switch reason code · 104 switches · 112 ring bytes (both directions) · 120 reserved |
+//!
+//! Exactly one of the two reason codes is non-zero: a fallback record has switch code 0, no
+//! switches and no ring bytes; a switched record has fallback code 0 and at least one switch.
+//! The switch fields sit in bytes layout version 3 reserved (zeroed at init, never written
+//! before), so they need no new version: a version-3 record without them reads as a fallback.
 
 use crate::error::RegistryError;
 use crate::fallback::{FallbackReason, COUNTER_CONNS_DROPPED};
@@ -20,6 +29,7 @@ use crate::key::{
     TUPLE_BYTES,
 };
 use crate::state_word::{bad_state, StateWord};
+use crate::switch::SwitchReason;
 use crate::Registry;
 use memloop_shm::sync::fence;
 use memloop_shm::sync::Ordering::Acquire;
@@ -36,6 +46,11 @@ const O_REASON: u64 = 32;
 const O_SENT: u64 = 40;
 const O_RECEIVED: u64 = 48;
 const O_TUPLE: u64 = 56;
+const O_SWITCH: u64 = 96;
+const O_SWITCHES: u64 = 104;
+const O_RING_BYTES: u64 = 112;
+const _: () = assert!(O_TUPLE + TUPLE_BYTES as u64 <= O_SWITCH);
+const _: () = assert!(O_RING_BYTES + 8 <= crate::header::CONN_BYTES);
 const RETRIES: usize = 1000;
 
 /// A connection record slot and the generation of its occupant.
@@ -45,7 +60,34 @@ pub struct ConnRecordId {
     pub gen: u32,
 }
 
-/// One connection that stayed on the kernel's path.
+/// Why a connection is on the kernel's path: it fell back when it was set up, or it was a ring
+/// connection and switched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RecordReason {
+    Fallback(FallbackReason),
+    Switched(SwitchReason),
+}
+
+impl RecordReason {
+    /// A short identifier (`no_listener`, …; a switch reads `switched_<reason>`).
+    pub fn name(self) -> String {
+        match self {
+            Self::Fallback(r) => r.name().to_string(),
+            Self::Switched(r) => format!("switched_{}", r.name()),
+        }
+    }
+}
+
+impl std::fmt::Display for RecordReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Fallback(r) => write!(f, "{r}"),
+            Self::Switched(r) => write!(f, "switched from its ring ({r})"),
+        }
+    }
+}
+
+/// One connection on the kernel's path: it stayed there, or switched to it from a ring.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnRecord {
     pub id: ConnRecordId,
@@ -54,10 +96,33 @@ pub struct ConnRecord {
     pub pid: u32,
     pub proto: Proto,
     pub tuple: ConnTuple,
-    pub reason: FallbackReason,
-    /// Bytes the recording process sent and received on it.
+    pub reason: RecordReason,
+    /// Times the connection switched path (0 for a fallback record).
+    pub switches: u32,
+    /// Bytes the connection carried on its ring before it switched, both directions together
+    /// as seen by the recording process (sent + received); 0 for a fallback record.
+    pub ring_bytes: u64,
+    /// Bytes the recording process sent and received on it over TCP.
     pub bytes_sent: u64,
     pub bytes_received: u64,
+}
+
+impl ConnRecord {
+    /// Why it switched, if it was a ring connection that switched to TCP.
+    pub fn switched(&self) -> Option<SwitchReason> {
+        match self.reason {
+            RecordReason::Switched(r) => Some(r),
+            RecordReason::Fallback(_) => None,
+        }
+    }
+
+    /// Why it fell back, if it never was on a ring.
+    pub fn fallback(&self) -> Option<FallbackReason> {
+        match self.reason {
+            RecordReason::Fallback(r) => Some(r),
+            RecordReason::Switched(_) => None,
+        }
+    }
 }
 
 crate::tables::slot_view!(
@@ -76,6 +141,9 @@ impl<'a> ConnSlot<'a> {
             (O_REASON, raw.reason),
             (O_SENT, raw.sent),
             (O_RECEIVED, raw.received),
+            (O_SWITCH, raw.switch),
+            (O_SWITCHES, raw.switches),
+            (O_RING_BYTES, raw.ring_bytes),
         ] {
             self.0.st(off, v)?;
         }
@@ -90,6 +158,9 @@ impl<'a> ConnSlot<'a> {
             sent: self.0.ld(O_SENT)?,
             received: self.0.ld(O_RECEIVED)?,
             tuple: self.0.bytes(O_TUPLE)?,
+            switch: self.0.ld(O_SWITCH)?,
+            switches: self.0.ld(O_SWITCHES)?,
+            ring_bytes: self.0.ld(O_RING_BYTES)?,
         })
     }
     fn counters(&self) -> Result<(ShmU64, ShmU64), RegistryError> {
@@ -121,6 +192,9 @@ struct RawRecord {
     sent: u64,
     received: u64,
     tuple: [u8; TUPLE_BYTES],
+    switch: u64,
+    switches: u64,
+    ring_bytes: u64,
 }
 
 impl Registry {
@@ -155,6 +229,53 @@ impl Registry {
         reason: FallbackReason,
     ) -> Option<ConnRecordId> {
         self.count_fallback(reason);
+        let raw = RawRecord {
+            owner: pack_id(member.idx, member.gen),
+            pid: pid as u64,
+            proto: proto_code(proto),
+            reason: reason.as_code() as u64,
+            sent: 0,
+            received: 0,
+            tuple: encode_tuple(tuple),
+            switch: 0,
+            switches: 0,
+            ring_bytes: 0,
+        };
+        self.publish_conn(member, &raw)
+    }
+
+    /// Records a ring connection of `owner` (process `pid`) that switched to TCP for `reason`
+    /// after carrying `ring_bytes` on its ring (sent + received by this process), and counts
+    /// the switch ([`Registry::count_switch`]; so one call per side that switched). The record
+    /// then counts its TCP bytes like any other ([`Registry::conn_bytes`]). `None` if the
+    /// member is not live or the table is full (counted too).
+    pub fn record_switched_conn(
+        &self,
+        owner: MemberId,
+        pid: u32,
+        proto: Proto,
+        tuple: &ConnTuple,
+        reason: SwitchReason,
+        ring_bytes: u64,
+    ) -> Option<ConnRecordId> {
+        self.count_switch(reason);
+        let raw = RawRecord {
+            owner: pack_id(owner.idx, owner.gen),
+            pid: pid as u64,
+            proto: proto_code(proto),
+            reason: 0,
+            sent: 0,
+            received: 0,
+            tuple: encode_tuple(tuple),
+            switch: reason.as_code() as u64,
+            switches: 1,
+            ring_bytes,
+        };
+        self.publish_conn(owner, &raw)
+    }
+
+    /// Claims a slot for `member`, writes `raw` and publishes it.
+    fn publish_conn(&self, member: MemberId, raw: &RawRecord) -> Option<ConnRecordId> {
         self.live_member(member).ok()?;
         let Some((slot, claimed)) = self.claim_conn(member) else {
             self.bump_counter(COUNTER_CONNS_DROPPED);
@@ -164,16 +285,7 @@ impl Registry {
             idx: slot.0.idx(),
             gen: claimed.gen(),
         };
-        let raw = RawRecord {
-            owner: pack_id(member.idx, member.gen),
-            pid: pid as u64,
-            proto: proto_code(proto),
-            reason: reason.as_code() as u64,
-            sent: 0,
-            received: 0,
-            tuple: encode_tuple(tuple),
-        };
-        if slot.write(&raw).is_err() {
+        if slot.write(raw).is_err() {
             slot.cas(claimed, claimed.next_gen(R_FREE)).ok();
             return None;
         }
@@ -240,10 +352,34 @@ impl Registry {
         };
         let (midx, mgen) = unpack_id(raw.owner, self.layout.params.max_members)
             .ok_or_else(|| bad("connection record owner", raw.owner))?;
-        let reason = u32::try_from(raw.reason)
-            .ok()
-            .and_then(FallbackReason::from_code)
-            .ok_or_else(|| bad("connection record reason", raw.reason))?;
+        let switches = u32::try_from(raw.switches)
+            .map_err(|_| bad("connection record switches", raw.switches))?;
+        let reason = match (raw.reason, raw.switch) {
+            (0, code) => {
+                let r = u8::try_from(code)
+                    .ok()
+                    .and_then(SwitchReason::from_code)
+                    .ok_or_else(|| bad("connection record switch reason", code))?;
+                if switches == 0 {
+                    return Err(bad("connection record switches", 0));
+                }
+                RecordReason::Switched(r)
+            }
+            (code, 0) => {
+                let r = u32::try_from(code)
+                    .ok()
+                    .and_then(FallbackReason::from_code)
+                    .ok_or_else(|| bad("connection record reason", code))?;
+                if switches != 0 || raw.ring_bytes != 0 {
+                    return Err(bad(
+                        "connection record switches of a fallback",
+                        raw.switches,
+                    ));
+                }
+                RecordReason::Fallback(r)
+            }
+            (_, code) => return Err(bad("connection record with two reasons", code)),
+        };
         Ok(ConnRecord {
             id,
             owner: MemberId {
@@ -255,6 +391,8 @@ impl Registry {
                 .ok_or_else(|| bad("connection record proto", raw.proto))?,
             tuple: decode_tuple(&raw.tuple)?.ok_or_else(|| bad("connection record tuple", 0))?,
             reason,
+            switches,
+            ring_bytes: raw.ring_bytes,
             bytes_sent: raw.sent,
             bytes_received: raw.received,
         })
@@ -347,7 +485,97 @@ mod tests {
         for reason in FallbackReason::ALL {
             r.record_conn(m, 9, Proto::Tcp, &t, reason).unwrap();
         }
+        for reason in SwitchReason::ALL {
+            r.record_switched_conn(m, 9, Proto::Tcp, &t, reason, 77)
+                .unwrap();
+        }
         (r, m, t)
+    }
+
+    #[test]
+    fn a_switched_record_keeps_its_reason_switches_and_ring_bytes() {
+        let (r, m) = crate::tables::members::test_registry_with_member("m");
+        let t = ConnTuple {
+            client: "10.0.0.1:1".parse().unwrap(),
+            server: "10.0.0.2:2".parse().unwrap(),
+        };
+        let id = r
+            .record_switched_conn(m, 7, Proto::Tcp, &t, SwitchReason::Operator, 1 << 33)
+            .unwrap();
+        let (sent, _) = r.conn_bytes(id).unwrap();
+        sent.fetch_add(5, Relaxed);
+        let rec = r.conns().into_iter().find(|c| c.id == id).unwrap();
+        assert_eq!(rec.reason, RecordReason::Switched(SwitchReason::Operator));
+        assert_eq!(rec.switched(), Some(SwitchReason::Operator));
+        assert_eq!(rec.fallback(), None);
+        assert_eq!((rec.switches, rec.ring_bytes), (1, 1 << 33));
+        assert_eq!((rec.bytes_sent, rec.bytes_received, rec.pid), (5, 0, 7));
+        assert!(r.switch_counts().contains(&(SwitchReason::Operator, 1)));
+        assert_eq!(
+            r.fallback_counts().iter().map(|x| x.1).sum::<u64>(),
+            0,
+            "a switch is not a fallback"
+        );
+        assert_eq!(rec.reason.name(), "switched_operator");
+
+        let fb = r
+            .record_conn(m, 7, Proto::Udp, &t, FallbackReason::Error)
+            .unwrap();
+        let rec = r.conns().into_iter().find(|c| c.id == fb).unwrap();
+        assert_eq!(
+            (rec.switched(), rec.fallback()),
+            (None, Some(FallbackReason::Error))
+        );
+        assert_eq!((rec.switches, rec.ring_bytes), (0, 0));
+
+        // Not live: counted, not recorded.
+        r.release_conn(id).unwrap();
+        let gone = MemberId {
+            idx: m.idx,
+            gen: m.gen + 1,
+        };
+        assert!(r
+            .record_switched_conn(gone, 7, Proto::Tcp, &t, SwitchReason::Exec, 0)
+            .is_none());
+        assert!(r.switch_counts().contains(&(SwitchReason::Exec, 1)));
+    }
+
+    #[test]
+    fn corrupt_switch_fields_are_typed_errors() {
+        let (r, m) = crate::tables::members::test_registry_with_member("m");
+        let t = ConnTuple {
+            client: "10.0.0.1:1".parse().unwrap(),
+            server: "10.0.0.2:2".parse().unwrap(),
+        };
+        let base =
+            |off: u64, idx: u32| r.layout.conns_off + idx as u64 * crate::header::CONN_BYTES + off;
+        // (field, value, record is a switched one)
+        let cases = [
+            (O_SWITCH, 0u64, true),      // no reason at all
+            (O_SWITCH, 99, true),        // unknown switch code
+            (O_SWITCH, 1 << 40, true),   // not even a u8
+            (O_SWITCHES, 0, true),       // switched, but never
+            (O_SWITCHES, 1 << 32, true), // not a u32
+            (O_SWITCH, 2, false),        // two reasons
+            (O_SWITCHES, 3, false),      // a fallback that switched
+            (O_RING_BYTES, 9, false),    // a fallback that carried ring bytes
+        ];
+        for (off, v, switched) in cases {
+            let id = if switched {
+                r.record_switched_conn(m, 1, Proto::Tcp, &t, SwitchReason::Peer, 3)
+            } else {
+                r.record_conn(m, 1, Proto::Tcp, &t, FallbackReason::Error)
+            }
+            .unwrap();
+            assert!(r.conns().iter().any(|c| c.id == id));
+            r.view.u64_at(base(off, id.idx)).unwrap().store(v, SeqCst);
+            let slot = r.conn_slot(id.idx).unwrap();
+            let raw = slot.read().unwrap();
+            let e = r.decode_conn(id, &raw).unwrap_err();
+            assert!(matches!(e, RegistryError::Corrupt { .. }), "{off} {v}: {e}");
+            assert!(r.conns().iter().all(|c| c.id != id), "{off} {v}: skipped");
+            r.release_conn(id).unwrap();
+        }
     }
 
     /// Values that often look almost valid: state words, codes, packed ids, small numbers.
@@ -387,6 +615,7 @@ mod tests {
                 }
             }
             let _ = (r.record_conn(m, 1, Proto::Udp, &t, FallbackReason::Error), r.usage());
+            let _ = r.record_switched_conn(m, 1, Proto::Tcp, &t, SwitchReason::Region, 1);
             let _ = r.reclaim(m, m);
             prop_assert!(r.conns().is_empty(), "the only owner left: all released");
         }

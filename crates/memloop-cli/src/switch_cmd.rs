@@ -1,0 +1,196 @@
+//! `memloop demote` / `memloop promote`: live path switching by hand (issue 12).
+//!
+//! `demote` sets the REQUESTED bit of each selected channel's switch word
+//! ([`Registry::request_switch`] with [`SwitchReason::Operator`]). The preloaded processes
+//! holding the channel notice it on their next call on the connection, or within one heartbeat,
+//! and both sides leave the ring; the channel is then freed and the connection goes on as a
+//! recorded plain-TCP connection. The tool only asks: it holds no end of the connection.
+//! With `--wait`, it then watches each channel until it is freed or its switch word shows both
+//! sides on TCP.
+
+use crate::error::{fail, CliResult};
+use crate::region_cmd::{self, RegionArg};
+use memloop::registry::{
+    ChannelId, ChannelInfo, ChannelState, MemberId, Registry, RegistryError, Side, SwitchReason,
+};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Which channels: exactly one of `--all`, `--pid`, `--conn`.
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("select").required(true).args(["all", "pid", "conn"])))]
+pub struct SwitchArgs {
+    #[command(flatten)]
+    region: RegionArg,
+    /// Every accepted channel of the region.
+    #[arg(long)]
+    all: bool,
+    /// The channels of which either side is held by the member with this pid.
+    #[arg(long, value_name = "PID")]
+    pid: Option<u32>,
+    /// One channel, by the id `memloop status` prints (IDX.GEN; a bare IDX names the slot's
+    /// current channel).
+    #[arg(long, value_name = "ID")]
+    conn: Option<String>,
+    /// Seconds to wait for the channels to finish their move (0: only ask).
+    #[arg(long, value_name = "SECS", default_value = "2")]
+    wait: f64,
+}
+
+/// How often `--wait` looks at the channels.
+const POLL: Duration = Duration::from_millis(20);
+
+/// A channel id as `memloop status` prints it: `IDX.GEN`, or a bare `IDX`.
+pub fn parse_channel_id(s: &str) -> Option<(u32, Option<u32>)> {
+    let s = s.trim();
+    match s.split_once('.') {
+        Some((idx, gen)) => Some((idx.parse().ok()?, Some(gen.parse().ok()?))),
+        None => Some((s.parse().ok()?, None)),
+    }
+}
+
+fn id_str(id: ChannelId) -> String {
+    format!("{}.{}", id.idx, id.gen)
+}
+
+fn state_str(s: ChannelState) -> String {
+    format!("{s:?}").to_lowercase()
+}
+
+/// The channels `a` selects. `--conn` must name an accepted channel of a TCP connection; the
+/// other selectors pick among those there are (none is fine). Native streams (`memloop cat`,
+/// the native API; no 4-tuple) have no kernel socket to move to and are never selected.
+fn select(reg: &Registry, a: &SwitchArgs, verb: &str) -> CliResult<Vec<ChannelId>> {
+    let chans: Vec<ChannelInfo> = reg.channels().into_iter().filter(|c| !c.marker).collect();
+    let accepted = |c: &&ChannelInfo| c.state == ChannelState::Accepted && c.tuple.is_some();
+    if let Some(spec) = &a.conn {
+        let (idx, gen) = parse_channel_id(spec).ok_or_else(|| {
+            fail(format!(
+                "--conn {spec:?}: not a channel id (IDX.GEN, as `memloop status` prints it)"
+            ))
+        })?;
+        let c = chans
+            .iter()
+            .find(|c| c.id.idx == idx && gen.is_none_or(|g| c.id.gen == g))
+            .ok_or_else(|| fail(format!("{verb}: no channel {spec} in this region")))?;
+        if c.state != ChannelState::Accepted {
+            return Err(fail(format!(
+                "{verb}: channel {} is {}, not accepted: it has no connection to move",
+                id_str(c.id),
+                state_str(c.state)
+            )));
+        }
+        if c.tuple.is_none() {
+            return Err(fail(format!(
+                "{verb}: channel {} is a native stream: it has no TCP socket to move to",
+                id_str(c.id)
+            )));
+        }
+        return Ok(vec![c.id]);
+    }
+    if let Some(pid) = a.pid {
+        let pids: HashMap<MemberId, u32> = reg
+            .members()
+            .into_iter()
+            .map(|m| (m.id, m.identity.pid))
+            .collect();
+        let held = |m: Option<MemberId>| m.and_then(|m| pids.get(&m)) == Some(&pid);
+        return Ok(chans
+            .iter()
+            .filter(accepted)
+            .filter(|c| held(Some(c.client)) || held(c.server))
+            .map(|c| c.id)
+            .collect());
+    }
+    Ok(chans.iter().filter(accepted).map(|c| c.id).collect())
+}
+
+/// Whether a demoted channel is done: freed (the slot no longer holds it) or both sides on TCP.
+fn finished(reg: &Registry, ch: ChannelId) -> bool {
+    match reg.switch_word(ch) {
+        Ok(w) => w.on_tcp(Side::Client) && w.on_tcp(Side::Server),
+        Err(RegistryError::Stale | RegistryError::NotFound) => true,
+        Err(_) => false,
+    }
+}
+
+pub fn demote(a: &SwitchArgs) -> CliResult<()> {
+    if !(a.wait.is_finite() && a.wait >= 0.0) {
+        return Err(fail(format!("--wait {}: not a number of seconds", a.wait)));
+    }
+    let region = region_cmd::open(&a.region.spec())?;
+    let reg = region.registry();
+    let mut asked = Vec::new();
+    let mut already = 0;
+    for ch in select(reg, a, "demote")? {
+        match reg.request_switch(ch, SwitchReason::Operator) {
+            Ok(made) => {
+                already += usize::from(!made);
+                asked.push(ch);
+            }
+            // Closed or reclaimed since we listed it: nothing left to move.
+            Err(_) if a.conn.is_none() => {}
+            Err(e) => return Err(fail(format!("demote: channel {}: {e}", id_str(ch)))),
+        }
+    }
+    let s = |n: usize| if n == 1 { "" } else { "s" };
+    print!(
+        "demote: asked {} channel{} to leave the ring",
+        asked.len(),
+        s(asked.len())
+    );
+    if already > 0 {
+        print!(" ({already} already asked before)");
+    }
+    println!();
+    if asked.is_empty() || a.wait == 0.0 {
+        return Ok(());
+    }
+    let limit = Duration::from_secs_f64(a.wait);
+    let deadline = Instant::now() + limit;
+    let mut pending = asked.clone();
+    loop {
+        pending.retain(|&ch| !finished(reg, ch));
+        if pending.is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(POLL);
+    }
+    let done = asked.len() - pending.len();
+    println!(
+        "demote: {done} of {} finished (on TCP or closed) within {}s",
+        asked.len(),
+        a.wait
+    );
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<String> = pending.iter().map(|&c| id_str(c)).collect();
+    Err(fail(format!(
+        "demote: {} channel{} still on the ring after {}s: {} (the processes holding them \
+         notice the request on their next call or heartbeat)",
+        pending.len(),
+        s(pending.len()),
+        a.wait,
+        ids.join(", ")
+    )))
+}
+
+/// TCP → ring. The selectors are parsed so the interface is fixed, but nothing is done yet.
+pub fn promote(_a: &SwitchArgs) -> CliResult<()> {
+    Err(fail("promote: not implemented yet (issue 12)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_channel_id;
+
+    #[test]
+    fn channel_ids_parse_as_status_prints_them() {
+        assert_eq!(parse_channel_id("3.7"), Some((3, Some(7))));
+        assert_eq!(parse_channel_id(" 12 "), Some((12, None)));
+        for bad in ["", ".", "3.", ".7", "a.b", "3.7.1", "-1.0", "3.x"] {
+            assert_eq!(parse_channel_id(bad), None, "{bad:?}");
+        }
+    }
+}
