@@ -137,7 +137,10 @@ def inetd_server(lsock, args):
             os.dup2(fd, 0)
             os.dup2(fd, 1)
             conn.close()  # the original fd goes; only 0 and 1 hold the connection
-            os.execv(sys.executable, helper_argv("inetd-handler", args.case))
+            env = dict(os.environ)
+            if args.extra == "plain_handler":  # a handler image without the library
+                env = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+            os.execve(sys.executable, helper_argv("inetd-handler", args.case), env)
         finally:
             os._exit(127)
     conn.close()

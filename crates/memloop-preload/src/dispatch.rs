@@ -36,7 +36,14 @@ pub fn route(fd: c_int) -> Route {
             if !c.switch_quiet() {
                 c.settle_switch();
             }
-            match c.resolve(true) {
+            let mut path = c.resolve(true);
+            if path == Path::Leaving {
+                // Another thread is switching it: the socket is not ours to read until the
+                // switch is over (the peer's doorbells are still ahead of its data).
+                c.settle_switch();
+                path = c.path();
+            }
+            match path {
                 Path::Ring => Route::Ring(c.clone()),
                 _ => c.plain().map_or(Route::Real, Route::Counted),
             }

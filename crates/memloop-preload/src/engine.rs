@@ -179,7 +179,9 @@ fn start() -> Option<Arc<Engine>> {
     let scope = memloop::identity::net_scope();
     tracing::debug!(member = ?node.id(), scope, "memloop transparent layer active");
     // Connections asked to switch paths while the program is in none of our calls.
-    node.on_heartbeat(Box::new(|| crate::hooks::track("switch sweep", crate::conn::sweep_switches)));
+    node.on_heartbeat(Box::new(|| {
+        crate::hooks::track("switch sweep", crate::conn::sweep_switches)
+    }));
     Some(Arc::new(Engine {
         node,
         scope,

@@ -102,10 +102,16 @@ mod tests {
 
     #[test]
     fn dynamic_and_static_images_and_the_environment() {
-        let env: Vec<&[u8]> = vec![b"LD_PRELOAD=/x/libmemloop_preload.so", b"PATH=/usr/bin:/bin"];
+        let env: Vec<&[u8]> = vec![
+            b"LD_PRELOAD=/x/libmemloop_preload.so",
+            b"PATH=/usr/bin:/bin",
+        ];
         let sh = c"sh";
         assert!(keeps_library(sh, true, &env), "sh is dynamic and preloaded");
-        assert!(!keeps_library(sh, true, &[b"PATH=/usr/bin:/bin"]), "no LD_PRELOAD");
+        assert!(
+            !keeps_library(sh, true, &[b"PATH=/usr/bin:/bin"]),
+            "no LD_PRELOAD"
+        );
         assert!(!keeps_library(c"/nonexistent", false, &env));
         if Path::new("/usr/bin/su").exists() {
             assert!(!keeps_library(c"/usr/bin/su", false, &env), "setuid");

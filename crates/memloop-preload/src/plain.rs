@@ -36,9 +36,14 @@ static RESENDS: ForkMutex<Vec<Arc<Resend>>> = ForkMutex::new(Vec::new());
 
 impl Resend {
     /// Sends `bytes` on `fd`; `None` when that finished inline.
-    pub fn start(fd: c_int, bytes: Vec<u8>) -> Result<Option<Arc<Resend>>, c_int> {
+    /// Sends `bytes` on `fd`, then shuts its write side down if `shut_wr`; `None` when that
+    /// finished inline.
+    pub fn start(fd: c_int, bytes: Vec<u8>, shut_wr: bool) -> Result<Option<Arc<Resend>>, c_int> {
         let sent = real::send_now(fd, &bytes)?;
         if sent == bytes.len() {
+            if shut_wr {
+                real::shutdown_now(fd, libc::SHUT_WR);
+            }
             return Ok(None);
         }
         let dup = real::dup_cloexec(fd)?;
@@ -54,14 +59,19 @@ impl Resend {
         let spawned = std::thread::Builder::new()
             .name("memloop-resend".into())
             .spawn(move || {
-                if let Err(e) = real::send_all(dup, &rest[sent..]) {
-                    tracing::debug!(errno = e, "re-sending after a switch failed");
+                match real::send_all(dup, &rest[sent..]) {
+                    Ok(()) if shut_wr => real::shutdown_now(dup, libc::SHUT_WR),
+                    Ok(()) => {}
+                    Err(e) => tracing::debug!(errno = e, "re-sending after a switch failed"),
                 }
                 t.finish();
             });
         if let Err(e) = spawned {
             tracing::debug!("no re-send thread ({e}): sending inline");
             let r2 = real::send_all(dup, &bytes[sent..]);
+            if r2.is_ok() && shut_wr {
+                real::shutdown_now(dup, libc::SHUT_WR);
+            }
             r.finish();
             r2?;
         }
@@ -150,16 +160,23 @@ impl PlainTcp {
         })
     }
 
-    /// A connection that switched from its ring to TCP for `reason`.
+    /// A connection that switched from its ring to TCP for `reason`, after `ring_bytes`
+    /// (sent + received here) on its ring.
     pub fn switched(
         engine: &Arc<Engine>,
-        _tuple: &ConnTuple,
-        _reason: SwitchReason,
+        tuple: &ConnTuple,
+        reason: SwitchReason,
+        ring_bytes: u64,
         resend: Option<Arc<Resend>>,
     ) -> Arc<PlainTcp> {
+        let reg = engine.registry();
+        let pid = crate::real::getpid();
+        let record = reg
+            .record_switched_conn(engine.me(), pid, Proto::Tcp, tuple, reason, ring_bytes)
+            .and_then(|id| reg.conn_bytes(id).ok().map(|(s, r)| (id, s, r)));
         Arc::new(PlainTcp {
             engine: engine.clone(),
-            record: None,
+            record,
             marker: None,
             resend,
         })

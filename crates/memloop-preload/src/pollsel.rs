@@ -31,7 +31,9 @@ fn members(fds: &[pollfd]) -> Vec<(usize, Watch)> {
         }
         match table::get(p.fd).as_deref() {
             // Pending: the kernel's readiness stands for it until the decision.
-            Some(Entry::Conn(c)) if settled(c) == Path::Ring => out.push((i, Watch::Ring(c.clone()))),
+            Some(Entry::Conn(c)) if settled(c) == Path::Ring => {
+                out.push((i, Watch::Ring(c.clone())))
+            }
             Some(Entry::Epoll(s)) => out.push((i, Watch::Set(s.clone()))),
             _ => {}
         }

@@ -517,7 +517,11 @@ pub fn discard_exact(fd: c_int, mut n: u64) -> Result<u64, c_int> {
             }
             Err(libc::EINTR) => {}
             Err(libc::EAGAIN) => {
-                wait_fd(fd, libc::POLLIN, Some(std::time::Duration::from_millis(100)))?;
+                wait_fd(
+                    fd,
+                    libc::POLLIN,
+                    Some(std::time::Duration::from_millis(100)),
+                )?;
             }
             Err(e) => return Err(e),
         }
@@ -555,10 +559,22 @@ pub fn send_all(fd: c_int, bytes: &[u8]) -> Result<(), c_int> {
     while sent < bytes.len() {
         sent += send_now(fd, &bytes[sent..])?;
         if sent < bytes.len() {
-            wait_fd(fd, libc::POLLOUT, Some(std::time::Duration::from_millis(100)))?;
+            wait_fd(
+                fd,
+                libc::POLLOUT,
+                Some(std::time::Duration::from_millis(100)),
+            )?;
         }
     }
     Ok(())
+}
+
+/// The kernel's shutdown of a socket of ours (a failure only means it is gone already).
+pub fn shutdown_now(fd: c_int, how: c_int) {
+    // SAFETY: shutdown takes no pointers.
+    if unsafe { shutdown()(fd, how) } < 0 {
+        tracing::debug!(fd, how, errno = errno(), "shutdown after a switch");
+    }
 }
 
 /// A close-on-exec duplicate of `fd`.

@@ -114,6 +114,8 @@ fn main() -> std::process::ExitCode {
         test!(asyncio_streams_echo),
         test!(selectors_echo_server_20_clients),
         test!(inetd_handler_chain_dup2_exec_exec),
+        test!(inetd_handler_without_the_library),
+        test!(switch_storm_200_connections_at_random_moments),
         test!(inetd_handler_exits_without_close),
         test!(scm_rights_handoff_to_preloaded_worker),
         test!(scm_rights_handoff_to_plain_worker),
@@ -804,19 +806,78 @@ fn selectors_echo_server_20_clients() {
 }
 
 // ---- handoffs -----------------------------------------------------------------------------------
-// A connection handed to another process or program image the way real servers do it. Under
-// the preload each is expected to leave its ring for its TCP socket (live path switching)
-// without losing a byte.
+// A connection handed to another process or program image the way real servers do it. A new
+// image that loads the library adopts the ring connection; one that does not (or a process
+// the fd is passed to) gets it after it left its ring for its TCP socket (live path
+// switching) — without losing a byte either way.
+
+const ADOPTED: &str = "inherited ring connection adopted after exec";
 
 /// inetd: fork, dup2 onto fds 0 and 1, close the original, exec a handler that forks and execs
-/// a `read(0)`/`write(1)` echo; EOF follows the last byte promptly.
+/// a `read(0)`/`write(1)` echo; EOF follows the last byte promptly. The images are preloaded:
+/// the ring connection is adopted by each.
 fn inetd_handler_chain_dup2_exec_exec() {
-    check(sc("handoff", "inetd_chain").switches("exec"));
+    check(sc("handoff", "inetd_chain").evidence(ADOPTED));
 }
 
-/// The same, but the handler images end with `_exit(0)` without closing the connection.
+/// The switch storm: 200 checksummed bidirectional streams (random write sizes, up to 1 MiB
+/// each way), each switched from its ring to TCP at a random moment by the server or the
+/// client passing its fd with SCM_RIGHTS, or by `memloop demote --all` fired every 1–20 ms.
+/// Zero bytes lost, duplicated or reordered, exact EOF; the region counts the switches.
+fn switch_storm_200_connections_at_random_moments() {
+    // The client fires `memloop demote` itself; the binary comes from the environment.
+    std::env::set_var("MEMLOOP_BIN", memloop_bin());
+    let s = sc("storm", "storm").extra("200");
+    let kernel = run_pair(&s, Mode::Kernel, None, None);
+    assert_passed(&s, &kernel, "storm on kernel TCP (the reference)");
+    let region = RegionGuard::new("sem", "storm", 64 << 20);
+    let t0 = Instant::now();
+    let o = run_pair(&s, Mode::Preload, Some(&region.0), None);
+    assert_passed(&s, &o, "storm under the preload");
+    let status = Command::new(memloop_bin())
+        .args(["status", "--json", "--region", &region.0])
+        .output()
+        .expect("memloop status");
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status JSON");
+    let switches = &v["switches"];
+    let total: u64 = switches
+        .as_object()
+        .map(|m| m.values().filter_map(|x| x.as_u64()).sum())
+        .unwrap_or(0);
+    let rings = o.server_err.matches("accepted on a ring").count();
+    let switched = o.server_err.matches("switched to TCP").count();
+    eprintln!(
+        "storm: {rings} ring connections, {switched} server sides switched, switches by \
+         reason {switches}, {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(
+        rings >= 150,
+        "{}",
+        o.report("most connections must start on rings")
+    );
+    assert!(
+        total >= 100 && switched >= 100,
+        "{}",
+        o.report(&format!(
+            "too few switches: {total} counted, {switched} logged"
+        ))
+    );
+}
+
+/// The same with a handler image run without the library: the connection leaves its ring
+/// before the exec.
+fn inetd_handler_without_the_library() {
+    check(
+        sc("handoff", "inetd_chain")
+            .extra("plain_handler")
+            .switches("exec"),
+    );
+}
+
+/// The handler images end with `_exit(0)` without closing the connection.
 fn inetd_handler_exits_without_close() {
-    check(sc("handoff", "inetd_exit_no_close").switches("exec"));
+    check(sc("handoff", "inetd_exit_no_close").evidence(ADOPTED));
 }
 
 /// The acceptor passes the connection (with bytes in flight) to a preloaded worker with
@@ -833,7 +894,7 @@ fn scm_rights_handoff_to_plain_worker() {
 /// sshd-like: fork, move the connection to fd 3, re-exec, chroot into an empty directory and
 /// drop to `nobody`, then serve.
 fn reexec_server_chroot_and_setuid() {
-    check(sc("handoff", "reexec_privsep").switches("exec"));
+    check(sc("handoff", "reexec_privsep").evidence(ADOPTED));
 }
 
 /// An urgent byte between two megabyte streams: in-band bytes in order around it, SIOCATMARK

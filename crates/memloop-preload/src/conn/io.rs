@@ -99,8 +99,10 @@ impl Conn {
 
     /// The peer reset the connection (flagged in the ring, or seen on the kernel socket).
     pub(super) fn reset(&self) -> bool {
-        self.rx_probe()
-            .is_some_and(|p| reset_of(p.writer_reset, p.writer_shut, &self.peer.peer_reset))
+        self.rx_probe().is_some_and(|p| {
+            let unread = self.unread_by_peer() > 0;
+            reset_of(p.writer_reset, p.writer_shut, &self.peer.peer_reset, unread)
+        })
     }
 
     /// O_NONBLOCK. After fork the open file description (and its flags) is shared with other
@@ -265,12 +267,18 @@ fn partial_ok(e: c_int) -> bool {
     e == libc::EINTR || e == libc::EAGAIN || e == SWITCHED
 }
 
-/// Whether a connection was reset: the peer said so in the ring, or the kernel socket was
-/// reset before the peer shut its ring end down. After a clean ring shutdown a kernel reset
-/// only means a doorbell byte reached the peer's socket as it closed (the kernel resets a
-/// socket closed with unread bytes): the stream itself ended cleanly.
-pub(super) fn reset_of(writer_reset: bool, writer_shut: bool, kernel_reset: &AtomicBool) -> bool {
-    writer_reset || (kernel_reset.load(Acquire) && !writer_shut)
+/// Whether a connection was reset: the peer said so in the ring, or its kernel socket was
+/// reset while the peer left bytes of ours unread — as the kernel resets a socket closed with
+/// data unread. A kernel reset without unread data only means doorbell bytes were left on the
+/// peer's socket when it closed (a clean ring shutdown, or a process that exited without
+/// closing): the stream itself ended cleanly.
+pub(super) fn reset_of(
+    writer_reset: bool,
+    writer_shut: bool,
+    kernel_reset: &AtomicBool,
+    peer_left_unread: bool,
+) -> bool {
+    writer_reset || (kernel_reset.load(Acquire) && !writer_shut && peer_left_unread)
 }
 
 fn read_into(

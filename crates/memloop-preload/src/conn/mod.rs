@@ -35,10 +35,10 @@ use memloop::registry::{ChannelId, ConnTuple, FallbackReason, Side};
 use path::Decision;
 use peer::PeerState;
 use share::Sharing;
-use switch::Switching;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use switch::Switching;
 use waiting::Sleepers;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -66,7 +66,10 @@ impl Conn {
     /// Nothing was asked of the switch word (one shared-memory load: every data call's check).
     #[inline]
     pub fn switch_quiet(&self) -> bool {
-        self.share.side_words.as_ref().map_or(true, |w| w.switch.quiet())
+        self.share
+            .side_words
+            .as_ref()
+            .map_or(true, |w| w.switch.quiet())
     }
 
     /// A switch was asked for and this process has not dealt with it yet.
@@ -119,7 +122,8 @@ impl Conn {
         };
         let reason = w.switch.reason().unwrap_or(SwitchReason::Peer);
         let resend = self.take_over(w, peer, reason)?;
-        self.finish_on_tcp(reason, resend);
+        let carried = self.own_left(w).map_or(0, |l| l.tail.wrapping_add(l.head));
+        self.finish_on_tcp(reason, carried, resend);
         Ok(())
     }
 
@@ -157,6 +161,11 @@ impl Conn {
         r
     }
 
+    /// Where this side stopped (the record another holder of the side may have written).
+    fn own_left(&self, w: &SideWords) -> Option<Left> {
+        LeaveCell::new(&w.leave, 0).ok()?.read().ok()?
+    }
+
     /// Waits for the peer's `Left`; `None` if the peer is gone without leaving.
     fn await_peer(&self, pw: &SideWords) -> Result<Option<Left>, c_int> {
         let cell = LeaveCell::new(&pw.leave, 0).map_err(|_| libc::EIO)?;
@@ -171,21 +180,19 @@ impl Conn {
                 }
             }
             if self.peer_vanished() {
-                return Ok(None);
+                // It may have left and finished (closing its side) since the look above.
+                return cell.read().map_err(|_| libc::EIO);
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(PEER_POLL_MAX);
         }
     }
 
-    /// The peer closed its side, died, or its socket is gone (no byte is read to tell).
+    /// The peer closed its side of the channel or died. (Not its socket's FIN: a ring
+    /// connection's kernel socket is never shut down while on the ring, and after a switch
+    /// the peer's FIN follows its `Left`.)
     fn peer_vanished(&self) -> bool {
-        self.check_peer();
-        if self.peer_closed() {
-            return true;
-        }
-        let hup = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
-        matches!(real::wait_fd(self.kfd(), libc::POLLRDHUP, Some(Duration::ZERO)), Ok(ev) if ev & hup != 0)
+        self.peer.watch.gone() || self.peer.watch.dead()
     }
 
     /// Both sides have left: throw away the peer's unread doorbells, re-send what the peer
@@ -217,7 +224,11 @@ impl Conn {
                 tracing::warn!(ch = ?self.ch, "cannot switch: {e}");
                 libc::EIO
             })?;
-        let resend = Resend::start(fd, unconsumed)?;
+        // Our shutdown so far lived in the ring: the FIN follows the re-sent bytes.
+        let resend = Resend::start(fd, unconsumed, self.shut_wr.load(Acquire))?;
+        if self.shut_rd.load(Acquire) {
+            real::shutdown_now(fd, libc::SHUT_RD);
+        }
         w.switch.set_on_tcp(self.side);
         tracing::debug!(
             ch = ?self.ch, side = ?self.side, %reason, discarded = gone,
@@ -234,14 +245,14 @@ impl Conn {
 
     /// From now on a plain TCP connection: the program's TCP_NODELAY back, a record for
     /// `memloop status`, and every epoll set holding it handed the kernel fd back.
-    fn finish_on_tcp(&self, reason: SwitchReason, resend: Option<Arc<Resend>>) {
+    fn finish_on_tcp(&self, reason: SwitchReason, carried: u64, resend: Option<Arc<Resend>>) {
         real::set_sockopt_int(
             self.kfd(),
             libc::IPPROTO_TCP,
             libc::TCP_NODELAY,
             self.decision.nodelay.load(Relaxed),
         );
-        let plain = PlainTcp::switched(&self.engine, &self.tuple, reason, resend);
+        let plain = PlainTcp::switched(&self.engine, &self.tuple, reason, carried, resend);
         *self.decision.plain.lock() = Some(plain);
         self.switching.handled.store(true, Release);
         self.decision.path.store(Path::Tcp, Release);

@@ -156,7 +156,13 @@ impl Conn {
         };
         // As the kernel: the peer's FIN is POLLIN|POLLRDHUP; POLLHUP needs both directions
         // shut (or a reset); after our own SHUT_WR a write fails at once, so POLLOUT.
-        let reset = reset_of(rx.writer_reset, rx.writer_shut, &self.peer.peer_reset);
+        let unread = tx.used > 0;
+        let reset = reset_of(
+            rx.writer_reset,
+            rx.writer_shut,
+            &self.peer.peer_reset,
+            unread,
+        );
         let fin = rx.writer_shut || reset || self.peer_closed();
         let shut_rd = self.shut_rd.load(Relaxed);
         let shut_wr = self.shut_wr.load(Relaxed);
@@ -242,10 +248,23 @@ impl Conn {
 
     /// Runs `f` on `dir`'s arm count and ring flag under that ring end's lock, so an arm and
     /// the last disarm of another thread cannot interleave between count and flag.
+    ///
+    /// Not once the connection left its ring: the leave holds both locks when it changes the
+    /// path, and after a switch the channel (and its ring memory) may be freed and reused.
     fn with_flag(&self, dir: Dir, f: impl FnOnce(&AtomicU32, &dyn DoorbellFlag)) {
         match dir {
-            Dir::Read => f(&self.sleepers.arms[0], &*self.rings.cons.lock()),
-            Dir::Write => f(&self.sleepers.arms[1], &*self.rings.prod.lock()),
+            Dir::Read => {
+                let end = self.rings.cons.lock();
+                if self.path() == super::Path::Ring {
+                    f(&self.sleepers.arms[0], &*end);
+                }
+            }
+            Dir::Write => {
+                let end = self.rings.prod.lock();
+                if self.path() == super::Path::Ring {
+                    f(&self.sleepers.arms[1], &*end);
+                }
+            }
         }
     }
 

@@ -126,8 +126,10 @@ unsafe fn keeps(file: *const libc::c_char, search: bool, envp: Argv) -> bool {
     // SAFETY: the caller's contract.
     let (file, env) = unsafe { (CStr::from_ptr(file), env_of(envp)) };
     let env: Vec<&[u8]> = env.iter().map(|v| v.as_slice()).collect();
-    crate::hooks::contain("exec image", || crate::image::keeps_library(file, search, &env))
-        .unwrap_or(false)
+    crate::hooks::contain("exec image", || {
+        crate::image::keeps_library(file, search, &env)
+    })
+    .unwrap_or(false)
 }
 
 hook! {

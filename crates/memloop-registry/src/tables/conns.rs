@@ -245,8 +245,9 @@ impl Registry {
     }
 
     /// Records a ring connection of `owner` (process `pid`) that switched to TCP for `reason`
-    /// after carrying `ring_bytes` on its ring (sent + received by this process), and counts
-    /// the switch ([`Registry::count_switch`]; so one call per side that switched). The record
+    /// after carrying `ring_bytes` on its ring (sent + received by this process). The switch
+    /// itself is counted once per connection, by the side whose request won
+    /// ([`Registry::count_switch`]), not here. The record
     /// then counts its TCP bytes like any other ([`Registry::conn_bytes`]). `None` if the
     /// member is not live or the table is full (counted too).
     pub fn record_switched_conn(
@@ -258,7 +259,6 @@ impl Registry {
         reason: SwitchReason,
         ring_bytes: u64,
     ) -> Option<ConnRecordId> {
-        self.count_switch(reason);
         let raw = RawRecord {
             owner: pack_id(owner.idx, owner.gen),
             pid: pid as u64,

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Switch storm: many connections, each a checksummed bidirectional stream (random write
+sizes, both directions at once), switched from ring to TCP at random moments by three
+triggers: the server passing its own fd to itself with SCM_RIGHTS, the client doing the
+same, and `memloop demote --all` fired by the client at random intervals (MEMLOOP_BIN).
+  storm   --extra N: N connections (default 200), one after another.
+Each side checks the sha256 of everything it received against what the other side sent, and
+exact EOF. Under kernel TCP the triggers are no-ops (fd passing) or absent (no region)."""
+
+import array
+import hashlib
+import os
+import random
+import socket
+import subprocess
+import threading
+
+from semlib import Fail, dial, eq, run
+
+MAX_BYTES = 1 << 20
+
+
+def self_pass(sock):
+    """Sends the socket's fd to ourselves with SCM_RIGHTS and closes the copy received."""
+    a, b = socket.socketpair()
+    try:
+        a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [sock.fileno()]))])
+        _, fds, _, _ = socket.recv_fds(b, 1, 4)
+        for fd in fds:
+            os.close(fd)
+    finally:
+        a.close()
+        b.close()
+
+
+def stream(sock, seed, n, trigger_at):
+    """Sends n random bytes in random pieces (and passes the fd once at `trigger_at` bytes);
+    returns the sha256 sent. Shuts down the write side at the end."""
+    rnd = random.Random(seed)
+    h = hashlib.sha256()
+    sent = 0
+    passed = False
+    while sent < n:
+        k = min(n - sent, rnd.choice([1, 7, 100, 1500, 4096, 65536, 300000]))
+        b = rnd.randbytes(k)
+        h.update(b)
+        sock.sendall(b)
+        sent += k
+        if not passed and sent >= trigger_at:
+            self_pass(sock)
+            passed = True
+    sock.shutdown(socket.SHUT_WR)
+    return h.hexdigest()
+
+
+LAST = bytearray()
+
+
+def drain(sock):
+    h = hashlib.sha256()
+    n = 0
+    LAST.clear()
+    while True:
+        b = sock.recv(1 << 16)
+        if not b:
+            return h.hexdigest(), n
+        h.update(b)
+        LAST.extend(b)
+        n += len(b)
+
+
+def expected(seed, n):
+    r = random.Random(seed)
+    out = bytearray()
+    while len(out) < n:
+        k = min(n - len(out), r.choice([1, 7, 100, 1500, 4096, 65536, 300000]))
+        out.extend(r.randbytes(k))
+    return bytes(out)
+
+
+def first_difference(seed, n):
+    want = expected(seed, n)
+    got = bytes(LAST)
+    i = next((i for i in range(min(len(got), len(want))) if got[i] != want[i]), None)
+    if i is None:
+        return f"no difference in {len(got)} bytes"
+    return (f"first difference at byte {i} of {n}: got {got[i:i+12].hex()} want "
+            f"{want[i:i+12].hex()}; got ...{got[max(0,i-8):i].hex()}")
+
+
+def exchange(sock, seed, mine, trigger_at):
+    """Both directions at once; returns (sha sent, sha received, bytes received)."""
+    out = {}
+    t = threading.Thread(target=lambda: out.update(sent=stream(sock, seed, mine, trigger_at)))
+    t.start()
+    got, n = drain(sock)
+    t.join(60)
+    if t.is_alive():
+        raise Fail("the writer never finished")
+    return out["sent"], got, n
+
+
+def sizes(i):
+    rnd = random.Random(i)
+    return rnd.randrange(1, MAX_BYTES), rnd.randrange(1, MAX_BYTES)
+
+
+def count(args):
+    return int(args.extra or 200)
+
+
+def storm_server(lsock, args):
+    for i in range(count(args)):
+        conn, _ = lsock.accept()
+        c2s, s2c = sizes(i)
+        rnd = random.Random(1000 + i)
+        sent, got, n = exchange(conn, 2000 + i, s2c, rnd.randrange(0, 2 * s2c))
+        eq(n, c2s, f"conn {i}: bytes from the client")
+        # The client's stream is regenerated from its seed.
+        want = hashlib.sha256()
+        r = random.Random(3000 + i)
+        left = c2s
+        while left > 0:
+            k = min(left, r.choice([1, 7, 100, 1500, 4096, 65536, 300000]))
+            want.update(r.randbytes(k))
+            left -= k
+        eq(got, want.hexdigest(), f"conn {i}: sha256 of the client's stream")
+        conn.close()
+
+
+def demoter(stop):
+    bin_ = os.environ.get("MEMLOOP_BIN")
+    if not bin_ or not os.environ.get("MEMLOOP_REGION"):
+        return
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    rnd = random.Random(7)
+    while not stop.wait(rnd.uniform(0.001, 0.02)):
+        subprocess.run([bin_, "demote", "--all", "--wait", "0"], env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+
+def storm_client(args):
+    stop = threading.Event()
+    d = threading.Thread(target=demoter, args=(stop,), daemon=True)
+    d.start()
+    try:
+        for i in range(count(args)):
+            s = dial(args)
+            c2s, s2c = sizes(i)
+            rnd = random.Random(4000 + i)
+            sent, got, n = exchange(s, 3000 + i, c2s, rnd.randrange(0, 2 * c2s))
+            eq(n, s2c, f"conn {i}: bytes from the server")
+            want = hashlib.sha256()
+            r = random.Random(2000 + i)
+            left = s2c
+            while left > 0:
+                k = min(left, r.choice([1, 7, 100, 1500, 4096, 65536, 300000]))
+                want.update(r.randbytes(k))
+                left -= k
+            if got != want.hexdigest():
+                raise Fail(f"conn {i}: sha256 of the server's stream differs: "
+                           f"{first_difference(2000 + i, s2c)}")
+            s.close()
+    finally:
+        stop.set()
+
+
+CASES = {"storm": (storm_server, storm_client)}
+
+if __name__ == "__main__":
+    run(CASES)
