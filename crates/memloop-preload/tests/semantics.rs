@@ -60,10 +60,7 @@ fn main() -> std::process::ExitCode {
         test!(echo_256mb_sha256_both_ways).ignore("slow: 256 MB echoed with sha256 both ways"),
         test!(msg_peek_with_waitall_waits_for_all),
         test!(shutdown_rd_still_reads_queued_data),
-        test!(bug_msg_oob_urgent_byte).ignore(
-            "bug (not emulated): MSG_OOB goes inline on a ring; the receiver never sees POLLPRI \
-            nor the urgent byte — hooks/data.rs send/recv pass MSG_OOB to the ring as a plain send",
-        ),
+        test!(msg_oob_urgent_byte_leaves_the_ring),
         test!(siocoutq_counts_unsent_bytes),
         test!(nonblocking_connect_pollout_so_error),
         test!(nonblocking_read_eagain),
@@ -578,8 +575,10 @@ fn shutdown_rd_still_reads_queued_data() {
     check(sc("flags", "shut_rd"));
 }
 
-fn bug_msg_oob_urgent_byte() {
-    check(sc("flags", "oob"));
+/// MSG_OOB: the ring has no urgent data, so the connection switches to TCP first (POLLPRI,
+/// select's exceptional set and recv(MSG_OOB) are then the kernel's).
+fn msg_oob_urgent_byte_leaves_the_ring() {
+    check(sc("flags", "oob").switches("oob"));
 }
 
 fn siocoutq_counts_unsent_bytes() {

@@ -205,7 +205,11 @@ impl Registry {
                 crate::tables::channels::phase_name(crate::tables::channels::c_phase(w)),
             ));
         }
-        Ok(SwitchWord(slot.switch_word()?).request(reason))
+        let asked = SwitchWord(slot.switch_word()?).request(reason);
+        if asked {
+            self.count_switch(reason); // once per connection, by whoever asked first
+        }
+        Ok(asked)
     }
 }
 

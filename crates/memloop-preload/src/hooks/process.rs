@@ -189,7 +189,7 @@ hook! {
     real kernel = real::posix_spawn;
     on_panic kernel();
     {
-        track("spawn", || dispatch::before_spawn());
+        track("spawn", dispatch::before_spawn);
         Ok(kernel())
     }
 }
@@ -206,7 +206,7 @@ hook! {
     real kernel = real::posix_spawnp;
     on_panic kernel();
     {
-        track("spawn", || dispatch::before_spawn());
+        track("spawn", dispatch::before_spawn);
         Ok(kernel())
     }
 }
