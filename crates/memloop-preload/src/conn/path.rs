@@ -161,6 +161,15 @@ impl Conn {
 
     /// A pending client connection closed before the decision: withdraw the offer.
     pub fn abandon(&self) {
+        if self.path() == Path::Pending && self.still_shared() {
+            // A forked copy (e.g. a child about to exec) closes its inherited fd: the offer is
+            // the other holder's to settle; this process only stops holding its side.
+            if let Some(w) = &self.share.side_words {
+                w.holders.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            }
+            tracing::debug!(ch = ?self.ch, "pending connection closed in a forked copy");
+            return;
+        }
         if self.path() == Path::Pending {
             let reg = self.engine.registry();
             if reg.cancel(self.ch, self.engine.me()).is_err() {

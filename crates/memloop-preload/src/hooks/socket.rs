@@ -121,7 +121,14 @@ hook! {
                 dispatch::poke(&c);
                 r
             }
-            _ => Ok(kernel()),
+            Route::Counted(p) => {
+                // The FIN goes after the bytes a switch still re-sends.
+                if how != libc::SHUT_RD {
+                    p.before_send();
+                }
+                Ok(kernel())
+            }
+            Route::Real => Ok(kernel()),
         }
     }
 }
