@@ -128,6 +128,9 @@ def storm_server(lsock, args):
         conn.close()
 
 
+DEMOTER_LOG = open(os.environ.get("STORM_DEMOTER_LOG", os.devnull), "ab")  # noqa: SIM115
+
+
 def demoter(stop):
     bin_ = os.environ.get("MEMLOOP_BIN")
     if not bin_ or not os.environ.get("MEMLOOP_REGION"):
@@ -136,7 +139,7 @@ def demoter(stop):
     rnd = random.Random(7)
     while not stop.wait(rnd.uniform(0.001, 0.02)):
         subprocess.run([bin_, "demote", "--all", "--wait", "0"], env=env,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+                       stdout=subprocess.DEVNULL, stderr=DEMOTER_LOG, check=False)
 
 
 def storm_client(args):

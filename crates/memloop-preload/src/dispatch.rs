@@ -397,6 +397,12 @@ pub fn before_exec(keeps_library: bool) {
         demote_inheritable(SwitchReason::Exec);
     }
     crate::plain::finish_resends();
+    // The old image's holds on switched connections end here (the new one sees plain TCP).
+    for c in table::conns() {
+        if c.path() == Path::Tcp && c.inheritable() {
+            c.release_switched();
+        }
+    }
     for (fd, s) in inherited_sets() {
         s.prepare_exec(fd);
     }
@@ -464,11 +470,23 @@ fn inherited_sets() -> Vec<(c_int, Arc<EpollSet>)> {
 pub fn fork_prepare() {
     engine::lock_for_fork();
     crate::plain::lock_for_fork();
-    table::lock_for_fork(|c| c.prepare_fork());
+    table::lock_for_fork(|c| {
+        c.prepare_fork();
+        c.hold_bell_for_fork();
+    });
     crate::epoll::hold_for_fork(table::epoll_sets());
 }
 
+/// The connections whose doorbell locks `fork_prepare` holds (the table's change lock is
+/// still held, so the set is the one prepared).
+fn release_bells() {
+    table::conns()
+        .iter()
+        .for_each(|c| c.release_bell_after_fork());
+}
+
 pub fn fork_parent() {
+    release_bells();
     crate::epoll::release_after_fork();
     table::release_after_fork();
     engine::release_after_fork();
@@ -477,6 +495,7 @@ pub fn fork_parent() {
 
 pub fn fork_child() {
     crate::real::forget_pid();
+    release_bells();
     crate::epoll::release_after_fork();
     table::release_after_fork();
     engine::release_after_fork();

@@ -151,7 +151,12 @@ fn adopt_sockets(conns: Vec<i32>, listeners: Vec<i32>) {
         let (local, peer) = (canonical(local), canonical(peer));
         let found = channels.iter().find_map(|c| {
             let t = c.tuple?;
-            if c.state != ChannelState::Accepted {
+            // A channel whose connection switched to TCP has dead rings: the socket is plain.
+            let switched = engine
+                .registry()
+                .switch_word(c.id)
+                .map_or(true, |w| w.requested());
+            if c.state != ChannelState::Accepted || switched {
                 return None;
             }
             if t == (ConnTuple {

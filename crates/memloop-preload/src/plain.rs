@@ -25,7 +25,6 @@ pub struct PlainTcp {
 /// re-sending a full ring to each other, and neither reads until its takeover is over), on a
 /// duplicate of the socket so the program may close its fd meanwhile.
 pub struct Resend {
-    len: usize,
     done: AtomicBool,
     /// The duplicate the thread writes on (-1 once closed).
     fd: AtomicI32,
@@ -48,7 +47,6 @@ impl Resend {
         }
         let dup = real::dup_cloexec(fd)?;
         let r = Arc::new(Resend {
-            len: bytes.len(),
             done: AtomicBool::new(false),
             fd: AtomicI32::new(dup),
         });
@@ -76,10 +74,6 @@ impl Resend {
             r2?;
         }
         Ok(Some(r))
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
     }
 
     fn finish(&self) {

@@ -10,7 +10,7 @@ use memloop_ring::header::{probe_attached, Probe};
 use memloop_ring::{StreamConsumer, StreamProducer};
 use memloop_shm::ShmSlice;
 use std::io::{IoSlice, IoSliceMut};
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::Ordering::*;
 
 /// Our ends of the channel's two rings.
 pub(super) struct Rings {
@@ -101,7 +101,7 @@ impl Conn {
     pub(super) fn reset(&self) -> bool {
         self.rx_probe().is_some_and(|p| {
             let unread = self.unread_by_peer() > 0;
-            reset_of(p.writer_reset, p.writer_shut, &self.peer.peer_reset, unread)
+            reset_of(p.writer_reset, p.writer_shut, &self.peer, unread)
         })
     }
 
@@ -271,14 +271,16 @@ fn partial_ok(e: c_int) -> bool {
 /// reset while the peer left bytes of ours unread — as the kernel resets a socket closed with
 /// data unread. A kernel reset without unread data only means doorbell bytes were left on the
 /// peer's socket when it closed (a clean ring shutdown, or a process that exited without
-/// closing): the stream itself ended cleanly.
+/// closing): the stream itself ended cleanly. A peer in another kernel judged dead (nothing
+/// closes its socket) ends with a reset unless it had shut its ring end.
 pub(super) fn reset_of(
     writer_reset: bool,
     writer_shut: bool,
-    kernel_reset: &AtomicBool,
+    peer: &super::peer::PeerState,
     peer_left_unread: bool,
 ) -> bool {
-    writer_reset || (kernel_reset.load(Acquire) && !writer_shut && peer_left_unread)
+    let kernel_reset = peer.peer_reset.load(Acquire) && peer_left_unread;
+    writer_reset || (!writer_shut && (peer.peer_dead.load(Acquire) || kernel_reset))
 }
 
 fn read_into(

@@ -10,8 +10,12 @@ pub(super) struct PeerState {
     /// The peer runs in our kernel: its death closes the kernel socket.
     pub(super) same_kernel: bool,
     pub(super) peer_closed: AtomicBool,
-    /// The peer's socket was reset: after the ring drains, one ECONNRESET, then EOF.
+    /// The peer's socket was reset: after the ring drains, one ECONNRESET, then EOF (when
+    /// the reset was not only about doorbells left unread, see `io::reset_of`).
     pub(super) peer_reset: AtomicBool,
+    /// The peer in another kernel was judged dead (a powered-off VM): its stream ends with a
+    /// reset unless it had shut its ring end cleanly.
+    pub(super) peer_dead: AtomicBool,
     pub(super) reset_reported: AtomicBool,
 }
 
@@ -22,6 +26,7 @@ impl PeerState {
             same_kernel,
             peer_closed: AtomicBool::new(false),
             peer_reset: AtomicBool::new(false),
+            peer_dead: AtomicBool::new(false),
             reset_reported: AtomicBool::new(false),
         }
     }
@@ -57,7 +62,7 @@ impl Conn {
     pub(super) fn check_peer(&self) {
         let w = &self.peer.watch;
         if !self.peer.same_kernel && w.dead() {
-            self.peer.peer_reset.store(true, Release);
+            self.peer.peer_dead.store(true, Release);
             self.set_peer_closed();
         } else if w.gone() {
             self.set_peer_closed();

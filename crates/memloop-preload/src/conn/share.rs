@@ -160,7 +160,11 @@ impl Conn {
     }
 
     pub(super) fn release(&self) {
-        if self.path() != Path::Ring || self.share.released.swap(true, AcqRel) {
+        // A switched side (here, or by another process holding it) is still held in the
+        // registry — its slot cannot be reused under a forked copy — but its rings are dead.
+        let switched = self.side_switched();
+        let on_ring = self.path() == Path::Ring && !switched;
+        if !(on_ring || switched) || self.share.released.swap(true, AcqRel) {
             return;
         }
         if let Some(w) = &self.share.side_words {
@@ -171,6 +175,10 @@ impl Conn {
                     return;
                 }
             }
+        }
+        if switched {
+            self.close_side("switched side closed");
+            return;
         }
         let fd = self.kfd();
         // As the kernel: closing with data unread, or with SO_LINGER {1, 0}, resets the
@@ -196,10 +204,24 @@ impl Conn {
                 "doorbell counts at close"
             );
         }
+        self.close_side("side closed");
+    }
+
+    /// Before an exec: a connection that switched to TCP gives up its hold on the channel (no
+    /// later `close` of ours will run in the new image).
+    pub fn release_switched(&self) {
+        if self.side_switched() {
+            self.release();
+        }
+    }
+
+    /// Closes our side in the registry (the channel is freed with the second side).
+    fn close_side(&self, what: &str) {
         self.share.side_closed.store(true, Release);
         let reg = self.engine.registry();
-        if let Err(e) = reg.close(self.ch, self.side) {
-            tracing::debug!(ch = ?self.ch, "close: {e}");
+        match reg.close(self.ch, self.side) {
+            Ok(()) => tracing::debug!(ch = ?self.ch, side = ?self.side, "{what}"),
+            Err(e) => tracing::debug!(ch = ?self.ch, "close: {e}"),
         }
     }
 }

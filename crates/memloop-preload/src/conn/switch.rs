@@ -83,7 +83,17 @@ impl Conn {
     /// has left too — that takes a moment of the peer's, at most one heartbeat.
     pub fn settle_switch(&self) {
         if self.switch_pending() {
-            if let Err(e) = self.switch_to_tcp(None) {
+            if let Err(e) = self.switch_to_tcp(None, true) {
+                tracing::debug!(ch = ?self.ch, errno = e, "switch to TCP not done");
+            }
+        }
+    }
+
+    /// [`Conn::settle_switch`] without waiting for the peer: this side leaves, and the switch
+    /// completes on a later call (the heartbeat must not stall behind a busy peer).
+    fn settle_switch_nowait(&self) {
+        if self.switch_pending() {
+            if let Err(e) = self.switch_to_tcp(None, false) {
                 tracing::debug!(ch = ?self.ch, errno = e, "switch to TCP not done");
             }
         }
@@ -95,10 +105,10 @@ impl Conn {
         if self.resolve(true) != Path::Ring {
             return Ok(()); // already on TCP
         }
-        self.switch_to_tcp(Some(reason))
+        self.switch_to_tcp(Some(reason), true)
     }
 
-    fn switch_to_tcp(&self, ask: Option<SwitchReason>) -> Result<(), c_int> {
+    fn switch_to_tcp(&self, ask: Option<SwitchReason>, wait: bool) -> Result<(), c_int> {
         let (Some(w), Some(pw)) = (&self.share.side_words, &self.switching.peer) else {
             return Err(libc::ENOTSUP);
         };
@@ -112,6 +122,9 @@ impl Conn {
             }
         }
         self.leave(w)?;
+        if !wait && self.peer_left(pw).is_none() {
+            return Ok(()); // left; the takeover comes with the next call or sweep
+        }
         let Some(peer) = self.await_peer(pw)? else {
             // The peer is gone without leaving: its bytes are still in our rx ring and only
             // the ring can deliver them (then EOF), so this connection stays there.
@@ -164,6 +177,11 @@ impl Conn {
     /// Where this side stopped (the record another holder of the side may have written).
     fn own_left(&self, w: &SideWords) -> Option<Left> {
         LeaveCell::new(&w.leave, 0).ok()?.read().ok()?
+    }
+
+    /// The peer's `Left`, if it has left.
+    fn peer_left(&self, pw: &SideWords) -> Option<Left> {
+        LeaveCell::new(&pw.leave, 0).ok()?.read().ok()?
     }
 
     /// Waits for the peer's `Left`; `None` if the peer is gone without leaving.
@@ -225,21 +243,21 @@ impl Conn {
                 libc::EIO
             })?;
         // Our shutdown so far lived in the ring: the FIN follows the re-sent bytes.
+        let resent = unconsumed.len();
         let resend = Resend::start(fd, unconsumed, self.shut_wr.load(Acquire))?;
         if self.shut_rd.load(Acquire) {
             real::shutdown_now(fd, libc::SHUT_RD);
         }
+        // Everything the peer rang is read now: the counts stay exact for a later switch.
+        w.doorbells_read.fetch_add(gone, AcqRel);
         w.switch.set_on_tcp(self.side);
         tracing::debug!(
-            ch = ?self.ch, side = ?self.side, %reason, discarded = gone,
-            resent = resend.as_ref().map_or(0, |r| r.len()),
+            ch = ?self.ch, side = ?self.side, %reason, discarded = gone, resent,
+            in_background = resend.is_some(),
             "switched to TCP"
         );
-        self.share.released.store(true, Release);
-        self.share.side_closed.store(true, Release);
-        if let Err(e) = self.engine.registry().close(self.ch, self.side) {
-            tracing::debug!(ch = ?self.ch, "releasing the channel after a switch: {e}");
-        }
+        // Our side stays held (and the channel allocated) until the last process holding it
+        // closes it: a forked copy still knows it by its slot.
         Ok(resend)
     }
 
@@ -261,11 +279,32 @@ impl Conn {
         }
     }
 
+    /// About to fork: no doorbell may be half-sent by another thread (the child would inherit
+    /// its lock held).
+    pub fn hold_bell_for_fork(&self) {
+        self.switching.bell.acquire_for_fork(|_| {});
+    }
+
+    pub fn release_bell_after_fork(&self) {
+        self.switching.bell.release_after_fork();
+    }
+
     /// Ring operations refuse to run once the connection left its ring.
     pub(super) fn on_ring(&self) -> Result<(), c_int> {
         match self.path() {
             Path::Ring => Ok(()),
             _ => Err(SWITCHED),
+        }
+    }
+
+    /// This side left its rings (here, or in another process holding it): its rings are dead.
+    pub(super) fn side_switched(&self) -> bool {
+        match self.path() {
+            // (A connection that fell back at connect never had a side to switch.)
+            Path::Tcp => self.switching.handled.load(Acquire),
+            Path::Leaving => true,
+            Path::Ring => self.side_left(),
+            Path::Pending => false,
         }
     }
 
@@ -282,6 +321,6 @@ impl Conn {
 /// of our calls (computing, or blocked somewhere we do not see) switch here.
 pub fn sweep() {
     for c in crate::table::conns() {
-        c.settle_switch();
+        c.settle_switch_nowait();
     }
 }

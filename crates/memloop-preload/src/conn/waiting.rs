@@ -69,7 +69,7 @@ impl Conn {
     }
 
     /// Another process holding this side has left the ring (its leave record is set).
-    fn side_left(&self) -> bool {
+    pub(super) fn side_left(&self) -> bool {
         let Some(w) = &self.share.side_words else {
             return false;
         };
@@ -157,12 +157,7 @@ impl Conn {
         // As the kernel: the peer's FIN is POLLIN|POLLRDHUP; POLLHUP needs both directions
         // shut (or a reset); after our own SHUT_WR a write fails at once, so POLLOUT.
         let unread = tx.used > 0;
-        let reset = reset_of(
-            rx.writer_reset,
-            rx.writer_shut,
-            &self.peer.peer_reset,
-            unread,
-        );
+        let reset = reset_of(rx.writer_reset, rx.writer_shut, &self.peer, unread);
         let fin = rx.writer_shut || reset || self.peer_closed();
         let shut_rd = self.shut_rd.load(Relaxed);
         let shut_wr = self.shut_wr.load(Relaxed);
