@@ -3,7 +3,8 @@
 //! indicatif. The peers it starts are this binary again (hidden commands below), including
 //! `domains exec` and `run`, shared with `memloop` through its library: the benchmark works
 //! without the `memloop` binary.
-#![forbid(unsafe_code)]
+// Unsafe code only in `bench::switch::fdpass` (libc's sendmsg with SCM_RIGHTS), which allows it.
+#![deny(unsafe_code)]
 
 mod bench;
 mod peer;
@@ -37,6 +38,9 @@ enum Cmd {
     /// An end of `tcp` and `study` (an ordinary socket program).
     #[command(hide = true)]
     TcpPeer(bench::tcp::peer::PeerArgs),
+    /// An end of `switch`.
+    #[command(hide = true)]
+    SwitchPeer(bench::switch::peer::PeerArgs),
     /// `memloop domains`, for the peers' domains.
     #[command(hide = true, subcommand)]
     Domains(domains::DomainsCmd),
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
         Cmd::Bench(c) => bench::run(c),
         Cmd::Peer(a) => peer::run(&a),
         Cmd::TcpPeer(a) => bench::tcp::peer::run(&a),
+        Cmd::SwitchPeer(a) => bench::switch::peer::run(&a),
         Cmd::Domains(c) => domains::run(c),
         Cmd::Run(a) => run::run(&a),
         Cmd::Region(c) => region_cmd::run(c),

@@ -7,6 +7,7 @@ pub mod proto;
 mod remote;
 mod report;
 pub mod study;
+pub mod switch;
 mod sys;
 pub mod tcp;
 
@@ -29,6 +30,9 @@ pub enum BenchCmd {
     Native(NativeArgs),
     /// Unmodified TCP programs over memloop (`memloop run`) vs veth+bridge, loopback TCP, Unix.
     Tcp(tcp::TcpArgs),
+    /// What a live demote (ring → TCP) costs: this side, the peer, the stream's stall, in
+    /// round trips of the slower path; busy and idle connections, loopback and two domains.
+    Switch(switch::SwitchArgs),
     /// The residency study on every path: report.md, results.json and one SVG per experiment.
     Study(study::StudyArgs),
     /// The server end of one measurement, started by hand (e.g. in another VM).
@@ -70,6 +74,7 @@ pub fn run(cmd: BenchCmd) -> CliResult<()> {
     match cmd {
         BenchCmd::Native(a) => run_native(&a),
         BenchCmd::Tcp(a) => tcp::run(&a),
+        BenchCmd::Switch(a) => switch::run(&a),
         BenchCmd::Study(a) => study::run(&a),
         BenchCmd::Serve(a) => remote::serve(&a),
         BenchCmd::Probe(a) => remote::probe(&a),

@@ -178,7 +178,7 @@ pub fn table(records: &[Record]) -> String {
 }
 
 /// Left-aligns the first three columns and right-aligns the numbers.
-fn align(lines: &[Vec<String>]) -> String {
+pub(crate) fn align(lines: &[Vec<String>]) -> String {
     let ncol = lines[0].len();
     let width = |c: usize| {
         lines

@@ -112,7 +112,7 @@ fn report(r: std::io::Result<()>, what: &str) {
 }
 
 /// The driver holds our stdin: when it goes away (whatever happened to it), so do we.
-fn exit_when_stdin_closes() {
+pub(crate) fn exit_when_stdin_closes() {
     std::thread::spawn(|| {
         let mut sink = Vec::new();
         let _ = std::io::stdin().lock().read_to_end(&mut sink);

@@ -29,12 +29,26 @@ pub struct Proc {
     diag: Arc<Mutex<VecDeque<String>>>,
     /// The peer's own pid (the child is the `memloop domains exec` wrapper).
     pid: Option<u32>,
+    /// Stderr lines kept apart (see [`Self::spawn_with`]), oldest first.
+    kept: Arc<Mutex<Vec<String>>>,
 }
 
 impl Proc {
     pub fn spawn(what: String, argv: &[String]) -> CliResult<Proc> {
+        Self::spawn_with(what, argv, &[], None)
+    }
+
+    /// As [`Self::spawn`], with `env` added to the environment; stderr lines containing `keep`
+    /// are kept apart from the diagnostics, for [`Self::take_kept`].
+    pub fn spawn_with(
+        what: String,
+        argv: &[String],
+        env: &[(&str, &str)],
+        keep: Option<&'static str>,
+    ) -> CliResult<Proc> {
         let mut child = Command::new(&argv[0])
             .args(&argv[1..])
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -51,11 +65,18 @@ impl Proc {
             }
         });
         let diag = Arc::new(Mutex::new(VecDeque::new()));
-        let (err, keep) = (child.stderr.take().expect("piped stderr"), diag.clone());
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        let err = child.stderr.take().expect("piped stderr");
+        let (d, k) = (diag.clone(), kept.clone());
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines() {
                 let Ok(l) = line else { break };
-                push_diag(&keep, l);
+                match keep {
+                    Some(pat) if l.contains(pat) => {
+                        k.lock().unwrap_or_else(|e| e.into_inner()).push(l)
+                    }
+                    _ => push_diag(&d, l),
+                }
             }
         });
         Ok(Proc {
@@ -65,7 +86,13 @@ impl Proc {
             lines,
             diag,
             pid: None,
+            kept,
         })
+    }
+
+    /// The stderr lines kept apart since the last call.
+    pub fn take_kept(&self) -> Vec<String> {
+        std::mem::take(&mut *self.kept.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     pub fn what(&self) -> &str {
@@ -89,6 +116,17 @@ impl Proc {
 
     /// Sends a request to a client peer and waits (bounded) for its reply.
     pub fn ask(&mut self, req: &Request, timeout: Duration) -> CliResult<Reply> {
+        let v = self.ask_json(req, timeout)?;
+        let r: Reply = serde_json::from_value(v).context(format!("{}: bad reply", self.what))?;
+        match &r.error {
+            Some(e) => Err(fail(format!("{}: {e}{}", self.what, self.diag()))),
+            None => Ok(r),
+        }
+    }
+
+    /// Sends any request as a JSON line and waits (bounded) for the next JSON object; a reply
+    /// with an `error` field is an error.
+    pub fn ask_json(&mut self, req: &impl serde::Serialize, timeout: Duration) -> CliResult<Value> {
         let line = serde_json::to_string(req)? + "\n";
         let stdin = self.stdin.as_mut().ok_or_else(|| fail("peer stopped"))?;
         if let Err(e) = stdin
@@ -98,10 +136,9 @@ impl Proc {
             return Err(fail(format!("{}: {e}{}", self.what, self.diag())));
         }
         let v = self.next_json(timeout)?;
-        let r: Reply = serde_json::from_value(v).context(format!("{}: bad reply", self.what))?;
-        match &r.error {
+        match v["error"].as_str() {
             Some(e) => Err(fail(format!("{}: {e}{}", self.what, self.diag()))),
-            None => Ok(r),
+            None => Ok(v),
         }
     }
 
@@ -275,6 +312,18 @@ impl Testbed {
         region: Option<&str>,
         peer_args: &[String],
     ) -> Vec<String> {
+        self.command_of("tcp-peer", domain, cpu, region, peer_args)
+    }
+
+    /// As [`Self::peer_command`], for the hidden command `sub` of this binary.
+    pub fn command_of(
+        &self,
+        sub: &str,
+        domain: u8,
+        cpu: Option<usize>,
+        region: Option<&str>,
+        peer_args: &[String],
+    ) -> Vec<String> {
         let exe = self.exe.to_string_lossy().into_owned();
         let mut v: Vec<String> = vec![exe.clone(), "domains".into(), "exec".into()];
         v.extend([domain.to_string(), "--prefix".into(), self.prefix.clone()]);
@@ -291,7 +340,7 @@ impl Testbed {
                 "--".into(),
             ]);
         }
-        v.extend([exe, "tcp-peer".into()]);
+        v.extend([exe, sub.into()]);
         v.extend_from_slice(peer_args);
         if let (Some(c), false) = (cpu, self.taskset) {
             v.extend(["--cpu".into(), c.to_string()]);
