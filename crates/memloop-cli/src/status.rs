@@ -418,6 +418,12 @@ fn endpoint_json(e: &EndpointInfo) -> Value {
 fn channel_json(reg: &Registry, c: &ChannelInfo) -> Value {
     let bytes = channel_bytes(reg, c);
     let sw = switch_state(reg, c);
+    // A switched connection keeps its channel (and rings) until it closes: its bytes go by
+    // TCP meanwhile.
+    let path = match sw {
+        Some((true, _, true, true)) => "tcp",
+        _ => "ring",
+    };
     json!({
         "idx": c.id.idx, "gen": c.id.gen, "state": format!("{:?}", c.state).to_lowercase(),
         "client": { "idx": c.client.idx, "gen": c.client.gen },
@@ -427,7 +433,7 @@ fn channel_json(reg: &Registry, c: &ChannelInfo) -> Value {
         "bytes_c2s": bytes.map(|b| b.0), "bytes_s2c": bytes.map(|b| b.1),
         "client_closed": c.client_closed, "server_closed": c.server_closed,
         "client_dead": c.client_dead, "server_dead": c.server_dead,
-        "path": "ring", "marker": c.marker, "tuple": c.tuple.as_ref().map(tuple_json),
+        "path": path, "marker": c.marker, "tuple": c.tuple.as_ref().map(tuple_json),
         "doorbells": doorbells_json(reg, c),
         "switch_requested": sw.map(|s| s.0),
         "switch_reason": sw.and_then(|s| s.1).map(|r| r.name()),

@@ -788,7 +788,14 @@ fn demote_moves_a_live_connection_to_tcp() {
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
     assert!(stdout(&o).contains("1 of 1 finished"), "{}", stdout(&o));
     let v = status_json(&r.0);
-    assert!(find_channel(&v, &id).is_none(), "the channel is freed: {v}");
+    // The channel stays (its side words) until the connection closes; both sides on TCP.
+    let ch = find_channel(&v, &id).expect("the channel is kept while the connection lives");
+    assert_eq!(ch["path"], "tcp", "{v}");
+    assert_eq!(
+        ch["on_tcp"],
+        serde_json::json!({"client": true, "server": true}),
+        "{v}"
+    );
     let switched: Vec<&Value> = v["connections"]
         .as_array()
         .unwrap()

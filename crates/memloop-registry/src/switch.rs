@@ -7,7 +7,12 @@
 //! - bits 1, 2: the client's / the server's side has finished its move to TCP (discarded the
 //!   peer's doorbells, re-sent what the peer never consumed), so every process holding that side
 //!   may read TCP from now on;
-//! - bits 8..16: the code of the first request's [`SwitchReason`].
+//! - bits 8..16: the code of the first request's [`SwitchReason`];
+//! - promotion (TCP → ring, both sides on TCP): bit 3 `PROMOTE` asks for it; bits 4, 5: the
+//!   client's / server's side is *ready* (its stale ring bytes dropped, its leave record
+//!   reset); bits 6, 7: the side *stopped* writing TCP (its TCP byte count is published in its
+//!   `tcp_stop` word) and writes to its ring from then on. Once both stopped the word is
+//!   zeroed by either side: the connection is an ordinary ring connection again.
 //!
 //! The word is zeroed with the rest of the slot before an offer is published and is only ever
 //! OR-ed into afterwards, so a late write after the slot was freed can only ask the slot's
@@ -128,6 +133,26 @@ fn on_tcp_bit(side: Side) -> u64 {
     }
 }
 
+const PROMOTE: u64 = 8;
+const CLIENT_READY: u64 = 16;
+const SERVER_READY: u64 = 32;
+const CLIENT_STOPPED: u64 = 64;
+const SERVER_STOPPED: u64 = 128;
+
+fn ready_bit(side: Side) -> u64 {
+    match side {
+        Side::Client => CLIENT_READY,
+        Side::Server => SERVER_READY,
+    }
+}
+
+fn stopped_bit(side: Side) -> u64 {
+    match side {
+        Side::Client => CLIENT_STOPPED,
+        Side::Server => SERVER_STOPPED,
+    }
+}
+
 impl SwitchWord {
     /// Whether anything happened at all (one load: the data calls' fast-path check).
     #[inline]
@@ -168,9 +193,61 @@ impl SwitchWord {
     pub fn on_tcp(&self, side: Side) -> bool {
         self.0.load(Acquire) & on_tcp_bit(side) != 0
     }
+
+    /// Asks both sides, on TCP after a switch, to come back to their ring; true if this call
+    /// asked (both sides must be on TCP, and no promotion asked already).
+    pub fn request_promote(&self) -> bool {
+        let both = CLIENT_ON_TCP | SERVER_ON_TCP;
+        let cur = self.0.load(Acquire);
+        cur & both == both
+            && cur & PROMOTE == 0
+            && self
+                .0
+                .compare_exchange(cur, cur | PROMOTE, AcqRel, Acquire)
+                .is_ok()
+    }
+
+    pub fn promote_requested(&self) -> bool {
+        self.0.load(Acquire) & PROMOTE != 0
+    }
+
+    pub fn set_ready(&self, side: Side) {
+        self.0.fetch_or(ready_bit(side), AcqRel);
+    }
+
+    pub fn ready(&self, side: Side) -> bool {
+        self.0.load(Acquire) & ready_bit(side) != 0
+    }
+
+    pub fn set_stopped(&self, side: Side) {
+        self.0.fetch_or(stopped_bit(side), AcqRel);
+    }
+
+    pub fn stopped(&self, side: Side) -> bool {
+        self.0.load(Acquire) & stopped_bit(side) != 0
+    }
+
+    /// Both sides stopped writing TCP: the promotion is agreed, the word goes back to quiet
+    /// (a later switch starts afresh). False if the word is not that state (any more).
+    pub fn finish_promotion(&self) -> bool {
+        let cur = self.0.load(Acquire);
+        let done = PROMOTE | CLIENT_STOPPED | SERVER_STOPPED;
+        cur & done == done && self.0.compare_exchange(cur, 0, AcqRel, Acquire).is_ok()
+    }
 }
 
 impl Registry {
+    /// Asks both sides of channel `ch` (on TCP after a switch) to come back to its ring
+    /// (`memloop promote`); true if this call asked. Counted as a `promoted` switch.
+    pub fn request_promote(&self, ch: ChannelId) -> Result<bool, RegistryError> {
+        let (slot, _) = self.channel_entry(ch)?;
+        let asked = SwitchWord(slot.switch_word()?).request_promote();
+        if asked {
+            self.count_switch(SwitchReason::Promoted);
+        }
+        Ok(asked)
+    }
+
     /// Counts one switch of a connection for `reason`.
     pub fn count_switch(&self, reason: SwitchReason) {
         self.bump_counter(reason.counter_index());

@@ -67,6 +67,14 @@ impl LeaveCell {
             .is_ok()
     }
 
+    /// Back to "active" for the next switch (the connection came back to its rings); false
+    /// if the side had not left.
+    pub fn reset(&self) -> bool {
+        self.state
+            .compare_exchange(LEFT, ACTIVE, SeqCst, Relaxed)
+            .is_ok()
+    }
+
     /// Where the side stopped, once it has left. Any state other than "active" or "left" was
     /// written by a buggy peer: [`RingError::Corrupt`].
     pub fn read(&self) -> Result<Option<Left>, RingError> {

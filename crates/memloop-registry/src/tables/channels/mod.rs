@@ -25,7 +25,8 @@
 //! | 104 | client side: holders u32 · lock u32 · 112 server side: holders u32 · lock u32 |
 //! | 120 | channel kind u32 ([`ChannelKind`] code; 0 for a decline marker) · 124 reserved |
 //! | 128 | client side's switch words: doorbells sent u64 · 136 doorbells read u64 · 144 leave cell (32 B) |
-//! | 176 | server side's switch words: the same · 224 switch word u64 (`switch.rs`) · 232..256 reserved |
+//! | 176 | server side's switch words: the same · 224 switch word u64 (`switch.rs`) |
+//! | 232 | client side's TCP stop position u64 (promotion) · 240 server side's · 248 reserved |
 //!
 //! The kind is written with the other fields before the offer is published and checked by
 //! every attach ([`Registry::rings_of`]) against what the caller expects and against the kind
@@ -85,6 +86,9 @@ const O_SWITCH_CLIENT: u64 = 128;
 const O_SWITCH_SERVER: u64 = 176;
 /// The channel's switch word (`crate::switch::SwitchWord`).
 const O_SWITCH_WORD: u64 = 224;
+/// Per side: the TCP bytes it sent before its writes went back to the ring (promotion).
+const O_STOP_CLIENT: u64 = 232;
+const O_STOP_SERVER: u64 = 240;
 /// Per side: doorbells sent, doorbells read, then the leave cell.
 const SWITCH_BYTES: u64 = 16 + memloop_ring::leave::LEAVE_CELL_BYTES;
 const MIN_RING: u64 = 64;
@@ -139,6 +143,8 @@ pub struct SideWords {
     pub leave: ShmSlice,
     /// The channel's switch word (shared by both sides).
     pub switch: crate::switch::SwitchWord,
+    /// TCP bytes this side sent before its writes went back to the ring (promotion).
+    pub tcp_stop: ShmU64,
 }
 
 /// Views of the two rings of a channel, for `memloop_ring` attach.
@@ -196,6 +202,8 @@ impl<'a> ChannelSlot<'a> {
                 self.0.st(off + word, 0)?;
             }
         }
+        self.0.st(O_STOP_CLIENT, 0)?;
+        self.0.st(O_STOP_SERVER, 0)?;
         self.0.st(O_SWITCH_WORD, 0)
     }
     pub fn switch_word(&self) -> Result<ShmU64, RegistryError> {
@@ -250,6 +258,10 @@ impl<'a> ChannelSlot<'a> {
                 .0
                 .view(sw + 16, memloop_ring::leave::LEAVE_CELL_BYTES)?,
             switch: crate::switch::SwitchWord(self.switch_word()?),
+            tcp_stop: self.0.u64(match side {
+                Side::Client => O_STOP_CLIENT,
+                Side::Server => O_STOP_SERVER,
+            })?,
         })
     }
     #[cfg(all(test, not(loom)))]
