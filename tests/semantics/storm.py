@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Switch storm: many connections, each a checksummed bidirectional stream (random write
+"""Switch storms.
+storm: many connections, each a checksummed bidirectional stream (random write
 sizes, both directions at once), switched from ring to TCP at random moments by three
 triggers: the server passing its own fd to itself with SCM_RIGHTS, the client doing the
 same, and `memloop demote --all` fired by the client at random intervals (MEMLOOP_BIN).
   storm   --extra N: N connections (default 200), one after another.
+flip: N long connections (--extra N, default 4), 64 MiB each way with random write sizes,
+demoted and promoted back and forth by `memloop demote|promote --all` at random moments.
 Each side checks the sha256 of everything it received against what the other side sent, and
 exact EOF. Under kernel TCP the triggers are no-ops (fd passing) or absent (no region)."""
 
@@ -13,6 +16,7 @@ import os
 import random
 import socket
 import subprocess
+import sys
 import threading
 
 from semlib import Fail, dial, eq, run
@@ -56,16 +60,17 @@ def stream(sock, seed, n, trigger_at):
 LAST = bytearray()
 
 
-def drain(sock):
+def drain(sock, keep=None):
+    keep = LAST if keep is None else keep
     h = hashlib.sha256()
     n = 0
-    LAST.clear()
+    keep.clear()
     while True:
         b = sock.recv(1 << 16)
         if not b:
             return h.hexdigest(), n
         h.update(b)
-        LAST.extend(b)
+        keep.extend(b)
         n += len(b)
 
 
@@ -78,9 +83,9 @@ def expected(seed, n):
     return bytes(out)
 
 
-def first_difference(seed, n):
+def first_difference(seed, n, got=None):
     want = expected(seed, n)
-    got = bytes(LAST)
+    got = bytes(LAST if got is None else got)
     i = next((i for i in range(min(len(got), len(want))) if got[i] != want[i]), None)
     if i is None:
         return f"no difference in {len(got)} bytes"
@@ -88,12 +93,12 @@ def first_difference(seed, n):
             f"{want[i:i+12].hex()}; got ...{got[max(0,i-8):i].hex()}")
 
 
-def exchange(sock, seed, mine, trigger_at):
+def exchange(sock, seed, mine, trigger_at, keep=None):
     """Both directions at once; returns (sha sent, sha received, bytes received)."""
     out = {}
     t = threading.Thread(target=lambda: out.update(sent=stream(sock, seed, mine, trigger_at)))
     t.start()
-    got, n = drain(sock)
+    got, n = drain(sock, keep)
     t.join(60)
     if t.is_alive():
         raise Fail("the writer never finished")
@@ -168,7 +173,100 @@ def storm_client(args):
         stop.set()
 
 
-CASES = {"storm": (storm_server, storm_client)}
+# ---- flip: few long streams, demoted and promoted back and forth ------------------------------
+
+FLIP_BYTES = int(os.environ.get("FLIP_MB", "64")) << 20
+
+
+def flip_server(lsock, args):
+    n = int(args.extra or 4)
+    conns = [lsock.accept()[0] for _ in range(n)]
+    errors = []
+
+    def serve(i, conn):
+        try:
+            sent, got, m = exchange(conn, 5000 + i, FLIP_BYTES, FLIP_BYTES + 1)
+            eq(m, FLIP_BYTES, f"flip conn {i}: bytes from the client")
+            eq(got, hashlib.sha256(expected(6000 + i, FLIP_BYTES)).hexdigest(),
+               f"flip conn {i}: sha256 of the client's stream")
+            conn.close()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(f"{type(e).__name__}: {e}")
+
+    ts = [threading.Thread(target=serve, args=(i, c)) for i, c in enumerate(conns)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    if errors:
+        raise Fail("; ".join(errors))
+
+
+def flipper(stop):
+    """Demotes every connection on its ring, then promotes every one on TCP, and again, with
+    random pauses (0-2 ms) between: each connection flips as fast as its two processes follow
+    (a command finds some of them still switching: those it leaves alone)."""
+    bin_ = os.environ.get("MEMLOOP_BIN")
+    if not bin_ or not os.environ.get("MEMLOOP_REGION"):
+        return
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MEMLOOP_LOG")}
+    rnd = random.Random(11)
+    i = 0
+    while not stop.wait(rnd.uniform(0.0, 0.002)):
+        verb = ["demote", "promote"][i % 2]
+        subprocess.run([bin_, verb, "--all", "--wait", "0"], env=env,
+                       stdout=subprocess.DEVNULL, stderr=DEMOTER_LOG, check=False)
+        i += 1
+
+
+def flip_client(args):
+    n = int(args.extra or 4)
+    # The flipper runs as a small process of its own, without the library: forking this
+    # big one for every command would slow the flips down.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    flipper_proc = subprocess.Popen([sys.executable, __file__, "flipper"], env=env,
+                                    stdin=subprocess.PIPE)
+    socks = [dial(args) for _ in range(n)]
+    errors = []
+
+    def run_one(i, s):
+        try:
+            data = bytearray()
+            sent, got, m = exchange(s, 6000 + i, FLIP_BYTES, FLIP_BYTES + 1, data)
+            eq(m, FLIP_BYTES, f"flip conn {i}: bytes from the server")
+            if got != hashlib.sha256(expected(5000 + i, FLIP_BYTES)).hexdigest():
+                raise Fail(f"flip conn {i}: the server's stream differs: "
+                           f"{first_difference(5000 + i, FLIP_BYTES, data)}")
+            s.close()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(f"{type(e).__name__}: {e}")
+
+    try:
+        ts = [threading.Thread(target=run_one, args=(i, s)) for i, s in enumerate(socks)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+    finally:
+        flipper_proc.stdin.close()  # its cue to stop
+        flipper_proc.wait(30)
+    if errors:
+        raise Fail("; ".join(errors))
+
+
+def flipper_main():
+    stop = threading.Event()
+    t = threading.Thread(target=flipper, args=(stop,))
+    t.start()
+    sys.stdin.read()  # until the client closes our stdin
+    stop.set()
+    t.join(30)
+
+
+CASES = {"storm": (storm_server, storm_client), "flip": (flip_server, flip_client)}
 
 if __name__ == "__main__":
-    run(CASES)
+    if sys.argv[1:] == ["flipper"]:
+        flipper_main()
+    else:
+        run(CASES)

@@ -3,10 +3,11 @@
 //! `demote` sets the REQUESTED bit of each selected channel's switch word
 //! ([`Registry::request_switch`] with [`SwitchReason::Operator`]). The preloaded processes
 //! holding the channel notice it on their next call on the connection, or within one heartbeat,
-//! and both sides leave the ring; the channel is then freed and the connection goes on as a
-//! recorded plain-TCP connection. The tool only asks: it holds no end of the connection.
-//! With `--wait`, it then watches each channel until it is freed or its switch word shows both
-//! sides on TCP.
+//! and both sides leave the ring; the connection goes on over TCP (recorded with its switch),
+//! keeping its channel until it closes. `promote` sets `PROMOTE` on channels with both sides
+//! on TCP ([`Registry::request_promote`]): both sides come back to the ring at an agreed
+//! stream position. The tool only asks: it holds no end of the connection. With `--wait`, it
+//! then watches each channel until it is done (or freed).
 
 use crate::error::{fail, CliResult};
 use crate::region_cmd::{self, RegionArg};
@@ -38,7 +39,7 @@ pub struct SwitchArgs {
 }
 
 /// How often `--wait` looks at the channels.
-const POLL: Duration = Duration::from_millis(20);
+const POLL: Duration = Duration::from_millis(2);
 
 /// A channel id as `memloop status` prints it: `IDX.GEN`, or a bare `IDX`.
 pub fn parse_channel_id(s: &str) -> Option<(u32, Option<u32>)> {
@@ -114,7 +115,63 @@ fn finished(reg: &Registry, ch: ChannelId) -> bool {
     }
 }
 
+/// Whether a promoted channel is done: back on its ring (its switch word quiet again) or
+/// freed.
+fn promoted(reg: &Registry, ch: ChannelId) -> bool {
+    match reg.switch_word(ch) {
+        Ok(w) => w.quiet(),
+        Err(RegistryError::Stale | RegistryError::NotFound) => true,
+        Err(_) => false,
+    }
+}
+
 pub fn demote(a: &SwitchArgs) -> CliResult<()> {
+    let ask = |reg: &Registry, ch| reg.request_switch(ch, SwitchReason::Operator);
+    switch(a, Verb::Demote, ask, finished)
+}
+
+/// TCP → ring: connections that switched to TCP (both sides there) come back to their rings.
+pub fn promote(a: &SwitchArgs) -> CliResult<()> {
+    // Only a connection with both sides on TCP can come back; others are left alone.
+    let ask = |reg: &Registry, ch| reg.request_promote(ch);
+    switch(a, Verb::Promote, ask, promoted)
+}
+
+#[derive(Clone, Copy)]
+enum Verb {
+    Demote,
+    Promote,
+}
+
+impl Verb {
+    fn name(self) -> &'static str {
+        match self {
+            Verb::Demote => "demote",
+            Verb::Promote => "promote",
+        }
+    }
+    fn goal(self) -> &'static str {
+        match self {
+            Verb::Demote => "to leave the ring",
+            Verb::Promote => "to come back to the ring",
+        }
+    }
+    fn done(self) -> &'static str {
+        match self {
+            Verb::Demote => "on TCP or closed",
+            Verb::Promote => "on the ring or closed",
+        }
+    }
+}
+
+/// Asks each selected channel, then (with `--wait`) watches until `done` says each is.
+fn switch(
+    a: &SwitchArgs,
+    verb: Verb,
+    ask: impl Fn(&Registry, ChannelId) -> Result<bool, RegistryError>,
+    done: impl Fn(&Registry, ChannelId) -> bool,
+) -> CliResult<()> {
+    let name = verb.name();
     if !(a.wait.is_finite() && a.wait >= 0.0) {
         return Err(fail(format!("--wait {}: not a number of seconds", a.wait)));
     }
@@ -122,22 +179,23 @@ pub fn demote(a: &SwitchArgs) -> CliResult<()> {
     let reg = region.registry();
     let mut asked = Vec::new();
     let mut already = 0;
-    for ch in select(reg, a, "demote")? {
-        match reg.request_switch(ch, SwitchReason::Operator) {
+    for ch in select(reg, a, name)? {
+        match ask(reg, ch) {
             Ok(made) => {
                 already += usize::from(!made);
                 asked.push(ch);
             }
-            // Closed or reclaimed since we listed it: nothing left to move.
+            // Closed or reclaimed since we listed it, or not in a state to move.
             Err(_) if a.conn.is_none() => {}
-            Err(e) => return Err(fail(format!("demote: channel {}: {e}", id_str(ch)))),
+            Err(e) => return Err(fail(format!("{name}: channel {}: {e}", id_str(ch)))),
         }
     }
     let s = |n: usize| if n == 1 { "" } else { "s" };
     print!(
-        "demote: asked {} channel{} to leave the ring",
+        "{name}: asked {} channel{} {}",
         asked.len(),
-        s(asked.len())
+        s(asked.len()),
+        verb.goal()
     );
     if already > 0 {
         print!(" ({already} already asked before)");
@@ -146,20 +204,20 @@ pub fn demote(a: &SwitchArgs) -> CliResult<()> {
     if asked.is_empty() || a.wait == 0.0 {
         return Ok(());
     }
-    let limit = Duration::from_secs_f64(a.wait);
-    let deadline = Instant::now() + limit;
+    let deadline = Instant::now() + Duration::from_secs_f64(a.wait);
     let mut pending = asked.clone();
     loop {
-        pending.retain(|&ch| !finished(reg, ch));
+        pending.retain(|&ch| !done(reg, ch));
         if pending.is_empty() || Instant::now() >= deadline {
             break;
         }
         std::thread::sleep(POLL);
     }
-    let done = asked.len() - pending.len();
+    let finished = asked.len() - pending.len();
     println!(
-        "demote: {done} of {} finished (on TCP or closed) within {}s",
+        "{name}: {finished} of {} finished ({}) within {}s",
         asked.len(),
+        verb.done(),
         a.wait
     );
     if pending.is_empty() {
@@ -167,30 +225,11 @@ pub fn demote(a: &SwitchArgs) -> CliResult<()> {
     }
     let ids: Vec<String> = pending.iter().map(|&c| id_str(c)).collect();
     Err(fail(format!(
-        "demote: {} channel{} still on the ring after {}s: {} (the processes holding them \
+        "{name}: {} channel{} not finished after {}s: {} (the processes holding them \
          notice the request on their next call or heartbeat)",
         pending.len(),
         s(pending.len()),
         a.wait,
         ids.join(", ")
     )))
-}
-
-/// TCP → ring. The selectors are parsed so the interface is fixed, but nothing is done yet.
-pub fn promote(_a: &SwitchArgs) -> CliResult<()> {
-    Err(fail("promote: not implemented yet (issue 12)"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_channel_id;
-
-    #[test]
-    fn channel_ids_parse_as_status_prints_them() {
-        assert_eq!(parse_channel_id("3.7"), Some((3, Some(7))));
-        assert_eq!(parse_channel_id(" 12 "), Some((12, None)));
-        for bad in ["", ".", "3.", ".7", "a.b", "3.7.1", "-1.0", "3.x"] {
-            assert_eq!(parse_channel_id(bad), None, "{bad:?}");
-        }
-    }
 }

@@ -22,6 +22,8 @@ pub enum Route {
     /// Straight to the kernel, untouched.
     Real,
     Ring(Arc<Conn>),
+    /// On TCP after a switch: still ours to carry (it may come back to its ring).
+    Switched(Arc<Conn>),
     /// To the kernel, with byte counts for `memloop status`.
     Counted(Arc<PlainTcp>),
 }
@@ -37,14 +39,19 @@ pub fn route(fd: c_int) -> Route {
                 c.settle_switch();
             }
             let mut path = c.resolve(true);
-            if path == Path::Leaving {
-                // Another thread is switching it: the socket is not ours to read until the
-                // switch is over (the peer's doorbells are still ahead of its data).
+            while path == Path::Leaving {
+                // Another thread is switching it: the socket is not ours to use until the
+                // switch is over (the peer's doorbells are still ahead of its data, and our
+                // TCP byte count starts when it is done).
                 c.settle_switch();
                 path = c.path();
+                if path == Path::Leaving {
+                    std::thread::yield_now();
+                }
             }
             match path {
                 Path::Ring => Route::Ring(c.clone()),
+                _ if c.switched() => Route::Switched(c.clone()),
                 _ => c.plain().map_or(Route::Real, Route::Counted),
             }
         }
@@ -327,10 +334,13 @@ pub fn epoll_ctl(
         Entry::Conn(c) if c.path() == Path::Pending || c.path() == Path::Ring => {
             Target::Conn(c.clone())
         }
-        Entry::Conn(_) => {
+        Entry::Conn(c) => {
             // Settled on TCP since it was registered: hand the registration back first.
             if let Some(s) = epoll_of(epfd) {
                 s.release_fd(epfd, fd);
+            }
+            if c.switched() {
+                c.note_kernel_reg(epfd, fd, op, ev); // for a promotion to take over
             }
             return None;
         }

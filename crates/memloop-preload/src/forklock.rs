@@ -50,6 +50,16 @@ impl<T> ForkMutex<T> {
         }
     }
 
+    /// The lock if it is free now.
+    pub fn try_lock(&self) -> Option<ForkGuard<'_, T>> {
+        // (`then`, not `then_some`: a guard built and dropped on failure would unlock the
+        // holder's lock.)
+        self.locked
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+            .then(|| ForkGuard { m: self })
+    }
+
     /// Takes the lock without a guard (atfork prepare), runs `f` on the value while holding
     /// it, and keeps holding it; pair with [`Self::release_after_fork`].
     pub fn acquire_for_fork(&self, f: impl FnOnce(&mut T)) {
@@ -109,6 +119,21 @@ impl<T> Drop for ForkGuard<'_, T> {
 impl<T: Default> Default for ForkMutex<T> {
     fn default() -> Self {
         ForkMutex::new(T::default())
+    }
+}
+
+#[cfg(test)]
+mod try_lock_tests {
+    use super::ForkMutex;
+
+    #[test]
+    fn a_failed_try_lock_leaves_the_holder_holding() {
+        let m = ForkMutex::new(());
+        let held = m.lock();
+        assert!(m.try_lock().is_none());
+        assert!(m.try_lock().is_none(), "still held after a failed try");
+        drop(held);
+        assert!(m.try_lock().is_some());
     }
 }
 

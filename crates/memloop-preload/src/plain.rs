@@ -176,6 +176,11 @@ impl PlainTcp {
         })
     }
 
+    /// No bytes of a switch are still being re-sent.
+    pub fn resent(&self) -> bool {
+        self.resend.as_ref().map_or(true, |r| r.done.load(Acquire))
+    }
+
     /// A send waits for the bytes a switch still re-sends (they come first in the stream).
     pub fn before_send(&self) {
         if let Some(r) = &self.resend {

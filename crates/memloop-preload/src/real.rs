@@ -589,3 +589,40 @@ pub fn close_own(fd: c_int) {
     // SAFETY: closing an fd this crate opened and nobody else uses.
     unsafe { close()(fd) };
 }
+
+/// `recvmsg` into `bufs` with `flags`, no address or control data (a switched connection's
+/// receive, made by the library on the program's behalf).
+pub fn recv_vectored(
+    fd: c_int,
+    bufs: &mut [std::io::IoSliceMut<'_>],
+    flags: c_int,
+) -> Result<usize, c_int> {
+    // SAFETY: an all-zero msghdr is valid (no name, no control).
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = bufs.as_mut_ptr().cast();
+    m.msg_iovlen = bufs.len() as _;
+    // SAFETY: IoSliceMut is ABI-compatible with iovec; the buffers are valid and writable.
+    check(unsafe { recvmsg()(fd, &mut m, flags) })
+}
+
+/// `sendmsg` of `bufs` with `flags`.
+pub fn send_vectored(
+    fd: c_int,
+    bufs: &[std::io::IoSlice<'_>],
+    flags: c_int,
+) -> Result<usize, c_int> {
+    // SAFETY: an all-zero msghdr is valid (no name, no control).
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    m.msg_iovlen = bufs.len() as _;
+    // SAFETY: IoSlice is ABI-compatible with iovec; the kernel only reads the buffers.
+    check(unsafe { sendmsg()(fd, &m, flags) })
+}
+
+/// Bytes queued for reading on a socket (the kernel's FIONREAD).
+pub fn queued(fd: c_int) -> Option<usize> {
+    let mut n: c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    let r = unsafe { ioctl()(fd, libc::FIONREAD, (&mut n as *mut c_int) as libc::c_ulong) };
+    (r == 0).then_some(n.max(0) as usize)
+}

@@ -113,6 +113,7 @@ fn main() -> std::process::ExitCode {
         test!(inetd_handler_chain_dup2_exec_exec),
         test!(inetd_handler_without_the_library),
         test!(switch_storm_1200_connections_at_random_moments),
+        test!(switch_flip_8_streams_demoted_and_promoted),
         test!(inetd_handler_exits_without_close),
         test!(scm_rights_handoff_to_preloaded_worker),
         test!(scm_rights_handoff_to_plain_worker),
@@ -128,6 +129,7 @@ fn main() -> std::process::ExitCode {
         test!(xdom_peer_killed_while_idle).needs(needs_domains()),
         test!(xdom_selectors_echo_server_20_clients).needs(needs_domains()),
         test!(xdom_switch_storm).needs(needs_domains()),
+        test!(xdom_switch_flip).needs(needs_domains()),
     ])
 }
 
@@ -833,6 +835,58 @@ fn switch_storm_1200_connections_at_random_moments() {
 fn xdom_switch_storm() {
     let d = Domains::up();
     storm(Some(&d));
+}
+
+/// The flip storm: 8 long checksummed bidirectional streams (64 MiB each way, random write
+/// sizes) demoted and promoted back and forth by `memloop demote|promote --all` fired at
+/// random moments (0–2 ms apart) for as long as they run. Zero bytes lost, duplicated or
+/// reordered; ≥ 1000 switches counted.
+fn switch_flip_8_streams_demoted_and_promoted() {
+    flip(None);
+}
+
+fn xdom_switch_flip() {
+    let d = Domains::up();
+    flip(Some(&d));
+}
+
+fn flip(doms: Option<&Domains>) {
+    std::env::set_var("MEMLOOP_BIN", memloop_bin());
+    let s = sc("storm", "flip").extra("8");
+    let kernel = run_pair(&s, Mode::Kernel, None, doms);
+    assert_passed(&s, &kernel, "flip on kernel TCP (the reference)");
+    let region = RegionGuard::new("sem", "flip", 64 << 20);
+    let t0 = Instant::now();
+    let o = run_pair(&s, Mode::Preload, Some(&region.0), doms);
+    assert_passed(&s, &o, "flip under the preload");
+    let v = status_of(&region.0);
+    let switches = &v["switches"];
+    let count = |k: &str| switches[k].as_u64().unwrap_or(0);
+    let (demoted, promoted) = (count("operator"), count("promoted"));
+    let back = [&o.server_err, &o.client_err]
+        .iter()
+        .map(|l| l.matches("promoted: back on the ring").count())
+        .sum::<usize>();
+    eprintln!(
+        "flip: {demoted} demotes and {promoted} promotions asked, {back} sides came back to \
+         their rings, {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(
+        demoted + promoted >= 1000 && back >= 100,
+        "{}",
+        o.report(&format!(
+            "too few switches: {demoted} demotes, {promoted} promotions, {back} sides back"
+        ))
+    );
+}
+
+fn status_of(region: &str) -> serde_json::Value {
+    let status = Command::new(memloop_bin())
+        .args(["status", "--json", "--region", region])
+        .output()
+        .expect("memloop status");
+    serde_json::from_slice(&status.stdout).expect("status JSON")
 }
 
 fn storm(doms: Option<&Domains>) {

@@ -219,8 +219,40 @@ impl SwitchWord {
         self.0.load(Acquire) & ready_bit(side) != 0
     }
 
-    pub fn set_stopped(&self, side: Side) {
-        self.0.fetch_or(stopped_bit(side), AcqRel);
+    /// `side` stops writing TCP — only if the promotion is still on (not cancelled).
+    pub fn set_stopped(&self, side: Side) -> bool {
+        let mut cur = self.0.load(Acquire);
+        loop {
+            if cur & PROMOTE == 0 {
+                return false;
+            }
+            match self
+                .0
+                .compare_exchange(cur, cur | stopped_bit(side), AcqRel, Acquire)
+            {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Calls a promotion off — only while neither side has stopped writing TCP (after that
+    /// both must go through with it). True if no promotion is on any more.
+    pub fn cancel_promotion(&self) -> bool {
+        let mut cur = self.0.load(Acquire);
+        loop {
+            if cur & PROMOTE == 0 {
+                return true;
+            }
+            if cur & (CLIENT_STOPPED | SERVER_STOPPED) != 0 {
+                return false;
+            }
+            let new = cur & !(PROMOTE | CLIENT_READY | SERVER_READY);
+            match self.0.compare_exchange(cur, new, AcqRel, Acquire) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
     }
 
     pub fn stopped(&self, side: Side) -> bool {
@@ -241,7 +273,14 @@ impl Registry {
     /// (`memloop promote`); true if this call asked. Counted as a `promoted` switch.
     pub fn request_promote(&self, ch: ChannelId) -> Result<bool, RegistryError> {
         let (slot, _) = self.channel_entry(ch)?;
-        let asked = SwitchWord(slot.switch_word()?).request_promote();
+        let w = SwitchWord(slot.switch_word()?);
+        if !(w.on_tcp(Side::Client) && w.on_tcp(Side::Server)) {
+            return Err(RegistryError::wrong(
+                "both sides on TCP",
+                "a connection on its ring",
+            ));
+        }
+        let asked = w.request_promote();
         if asked {
             self.count_switch(SwitchReason::Promoted);
         }
@@ -307,6 +346,29 @@ mod tests {
         }
         assert_eq!(SwitchReason::from_code(0), None);
         assert_eq!(switch_counter_name(COUNTER_RING_BYTES), None);
+    }
+
+    #[test]
+    fn a_promotion_runs_its_steps_and_can_be_called_off_only_before_a_stop() {
+        let v = ShmSlice::new_heap(8);
+        let w = SwitchWord(v.u64_at(0).unwrap());
+        assert!(w.request(SwitchReason::Operator));
+        assert!(!w.request_promote(), "not both on TCP yet");
+        w.set_on_tcp(Side::Client);
+        w.set_on_tcp(Side::Server);
+        assert!(w.request_promote() && !w.request_promote());
+        w.set_ready(Side::Server);
+        assert!(w.cancel_promotion() && !w.promote_requested() && !w.ready(Side::Server));
+        assert!(!w.set_stopped(Side::Client), "no stop once called off");
+        assert!(w.request_promote());
+        assert!(w.set_stopped(Side::Server));
+        assert!(
+            !w.cancel_promotion(),
+            "a side stopped: both go through with it"
+        );
+        assert!(!w.finish_promotion(), "the client has not stopped");
+        assert!(w.set_stopped(Side::Client));
+        assert!(w.finish_promotion() && w.quiet());
     }
 
     #[test]

@@ -46,6 +46,9 @@ impl Conn {
 
     /// `recv` family on a ring connection. `Ok(0)` is EOF.
     pub fn recv(&self, bufs: &mut [IoSliceMut<'_>], flags: c_int) -> Result<usize, c_int> {
+        if matches!(self.path(), super::Path::Tcp | super::Path::Joining) && self.switched() {
+            return self.tcp_recv(bufs, flags);
+        }
         let want: usize = bufs.iter().map(|b| b.len()).sum();
         if want == 0 {
             return Ok(0);
@@ -153,6 +156,9 @@ impl Conn {
 
     /// `send` family on a ring connection (blocking sends queue everything, as TCP does).
     pub fn send(&self, bufs: &[IoSlice<'_>], flags: c_int) -> Result<usize, c_int> {
+        if self.path() == super::Path::Tcp && self.switched() {
+            return self.tcp_send(bufs, flags);
+        }
         let want: usize = bufs.iter().map(|b| b.len()).sum();
         let nosignal = flags & libc::MSG_NOSIGNAL != 0;
         let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();

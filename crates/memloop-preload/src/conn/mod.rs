@@ -17,6 +17,7 @@
 mod io;
 mod path;
 mod peer;
+mod promote;
 mod share;
 mod switch;
 mod waiting;
@@ -67,6 +68,7 @@ pub struct Conn {
     sleepers: Sleepers,
     peer: PeerState,
     switching: Switching,
+    tcp: promote::TcpPhase,
 }
 
 /// What creating a connection needs.
@@ -119,6 +121,7 @@ impl Conn {
             sleepers: Sleepers::new(spin),
             peer: PeerState::new(watch, p.same_kernel),
             switching: Switching::new(peer_words),
+            tcp: promote::TcpPhase::default(),
             engine: p.engine,
             ch: p.ch,
             side: p.side,

@@ -22,6 +22,9 @@ pub enum Path {
     /// Switching to TCP: this side left its rings, the peer's side has not yet (only while
     /// a switch is under way, see `switch.rs`).
     Leaving,
+    /// Coming back from TCP (`promote.rs`): writes go to the ring, reads still take the
+    /// peer's last TCP bytes.
+    Joining,
 }
 
 /// A [`Path`] readable without a lock on every data call.
@@ -36,6 +39,7 @@ impl AtomicPath {
             0 => Path::Pending,
             1 => Path::Ring,
             3 => Path::Leaving,
+            4 => Path::Joining,
             _ => Path::Tcp,
         }
     }

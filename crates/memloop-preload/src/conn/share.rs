@@ -116,14 +116,14 @@ impl Conn {
         &self,
         f: impl FnOnce(&mut StreamProducer) -> R,
     ) -> Result<R, c_int> {
-        self.with_end(&self.rings.prod, &self.share.resync_prod, f)
+        self.with_end(&self.rings.prod, &self.share.resync_prod, true, f)
     }
 
     pub(super) fn with_cons<R>(
         &self,
         f: impl FnOnce(&mut StreamConsumer) -> R,
     ) -> Result<R, c_int> {
-        self.with_end(&self.rings.cons, &self.share.resync_cons, f)
+        self.with_end(&self.rings.cons, &self.share.resync_cons, false, f)
     }
 
     /// Runs `f` on one ring end under its lock (and the cross-process side lock while the
@@ -133,12 +133,13 @@ impl Conn {
         &self,
         end: &ForkMutex<E>,
         resync: &AtomicBool,
+        writing: bool,
         f: impl FnOnce(&mut E) -> R,
     ) -> Result<R, c_int> {
         let (r, bell) = {
             let mut e = end.lock();
             let _l = self.side_lock();
-            self.on_ring()?;
+            self.on_ring(writing)?;
             if _l.is_some() || resync.swap(false, AcqRel) {
                 e.resync().map_err(|_| libc::EIO)?;
             }
@@ -163,7 +164,7 @@ impl Conn {
         // A switched side (here, or by another process holding it) is still held in the
         // registry — its slot cannot be reused under a forked copy — but its rings are dead.
         let switched = self.side_switched();
-        let on_ring = self.path() == Path::Ring && !switched;
+        let on_ring = matches!(self.path(), Path::Ring | Path::Joining) && !switched;
         if !(on_ring || switched) || self.share.released.swap(true, AcqRel) {
             return;
         }
@@ -179,6 +180,10 @@ impl Conn {
         if switched {
             self.close_side("switched side closed");
             return;
+        }
+        if self.path() == Path::Joining {
+            // Closed while coming back: no read follows, the ring end closes as any other.
+            self.decision.path.store(Path::Ring, Release);
         }
         let fd = self.kfd();
         // As the kernel: closing with data unread, or with SO_LINGER {1, 0}, resets the

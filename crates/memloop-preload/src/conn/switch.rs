@@ -33,15 +33,15 @@ const PEER_POLL_MAX: Duration = Duration::from_micros(200);
 
 pub(super) struct Switching {
     /// Serialises this process's switch of the connection.
-    lock: ForkMutex<()>,
+    pub(super) lock: ForkMutex<()>,
     /// Taken around every doorbell and by the leave: no doorbell of this process can be sent
     /// after the leave read the count it publishes.
     pub(super) bell: ForkMutex<()>,
     /// The peer side's words (its leave record).
-    peer: Option<SideWords>,
+    pub(super) peer: Option<SideWords>,
     /// The request in the switch word was dealt with here: moved to TCP, or given up
     /// because the peer is gone (the ring then delivers what is left, then EOF).
-    handled: AtomicBool,
+    pub(super) handled: AtomicBool,
 }
 
 impl Switching {
@@ -82,6 +82,10 @@ impl Conn {
     /// Deals with a switch the peer (or an operator) asked for. Blocks until the peer's side
     /// has left too — that takes a moment of the peer's, at most one heartbeat.
     pub fn settle_switch(&self) {
+        if self.switched() {
+            self.promote_step();
+            return;
+        }
         if self.switch_pending() {
             if let Err(e) = self.switch_to_tcp(None, true) {
                 tracing::debug!(ch = ?self.ch, errno = e, "switch to TCP not done");
@@ -92,6 +96,10 @@ impl Conn {
     /// [`Conn::settle_switch`] without waiting for the peer: this side leaves, and the switch
     /// completes on a later call (the heartbeat must not stall behind a busy peer).
     fn settle_switch_nowait(&self) {
+        if self.switched() {
+            self.promote_step_with(false);
+            return;
+        }
         if self.switch_pending() {
             if let Err(e) = self.switch_to_tcp(None, false) {
                 tracing::debug!(ch = ?self.ch, errno = e, "switch to TCP not done");
@@ -112,7 +120,14 @@ impl Conn {
         let (Some(w), Some(pw)) = (&self.share.side_words, &self.switching.peer) else {
             return Err(libc::ENOTSUP);
         };
-        let _g = self.switching.lock.lock();
+        let _g = if wait {
+            self.switching.lock.lock()
+        } else {
+            match self.switching.lock.try_lock() {
+                Some(g) => g,
+                None => return Ok(()), // another thread of ours is at it
+            }
+        };
         if !matches!(self.path(), Path::Ring | Path::Leaving) {
             return Ok(());
         }
@@ -145,6 +160,7 @@ impl Conn {
     /// path changes.
     fn leave(&self, w: &SideWords) -> Result<(), c_int> {
         let cell = LeaveCell::new(&w.leave, 0).map_err(|_| libc::EIO)?;
+        let _r = self.tcp.read_gate.lock(); // no TCP read of a promotion's tail in flight
         self.stop_drains();
         let r = (|| {
             let mut prod = self.rings.prod.lock();
@@ -232,6 +248,7 @@ impl Conn {
             tracing::warn!(ch = ?self.ch, "cannot switch: {e}");
             libc::EIO
         })?;
+        tracing::debug!(ch = ?self.ch, side = ?self.side, peer_sent = peer.doorbells, read, "discarding the peer's unread doorbells");
         let gone = real::discard_exact(fd, discard)?;
         let mut unconsumed = Vec::new();
         self.rings
@@ -248,6 +265,7 @@ impl Conn {
         if self.shut_rd.load(Acquire) {
             real::shutdown_now(fd, libc::SHUT_RD);
         }
+        self.tcp.restart(resent as u64);
         // Everything the peer rang is read now: the counts stay exact for a later switch.
         w.doorbells_read.fetch_add(gone, AcqRel);
         w.switch.set_on_tcp(self.side);
@@ -289,10 +307,12 @@ impl Conn {
         self.switching.bell.release_after_fork();
     }
 
-    /// Ring operations refuse to run once the connection left its ring.
-    pub(super) fn on_ring(&self) -> Result<(), c_int> {
+    /// Ring operations refuse to run once the connection left its ring (writes run again
+    /// while it comes back: `Joining`).
+    pub(super) fn on_ring(&self, writing: bool) -> Result<(), c_int> {
         match self.path() {
             Path::Ring => Ok(()),
+            Path::Joining if writing => Ok(()),
             _ => Err(SWITCHED),
         }
     }
@@ -303,7 +323,7 @@ impl Conn {
             // (A connection that fell back at connect never had a side to switch.)
             Path::Tcp => self.switching.handled.load(Acquire),
             Path::Leaving => true,
-            Path::Ring => self.side_left(),
+            Path::Ring | Path::Joining => self.side_left(),
             Path::Pending => false,
         }
     }

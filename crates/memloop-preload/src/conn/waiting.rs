@@ -48,7 +48,9 @@ impl Conn {
     /// [`Conn::ring_doorbell`] with the side lock already held when `shared`.
     pub(super) fn ring_doorbell_locked(&self, shared: bool) {
         let _b = self.switching.bell.lock();
-        if self.path() != super::Path::Ring || (shared && self.side_left()) {
+        // (While coming back from TCP our doorbells follow our last TCP byte: allowed.)
+        let rung = matches!(self.path(), super::Path::Ring | super::Path::Joining);
+        if !rung || (shared && self.side_left()) {
             return;
         }
         if real::ring_doorbell(self.kfd()) {
@@ -62,7 +64,8 @@ impl Conn {
     /// our side is not closed: otherwise the channel may be freed (a cancelled offer, a
     /// closed side) and its slot reused, and a late count would land on the next occupant.
     fn counting(&self) -> Option<&memloop::registry::SideWords> {
-        if self.path() != super::Path::Ring || self.share.side_closed.load(Acquire) {
+        let rung = matches!(self.path(), super::Path::Ring | super::Path::Joining);
+        if !rung || self.share.side_closed.load(Acquire) {
             return None;
         }
         self.share.side_words.as_ref()
@@ -183,8 +186,12 @@ impl Conn {
     /// Whether a `dir` call would not block (only that direction's ring is read). A switch
     /// to deal with, or one done, ends a wait too.
     pub fn ready(&self, dir: Dir) -> bool {
-        if self.peer_closed() || self.switch_pending() || self.path() != super::Path::Ring {
+        if self.peer_closed() || self.switch_pending() {
             return true;
+        }
+        match (self.path(), dir) {
+            (super::Path::Ring, _) | (super::Path::Joining, Dir::Write) => {}
+            _ => return true,
         }
         match dir {
             Dir::Read => {
@@ -256,7 +263,7 @@ impl Conn {
             }
             Dir::Write => {
                 let end = self.rings.prod.lock();
-                if self.path() == super::Path::Ring {
+                if matches!(self.path(), super::Path::Ring | super::Path::Joining) {
                     f(&self.sleepers.arms[1], &*end);
                 }
             }
@@ -280,7 +287,7 @@ impl Conn {
         // Woken by a switch (asked for, or done by another thread): deal with it, and the
         // caller goes to the kernel socket.
         self.settle_switch();
-        self.on_ring()?;
+        self.on_ring(dir == Dir::Write)?;
         r
     }
 
@@ -407,7 +414,7 @@ impl Park for ConnPark<'_> {
 
 /// A ring end's doorbell flag, as both ring ends expose it. `rearm` and `disarm` say whether
 /// the peer had cleared the flag, i.e. rang a doorbell.
-trait DoorbellFlag {
+pub(super) trait DoorbellFlag {
     fn arm(&self);
     fn rearm(&self) -> bool;
     fn disarm(&self) -> bool;

@@ -158,6 +158,8 @@ impl EpollSet {
             .collect();
         for id in ids {
             if let Some(it) = self.remove(&mut st, id) {
+                // Remembered: a promotion takes the registration over again.
+                c.note_kernel_reg(epfd, it.fd, libc::EPOLL_CTL_ADD, Some((it.events, it.data)));
                 let _ = to_kernel_fd(epfd, it, 0);
             }
         }

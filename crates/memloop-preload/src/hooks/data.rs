@@ -52,24 +52,30 @@ fn kernel_send(p: Option<&PlainTcp>, kernel: impl FnOnce() -> ssize_t) -> Result
     }
 }
 
-/// A data call on `fd`: `ring` while the connection is on its ring, `plain` otherwise —
-/// also when the connection left its ring during the call with nothing moved ([`SWITCHED`]).
+/// What a ring closure returns when the call is the kernel's to make (an urgent-data
+/// receive on a ring connection: the ring carries none).
+const TO_KERNEL: c_int = 0x5357_4b4e;
+
+/// A data call on `fd`: `ring` while the connection is ours to carry (on its ring, or on
+/// TCP after a switch, which may bring it back), `plain` otherwise. A connection that changed
+/// paths during the call with nothing moved ([`SWITCHED`]) is routed again, as often as it
+/// changes: a kernel call on a connection of ours would take its doorbells for data.
 fn data_call(
     fd: c_int,
-    ring: impl FnOnce(&Conn) -> Result<ssize_t, c_int>,
+    mut ring: impl FnMut(&Conn) -> Result<ssize_t, c_int>,
     plain: impl FnOnce(Option<&PlainTcp>) -> Result<ssize_t, c_int>,
 ) -> Result<ssize_t, c_int> {
-    let r = match dispatch::route(fd) {
-        Route::Ring(c) => ring(&c),
-        Route::Counted(p) => return plain(Some(&p)),
-        Route::Real => return plain(None),
-    };
-    if r != Err(SWITCHED) {
-        return r;
-    }
-    match dispatch::route(fd) {
-        Route::Counted(p) => plain(Some(&p)),
-        _ => plain(None),
+    loop {
+        let r = match dispatch::route(fd) {
+            Route::Ring(c) | Route::Switched(c) => ring(&c),
+            Route::Counted(p) => return plain(Some(&p)),
+            Route::Real => return plain(None),
+        };
+        match r {
+            Err(SWITCHED) => continue,
+            Err(TO_KERNEL) => return plain(None),
+            r => return r,
+        }
     }
 }
 
@@ -85,11 +91,11 @@ unsafe fn recv_one(
     n: size_t,
     flags: c_int,
     kernel: impl FnOnce() -> ssize_t,
-    on_ring: impl FnOnce(),
+    mut on_ring: impl FnMut(),
 ) -> Result<ssize_t, c_int> {
     let ring = |c: &Conn| {
-        if flags & libc::MSG_OOB != 0 {
-            return Err(SWITCHED);
+        if flags & libc::MSG_OOB != 0 && c.path() == crate::conn::Path::Ring {
+            return Err(TO_KERNEL);
         }
         on_ring();
         // SAFETY: the caller's contract.
@@ -223,8 +229,8 @@ hook! {
     on_panic fail(libc::EIO);
     {
         let ring = |c: &Conn| {
-            if flags & libc::MSG_OOB != 0 {
-                return Err(SWITCHED); // no urgent data on a ring: the kernel answers
+            if flags & libc::MSG_OOB != 0 && c.path() == crate::conn::Path::Ring {
+                return Err(TO_KERNEL); // no urgent data on a ring: the kernel answers
             }
             // SAFETY: recvmsg's contract: `msg` is null or a readable, writable msghdr.
             let m = unsafe { msg.as_mut() }.ok_or(libc::EFAULT)?;
@@ -256,7 +262,7 @@ hook! {
     real kernel = real::recvmmsg, pass if table::kind(fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
-        let Route::Ring(_) = dispatch::route(fd) else {
+        let (Route::Ring(_) | Route::Switched(_)) = dispatch::route(fd) else {
             return Ok(kernel());
         };
         let mut done = 0;
@@ -369,7 +375,7 @@ hook! {
     real kernel = real::sendmmsg, pass if table::kind(fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
-        let Route::Ring(_) = dispatch::route(fd) else {
+        let (Route::Ring(_) | Route::Switched(_)) = dispatch::route(fd) else {
             return Ok(kernel());
         };
         let mut done = 0;
@@ -551,6 +557,24 @@ unsafe fn splice_from_ring(
     Ok(w as usize)
 }
 
+/// The connection behind a splice end that our code must carry: on its ring, or coming back
+/// to it. A switched connection on TCP stays there (the kernel moves bytes our counts miss) —
+/// unless a promotion is past its point of no return: that is finished first.
+fn spliced(fd: c_int) -> Option<std::sync::Arc<Conn>> {
+    match dispatch::route(fd) {
+        Route::Ring(c) => Some(c),
+        Route::Switched(c) if c.path() == crate::conn::Path::Tcp => {
+            if c.pin_to_tcp("splice") {
+                return None;
+            }
+            c.complete_promotion();
+            Some(c)
+        }
+        Route::Switched(c) => Some(c),
+        _ => None,
+    }
+}
+
 hook! {
     /// splice with a ring connection on one side: the pipe or file side is read or written
     /// for real, the connection side through the ring.
@@ -567,12 +591,13 @@ hook! {
     on_panic fail(libc::EIO);
     {
         let nonblock = flags & libc::SPLICE_F_NONBLOCK != 0;
-        let r = match (dispatch::route(fd_in), dispatch::route(fd_out)) {
+        let (fin, fout) = (spliced(fd_in), spliced(fd_out));
+        let r = match (fin, fout) {
             // SAFETY: splice's contract: `off_in` is null or a valid loff_t.
-            (_, Route::Ring(c)) => unsafe { splice_into_ring(&c, fd_in, off_in, n, nonblock) }
+            (_, Some(c)) => unsafe { splice_into_ring(&c, fd_in, off_in, n, nonblock) }
                 .map(len),
             // SAFETY: splice's contract: `off_out` is null or a valid loff_t.
-            (Route::Ring(c), _) => unsafe { splice_from_ring(&c, fd_out, off_out, n, nonblock) }
+            (Some(c), _) => unsafe { splice_from_ring(&c, fd_out, off_out, n, nonblock) }
                 .map(len),
             _ => return Ok(kernel()),
         };

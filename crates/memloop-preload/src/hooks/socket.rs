@@ -121,6 +121,27 @@ hook! {
                 dispatch::poke(&c);
                 r
             }
+            Route::Switched(c) if c.path() == crate::conn::Path::Joining => {
+                // Our writes are back on the ring: so is our end of the stream.
+                let r = c.shutdown(how).map(|_| 0);
+                dispatch::poke(&c);
+                r
+            }
+            Route::Switched(c) if !c.pin_to_tcp("shutdown on TCP") => {
+                // A promotion past its point of no return: finish it, then shut the ring.
+                c.complete_promotion();
+                let r = c.shutdown(how).map(|_| 0);
+                dispatch::poke(&c);
+                r
+            }
+            Route::Switched(c) => {
+                if how != libc::SHUT_RD {
+                    if let Some(p) = c.plain() {
+                        p.before_send();
+                    }
+                }
+                Ok(kernel())
+            }
             Route::Counted(p) => {
                 // The FIN goes after the bytes a switch still re-sends.
                 if how != libc::SHUT_RD {
