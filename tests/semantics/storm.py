@@ -5,7 +5,7 @@ sizes, both directions at once), switched from ring to TCP at random moments by 
 triggers: the server passing its own fd to itself with SCM_RIGHTS, the client doing the
 same, and `memloop demote --all` fired by the client at random intervals (MEMLOOP_BIN).
   storm   --extra N: N connections (default 200), one after another.
-flip: N long connections (--extra N, default 4), 64 MiB each way with random write sizes,
+flip: N long connections (--extra N, default 4), 96 MiB each way with random write sizes,
 demoted and promoted back and forth by `memloop demote|promote --all` at random moments.
 Each side checks the sha256 of everything it received against what the other side sent, and
 exact EOF. Under kernel TCP the triggers are no-ops (fd passing) or absent (no region)."""
@@ -175,7 +175,7 @@ def storm_client(args):
 
 # ---- flip: few long streams, demoted and promoted back and forth ------------------------------
 
-FLIP_BYTES = int(os.environ.get("FLIP_MB", "64")) << 20
+FLIP_BYTES = int(os.environ.get("FLIP_MB", "96")) << 20
 
 
 def flip_server(lsock, args):

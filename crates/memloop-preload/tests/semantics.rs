@@ -837,7 +837,7 @@ fn xdom_switch_storm() {
     storm(Some(&d));
 }
 
-/// The flip storm: 8 long checksummed bidirectional streams (64 MiB each way, random write
+/// The flip storm: 8 long checksummed bidirectional streams (96 MiB each way, random write
 /// sizes) demoted and promoted back and forth by `memloop demote|promote --all` fired at
 /// random moments (0–2 ms apart) for as long as they run. Zero bytes lost, duplicated or
 /// reordered; ≥ 1000 switches counted.
@@ -868,8 +868,8 @@ fn flip(doms: Option<&Domains>) {
         .map(|l| l.matches("promoted: back on the ring").count())
         .sum::<usize>();
     eprintln!(
-        "flip: {demoted} demotes and {promoted} promotions asked, {back} sides came back to \
-         their rings, {:.1} s",
+        "flip: {demoted} demotes and {promoted} promotions ({back} sides came back to their \
+         rings), {:.1} s",
         t0.elapsed().as_secs_f64()
     );
     assert!(

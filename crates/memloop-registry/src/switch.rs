@@ -270,7 +270,8 @@ impl SwitchWord {
 
 impl Registry {
     /// Asks both sides of channel `ch` (on TCP after a switch) to come back to its ring
-    /// (`memloop promote`); true if this call asked. Counted as a `promoted` switch.
+    /// (`memloop promote`); true if this call asked. The `promoted` switch is counted when
+    /// the promotion completes (a request may be called off).
     pub fn request_promote(&self, ch: ChannelId) -> Result<bool, RegistryError> {
         let (slot, _) = self.channel_entry(ch)?;
         let w = SwitchWord(slot.switch_word()?);
@@ -280,11 +281,7 @@ impl Registry {
                 "a connection on its ring",
             ));
         }
-        let asked = w.request_promote();
-        if asked {
-            self.count_switch(SwitchReason::Promoted);
-        }
-        Ok(asked)
+        Ok(w.request_promote())
     }
 
     /// Counts one switch of a connection for `reason`.

@@ -352,7 +352,12 @@ impl Conn {
                 "promotion: all TCP data read");
             self.decision.path.store(Path::Ring, Release);
             self.switching.handled.store(false, Release);
-            w.switch.finish_promotion();
+            if w.switch.finish_promotion() {
+                // Counted once per connection: by the side that closes the promotion.
+                self.engine
+                    .registry()
+                    .count_switch(memloop::registry::SwitchReason::Promoted);
+            }
             tracing::debug!(ch = ?self.ch, side = ?self.side, "promoted: back on the ring");
             return true;
         }
