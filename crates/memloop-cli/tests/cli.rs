@@ -24,7 +24,7 @@ fn main() -> std::process::ExitCode {
         test!(demote_all_on_an_empty_region_asks_none),
         test!(demote_and_promote_selectors_are_checked),
         test!(demote_sets_the_switch_request_of_a_live_ring_connection).needs(preloaded()),
-        test!(demote_moves_a_live_connection_to_tcp).needs(preloaded()),
+        test!(demote_moves_a_live_connection_to_tcp_and_promote_brings_it_back).needs(preloaded()),
         test!(status_shows_switched_records_and_switch_counts),
     ])
 }
@@ -443,8 +443,8 @@ fn demote_and_promote_selectors_are_checked() {
             "not a number of seconds",
         ),
         (
-            &["promote", "--all"],
-            "promote: not implemented yet (issue 12)",
+            &["promote", "--all", "--wait", "nan"],
+            "not a number of seconds",
         ),
     ] {
         let mut args = args.to_vec();
@@ -780,7 +780,7 @@ fn demote_sets_the_switch_request_of_a_live_ring_connection() {
 
 /// The whole of `demote`: the channel is freed, both sides record a switched connection, and
 /// the stream goes on over TCP without losing or repeating a byte.
-fn demote_moves_a_live_connection_to_tcp() {
+fn demote_moves_a_live_connection_to_tcp_and_promote_brings_it_back() {
     let r = TestRegion::create("demote-move");
     let pair = Pair::start(&r.0);
     let id = pair.channel(&r.0);
@@ -821,5 +821,14 @@ fn demote_moves_a_live_connection_to_tcp() {
         "the first half went over the ring: {v}"
     );
     assert!(v["switches"]["operator"].as_u64() >= Some(1), "{v}");
+    // And back: both sides return to the ring at an agreed stream position.
+    let o = memloop(&["promote", "--conn", &id, "--wait", "10", "--region", &r.0]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("1 of 1 finished"), "{}", stdout(&o));
+    let v = status_json(&r.0);
+    let ch = find_channel(&v, &id).expect("the channel");
+    assert_eq!(ch["path"], "ring", "{v}");
+    assert_eq!(ch["switch_requested"], false, "{v}");
+    assert!(v["switches"]["promoted"].as_u64() >= Some(1), "{v}");
     pair.finish();
 }

@@ -24,6 +24,8 @@ pub enum Route {
     Ring(Arc<Conn>),
     /// On TCP after a switch: still ours to carry (it may come back to its ring).
     Switched(Arc<Conn>),
+    /// Switching paths and the peer has not left yet, on a non-blocking socket: `EAGAIN`.
+    Busy,
     /// To the kernel, with byte counts for `memloop status`.
     Counted(Arc<PlainTcp>),
 }
@@ -35,10 +37,19 @@ pub fn route(fd: c_int) -> Route {
     }
     match table::get(fd).as_deref() {
         Some(Entry::Conn(c)) => {
+            engine::ensure_heartbeat();
             if !c.switch_quiet() {
                 c.settle_switch();
             }
             let mut path = c.resolve(true);
+            if path == Path::Leaving && crate::real::status_flags(fd) & libc::O_NONBLOCK != 0 {
+                // Non-blocking: finish the switch if the peer has left, else come back later.
+                c.settle_switch_nowait();
+                path = c.path();
+                if path == Path::Leaving {
+                    return Route::Busy;
+                }
+            }
             while path == Path::Leaving {
                 // Another thread is switching it: the socket is not ours to use until the
                 // switch is over (the peer's doorbells are still ahead of its data, and our
@@ -512,4 +523,7 @@ pub fn fork_child() {
     crate::plain::release_after_fork();
     crate::plain::forget_resends_in_child();
     engine::reset_in_child();
+    if !table::conns().is_empty() {
+        engine::child_needs_heartbeat();
+    }
 }

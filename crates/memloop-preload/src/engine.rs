@@ -198,6 +198,26 @@ pub fn release_after_fork() {
     ENGINE.release_after_fork();
 }
 
+/// Set in a fork child that inherited connections: it has no heartbeat (the parent's thread
+/// is not copied), so nothing would notice a switch asked of them while the child waits
+/// somewhere. Its next call joins the region, which starts one.
+static CHILD_NEEDS_HEARTBEAT: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+pub fn child_needs_heartbeat() {
+    CHILD_NEEDS_HEARTBEAT.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Starts the heartbeat of a fork child that needs one (one load otherwise).
+#[inline]
+pub fn ensure_heartbeat() {
+    if CHILD_NEEDS_HEARTBEAT.load(std::sync::atomic::Ordering::Relaxed)
+        && CHILD_NEEDS_HEARTBEAT.swap(false, std::sync::atomic::Ordering::AcqRel)
+    {
+        let _ = get();
+    }
+}
+
 /// In a fork child: the parent's membership (and its heartbeat thread) belong to the parent;
 /// forget it without leaving the region, and join afresh on next use.
 pub fn reset_in_child() {

@@ -44,7 +44,7 @@ fn members(fds: &[pollfd]) -> Vec<(usize, Watch)> {
 /// The connection's path after dealing with a switch asked of it.
 fn settled(c: &Conn) -> Path {
     if !c.switch_quiet() {
-        c.settle_switch();
+        c.settle_switch_nowait();
     }
     c.resolve(false)
 }
@@ -136,6 +136,7 @@ pub fn poll(
     timeout: Option<Duration>,
     sigmask: *const libc::sigset_t,
 ) -> Result<usize, c_int> {
+    crate::engine::ensure_heartbeat();
     let deadline = timeout.map(|t| Instant::now() + t);
     let mut members = members(fds);
     let n = scan(fds, &members)?;

@@ -94,8 +94,9 @@ impl Conn {
     }
 
     /// [`Conn::settle_switch`] without waiting for the peer: this side leaves, and the switch
-    /// completes on a later call (the heartbeat must not stall behind a busy peer).
-    fn settle_switch_nowait(&self) {
+    /// completes on a later call (the heartbeat, poll and epoll must not stall behind a busy
+    /// peer — it may be waiting for something this very thread would do next).
+    pub fn settle_switch_nowait(&self) {
         if self.switched() {
             self.promote_step_with(false);
             return;

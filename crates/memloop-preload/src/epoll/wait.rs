@@ -51,6 +51,7 @@ impl EpollSet {
         precise: bool,
     ) -> Result<usize, c_int> {
         self.set_fd(epfd);
+        crate::engine::ensure_heartbeat();
         let deadline = timeout.map(|t| Instant::now() + t);
         if !self.has_targets() {
             let w = Waiter {
@@ -226,7 +227,9 @@ impl EpollSet {
         kernel_ev: u32,
     ) -> Option<epoll_event> {
         if !c.switch_quiet() {
-            c.settle_switch(); // a switch hands the registration back to the kernel itself
+            // A switch hands the registration back to the kernel itself; a leave waiting for
+            // the peer is finished by a later wait (or call), never waited for here.
+            c.settle_switch_nowait();
         }
         let path = match c.path() {
             Path::Pending => c.resolve(true),

@@ -70,6 +70,7 @@ fn data_call(
             Route::Ring(c) | Route::Switched(c) => ring(&c),
             Route::Counted(p) => return plain(Some(&p)),
             Route::Real => return plain(None),
+            Route::Busy => return Err(libc::EAGAIN),
         };
         match r {
             Err(SWITCHED) => continue,

@@ -115,7 +115,15 @@ hook! {
     real kernel = real::shutdown, pass if table::kind(fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
-        match dispatch::route(fd) {
+        let mut route = dispatch::route(fd);
+        if let Route::Busy = route {
+            // Mid-switch on a non-blocking socket: a shutdown waits for the switch to end.
+            if let Some(c) = crate::table::conn(fd) {
+                c.settle_switch();
+            }
+            route = dispatch::route(fd);
+        }
+        match route {
             Route::Ring(c) => {
                 let r = c.shutdown(how).map(|_| 0);
                 dispatch::poke(&c);
@@ -149,7 +157,7 @@ hook! {
                 }
                 Ok(kernel())
             }
-            Route::Real => Ok(kernel()),
+            Route::Real | Route::Busy => Ok(kernel()),
         }
     }
 }
