@@ -36,10 +36,10 @@ ALL_CASES=(
   python-blocking python-selectors python-asyncio python-forking python-prefork
   python-sockopts python-http
   nginx-curl
-  redis-cli redis-benchmark
+  redis-cli redis-benchmark redis-storm
   iperf3
   sockperf-pingpong sockperf-throughput
-  postgres-psql postgres-pgbench
+  postgres-psql postgres-pgbench postgres-storm
 )
 
 usage() {
@@ -260,6 +260,10 @@ for c in "${cases[@]}"; do
     elif [ $rc != 0 ]; then
       verdict=FAIL note=$(grep 'FAIL:' "$CASE_DIR/case.log" | tail -n 1 | sed 's/.*FAIL: //')
       [ -n "$note" ] || note="exit status $rc"
+    fi
+    # What the case noted about itself (lib.sh note: counts, the storm's switches).
+    if [ -s "$CASE_DIR/note" ]; then
+      note="${note:+$note; }$(paste -sd'|' "$CASE_DIR/note" | sed 's/|/; /g')"
     fi
     # Ring evidence (also when the programs failed: it says how far they got).
     for r in "${mine[@]}"; do
