@@ -9,6 +9,7 @@ for f in "$HERE"/cases/*.sh; do
   # shellcheck source=/dev/null
   . "$f"
 done
+trap storm_kill EXIT # a case that fails leaves no storm behind
 fn=case_${1//-/_}
 declare -F "$fn" >/dev/null || fail "no case $1 (function $fn)"
 "$fn"

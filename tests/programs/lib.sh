@@ -190,3 +190,104 @@ assert_tcp_fallback() {
     --state "$CASE_DIR/watch-$1.json" | tee "$CASE_DIR/ring-$1.json"
   return "${PIPESTATUS[0]}"
 }
+
+# ---------------------------------------------------------------------------------------------
+# Switch storm (live path switching, issue 12): the ring connections of the server's region are
+# asked to leave their rings again and again while a workload runs. The programs must not
+# notice: no error, no lost or corrupted byte.
+
+# note TEXT: one line of the case's summary; run.sh shows the lines in the results table.
+note() {
+  printf '%s\n' "$*" >>"$CASE_DIR/note"
+  log "$*"
+}
+
+# storm_promote REGION: one promotion round of the storm. PROMOTE HOOK: `memloop promote` is not
+# built yet (it exits "not implemented yet"), so this does nothing. Once it exists, replace the
+# body with
+#   "$ML" promote --all --wait 0 --region "$1"
+# and the storm alternates demote/promote every round (storm_stop counts its failures too).
+storm_promote() {
+  :
+}
+
+# storm_start: in the background, every ML_STORM_INTERVAL seconds (default 0.05) until
+# storm_stop, `memloop demote --all --wait 0` on the server's region (every accepted ring
+# connection of it is asked to leave its ring), then storm_promote. Each round's output goes to
+# $CASE_DIR/storm.log; a round whose command fails is logged as a line starting with FAILED.
+# Without a region (ML_NO_PRELOAD=1) there is nothing to demote and it does nothing.
+# ML_STORM=0: no storm at all (a control run of the same workload; storm_check then only notes).
+storm_start() {
+  [ -n "$SRV_REGION" ] || return 0
+  [ "${ML_STORM:-1}" != 0 ] || { log "storm: off (ML_STORM=0)"; return 0; }
+  local interval=${ML_STORM_INTERVAL:-0.05}
+  log "storm: demote --all every ${interval}s in $SRV_REGION"
+  (
+    trap 'exit 0' TERM
+    # Also ends when the case does without storm_stop (a failure): the loop outlives nothing.
+    while kill -0 "$$" 2>/dev/null; do
+      if ! out=$("$ML" demote --all --wait 0 --region "$SRV_REGION" 2>&1); then
+        printf 'FAILED demote: %s\n' "$out"
+      else
+        printf '%s\n' "$out"
+      fi
+      if ! out=$(storm_promote "$SRV_REGION" 2>&1); then
+        printf 'FAILED promote: %s\n' "$out"
+      fi
+      sleep "$interval"
+    done
+  ) >>"$CASE_DIR/storm.log" 2>&1 &
+  echo $! >"$CASE_DIR/storm.pid"
+}
+
+# storm_stop: ends the storm; fails the case if any of its rounds failed. Sets STORM_ROUNDS and
+# STORM_ASKED (channels asked to leave, summed over the rounds).
+storm_stop() {
+  local f=$CASE_DIR/storm.pid
+  STORM_ROUNDS=0 STORM_ASKED=0
+  [ -f "$f" ] || return 0 # no storm (no region, or ML_STORM=0)
+  kill -TERM "$(cat "$f")" 2>/dev/null || true
+  wait "$(cat "$f")" 2>/dev/null || true
+  rm -f "$f"
+  STORM_ROUNDS=$(grep -c '^demote: asked' "$CASE_DIR/storm.log" || true)
+  STORM_ASKED=$(awk '/^demote: asked/ { n += $3 } END { print n + 0 }' "$CASE_DIR/storm.log")
+  if grep -q '^FAILED' "$CASE_DIR/storm.log"; then
+    grep '^FAILED' "$CASE_DIR/storm.log" | tail -n 5 >&2
+    fail "storm: $(grep -c '^FAILED' "$CASE_DIR/storm.log") rounds failed"
+  fi
+  [ "$STORM_ROUNDS" -gt 0 ] || fail "storm: no demote round ran"
+}
+
+# storm_kill: ends a storm still running, quietly (case.sh runs it when a case exits).
+storm_kill() {
+  local f=$CASE_DIR/storm.pid
+  [ -f "$f" ] || return 0
+  kill -TERM "$(cat "$f")" 2>/dev/null || true
+  rm -f "$f"
+}
+
+# storm_check: after storm_stop, whether connections really switched. The region's status (and
+# what run.sh's watcher sampled, py/ringcheck.py) must show, when both ends share the region
+# (ring variant): operator switch requests (`switches.operator` > 0) and connections recorded as
+# switched to TCP by the operator after carrying ring bytes (mid-stream); when the client is
+# outside (fallback variant): no switch at all (there was no ring to leave). Notes the numbers.
+storm_check() {
+  [ -n "$SRV_REGION" ] || { note "storm: no region (plain TCP), nothing to demote"; return 0; }
+  [ "${ML_STORM:-1}" != 0 ] || { note "storm: off (ML_STORM=0)"; return 0; }
+  local s ops rec mid
+  s=$("$PY" "$HERE/py/ringcheck.py" summary --memloop "$ML" --region "$SRV_REGION" \
+    --state "$CASE_DIR/watch-$SRV_REGION.json") || fail "storm: no status of $SRV_REGION"
+  printf '%s\n' "$s" >"$CASE_DIR/storm-summary.json"
+  ops=$(jq '.switches.operator // 0' <<<"$s")
+  rec=$(jq '.switched_record_reasons.operator // 0' <<<"$s")
+  mid=$(jq '.switched_with_ring_bytes' <<<"$s")
+  note "storm: $STORM_ROUNDS rounds asked $STORM_ASKED channels, switches.operator=$ops," \
+    "switched records seen $rec ($mid after ring bytes)"
+  if [ "$SRV_REGION" = "$CLI_REGION" ]; then
+    [ "$ops" -gt 0 ] || fail "storm: switches.operator = 0: no connection was asked to switch"
+    [ "$rec" -gt 0 ] || fail "storm: no connection record shows a switch by the operator"
+    [ "$mid" -gt 0 ] || fail "storm: no switched connection had carried ring bytes first"
+  else
+    [ "$ops" = 0 ] || fail "storm: $ops operator switches although no connection was on a ring"
+  fi
+}

@@ -22,6 +22,8 @@
 #   ML_CASE_TIMEOUT      seconds per case (default 240)
 #   ML_SKIP_INSTALL=1    do not run install-deps.sh
 #   ML_KEEP=1            keep the run directory (it is always kept when something failed)
+#   ML_STORM=0           the *-storm cases without their switch storm (a control run)
+#   ML_STORM_INTERVAL    seconds between two `memloop demote --all` of the storm (default 0.05)
 #
 # Needs root (namespaces, bridge). Exit status: 0 all passed, 1 some failed, 2 cannot run.
 set -uo pipefail
@@ -36,10 +38,10 @@ ALL_CASES=(
   python-blocking python-selectors python-asyncio python-forking python-prefork
   python-sockopts python-http
   nginx-curl
-  redis-cli redis-benchmark
+  redis-cli redis-benchmark redis-storm
   iperf3
   sockperf-pingpong sockperf-throughput
-  postgres-psql postgres-pgbench
+  postgres-psql postgres-pgbench postgres-storm
 )
 
 usage() {
@@ -260,6 +262,10 @@ for c in "${cases[@]}"; do
     elif [ $rc != 0 ]; then
       verdict=FAIL note=$(grep 'FAIL:' "$CASE_DIR/case.log" | tail -n 1 | sed 's/.*FAIL: //')
       [ -n "$note" ] || note="exit status $rc"
+    fi
+    # What the case noted about itself (lib.sh note: counts, the storm's switches).
+    if [ -s "$CASE_DIR/note" ]; then
+      note="${note:+$note; }$(paste -sd'|' "$CASE_DIR/note" | sed 's/|/; /g')"
     fi
     # Ring evidence (also when the programs failed: it says how far they got).
     for r in "${mine[@]}"; do

@@ -131,3 +131,59 @@ case_postgres_pgbench() {
   [ "$(cat "$d/accounts.out")" = 200000 ] || fail "pgbench_accounts has $(cat "$d/accounts.out") rows"
   stop_server postgres
 }
+
+# pgb NAME ARGS...: one pgbench run from domain 1; fails the case unless pgbench exits 0, reports
+# transactions and 0 failed ones, and printed no error (an aborted client, a lost connection, a
+# protocol or SQL error). Sets PGB_N to the transactions processed.
+pgb() {
+  local name=$1 f failed tps bad
+  shift
+  run_client "$name" 120 pgbench -h "$ADDR0" -p $PG_PORT -U postgres "$@" postgres
+  f=$CASE_DIR/$name
+  if bad=$(grep -Ei -m 3 'error|abort|fatal|could not|terminat|lost|unexpected' "$f.err" "$f.out"); then
+    fail "pgbench $name: $bad"
+  fi
+  PGB_N=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$f.out")
+  failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$f.out")
+  tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$f.out")
+  [ "${PGB_N:-0}" -gt 0 ] || fail "pgbench $name: no transactions: $(tail -n 5 "$f.out")"
+  [ "${failed:-x}" = 0 ] || fail "pgbench $name: ${failed:-?} failed transactions"
+  log "pgbench $name: $PGB_N transactions, 0 failed, tps $tps"
+}
+
+# pgbench while every ring connection of the region is demoted to TCP every 50 ms (lib.sh
+# storm_start): the initial load (COPY) and long-lived clients are moved mid-stream, and with
+# -C (a new connection, hence a new forked backend, per transaction) thousands of connections
+# start on rings and are moved. Zero failed transactions, no error, and the TPC-B invariants
+# hold afterwards: every balance change of every transaction arrived exactly once.
+case_postgres_storm() {
+  local d=$CASE_DIR total=0 rw=0
+  start_postgres
+  storm_start
+  # The initial load (COPY of 200000 rows) with the storm too.
+  run_client init 120 pgbench -i -s 2 -h "$ADDR0" -p $PG_PORT -U postgres postgres
+  grep -q "done in" "$d/init.err" "$d/init.out" || fail "pgbench -i: $(tail -n 3 "$d/init.err")"
+  # Eight clients on long-lived connections, TPC-B-like read/write. -n: no VACUUM before a run
+  # (it would truncate pgbench_history, which the check below counts).
+  pgb rw -n -c 8 -j 4 -T 8
+  total=$((total + PGB_N)) rw=$((rw + PGB_N))
+  # A new connection per transaction, read/write, then select-only with extended protocol.
+  pgb rw-connect -n -C -c 8 -j 4 -T 10
+  total=$((total + PGB_N)) rw=$((rw + PGB_N))
+  pgb ro-connect -n -C -c 8 -j 4 -T 5 -S -M extended
+  total=$((total + PGB_N))
+  storm_stop
+
+  # Every transaction's effects, once: each adds one history row and the same delta to one
+  # account, one teller and one branch.
+  psql_c invariants -c "SELECT (SELECT count(*) FROM pgbench_history),
+      (SELECT sum(abalance) FROM pgbench_accounts) = (SELECT coalesce(sum(delta), 0) FROM pgbench_history)
+      AND (SELECT sum(tbalance) FROM pgbench_tellers) = (SELECT coalesce(sum(delta), 0) FROM pgbench_history)
+      AND (SELECT sum(bbalance) FROM pgbench_branches) = (SELECT coalesce(sum(delta), 0) FROM pgbench_history),
+      (SELECT count(*) FROM pgbench_accounts)"
+  [ "$(cat "$d/invariants.out")" = "$rw|t|200000" ] ||
+    fail "history rows|balances agree|accounts: $(cat "$d/invariants.out"), expected $rw|t|200000"
+  note "postgres: $total transactions ($rw read/write), 0 failed, 0 errors, balances agree"
+  storm_check
+  stop_server postgres
+}

@@ -98,3 +98,82 @@ case_redis_benchmark() {
   [ "${cmds:-0}" -ge $((6 * n + 8 * n)) ] || fail "server processed ${cmds:-?} commands, expected >= $((14 * n))"
   stop_server redis
 }
+
+# rbench NAME ARGS...: one redis-benchmark run (-q); fails the case on a non-zero exit
+# (redis-benchmark 7 exits 1 at the first error: a connection error, an error reply, a reply it
+# cannot parse), on any error line, or unless every test of -t reported a non-zero rate. Sets
+# RBENCH_REQUESTS to the requests of the run (-n per test).
+rbench() {
+  local name=$1 n want tests bad
+  shift
+  run_client "$name" 180 redis-benchmark -h "$ADDR0" -p $REDIS_PORT -q "$@"
+  tr '\r' '\n' <"$CASE_DIR/$name.out" >"$CASE_DIR/$name.txt"
+  if bad=$(grep -i -m 3 'error\|could not\|reset\|closed' "$CASE_DIR/$name.txt" "$CASE_DIR/$name.err"); then
+    fail "redis-benchmark $name: $bad"
+  fi
+  n=$(awk '{ for (i = 1; i < NF; i++) if ($i == "-n") print $(i + 1) }' <<<"$*")
+  want=$(awk '{ for (i = 1; i < NF; i++) if ($i == "-t") print split($(i + 1), t, ",") }' <<<"$*")
+  # "SET: 41666.67 requests per second, p50=0.311 msec", "LRANGE_100 (first 100 elements): …"
+  tests=$(grep -Ec '^[A-Z][A-Za-z_0-9 ()]*: [0-9.]+ requests per second' "$CASE_DIR/$name.txt" || true)
+  # (LRANGE_* tests add an "LPUSH (needed to benchmark LRANGE)" run of their own.)
+  [ "$tests" -ge "$want" ] ||
+    fail "redis-benchmark $name reported $tests rates of $want tests: $(tail -n 3 "$CASE_DIR/$name.txt")"
+  if grep -Eq '^[A-Z][A-Za-z_0-9 ()]*: 0(\.0+)? requests per second' "$CASE_DIR/$name.txt"; then
+    fail "redis-benchmark $name: a zero rate"
+  fi
+  RBENCH_REQUESTS=$((n * tests))
+  log "redis-benchmark $name: $tests tests × $n requests: $(grep -Eo '^[A-Z][A-Za-z_0-9 ()]*: [0-9.]+' "$CASE_DIR/$name.txt" | tr '\n' ' ')"
+}
+
+# redis-benchmark and redis-cli --pipe while every ring connection of the region is demoted to
+# TCP every 50 ms (lib.sh storm_start): long-lived connections are moved mid-stream (with a
+# pipeline in flight), and with -k 0 (a new connection per request) thousands of connections
+# start on rings and are moved. Zero errors, every command executed, values intact.
+case_redis_storm() {
+  local d=$CASE_DIR total=0 cmds errs conns
+  start_redis
+  storm_start
+  # 50 keep-alive clients per test, the tests one after the other (new clients each test).
+  rbench keepalive -n 40000 -c 50 -r 10000 -t ping_inline,ping_mbulk,set,get,incr,lpush,lpop,lrange_100
+  total=$((total + RBENCH_REQUESTS))
+  # Pipelines of 32 requests: the rings hold requests and replies when the switch comes.
+  rbench pipelined -n 200000 -c 20 -P 32 -r 10000 -d 256 -t set,get
+  total=$((total + RBENCH_REQUESTS))
+  # A fresh connection per request: connections are set up on rings and demoted all the time.
+  rbench reconnect -n 6000 -c 20 -k 0 -r 10000 -t set,get
+  total=$((total + RBENCH_REQUESTS))
+  # Mass insertion on one connection (--pipe writes and reads at once), demoted mid-stream.
+  "$PY" - "$d/pipe.bin" <<'PYEOF'
+import sys
+with open(sys.argv[1], "wb") as f:
+    for i in range(50000):
+        k, v = f"pipe:{i}".encode(), (f"v{i}-" * (i % 50 + 1)).encode()
+        f.write(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(k), k, len(v), v))
+PYEOF
+  client_stdin pipe 120 "$d/pipe.bin" redis-cli -h "$ADDR0" -p $REDIS_PORT --pipe
+  grep -q 'errors: 0, replies: 50000' "$d/pipe.out" || fail "--pipe: $(tail -n 2 "$d/pipe.out")"
+  total=$((total + 50000))
+  storm_stop
+
+  # The values --pipe wrote, every one (a Lua script on the server compares them).
+  run_client pipecheck 60 redis-cli -h "$ADDR0" -p $REDIS_PORT EVAL "
+    local bad = 0
+    for i = 0, 49999 do
+      if redis.call('GET', 'pipe:' .. i) ~= string.rep('v' .. i .. '-', i % 50 + 1) then
+        bad = bad + 1
+      end
+    end
+    return bad" 0
+  [ "$(cat "$d/pipecheck.out")" = 0 ] || fail "--pipe: $(cat "$d/pipecheck.out") values differ"
+  # The server executed every request and answered none with an error.
+  run_client info 30 redis-cli -h "$ADDR0" -p $REDIS_PORT INFO stats
+  cmds=$(tr -d '\r' <"$d/info.out" | awk -F: '$1 == "total_commands_processed" { print $2 }')
+  errs=$(tr -d '\r' <"$d/info.out" | awk -F: '$1 == "total_error_replies" { print $2 }')
+  conns=$(tr -d '\r' <"$d/info.out" | awk -F: '$1 == "total_connections_received" { print $2 }')
+  [ "${cmds:-0}" -ge "$total" ] || fail "server processed ${cmds:-?} commands, expected >= $total"
+  [ "${errs:-x}" = 0 ] || fail "server sent ${errs:-?} error replies"
+  note "redis: $total requests, 0 errors (server: $cmds commands, $errs error replies," \
+    "$conns connections)"
+  storm_check
+  stop_server redis
+}

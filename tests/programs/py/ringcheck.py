@@ -13,7 +13,10 @@ Evidence of ring traffic: a channel (live now, or seen by the watcher) with byte
 direction. A future global counter of accelerated connections can be added in ring_evidence().
 
 Reported, never required: `fallbacks` (reason -> count) and `connections` (records of the
-connections the preload left on TCP, with their reason; the watcher keeps those it saw).
+connections the preload left on TCP, with their reason; the watcher keeps those it saw), and
+for live path switching `switches` (reason -> count) and the records of connections that
+switched from their ring to TCP (`switched_records_seen`, by reason; `switched_with_ring_bytes`:
+those that had carried ring bytes first, i.e. switched mid-stream).
 With --strict, the ring check also fails when the region recorded any fallback.
 """
 
@@ -50,7 +53,9 @@ def fallback_records(st):
     if not isinstance(conns, list):
         return {}
     return {f"{c.get('idx')}.{c.get('gen')}": {"reason": c.get("reason"), "path": c.get("path"),
-                                                "tuple": c.get("tuple")}
+                                                "tuple": c.get("tuple"),
+                                                "switched": c.get("switched"),
+                                                "ring_bytes": c.get("ring_bytes") or 0}
             for c in conns if isinstance(c, dict)}
 
 
@@ -60,6 +65,15 @@ def fallback_counts(st):
     if not isinstance(fb, dict):
         return {}
     return {k: v for k, v in fb.items() if isinstance(v, int) and v > 0}
+
+
+def switch_counts(st):
+    """{reason: count} of the non-zero switch counters (live path switching; a request is
+    counted once per connection, by whoever asked first)."""
+    sw = st.get("switches")
+    if not isinstance(sw, dict):
+        return {}
+    return {k: v for k, v in sw.items() if isinstance(v, int) and v > 0}
 
 
 def ring_evidence(state):
@@ -122,10 +136,17 @@ def summary(a):
     # 256 MB in ~15 ms on a ring) leaves no sample, but its bytes are in the region's
     # ring_bytes (added when the channel is freed, even if its processes were killed).
     ring_bytes = max(ring_evidence(state), region_ring_bytes(final))
-    records = state.get("fallback_records", {})
+    # Records of connections that fell back at set-up, and of ring connections that switched to
+    # TCP mid-stream (live path switching: `switched` names the reason); the watcher keeps both.
+    every = state.get("fallback_records", {}).values()
+    records = [r for r in every if not r.get("switched")]
+    switched = [r for r in every if r.get("switched")]
     reasons = {}
-    for r in records.values():
+    for r in records:
         reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
+    switched_reasons = {}
+    for r in switched:
+        switched_reasons[r["switched"]] = switched_reasons.get(r["switched"], 0) + 1
     return {
         "region": a.region,
         "ring_used": ring_bytes > 0,
@@ -135,6 +156,10 @@ def summary(a):
         "fallbacks": fallback_counts(final),
         "fallback_records_seen": len(records),
         "fallback_record_reasons": reasons,
+        "switches": switch_counts(final),
+        "switched_records_seen": len(switched),
+        "switched_record_reasons": switched_reasons,
+        "switched_with_ring_bytes": sum(1 for r in switched if r.get("ring_bytes", 0) > 0),
         "members_now": len(final.get("members") or []),
         "max_members_seen": state["max_members"],
         "samples": state["samples"],
