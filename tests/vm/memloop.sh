@@ -265,6 +265,7 @@ if [ "$after" = "$baseline" ]; then ok "region usage back to baseline after the 
 # switches.operator >= 1 and both sides' records switched (operator) with bytes on the ring
 # before and on TCP after.
 
+rm -f "$region"
 "$M" region create --region "$region" --size 64M >/dev/null
 baseline=$(usage)
 
