@@ -212,7 +212,7 @@ memloop cat --connect a-sink < /dev/zero &
 memloop cat --connect host-sink < /dev/zero &
 memloop run -- socat -u /dev/zero TCP:10.77.0.1:7103,retry=100,interval=0.1 &
 sleep 2
-memloop status | grep -q "ring .*10.77.0.1:7103" && echo "b: socat to the host is on a ring"
+memloop status | grep "ring .*10.77.0.1:7103" >/dev/null && echo "b: socat to the host is on a ring"
 echo STREAMING-NOW
 sleep 100'
 
@@ -255,7 +255,7 @@ if [ "$after" = "$baseline" ]; then ok "region usage back to baseline after the 
 #  - a -> b: 8 MB sent at once, but b's reader does not read until the demote was asked for, so
 #    a's ring to b is full and a's socat waits for space when the switch comes (a full ring to
 #    re-send over TCP);
-#  - b -> a: 6 MB paced in 64 KB chunks (~100 writes over several seconds), so the stream is
+#  - b -> a: 6 MB paced in 128 KB chunks (48 writes over several seconds), so the stream is
 #    live on both ends when the switch comes and goes on over TCP after it.
 # The host waits until the connection is accepted on a ring, then asks for it to be demoted
 # with `memloop demote --conn ID` through the region file (the ivshmem backing). The guests
@@ -319,7 +319,7 @@ grep -aE "accepted on a ring|offered a ring|left the ring|switched to TCP|kept i
 job_b='
 head -c 6291456 /dev/urandom > /tmp/out
 echo "b sends sha256 $(sha256sum < /tmp/out | sed "s/ .*//")"
-pace() { i=0; while [ $i -lt 96 ]; do dd if=/tmp/out bs=65536 skip=$i count=1 2>/dev/null; i=$((i + 1)); sleep 0.05; done; }
+pace() { i=0; while [ $i -lt 48 ]; do dd if=/tmp/out bs=131072 skip=$i count=1 2>/dev/null; i=$((i + 1)); sleep 0.05; done; }
 # The reader starts once the demote was asked for (the region counts the request at once).
 late() { until memloop status --json | grep "\"operator\": [1-9]" >/dev/null; do sleep 0.2; done; echo "b: demote seen, reading" >&2; sha256sum; }
 ( sleep 90; echo "b: WATCHDOG: stream not done after 90 s"; grep -aE "ring|switch|WARN|ERROR" /tmp/socat.log | tail -20 | sed "s/^/b-log: /"; memloop status; kill $(pidof socat) ) &
