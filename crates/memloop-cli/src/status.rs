@@ -61,6 +61,8 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
             "conn_records_dropped": counters.get(COUNTER_CONNS_DROPPED),
             "ring_connections": counters.get(COUNTER_RING_CONNS),
             "ring_bytes": ring_bytes(reg, &counters),
+            // TCP bytes of recorded connections, live and closed (killed ones too).
+            "tcp_bytes": reg.tcp_bytes(),
             "counters": counters,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);

@@ -41,7 +41,7 @@ pub use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 pub use reclaim::ReclaimReport;
 pub use switch::{SwitchReason, SwitchWord, COUNTER_SWITCH_FIRST};
 pub use tables::channels::{ChannelInfo, ChannelRings, ChannelState, Side, SideWords};
-pub use tables::conns::{ConnRecord, ConnRecordId, RecordReason};
+pub use tables::conns::{ConnRecord, ConnRecordId, RecordReason, COUNTER_TCP_BYTES};
 pub use tables::endpoints::EndpointInfo;
 pub use tables::members::{
     net_scope, MemberIdentity, MemberInfo, MemberState, MAX_ADDRESSES, MAX_MEMBER_NAME,

@@ -131,7 +131,20 @@ crate::tables::slot_view!(
     conns
 );
 
+/// Header counter: TCP bytes (sent + received) of connection records already freed; live
+/// records add theirs in [`Registry::tcp_bytes`].
+pub const COUNTER_TCP_BYTES: usize =
+    crate::switch::COUNTER_SWITCH_FIRST + crate::switch::SwitchReason::ALL.len();
+
+const _: () = assert!(COUNTER_TCP_BYTES < crate::header::NCOUNTERS);
+
 impl<'a> ConnSlot<'a> {
+    /// The record's TCP bytes, sent + received (statistics: a corrupt word reads as 0).
+    fn carried(&self) -> u64 {
+        let ld = |o| self.0.ld(o).unwrap_or(0);
+        ld(O_SENT).saturating_add(ld(O_RECEIVED))
+    }
+
     /// Writes a record; the slot must be CLAIMED by the caller.
     fn write(&self, raw: &RawRecord) -> Result<(), RegistryError> {
         for (off, v) in [
@@ -323,10 +336,14 @@ impl Registry {
     }
 
     /// Frees a record (the connection is closed). Any process holding the id may release it.
+    /// Its TCP bytes go to the region's total ([`COUNTER_TCP_BYTES`]), so they are counted
+    /// once, whoever frees the record.
     pub fn release_conn(&self, id: ConnRecordId) -> Result<(), RegistryError> {
         for _ in 0..RETRIES {
             let (slot, w) = self.check_conn(id)?;
+            let carried = slot.carried();
             if slot.cas(w, w.next_gen(R_FREE))? {
+                self.add_counter(COUNTER_TCP_BYTES, carried);
                 return Ok(());
             }
         }
@@ -334,6 +351,20 @@ impl Registry {
             "connection record state",
             "release did not converge",
         ))
+    }
+
+    /// TCP bytes of every recorded connection, closed (the counter) and live (the records).
+    pub fn tcp_bytes(&self) -> u64 {
+        let live: u64 = self
+            .conns()
+            .iter()
+            .map(|c| c.bytes_sent.saturating_add(c.bytes_received))
+            .sum();
+        self.counters()
+            .get(COUNTER_TCP_BYTES)
+            .copied()
+            .unwrap_or(0)
+            .saturating_add(live)
     }
 
     fn read_conn(
@@ -449,7 +480,12 @@ impl Registry {
             if w.low() == R_FREE || self.tag_alive(w.tag()) {
                 continue;
             }
-            n += slot.cas(w, w.next_gen(R_FREE)).unwrap_or(false) as u32;
+            let carried = slot.carried();
+            if slot.cas(w, w.next_gen(R_FREE)).unwrap_or(false) {
+                // A process killed without closing: its bytes still count.
+                self.add_counter(COUNTER_TCP_BYTES, carried);
+                n += 1;
+            }
         }
         n
     }
@@ -490,6 +526,26 @@ mod tests {
                 .unwrap();
         }
         (r, m, t)
+    }
+
+    #[test]
+    fn tcp_bytes_survive_the_release_of_their_record() {
+        let (r, m) = crate::tables::members::test_registry_with_member("m");
+        let t = ConnTuple {
+            client: "10.0.0.1:1".parse().unwrap(),
+            server: "10.0.0.2:2".parse().unwrap(),
+        };
+        let id = r
+            .record_conn(m, 7, Proto::Tcp, &t, FallbackReason::Error)
+            .unwrap();
+        let (sent, received) = r.conn_bytes(id).unwrap();
+        sent.fetch_add(100, Relaxed);
+        received.fetch_add(20, Relaxed);
+        assert_eq!(r.tcp_bytes(), 120, "a live record counts");
+        r.release_conn(id).unwrap();
+        assert_eq!(r.tcp_bytes(), 120, "and still after its release, once");
+        assert!(r.release_conn(id).is_err());
+        assert_eq!(r.tcp_bytes(), 120);
     }
 
     #[test]
