@@ -34,8 +34,8 @@ import sys
 import tempfile
 import time
 
-from semlib import (Fail, check, dial, eq, now, pattern, poll1, recv_exact, run, sha,
-                    wait_until, with_thread)
+from semlib import (Fail, check, dial, echo_with_sha, eq, now, pattern, poll1, recv_exact, run,
+                    sha, wait_child, wait_until, with_thread)
 
 SIZE = 4 << 20
 CHUNK = 65536
@@ -46,19 +46,6 @@ CHILD_WAIT = 32
 # EOF must follow the last byte (written just before the serving image exits) within this.
 EOF_WITHIN = 3.0
 SIOCATMARK = 0x8905
-
-
-def wait_child(pid, timeout=CHILD_WAIT):
-    end = time.monotonic() + timeout
-    while True:
-        p, status = os.waitpid(pid, os.WNOHANG)
-        if p == pid:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > end:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            raise Fail(f"child {pid} still running after {timeout} s")
-        time.sleep(0.01)
 
 
 def wait_popen(p, what, timeout=CHILD_WAIT):
@@ -113,18 +100,6 @@ def stream_client(args, seed, prefix=b"", head=b""):
     s.close()
 
 
-def echo_socket(sock):
-    """Echoes everything until EOF, then the sha256 of what came."""
-    h = hashlib.sha256()
-    while True:
-        b = sock.recv(CHUNK)
-        if not b:
-            break
-        h.update(b)
-        sock.sendall(b)
-    sock.sendall(h.hexdigest().encode())
-
-
 # ---- inetd_chain / inetd_exit_no_close ----------------------------------------------------------
 
 def inetd_server(lsock, args):
@@ -145,7 +120,7 @@ def inetd_server(lsock, args):
             os._exit(127)
     conn.close()
     lsock.close()
-    eq(wait_child(pid), 0, "the inetd handler's exit code")
+    eq(wait_child(pid, CHILD_WAIT), 0, "the inetd handler's exit code")
 
 
 def inetd_handler(case):
@@ -156,7 +131,7 @@ def inetd_handler(case):
             os.execv(sys.executable, helper_argv("inetd-echo", case))
         finally:
             os._exit(127)
-    code = wait_child(pid)
+    code = wait_child(pid, CHILD_WAIT)
     if code != 0:
         raise Fail(f"the echo image exited {code}")
     if case == "inetd_exit_no_close":
@@ -241,7 +216,7 @@ def scm_worker(case, fd):
     eq((msg, len(fds)), (b"fd", 1), "the passed connection")
     conn = socket.socket(fileno=fds[0])
     check(conn.getpeername(), "the passed socket is connected")
-    echo_socket(conn)
+    echo_with_sha(conn, CHUNK)
     conn.close()
     unix.sendall(b"ok\n")
     unix.close()
@@ -274,7 +249,7 @@ def privsep_server(lsock, args):
     conn.close()
     lsock.close()
     try:
-        eq(wait_child(pid), 0, "the re-exec'd child's exit code")
+        eq(wait_child(pid, CHILD_WAIT), 0, "the re-exec'd child's exit code")
     finally:
         os.rmdir(root)
 
@@ -297,7 +272,7 @@ def privsep_child(case, fd, root):
            "uid, euid, gid after dropping to nobody")
     else:
         print(f"NOTE server {case}: not root, chroot and setuid skipped", flush=True)
-    echo_socket(conn)
+    echo_with_sha(conn, CHUNK)
     conn.close()
 
 

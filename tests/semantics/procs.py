@@ -17,21 +17,10 @@ import subprocess
 import sys
 import time
 
-from semlib import Fail, check, dial, eq, pattern, recv_all, recv_exact, run, serve_one, sha
+from semlib import (Fail, check, dial, echo_with_sha, eq, pattern, recv_all, recv_exact, run,
+                    serve_one, sha, wait_child)
 
 SIZE = 1 << 20
-
-
-def wait_child(pid, timeout=30):
-    end = time.monotonic() + timeout
-    while True:
-        p, status = os.waitpid(pid, os.WNOHANG)
-        if p == pid:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > end:
-            os.kill(pid, 9)
-            raise Fail(f"child {pid} still running after {timeout} s")
-        time.sleep(0.01)
 
 
 def in_child(fn):
@@ -50,20 +39,6 @@ def in_child(fn):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-
-
-def echo_until_eof(sock):
-    """Echoes everything; after EOF sends the sha256 of what came."""
-    import hashlib
-
-    h = hashlib.sha256()
-    while True:
-        b = sock.recv(65536)
-        if not b:
-            break
-        h.update(b)
-        sock.sendall(b)
-    sock.sendall(h.hexdigest().encode())
 
 
 def echo_client_check(s, seed):
@@ -98,7 +73,7 @@ def fork_serve_server(lsock, args):
     pid = os.fork()
     if pid == 0:
         lsock.close()
-        in_child(lambda: (echo_until_eof(conn), conn.close()))
+        in_child(lambda: (echo_with_sha(conn), conn.close()))
     conn.close()  # the parent's copy goes at once
     lsock.close()
     eq(wait_child(pid), 0, "the serving child's exit code")
@@ -206,7 +181,7 @@ def exec_child(fd, case):
     conn = socket.socket(fileno=fd)
     check(conn.getpeername(), "the inherited socket is connected")
     conn.sendall(b"ack2")
-    echo_until_eof(conn)
+    echo_with_sha(conn)
     conn.close()
 
 

@@ -375,3 +375,29 @@ def with_thread(fn, *a):
         return box.get("v")
 
     return join
+
+
+def wait_child(pid, timeout=30):
+    """The exit code of child `pid`; a child still running after `timeout` s is killed (Fail)."""
+    end = time.monotonic() + timeout
+    while True:
+        p, status = os.waitpid(pid, os.WNOHANG)
+        if p == pid:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > end:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise Fail(f"child {pid} still running after {timeout} s")
+        time.sleep(0.01)
+
+
+def echo_with_sha(sock, chunk=65536):
+    """Echoes everything until EOF, then sends the sha256 of what came."""
+    h = hashlib.sha256()
+    while True:
+        b = sock.recv(chunk)
+        if not b:
+            break
+        h.update(b)
+        sock.sendall(b)
+    sock.sendall(h.hexdigest().encode())

@@ -22,6 +22,8 @@ import threading
 from semlib import Fail, dial, eq, run
 
 MAX_BYTES = 1 << 19
+# Write sizes, drawn at random (the reader regenerates the stream from the same seed).
+PIECES = [1, 7, 100, 1500, 4096, 65536, 300000]
 
 
 def self_pass(sock):
@@ -45,7 +47,7 @@ def stream(sock, seed, n, trigger_at):
     sent = 0
     passed = False
     while sent < n:
-        k = min(n - sent, rnd.choice([1, 7, 100, 1500, 4096, 65536, 300000]))
+        k = min(n - sent, rnd.choice(PIECES))
         b = rnd.randbytes(k)
         h.update(b)
         sock.sendall(b)
@@ -78,7 +80,7 @@ def expected(seed, n):
     r = random.Random(seed)
     out = bytearray()
     while len(out) < n:
-        k = min(n - len(out), r.choice([1, 7, 100, 1500, 4096, 65536, 300000]))
+        k = min(n - len(out), r.choice(PIECES))
         out.extend(r.randbytes(k))
     return bytes(out)
 
@@ -122,14 +124,9 @@ def storm_server(lsock, args):
         sent, got, n = exchange(conn, 2000 + i, s2c, rnd.randrange(0, s2c + 1))
         eq(n, c2s, f"conn {i}: bytes from the client")
         # The client's stream is regenerated from its seed.
-        want = hashlib.sha256()
-        r = random.Random(3000 + i)
-        left = c2s
-        while left > 0:
-            k = min(left, r.choice([1, 7, 100, 1500, 4096, 65536, 300000]))
-            want.update(r.randbytes(k))
-            left -= k
-        eq(got, want.hexdigest(), f"conn {i}: sha256 of the client's stream")
+        if got != hashlib.sha256(expected(3000 + i, c2s)).hexdigest():
+            raise Fail(f"conn {i}: sha256 of the client's stream differs: "
+                       f"{first_difference(3000 + i, c2s)}")
         conn.close()
 
 
@@ -158,14 +155,7 @@ def storm_client(args):
             rnd = random.Random(4000 + i)
             sent, got, n = exchange(s, 3000 + i, c2s, rnd.randrange(0, c2s + 1))
             eq(n, s2c, f"conn {i}: bytes from the server")
-            want = hashlib.sha256()
-            r = random.Random(2000 + i)
-            left = s2c
-            while left > 0:
-                k = min(left, r.choice([1, 7, 100, 1500, 4096, 65536, 300000]))
-                want.update(r.randbytes(k))
-                left -= k
-            if got != want.hexdigest():
+            if got != hashlib.sha256(expected(2000 + i, s2c)).hexdigest():
                 raise Fail(f"conn {i}: sha256 of the server's stream differs: "
                            f"{first_difference(2000 + i, s2c)}")
             s.close()

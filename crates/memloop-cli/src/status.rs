@@ -480,23 +480,32 @@ fn conn_json(r: &ConnRecord) -> Value {
 
 /// Every switch reason by name, zeros included (like `fallbacks`).
 fn switches_json(counters: &[u64]) -> Value {
-    let m: serde_json::Map<String, Value> = SwitchReason::ALL
-        .iter()
-        .map(|r| {
-            let n = counters.get(r.counter_index()).copied().unwrap_or(0);
-            (r.name().to_string(), n.into())
-        })
-        .collect();
-    Value::Object(m)
+    by_name(
+        counters,
+        SwitchReason::ALL
+            .iter()
+            .map(|r| (r.name(), r.counter_index())),
+    )
 }
 
 /// Every fallback reason by name, zeros included (a stable set of keys for scripts).
 fn fallbacks_json(counters: &[u64]) -> Value {
-    let m: serde_json::Map<String, Value> = FallbackReason::ALL
-        .iter()
-        .map(|r| {
-            let n = counters.get(r.counter_index()).copied().unwrap_or(0);
-            (r.name().to_string(), n.into())
+    by_name(
+        counters,
+        FallbackReason::ALL
+            .iter()
+            .map(|r| (r.name(), r.counter_index())),
+    )
+}
+
+/// A JSON object of header counters by name.
+fn by_name<'a>(counters: &[u64], names: impl Iterator<Item = (&'a str, usize)>) -> Value {
+    let m: serde_json::Map<String, Value> = names
+        .map(|(name, i)| {
+            (
+                name.to_string(),
+                counters.get(i).copied().unwrap_or(0).into(),
+            )
         })
         .collect();
     Value::Object(m)

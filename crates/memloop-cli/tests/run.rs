@@ -61,6 +61,16 @@ fn run(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     for (k, v) in env {
         c.env(k, v);
     }
+    // A binary copied moments ago can be "busy" while a parallel test's fork still holds the
+    // copy's write fd (until that child execs): try again.
+    for _ in 0..50 {
+        match c.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            r => return r.expect("run memloop"),
+        }
+    }
     c.output().expect("run memloop")
 }
 

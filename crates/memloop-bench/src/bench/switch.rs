@@ -28,7 +28,7 @@ use super::pingpong::percentile;
 use super::report::fmt_num;
 use super::sys;
 use super::tcp::procs::{Proc, Testbed};
-use super::tcp::{check_preloaded, preload_status};
+use super::tcp::{check_preloaded, preload_status, MEMLOOP, MEMLOOP_LO, TCP_LO, VETH};
 use crate::error::{fail, CliResult, Context};
 use crate::units::{fmt_size, parse_size};
 use peer::{Gaps, Outcome, Rep};
@@ -59,11 +59,6 @@ pub struct SwitchArgs {
     #[arg(long)]
     no_pin: bool,
 }
-
-const MEMLOOP_LO: &str = "memloop-lo";
-const TCP_LO: &str = "tcp-loopback";
-const MEMLOOP: &str = "memloop";
-const VETH: &str = "veth+bridge";
 
 /// The preload's log, switch events only.
 const LOG_FILTER: &str = "memloop_preload::conn::switch=debug";

@@ -59,10 +59,10 @@ pub struct TcpArgs {
 }
 
 // Path names, as in the table and the JSON.
-const MEMLOOP: &str = "memloop";
-const VETH: &str = "veth+bridge";
-const MEMLOOP_LO: &str = "memloop-lo";
-const TCP_LO: &str = "tcp-loopback";
+pub(super) const MEMLOOP: &str = "memloop";
+pub(super) const VETH: &str = "veth+bridge";
+pub(super) const MEMLOOP_LO: &str = "memloop-lo";
+pub(super) const TCP_LO: &str = "tcp-loopback";
 const UNIX: &str = "unix";
 const REMOTE: &str = "veth+preload";
 

@@ -89,7 +89,7 @@ impl Conn {
             }
         }
         if !self.tcp.unpromotable.swap(true, AcqRel) {
-            tracing::debug!(ch = ?self.ch, "stays on TCP: {why}");
+            tracing::debug!(ch = ?self.ch, "switched connection pinned to TCP: {why}");
         }
         true
     }
