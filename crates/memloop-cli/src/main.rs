@@ -31,7 +31,8 @@ enum Cmd {
     /// Move live ring connections to their TCP sockets, without losing a byte (live path
     /// switching): the processes holding them leave the ring on their next call or heartbeat.
     Demote(switch_cmd::SwitchArgs),
-    /// Move TCP connections between members onto rings (not implemented yet: issue 12).
+    /// Bring connections that were demoted back onto their rings at an agreed stream position
+    /// (experimental: their processes follow only with MEMLOOP_PROMOTE=1, see issue 12).
     Promote(switch_cmd::SwitchArgs),
     /// Benchmarks, side by side in one run (`memloop bench --help`; the `memloop-bench` binary).
     #[command(disable_help_flag = true)]

@@ -782,6 +782,8 @@ fn demote_sets_the_switch_request_of_a_live_ring_connection() {
 /// the stream goes on over TCP without losing or repeating a byte.
 fn demote_moves_a_live_connection_to_tcp_and_promote_brings_it_back() {
     let r = TestRegion::create("demote-move");
+    // Promotion is opt-in in the preload (MEMLOOP_PROMOTE=1, issue 12); the pair inherits it.
+    std::env::set_var("MEMLOOP_PROMOTE", "1");
     let pair = Pair::start(&r.0);
     let id = pair.channel(&r.0);
     let o = memloop(&["demote", "--conn", &id, "--wait", "10", "--region", &r.0]);

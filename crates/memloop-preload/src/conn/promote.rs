@@ -315,6 +315,14 @@ impl Conn {
             if !self.switching.handled.load(Acquire) {
                 return false;
             }
+            if !self.engine.cfg.promote {
+                // Not following promotions here (see `Config::promote`): called off, which
+                // always works before we are ready.
+                if w.switch.cancel_promotion() {
+                    tracing::debug!(ch = ?self.ch, "promotion called off (MEMLOOP_PROMOTE unset)");
+                }
+                return false;
+            }
             if self.tcp.unpromotable.load(Acquire) {
                 // Pinned: we never get ready, so the peer never stops, and this always works.
                 w.switch.cancel_promotion();
