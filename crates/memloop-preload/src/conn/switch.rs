@@ -138,7 +138,7 @@ impl Conn {
             }
         }
         self.leave(w)?;
-        if !wait && self.peer_left(pw).is_none() {
+        if !wait && self.peer_left(pw).is_none() && !self.peer_vanished() {
             return Ok(()); // left; the takeover comes with the next call or sweep
         }
         let Some(peer) = self.await_peer(pw)? else {
@@ -227,7 +227,7 @@ impl Conn {
     /// connection's kernel socket is never shut down while on the ring, and after a switch
     /// the peer's FIN follows its `Left`.)
     fn peer_vanished(&self) -> bool {
-        self.peer.watch.gone() || self.peer.watch.dead()
+        self.peer_closed() || self.peer.watch.gone() || self.peer.watch.dead()
     }
 
     /// Both sides have left: throw away the peer's unread doorbells, re-send what the peer
