@@ -284,6 +284,32 @@ storm_kill() {
   rm -f "$f"
 }
 
+# storm_no_orphans [SECS]: once the clients are gone, no channel of the server's region may be
+# held by one side after the other closed it (default: wait up to 5 s for it to settle). A
+# connection whose client closed while a switch was under way must still reach the server as
+# EOF — else the server keeps it forever (and its channel: the region fills up and new
+# connections fall back with region_full). Only for servers that close a connection when its
+# client does (redis: one process). The orphans are kept in $CASE_DIR/orphans.jsonl, with the
+# region's status (orphans-status.json) and the server domain's sockets (orphans-ss.txt).
+storm_no_orphans() {
+  [ -n "$SRV_REGION" ] && [ "$SRV_REGION" = "$CLI_REGION" ] || return 0
+  local secs=${1:-5} i n
+  for ((i = 0; i < secs * 10; i++)); do
+    "$PY" "$HERE/py/ringcheck.py" orphans --memloop "$ML" --region "$SRV_REGION" \
+      >"$CASE_DIR/orphans.jsonl" 2>&1 && return 0
+    sleep 0.1
+  done
+  "$ML" status --region "$SRV_REGION" --json >"$CASE_DIR/orphans-status.json" 2>&1
+  # The server's sockets: an orphan's connection is still open there (CLOSE-WAIT: the client's
+  # FIN arrived, the program was never told).
+  ip netns exec "$NS0" ss -tanpi >"$CASE_DIR/orphans-ss.txt" 2>&1
+  n=$(grep -c . "$CASE_DIR/orphans.jsonl")
+  note "storm: $n channels orphaned (one side closed, the other still holds them ${secs}s later)"
+  head -n 3 "$CASE_DIR/orphans.jsonl" >&2
+  fail "storm: $n channels still held by the server ${secs}s after their client closed them" \
+    "(first: $(head -n 1 "$CASE_DIR/orphans.jsonl" | jq -c '{idx, gen, client_closed, server_closed, switch_requested, on_tcp, tuple}' 2>/dev/null))"
+}
+
 # storm_check: after storm_stop, whether connections really switched, both ways. The region's
 # status (and what run.sh's watcher sampled, py/ringcheck.py) must show, when both ends share the
 # region (ring variant): operator switch requests (`switches.operator` > 0), connections recorded
