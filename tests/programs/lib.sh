@@ -202,26 +202,27 @@ note() {
   log "$*"
 }
 
-# storm_promote REGION: one promotion round of the storm. PROMOTE HOOK: `memloop promote` is not
-# built yet (it exits "not implemented yet"), so this does nothing. Once it exists, replace the
-# body with
-#   "$ML" promote --all --wait 0 --region "$1"
-# and the storm alternates demote/promote every round (storm_stop counts its failures too).
+# storm_promote REGION: the promotion half of a storm round. `memloop promote --all --wait 0`
+# asks every connection of the region whose both sides are on TCP (demoted by the round before)
+# to come back to its ring; the preloaded processes agree the stream position and move on their
+# next call or heartbeat. Connections still on their rings are left alone.
 storm_promote() {
-  :
+  "$ML" promote --all --wait 0 --region "$1"
 }
 
 # storm_start: in the background, every ML_STORM_INTERVAL seconds (default 0.05) until
 # storm_stop, `memloop demote --all --wait 0` on the server's region (every accepted ring
-# connection of it is asked to leave its ring), then storm_promote. Each round's output goes to
-# $CASE_DIR/storm.log; a round whose command fails is logged as a line starting with FAILED.
+# connection of it is asked to leave its ring), then storm_promote (every connection both of
+# whose sides are on TCP is asked back to its ring): connections go ring → TCP → ring … while
+# the workload runs. Each round's output goes to $CASE_DIR/storm.log; a command that fails is
+# logged as a line starting with FAILED.
 # Without a region (ML_NO_PRELOAD=1) there is nothing to demote and it does nothing.
 # ML_STORM=0: no storm at all (a control run of the same workload; storm_check then only notes).
 storm_start() {
   [ -n "$SRV_REGION" ] || return 0
   [ "${ML_STORM:-1}" != 0 ] || { log "storm: off (ML_STORM=0)"; return 0; }
   local interval=${ML_STORM_INTERVAL:-0.05}
-  log "storm: demote --all every ${interval}s in $SRV_REGION"
+  log "storm: demote --all, then promote --all, every ${interval}s in $SRV_REGION"
   (
     trap 'exit 0' TERM
     # Also ends when the case does without storm_stop (a failure): the loop outlives nothing.
@@ -233,6 +234,8 @@ storm_start() {
       fi
       if ! out=$(storm_promote "$SRV_REGION" 2>&1); then
         printf 'FAILED promote: %s\n' "$out"
+      else
+        printf '%s\n' "$out"
       fi
       sleep "$interval"
     done
@@ -240,22 +243,37 @@ storm_start() {
   echo $! >"$CASE_DIR/storm.pid"
 }
 
-# storm_stop: ends the storm; fails the case if any of its rounds failed. Sets STORM_ROUNDS and
-# STORM_ASKED (channels asked to leave, summed over the rounds).
+# storm_asked VERB: channels the storm's VERB rounds newly asked, summed. A round prints
+# "demote: asked 5 channels to leave the ring (2 already asked before)": it lists every selected
+# channel, the 2 were still on their way from an earlier round (not asked again, not counted
+# again in `switches`), so it newly asked 3.
+storm_asked() {
+  awk -v verb="$1:" '$1 == verb && $2 == "asked" {
+      n += $3
+      for (i = 4; i < NF; i++) if ($(i + 1) == "already") n -= substr($i, 2) + 0
+    } END { print n + 0 }' "$CASE_DIR/storm.log"
+}
+
+# storm_stop: ends the storm; fails the case if any of its rounds failed. Sets STORM_ROUNDS
+# (demote rounds), STORM_ASKED (channels asked to leave their rings, summed over the rounds),
+# STORM_PROMOTE_ROUNDS and STORM_PROMOTE_ASKED (channels asked back to their rings).
 storm_stop() {
   local f=$CASE_DIR/storm.pid
-  STORM_ROUNDS=0 STORM_ASKED=0
+  STORM_ROUNDS=0 STORM_ASKED=0 STORM_PROMOTE_ROUNDS=0 STORM_PROMOTE_ASKED=0
   [ -f "$f" ] || return 0 # no storm (no region, or ML_STORM=0)
   kill -TERM "$(cat "$f")" 2>/dev/null || true
   wait "$(cat "$f")" 2>/dev/null || true
   rm -f "$f"
   STORM_ROUNDS=$(grep -c '^demote: asked' "$CASE_DIR/storm.log" || true)
-  STORM_ASKED=$(awk '/^demote: asked/ { n += $3 } END { print n + 0 }' "$CASE_DIR/storm.log")
+  STORM_ASKED=$(storm_asked demote)
+  STORM_PROMOTE_ROUNDS=$(grep -c '^promote: asked' "$CASE_DIR/storm.log" || true)
+  STORM_PROMOTE_ASKED=$(storm_asked promote)
   if grep -q '^FAILED' "$CASE_DIR/storm.log"; then
     grep '^FAILED' "$CASE_DIR/storm.log" | tail -n 5 >&2
     fail "storm: $(grep -c '^FAILED' "$CASE_DIR/storm.log") rounds failed"
   fi
   [ "$STORM_ROUNDS" -gt 0 ] || fail "storm: no demote round ran"
+  [ "$STORM_PROMOTE_ROUNDS" -gt 0 ] || fail "storm: no promote round ran"
 }
 
 # storm_kill: ends a storm still running, quietly (case.sh runs it when a case exits).
@@ -266,28 +284,61 @@ storm_kill() {
   rm -f "$f"
 }
 
-# storm_check: after storm_stop, whether connections really switched. The region's status (and
-# what run.sh's watcher sampled, py/ringcheck.py) must show, when both ends share the region
-# (ring variant): operator switch requests (`switches.operator` > 0) and connections recorded as
-# switched to TCP by the operator after carrying ring bytes (mid-stream); when the client is
-# outside (fallback variant): no switch at all (there was no ring to leave). Notes the numbers.
+# storm_no_orphans [SECS]: once the clients are gone, no channel of the server's region may be
+# held by one side after the other closed it (default: wait up to 5 s for it to settle). A
+# connection whose client closed while a switch was under way must still reach the server as
+# EOF — else the server keeps it forever (and its channel: the region fills up and new
+# connections fall back with region_full). Only for servers that close a connection when its
+# client does (redis: one process). The orphans are kept in $CASE_DIR/orphans.jsonl, with the
+# region's status (orphans-status.json) and the server domain's sockets (orphans-ss.txt).
+storm_no_orphans() {
+  [ -n "$SRV_REGION" ] && [ "$SRV_REGION" = "$CLI_REGION" ] || return 0
+  local secs=${1:-5} i n
+  for ((i = 0; i < secs * 10; i++)); do
+    "$PY" "$HERE/py/ringcheck.py" orphans --memloop "$ML" --region "$SRV_REGION" \
+      >"$CASE_DIR/orphans.jsonl" 2>&1 && return 0
+    sleep 0.1
+  done
+  "$ML" status --region "$SRV_REGION" --json >"$CASE_DIR/orphans-status.json" 2>&1
+  # The server's sockets: an orphan's connection is still open there (CLOSE-WAIT: the client's
+  # FIN arrived, the program was never told).
+  ip netns exec "$NS0" ss -tanpi >"$CASE_DIR/orphans-ss.txt" 2>&1
+  n=$(grep -c . "$CASE_DIR/orphans.jsonl")
+  note "storm: $n channels orphaned (one side closed, the other still holds them ${secs}s later)"
+  head -n 3 "$CASE_DIR/orphans.jsonl" >&2
+  fail "storm: $n channels still held by the server ${secs}s after their client closed them" \
+    "(first: $(head -n 1 "$CASE_DIR/orphans.jsonl" | jq -c '{idx, gen, client_closed, server_closed, switch_requested, on_tcp, tuple}' 2>/dev/null))"
+}
+
+# storm_check: after storm_stop, whether connections really switched, both ways. The region's
+# status (and what run.sh's watcher sampled, py/ringcheck.py) must show, when both ends share the
+# region (ring variant): operator switch requests (`switches.operator` > 0), connections recorded
+# as switched to TCP by the operator after carrying ring bytes (mid-stream), and completed
+# promotions back to the ring (`switches.promoted` > 0); when the client is outside (fallback
+# variant): no switch at all (there was no ring to leave, nor to come back to). Notes the numbers.
 storm_check() {
   [ -n "$SRV_REGION" ] || { note "storm: no region (plain TCP), nothing to demote"; return 0; }
   [ "${ML_STORM:-1}" != 0 ] || { note "storm: off (ML_STORM=0)"; return 0; }
-  local s ops rec mid
+  local s ops prom rec mid
   s=$("$PY" "$HERE/py/ringcheck.py" summary --memloop "$ML" --region "$SRV_REGION" \
     --state "$CASE_DIR/watch-$SRV_REGION.json") || fail "storm: no status of $SRV_REGION"
   printf '%s\n' "$s" >"$CASE_DIR/storm-summary.json"
   ops=$(jq '.switches.operator // 0' <<<"$s")
+  prom=$(jq '.switches.promoted // 0' <<<"$s")
   rec=$(jq '.switched_record_reasons.operator // 0' <<<"$s")
   mid=$(jq '.switched_with_ring_bytes' <<<"$s")
-  note "storm: $STORM_ROUNDS rounds asked $STORM_ASKED channels, switches.operator=$ops," \
+  note "storm: $STORM_ROUNDS demote rounds asked $STORM_ASKED channels," \
+    "$STORM_PROMOTE_ROUNDS promote rounds asked $STORM_PROMOTE_ASKED;" \
+    "switches.operator=$ops, switches.promoted=$prom;" \
     "switched records seen $rec ($mid after ring bytes)"
   if [ "$SRV_REGION" = "$CLI_REGION" ]; then
     [ "$ops" -gt 0 ] || fail "storm: switches.operator = 0: no connection was asked to switch"
     [ "$rec" -gt 0 ] || fail "storm: no connection record shows a switch by the operator"
     [ "$mid" -gt 0 ] || fail "storm: no switched connection had carried ring bytes first"
+    [ "$STORM_PROMOTE_ASKED" -gt 0 ] || fail "storm: no promote round found a connection on TCP"
+    [ "$prom" -gt 0 ] || fail "storm: switches.promoted = 0: no connection came back to its ring"
   else
     [ "$ops" = 0 ] || fail "storm: $ops operator switches although no connection was on a ring"
+    [ "$prom" = 0 ] || fail "storm: $prom promotions although no connection was on a ring"
   fi
 }

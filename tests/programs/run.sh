@@ -23,7 +23,8 @@
 #   ML_SKIP_INSTALL=1    do not run install-deps.sh
 #   ML_KEEP=1            keep the run directory (it is always kept when something failed)
 #   ML_STORM=0           the *-storm cases without their switch storm (a control run)
-#   ML_STORM_INTERVAL    seconds between two `memloop demote --all` of the storm (default 0.05)
+#   ML_STORM_INTERVAL    seconds between two rounds (demote --all, promote --all) of the storm
+#                        (default 0.05)
 #
 # Needs root (namespaces, bridge). Exit status: 0 all passed, 1 some failed, 2 cannot run.
 set -uo pipefail

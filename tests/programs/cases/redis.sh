@@ -175,5 +175,7 @@ PYEOF
   note "redis: $total requests, 0 errors (server: $cmds commands, $errs error replies," \
     "$conns connections)"
   storm_check
+  # Every client closed its connections: redis closed them too (EOF reached it), none is left.
+  storm_no_orphans
   stop_server redis
 }

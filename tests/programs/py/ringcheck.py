@@ -7,7 +7,10 @@
   ringcheck.py summary --memloop BIN --region R [--state FILE]
       prints what the region shows now merged with what the watcher saw (one JSON object);
   ringcheck.py ring     ... : exit 0 iff the region carried ring traffic (summary on stdout);
-  ringcheck.py fallback ... : exit 0 iff it carried none (the connection used plain TCP).
+  ringcheck.py fallback ... : exit 0 iff it carried none (the connection used plain TCP);
+  ringcheck.py orphans --memloop BIN --region R
+      prints the channels (now) whose one side closed while the other still holds them, as
+      JSON lines; exit 0 iff there are none.
 
 Evidence of ring traffic: a channel (live now, or seen by the watcher) with bytes in either
 direction. A future global counter of accelerated connections can be added in ring_evidence().
@@ -74,6 +77,18 @@ def switch_counts(st):
     if not isinstance(sw, dict):
         return {}
     return {k: v for k, v in sw.items() if isinstance(v, int) and v > 0}
+
+
+def orphans(st):
+    """Channels of one status one side of which closed while the other still holds them: once
+    every client is gone and the server closed its connections, there must be none."""
+    out = []
+    for c in st.get("channels") or []:
+        if c.get("marker") or c.get("state") != "accepted":
+            continue
+        if bool(c.get("client_closed")) != bool(c.get("server_closed")):
+            out.append(c)
+    return out
 
 
 def ring_evidence(state):
@@ -168,7 +183,7 @@ def summary(a):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("cmd", choices=("watch", "summary", "ring", "fallback"))
+    p.add_argument("cmd", choices=("watch", "summary", "ring", "fallback", "orphans"))
     p.add_argument("--memloop", required=True)
     p.add_argument("--region", required=True)
     p.add_argument("--state")
@@ -181,6 +196,11 @@ def main():
             p.error("watch needs --state")
         watch(a)
         return
+    if a.cmd == "orphans":
+        left = orphans(status(a.memloop, a.region))
+        for c in left:
+            print(json.dumps(c, sort_keys=True))
+        sys.exit(1 if left else 0)
     s = summary(a)
     print(json.dumps(s, sort_keys=True))
     if a.cmd == "ring" and not s["ring_used"]:
