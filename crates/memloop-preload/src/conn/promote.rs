@@ -231,6 +231,10 @@ impl Conn {
         };
         if !peek {
             self.tcp.received.fetch_add(n as u64, AcqRel);
+            // For `memloop status`: the switched connection's bytes on TCP.
+            if let Some(p) = self.plain() {
+                p.count_received(n as isize);
+            }
         }
         n
     }
@@ -264,6 +268,9 @@ impl Conn {
             let r = real::send_vectored(fd, bufs, flags);
             if let Ok(n) = r {
                 let total = self.tcp.sent.fetch_add(n as u64, AcqRel) + n as u64;
+                if let Some(p) = self.plain() {
+                    p.count_sent(n as isize);
+                }
                 tracing::trace!(ch = ?self.ch, n, total, "tcp send");
                 if self
                     .words()
