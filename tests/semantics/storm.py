@@ -168,24 +168,27 @@ def storm_client(args):
 FLIP_BYTES = int(os.environ.get("FLIP_MB", "96")) << 20
 
 
+def flip_one(sock, i, mine, theirs, peer, errors):
+    """One flip connection: both streams at once, the peer's checked against its seed."""
+    try:
+        data = bytearray()
+        sent, got, m = exchange(sock, mine + i, FLIP_BYTES, FLIP_BYTES + 1, data)
+        eq(m, FLIP_BYTES, f"flip conn {i}: bytes from the {peer}")
+        if got != hashlib.sha256(expected(theirs + i, FLIP_BYTES)).hexdigest():
+            raise Fail(f"flip conn {i}: the {peer}'s stream differs: "
+                       f"{first_difference(theirs + i, FLIP_BYTES, data)}")
+        sock.close()
+    except BaseException as e:  # noqa: BLE001
+        errors.append(f"{type(e).__name__}: {e}")
+
+
 def flip_server(lsock, args):
     n = int(args.extra or 4)
     conns = [lsock.accept()[0] for _ in range(n)]
     errors = []
 
-    def serve(i, conn):
-        try:
-            data = bytearray()
-            sent, got, m = exchange(conn, 5000 + i, FLIP_BYTES, FLIP_BYTES + 1, data)
-            eq(m, FLIP_BYTES, f"flip conn {i}: bytes from the client")
-            if got != hashlib.sha256(expected(6000 + i, FLIP_BYTES)).hexdigest():
-                raise Fail(f"flip conn {i}: the client's stream differs: "
-                           f"{first_difference(6000 + i, FLIP_BYTES, data)}")
-            conn.close()
-        except BaseException as e:  # noqa: BLE001
-            errors.append(f"{type(e).__name__}: {e}")
-
-    ts = [threading.Thread(target=serve, args=(i, c)) for i, c in enumerate(conns)]
+    ts = [threading.Thread(target=flip_one, args=(c, i, 5000, 6000, "client", errors))
+          for i, c in enumerate(conns)]
     for t in ts:
         t.start()
     for t in ts:
@@ -221,20 +224,9 @@ def flip_client(args):
     socks = [dial(args) for _ in range(n)]
     errors = []
 
-    def run_one(i, s):
-        try:
-            data = bytearray()
-            sent, got, m = exchange(s, 6000 + i, FLIP_BYTES, FLIP_BYTES + 1, data)
-            eq(m, FLIP_BYTES, f"flip conn {i}: bytes from the server")
-            if got != hashlib.sha256(expected(5000 + i, FLIP_BYTES)).hexdigest():
-                raise Fail(f"flip conn {i}: the server's stream differs: "
-                           f"{first_difference(5000 + i, FLIP_BYTES, data)}")
-            s.close()
-        except BaseException as e:  # noqa: BLE001
-            errors.append(f"{type(e).__name__}: {e}")
-
     try:
-        ts = [threading.Thread(target=run_one, args=(i, s)) for i, s in enumerate(socks)]
+        ts = [threading.Thread(target=flip_one, args=(s, i, 6000, 5000, "server", errors))
+              for i, s in enumerate(socks)]
         for t in ts:
             t.start()
         for t in ts:

@@ -76,6 +76,14 @@ pub fn write_json(records: &[Record], file: &Path) -> CliResult<()> {
     std::fs::write(file, json + "\n").context(format!("writing {}", file.display()))
 }
 
+/// Writes a bench's results document to `file` and says so.
+pub fn write_results(v: &serde_json::Value, file: &Path) -> CliResult<()> {
+    std::fs::write(file, serde_json::to_string_pretty(v)? + "\n")
+        .context(format!("writing {}", file.display()))?;
+    println!("results written to {}", file.display());
+    Ok(())
+}
+
 /// One table row: a metric of one test and size, a value per path.
 struct Row {
     test: &'static str,

@@ -622,9 +622,7 @@ fn report(paths: &[Path], cfg: &Config, bed: &Testbed, a: &SwitchArgs) -> CliRes
             "paths": paths_json,
             "figures": figs,
         });
-        std::fs::write(file, serde_json::to_string_pretty(&v)? + "\n")
-            .context(format!("writing {}", file.display()))?;
-        println!("results written to {}", file.display());
+        super::report::write_results(&v, file)?;
     }
     Ok(())
 }

@@ -714,9 +714,7 @@ fn report(
             "records": records,
             "preload_remote_cost": remote,
         });
-        std::fs::write(file, serde_json::to_string_pretty(&v)? + "\n")
-            .context(format!("writing {}", file.display()))?;
-        println!("results written to {}", file.display());
+        super::report::write_results(&v, file)?;
     }
     Ok(())
 }
