@@ -531,7 +531,7 @@ fn targets(figs: &[Figure], paths: &[Path]) -> Vec<String> {
             out.push(format!(
                 "{name}, busy: the stream stalls {} µs at the median, {} µs at p99 (worse \
                  direction) for a demote alone (target for demote + promote: < 1000 µs; \
-                 promote is not built yet)",
+                 promote is opt-in and not measured here)",
                 fmt_num(max(&p50)),
                 fmt_num(max(&stall))
             ));
