@@ -116,18 +116,24 @@ def count(args):
     return int(args.extra or 200)
 
 
+def storm_one(sock, i, trigger_seed, mine, theirs, peer):
+    """One storm connection: our stream (seed, size) out, the peer's checked against its seed
+    (the reader regenerates it); our fd passed to ourselves once at a random byte."""
+    (my_seed, my_size), (their_seed, their_size) = mine, theirs
+    trigger_at = random.Random(trigger_seed + i).randrange(0, my_size + 1)
+    sent, got, n = exchange(sock, my_seed + i, my_size, trigger_at)
+    eq(n, their_size, f"conn {i}: bytes from the {peer}")
+    if got != hashlib.sha256(expected(their_seed + i, their_size)).hexdigest():
+        raise Fail(f"conn {i}: sha256 of the {peer}'s stream differs: "
+                   f"{first_difference(their_seed + i, their_size)}")
+    sock.close()
+
+
 def storm_server(lsock, args):
     for i in range(count(args)):
         conn, _ = lsock.accept()
         c2s, s2c = sizes(i)
-        rnd = random.Random(1000 + i)
-        sent, got, n = exchange(conn, 2000 + i, s2c, rnd.randrange(0, s2c + 1))
-        eq(n, c2s, f"conn {i}: bytes from the client")
-        # The client's stream is regenerated from its seed.
-        if got != hashlib.sha256(expected(3000 + i, c2s)).hexdigest():
-            raise Fail(f"conn {i}: sha256 of the client's stream differs: "
-                       f"{first_difference(3000 + i, c2s)}")
-        conn.close()
+        storm_one(conn, i, 1000, (2000, s2c), (3000, c2s), "client")
 
 
 DEMOTER_LOG = open(os.environ.get("STORM_DEMOTER_LOG", os.devnull), "ab")  # noqa: SIM115
@@ -152,13 +158,7 @@ def storm_client(args):
         for i in range(count(args)):
             s = dial(args)
             c2s, s2c = sizes(i)
-            rnd = random.Random(4000 + i)
-            sent, got, n = exchange(s, 3000 + i, c2s, rnd.randrange(0, c2s + 1))
-            eq(n, s2c, f"conn {i}: bytes from the server")
-            if got != hashlib.sha256(expected(2000 + i, s2c)).hexdigest():
-                raise Fail(f"conn {i}: sha256 of the server's stream differs: "
-                           f"{first_difference(2000 + i, s2c)}")
-            s.close()
+            storm_one(s, i, 4000, (3000, c2s), (2000, s2c), "server")
     finally:
         stop.set()
 

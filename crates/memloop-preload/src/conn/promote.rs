@@ -137,8 +137,7 @@ impl Conn {
         let want: usize = bufs.iter().map(|b| b.len()).sum();
         let peek = flags & libc::MSG_PEEK != 0;
         let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
-        let dontwait =
-            flags & libc::MSG_DONTWAIT != 0 || real::status_flags(fd) & libc::O_NONBLOCK != 0;
+        let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
         let mut got = 0usize;
         loop {
             if got == want {
@@ -262,22 +261,17 @@ impl Conn {
             if self.path() != Path::Tcp {
                 return Err(SWITCHED);
             }
-            if let Some(p) = self.plain() {
+            let plain = self.plain();
+            if let Some(p) = &plain {
                 p.before_send();
             }
             let r = real::send_vectored(fd, bufs, flags);
             if let Ok(n) = r {
                 let total = self.tcp.sent.fetch_add(n as u64, AcqRel) + n as u64;
-                if let Some(p) = self.plain() {
+                if let Some(p) = &plain {
                     p.count_sent(n as isize);
                 }
                 tracing::trace!(ch = ?self.ch, n, total, "tcp send");
-                if self
-                    .words()
-                    .is_some_and(|(w, _)| w.switch.stopped(self.side))
-                {
-                    tracing::warn!(ch = ?self.ch, n, "TCP send after our stop");
-                }
             }
             r
         };
@@ -361,7 +355,8 @@ impl Conn {
         }
         let _r = self.tcp.read_gate.lock();
         if self.path() == Path::Joining && self.tcp_left() == Some(0) {
-            let queued = real::queued(self.kfd());
+            // (An ioctl only when someone reads the debug log: bytes still queued are doorbells.)
+            let queued = tracing::enabled!(tracing::Level::DEBUG).then(|| real::queued(self.kfd()));
             tracing::debug!(ch = ?self.ch, side = ?self.side, received = self.tcp.received.load(Acquire),
                 stop = self.switching.peer.as_ref().map(|p| p.tcp_stop.load(Acquire)), ?queued,
                 "promotion: all TCP data read");
