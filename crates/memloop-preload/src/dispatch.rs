@@ -62,7 +62,10 @@ pub fn route(fd: c_int) -> Route {
             }
             match path {
                 Path::Ring => Route::Ring(c.clone()),
-                _ if c.switched() => Route::Switched(c.clone()),
+                // (Not from `switched()`: it looks at the path again, which may have moved on
+                // since `path` was read — a promotion just completed — and a kernel call on
+                // a connection of ours sends data behind its doorbells or reads them.)
+                _ if c.was_ring() => Route::Switched(c.clone()),
                 _ => c.plain().map_or(Route::Real, Route::Counted),
             }
         }
@@ -434,7 +437,8 @@ pub fn before_exec(keeps_library: bool) {
 /// nothing may strand bytes in a ring it cannot read.
 pub fn demote_inheritable(reason: SwitchReason) {
     for c in table::conns() {
-        if matches!(c.path(), Path::Ring | Path::Pending | Path::Leaving) && c.inheritable() {
+        let ours = !matches!(c.path(), Path::Tcp) || c.switched();
+        if ours && c.inheritable() {
             if let Err(e) = c.demote(reason) {
                 tracing::debug!(ch = ?c.ch, errno = e, %reason, "connection kept its ring");
             }

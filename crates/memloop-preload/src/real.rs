@@ -160,6 +160,19 @@ pub fn not_about_the_peer(e: c_int) -> bool {
     )
 }
 
+/// Bytes consumed as doorbells that are not doorbells: a count gone wrong, data lost. Never
+/// expected; always reported.
+fn not_doorbells(what: &str, bytes: &[u8]) {
+    if let Some(at) = bytes.iter().position(|&b| b != 1) {
+        tracing::error!(
+            at,
+            of = bytes.len(),
+            bytes = ?&bytes[at..bytes.len().min(at + 8)],
+            "data {what} as doorbells"
+        );
+    }
+}
+
 /// Reads and discards everything queued on the kernel socket (doorbell bytes); also says how
 /// many bytes it read.
 pub fn drain_doorbells(fd: c_int) -> (Drain, usize) {
@@ -171,6 +184,7 @@ pub fn drain_doorbells(fd: c_int) -> (Drain, usize) {
         let state = match check(r) {
             Ok(0) => Drain::Closed,
             Ok(n) => {
+                not_doorbells("drained", &buf[..n]);
                 read += n;
                 continue;
             }
@@ -512,6 +526,7 @@ pub fn discard_exact(fd: c_int, mut n: u64) -> Result<u64, c_int> {
         match check(r) {
             Ok(0) => return Ok(done),
             Ok(k) => {
+                not_doorbells("discarded", &buf[..k]);
                 done += k as u64;
                 n -= k as u64;
             }

@@ -166,7 +166,8 @@ impl SwitchWord {
         let bits = REQUESTED | (reason.as_code() as u64) << REASON_SHIFT;
         let mut cur = self.0.load(Acquire);
         loop {
-            if cur & REQUESTED != 0 {
+            // (During a promotion the word still holds the last demote's request.)
+            if cur & (REQUESTED | PROMOTE) != 0 {
                 return false;
             }
             match self.0.compare_exchange(cur, cur | bits, AcqRel, Acquire) {
@@ -262,9 +263,15 @@ impl SwitchWord {
     /// Both sides stopped writing TCP: the promotion is agreed, the word goes back to quiet
     /// (a later switch starts afresh). False if the word is not that state (any more).
     pub fn finish_promotion(&self) -> bool {
-        let cur = self.0.load(Acquire);
         let done = PROMOTE | CLIENT_STOPPED | SERVER_STOPPED;
-        cur & done == done && self.0.compare_exchange(cur, 0, AcqRel, Acquire).is_ok()
+        let mut cur = self.0.load(Acquire);
+        while cur & done == done {
+            match self.0.compare_exchange(cur, 0, AcqRel, Acquire) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+        false
     }
 }
 
@@ -318,7 +325,14 @@ impl Registry {
                 crate::tables::channels::phase_name(crate::tables::channels::c_phase(w)),
             ));
         }
-        let asked = SwitchWord(slot.switch_word()?).request(reason);
+        let word = SwitchWord(slot.switch_word()?);
+        if word.promote_requested() {
+            return Err(RegistryError::wrong(
+                "a connection not coming back to its ring",
+                "a promotion under way",
+            ));
+        }
+        let asked = word.request(reason);
         if asked {
             self.count_switch(reason); // once per connection, by whoever asked first
         }

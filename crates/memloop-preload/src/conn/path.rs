@@ -27,24 +27,37 @@ pub enum Path {
     Joining,
 }
 
-/// A [`Path`] readable without a lock on every data call.
+/// A [`Path`] readable without a lock on every data call, with a sticky mark once it was
+/// `Ring`: such a connection is ours for good (its socket may hold doorbells), whatever
+/// path a look at it happens to see.
 pub(super) struct AtomicPath(AtomicU8);
+
+const WAS_RING: u8 = 0x80;
 
 impl AtomicPath {
     fn new(p: Path) -> Self {
-        AtomicPath(AtomicU8::new(p as u8))
+        let a = AtomicPath(AtomicU8::new(0));
+        a.store(p, Relaxed);
+        a
+    }
+    pub(super) fn was_ring(&self) -> bool {
+        self.0.load(Acquire) & WAS_RING != 0
+    }
+    pub(super) fn store(&self, p: Path, o: Ordering) {
+        let mark = if p == Path::Ring { WAS_RING } else { 0 };
+        // The closure always returns Some: this update cannot fail.
+        let _ = self
+            .0
+            .fetch_update(o, Relaxed, |v| Some(v & WAS_RING | mark | p as u8));
     }
     pub(super) fn load(&self, o: Ordering) -> Path {
-        match self.0.load(o) {
+        match self.0.load(o) & !WAS_RING {
             0 => Path::Pending,
             1 => Path::Ring,
             3 => Path::Leaving,
             4 => Path::Joining,
             _ => Path::Tcp,
         }
-    }
-    pub(super) fn store(&self, p: Path, o: Ordering) {
-        self.0.store(p as u8, o);
     }
 }
 
@@ -75,6 +88,12 @@ impl Decision {
 impl Conn {
     pub fn path(&self) -> Path {
         self.decision.path.load(Acquire)
+    }
+
+    /// The connection was on its ring at some point: every data call on it is ours to make
+    /// (the kernel's would take doorbells for data), whatever its path is now.
+    pub fn was_ring(&self) -> bool {
+        self.decision.path.was_ring()
     }
 
     pub fn plain(&self) -> Option<Arc<PlainTcp>> {

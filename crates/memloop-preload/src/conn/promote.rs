@@ -162,6 +162,9 @@ impl Conn {
                         0 => 0,
                         n => {
                             let k = self.keep_data(n, left, peek);
+                            if k < n {
+                                check_doorbells(&part, k, n);
+                            }
                             tracing::trace!(ch = ?self.ch, n, k, ?left, path = ?self.path(),
                                 received = self.tcp.received.load(Acquire), "tcp read");
                             k
@@ -463,6 +466,17 @@ impl Conn {
                 });
             }
         }
+    }
+}
+
+/// Bytes `from..to` of `bufs` were taken for the peer's doorbells: they must be.
+fn check_doorbells(bufs: &[IoSliceMut<'_>], from: usize, to: usize) {
+    let bytes: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+    if let Some(at) = bytes
+        .get(from..to)
+        .and_then(|d| d.iter().position(|&b| b != 1))
+    {
+        tracing::error!(at, of = to - from, "data received past the peer's TCP stop");
     }
 }
 

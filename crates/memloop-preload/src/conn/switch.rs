@@ -31,6 +31,10 @@ pub const SWITCHED: c_int = 0x5357_4348;
 /// Longest pause between two looks at the peer's leave record.
 const PEER_POLL_MAX: Duration = Duration::from_micros(200);
 
+/// How long a demote waits for a connection coming back to its ring (`Joining`) to get
+/// there: other threads of the program may read the peer's last TCP bytes meanwhile.
+const JOINING_WAIT: Duration = Duration::from_secs(1);
+
 pub(super) struct Switching {
     /// Serialises this process's switch of the connection.
     pub(super) lock: ForkMutex<()>,
@@ -77,6 +81,16 @@ impl Conn {
         !self.switch_quiet()
             && !self.switching.handled.load(Acquire)
             && matches!(self.path(), Path::Ring | Path::Leaving)
+            && self.demote_asked()
+    }
+
+    /// The switch word asks for a move to TCP. While a promotion runs, the word still holds
+    /// the request of the demote before it: that one is done, not a new one.
+    fn demote_asked(&self) -> bool {
+        self.share
+            .side_words
+            .as_ref()
+            .is_some_and(|w| w.switch.requested() && !w.switch.promote_requested())
     }
 
     /// Deals with a switch the peer (or an operator) asked for. Blocks until the peer's side
@@ -111,10 +125,34 @@ impl Conn {
     /// Moves the connection to its kernel socket because of `reason` (ours), waiting for the
     /// peer's side. A pending connection is decided first.
     pub fn demote(&self, reason: SwitchReason) -> Result<(), c_int> {
-        if self.resolve(true) != Path::Ring {
-            return Ok(()); // already on TCP
+        let deadline = std::time::Instant::now() + JOINING_WAIT;
+        loop {
+            match self.resolve(true) {
+                Path::Ring => return self.switch_to_tcp(Some(reason), true),
+                Path::Leaving => {
+                    self.settle_switch();
+                    std::thread::yield_now();
+                }
+                // On TCP after a switch: a promotion is called off — or, past its point of no
+                // return, brought to the ring first.
+                Path::Tcp if self.switched() => match &self.share.side_words {
+                    Some(w) if !w.switch.cancel_promotion() => self.complete_promotion(),
+                    _ => return Ok(()),
+                },
+                // Our writes are on the ring, the peer's last TCP bytes still unread: they
+                // must reach the program before the peer's doorbells behind them can go.
+                Path::Joining if std::time::Instant::now() < deadline => {
+                    self.promote_step();
+                    std::thread::sleep(PEER_POLL_MAX);
+                }
+                Path::Joining => {
+                    tracing::warn!(ch = ?self.ch, %reason, "cannot leave the ring: the peer's \
+                        last TCP bytes of a promotion are still unread");
+                    return Err(libc::EBUSY);
+                }
+                _ => return Ok(()), // already on TCP
+            }
         }
-        self.switch_to_tcp(Some(reason), true)
     }
 
     fn switch_to_tcp(&self, ask: Option<SwitchReason>, wait: bool) -> Result<(), c_int> {
@@ -130,6 +168,12 @@ impl Conn {
             }
         };
         if !matches!(self.path(), Path::Ring | Path::Leaving) {
+            return Ok(());
+        }
+        // What made the caller come here may be over by now (it waited for the lock): the end
+        // of a promotion (the word then still held the old request), or a whole switch done
+        // by another thread. Leaving on such a stale look would leave alone, for good.
+        if ask.is_none() && (self.switching.handled.load(Acquire) || !self.demote_asked()) {
             return Ok(());
         }
         if let Some(r) = ask {
@@ -240,7 +284,7 @@ impl Conn {
         reason: SwitchReason,
     ) -> Result<Option<Arc<Resend>>, c_int> {
         let _l = self.side_lock();
-        if w.switch.on_tcp(self.side) {
+        if self.share.shared.load(Acquire) && w.switch.on_tcp(self.side) {
             return Ok(None); // another process holding this side did it
         }
         let fd = self.kfd();

@@ -2,10 +2,12 @@
 //! socket options, shutdown.
 
 use super::{fail, forget, hook, track};
+use crate::conn::Conn;
 use crate::dispatch::{self, Route};
 use crate::real::{self, set_errno};
 use crate::table;
 use libc::{c_int, c_ulong, c_void, sockaddr, socklen_t};
+use std::sync::Arc;
 
 hook! {
     fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int;
@@ -124,32 +126,7 @@ hook! {
             route = dispatch::route(fd);
         }
         match route {
-            Route::Ring(c) => {
-                let r = c.shutdown(how).map(|_| 0);
-                dispatch::poke(&c);
-                r
-            }
-            Route::Switched(c) if c.path() == crate::conn::Path::Joining => {
-                // Our writes are back on the ring: so is our end of the stream.
-                let r = c.shutdown(how).map(|_| 0);
-                dispatch::poke(&c);
-                r
-            }
-            Route::Switched(c) if !c.pin_to_tcp("shutdown on TCP") => {
-                // A promotion past its point of no return: finish it, then shut the ring.
-                c.complete_promotion();
-                let r = c.shutdown(how).map(|_| 0);
-                dispatch::poke(&c);
-                r
-            }
-            Route::Switched(c) => {
-                if how != libc::SHUT_RD {
-                    if let Some(p) = c.plain() {
-                        p.before_send();
-                    }
-                }
-                Ok(kernel())
-            }
+            Route::Ring(c) | Route::Switched(c) => shutdown_ours(&c, how, kernel),
             Route::Counted(p) => {
                 // The FIN goes after the bytes a switch still re-sends.
                 if how != libc::SHUT_RD {
@@ -158,6 +135,45 @@ hook! {
                 Ok(kernel())
             }
             Route::Real | Route::Busy => Ok(kernel()),
+        }
+    }
+}
+
+/// `shutdown` on a connection of ours: on its ring (or coming back to it) the ring's; on TCP
+/// after a switch the kernel's, pinned there (the FIN cannot be counted into a promotion) —
+/// unless a promotion is past its point of no return: then it completes first. The path is
+/// looked at again after each step: it may move meanwhile.
+fn shutdown_ours(
+    c: &Arc<Conn>,
+    how: c_int,
+    kernel: impl FnOnce() -> c_int,
+) -> Result<c_int, c_int> {
+    use crate::conn::{Path, SWITCHED};
+    loop {
+        match c.path() {
+            Path::Ring | Path::Joining => {
+                let r = c.shutdown(how).map(|_| 0);
+                dispatch::poke(c);
+                if r != Err(SWITCHED) {
+                    return r; // (else it left its ring meanwhile: again, on TCP)
+                }
+            }
+            Path::Tcp if c.pin_to_tcp("shutdown on TCP") => {
+                if c.path() != Path::Tcp {
+                    continue; // a promotion completed just before the pin
+                }
+                if how != libc::SHUT_RD {
+                    if let Some(p) = c.plain() {
+                        p.before_send(); // the FIN goes after the bytes a switch re-sends
+                    }
+                }
+                return Ok(kernel());
+            }
+            Path::Tcp => c.complete_promotion(),
+            _ => {
+                c.settle_switch();
+                std::thread::yield_now();
+            }
         }
     }
 }

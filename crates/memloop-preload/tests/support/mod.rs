@@ -256,8 +256,9 @@ pub fn tail(s: &str, lines: usize) -> String {
 
 impl Outcome {
     pub fn report(&self, what: &str) -> String {
+        let kept = self.keep_logs();
         format!(
-            "{what}\n--- server ({}) stdout:\n{}\n--- server stderr:\n{}\n--- client ({}) stdout:\n{}\n--- client stderr:\n{}",
+            "{what}{kept}\n--- server ({}) stdout:\n{}\n--- server stderr:\n{}\n--- client ({}) stdout:\n{}\n--- client stderr:\n{}",
             self.server,
             tail(&self.server_out, 20),
             tail(&self.server_err, 60),
@@ -265,5 +266,22 @@ impl Outcome {
             tail(&self.client_out, 20),
             tail(&self.client_err, 60),
         )
+    }
+
+    /// With `MEMLOOP_TEST_LOGS=DIR`, a failure's whole stderr logs go to a fresh directory
+    /// under DIR (the report shows their tails only).
+    fn keep_logs(&self) -> String {
+        let Some(dir) = std::env::var_os("MEMLOOP_TEST_LOGS") else {
+            return String::new();
+        };
+        let d = PathBuf::from(dir).join(format!("{}-{}", std::process::id(), unique()));
+        let written = fs::create_dir_all(&d).and_then(|_| {
+            fs::write(d.join("server.err"), &self.server_err)?;
+            fs::write(d.join("client.err"), &self.client_err)
+        });
+        match written {
+            Ok(()) => format!(" (whole logs in {})", d.display()),
+            Err(e) => format!(" (logs not kept in {}: {e})", d.display()),
+        }
     }
 }
