@@ -383,6 +383,24 @@ mod tests {
     }
 
     #[test]
+    fn no_request_gets_into_a_running_promotion_and_the_finish_clears_everything() {
+        let v = ShmSlice::new_heap(8);
+        let w = SwitchWord(v.u64_at(0).unwrap());
+        // Both sides switched without a request of their own (e.g. each for its own reason
+        // before the word was read): the word holds only their marks.
+        w.set_on_tcp(Side::Client);
+        w.set_on_tcp(Side::Server);
+        assert!(w.request_promote());
+        assert!(
+            !w.request(SwitchReason::Operator),
+            "a demote asked during a promotion is refused"
+        );
+        assert!(w.set_stopped(Side::Server) && w.set_stopped(Side::Client));
+        assert!(w.finish_promotion() && w.quiet(), "the finish leaves nothing behind");
+        assert!(w.request(SwitchReason::Operator), "after it, a demote is taken");
+    }
+
+    #[test]
     fn the_first_request_wins_and_sides_are_marked_apart() {
         let v = ShmSlice::new_heap(8);
         let w = SwitchWord(v.u64_at(0).unwrap());

@@ -87,10 +87,19 @@ impl Conn {
     /// The switch word asks for a move to TCP. While a promotion runs, the word still holds
     /// the request of the demote before it: that one is done, not a new one.
     fn demote_asked(&self) -> bool {
-        self.share
-            .side_words
-            .as_ref()
-            .is_some_and(|w| w.switch.requested() && !w.switch.promote_requested())
+        let Some(w) = &self.share.side_words else {
+            return false;
+        };
+        if !w.switch.requested() {
+            return false;
+        }
+        if !w.switch.promote_requested() {
+            return true;
+        }
+        // A promotion asked while this side has not finished leaving (the word's marks said
+        // both were on TCP): it can never get ready, so call the promotion off — which always
+        // works before a side is ready — and finish the demote.
+        self.path() == Path::Leaving && w.switch.cancel_promotion()
     }
 
     /// Deals with a switch the peer (or an operator) asked for. Blocks until the peer's side

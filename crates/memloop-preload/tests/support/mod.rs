@@ -76,7 +76,9 @@ pub fn env_prefix(limit: u64, region: Option<&str>) -> Vec<String> {
     if let Some(r) = region {
         v.push(format!("LD_PRELOAD={}", preload_lib().display()));
         v.push(format!("MEMLOOP_REGION={r}"));
-        v.push("MEMLOOP_LOG=debug".into());
+        // (MEMLOOP_TEST_LOG overrides the filter, e.g. to trace one module.)
+        let log = std::env::var("MEMLOOP_TEST_LOG").unwrap_or_else(|_| "debug".into());
+        v.push(format!("MEMLOOP_LOG={log}"));
         v.push("MEMLOOP_SERVER_WAIT_US=100000".into());
     }
     v
