@@ -344,7 +344,7 @@ impl Conn {
                 return false;
             }
             if !w.switch.ready(self.side) {
-                if let Err(e) = self.get_ready(w) {
+                if let Err(e) = self.get_ready() {
                     tracing::debug!(ch = ?self.ch, errno = e, "promotion: not ready");
                     self.pin_to_tcp("could not drop stale ring bytes"); // not ready: works
                     return false;
@@ -377,9 +377,9 @@ impl Conn {
         false
     }
 
-    /// Step 1: drop the stale bytes of our rx ring (the peer re-sent them over TCP), reset
-    /// the doorbell arms and our leave record.
-    fn get_ready(&self, w: &SideWords) -> Result<(), c_int> {
+    /// Step 1: drop the stale bytes of our rx ring (the peer re-sent them over TCP) and reset
+    /// the doorbell arms.
+    fn get_ready(&self) -> Result<(), c_int> {
         let mut cons = self.rings.cons.lock();
         let mut prod = self.rings.prod.lock();
         cons.resync().map_err(|_| libc::EIO)?;
@@ -404,9 +404,6 @@ impl Conn {
             }
         }
         self.sleepers.owed.store(0, Release);
-        if let Ok(cell) = LeaveCell::new(&w.leave, 0) {
-            cell.reset();
-        }
         Ok(())
     }
 
@@ -418,6 +415,12 @@ impl Conn {
         };
         if self.plain().is_some_and(|p| !p.resent()) {
             return; // re-sent bytes still going out: they come before the stop
+        }
+        // Our leave record goes only now: the peer is ready, so it has taken over and read
+        // it. (Reset when we got ready, a peer still leaving — let into the promotion by
+        // marks it had not set yet — would wait for it for good.)
+        if let Ok(cell) = LeaveCell::new(&w.leave, 0) {
+            cell.reset();
         }
         let stop = self.tcp.sent.load(Acquire);
         w.tcp_stop.store(stop, Release);
