@@ -10,7 +10,7 @@
 //! the `memloop` binary, from the same profile or `target/release`):
 //!
 //! ```sh
-//! cargo build --release -p memloop-cli
+//! cargo build --release -p memloop-cli -p memloop-evtest
 //! cargo test --release -p memloop-preload --test semantics            # fast set, ~50 s
 //! cargo test --release -p memloop-preload --test semantics -- --ignored --skip bug_  # slow ones
 //! cargo test --release -p memloop-preload --test semantics bug_ -- --ignored  # known bugs (fail)
@@ -19,6 +19,15 @@
 //! Tests named `bug_*` are ignored because the preload deviates from the kernel there (the
 //! reason says how, and where in the source); they pass on kernel TCP and will pass once the
 //! bug is fixed. The other ignored tests are merely slow.
+//!
+//! Two slow ones drive `memloop-pump` (crate `memloop-evtest`: one connection, a checksummed
+//! stream each way at memory speed) instead of a script, with the `storm.py` flipper demoting
+//! and promoting the connection (`MEMLOOP_PROMOTE=1`):
+//! - `switch_flip_sigkill_at_random_moments`: one end SIGKILLed at a random moment, the
+//!   survivor gets a correct prefix then EOF/ECONNRESET, the region returns to its baseline
+//!   (`MEMLOOP_FLIP_KILL_TRIALS`, 20; `MEMLOOP_FLIP_KILL_SEED`);
+//! - `switch_ten_gigabytes_through_one_flipping_connection`: 10^10 bytes each way through one
+//!   flipping connection (`MEMLOOP_SWITCH_BYTES`, `MEMLOOP_SWITCH_BYTES_BACK`).
 //!
 //! The handoff tests (`tests/semantics/handoff.py`: inetd chains, SCM_RIGHTS, re-exec, MSG_OOB
 //! mid-stream) expect live path switching (`Scenario::switches`): until it lands they fail
@@ -136,6 +145,10 @@ fn main() -> std::process::ExitCode {
         test!(bug_xdom_switch_flip)
             .needs(needs_domains())
             .ignore("bug: as bug_switch_flip_8_streams_demoted_and_promoted, across two domains"),
+        test!(switch_flip_sigkill_at_random_moments)
+            .ignore("slow: 20 SIGKILLs of a flipping connection's ends at random moments"),
+        test!(switch_ten_gigabytes_through_one_flipping_connection)
+            .ignore("slow: 10^10 checksummed bytes each way through one flipping connection"),
     ])
 }
 
@@ -1094,4 +1107,529 @@ fn doorbell_count_check_catches_a_miscount() {
     let bad = [line("Server", 4, 101), line("Client", 100, 4)].join("\n");
     let p = doorbell_count_problems(&[&bad]);
     assert!(p.len() == 1 && p[0].contains("client sent 100"), "{p:?}");
+}
+
+// ---- switching, slow tier: memloop-pump -----------------------------------------------------------
+// One fast checksummed connection (`memloop-pump`, crate `memloop-evtest`: a deterministic
+// pseudo-random stream keyed by offset each way, random write and read sizes, every byte
+// compared as it is read) while the flipper of `storm.py` demotes and promotes it.
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.replace('_', "").parse().ok())
+        .unwrap_or(default)
+}
+
+fn pump_bin() -> PathBuf {
+    support::artifact(
+        "MEMLOOP_PUMP",
+        "memloop-pump",
+        "cargo build --release -p memloop-evtest",
+    )
+}
+
+/// `timeout … [preload, MEMLOOP_PROMOTE=1] memloop-pump ROLE ARGS` (in domain `dom` if given).
+fn pump_cmd(
+    region: Option<&str>,
+    limit: u64,
+    doms: Option<(&Domains, u32)>,
+    role: &str,
+    args: &[String],
+) -> Vec<String> {
+    let mut v = env_prefix(limit, region);
+    if region.is_some() {
+        // Promotion is opt-in: both processes must follow the flipper's requests.
+        v.push("MEMLOOP_PROMOTE=1".into());
+    }
+    v.push(pump_bin().display().to_string());
+    v.push(role.into());
+    v.extend(args.iter().cloned());
+    match doms {
+        Some((d, i)) => d.wrap(i, v),
+        None => v,
+    }
+}
+
+/// `storm.py flipper`: `memloop demote --all` and `memloop promote --all` on the region, in
+/// turn, 0–2 ms apart, until its stdin closes ([`Flipper::stop`]).
+struct Flipper(support::Proc);
+
+impl Flipper {
+    fn start(region: &str, log: &std::path::Path) -> Flipper {
+        let c = Command::new("python3")
+            .arg(scripts().join("storm.py"))
+            .arg("flipper")
+            .env_remove("LD_PRELOAD")
+            .env("MEMLOOP_BIN", memloop_bin())
+            .env("MEMLOOP_REGION", region)
+            .env("STORM_DEMOTER_LOG", log)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(fs::File::create(log).expect("flipper log"))
+            .spawn()
+            .expect("start the flipper");
+        Flipper(support::Proc(c))
+    }
+
+    fn stop(mut self) {
+        drop(self.0 .0.stdin.take()); // its cue to stop
+        let st = wait_bounded(&mut self.0, Duration::from_secs(30));
+        assert!(st.success(), "the flipper ended with {st}");
+    }
+}
+
+/// The fields of a pump's `OK pump ROLE k=v …` line.
+fn pump_ok(out: &str) -> Option<std::collections::HashMap<String, String>> {
+    let line = out.lines().find(|l| l.starts_with("OK pump "))?;
+    Some(
+        line.split_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+/// The region is back where it started: after `memloop region reclaim` (the preload does not
+/// leave the region when a process exits — a clean exit too stays listed, dead, until some
+/// member reclaims it) no member, endpoint, channel, connection record or ring segment is
+/// left. Before the reclaim, every member still listed must be dead: nothing of the run is
+/// still running. Returns the dead members the reclaim removed.
+fn assert_region_at_baseline(region: &str, o: &Outcome, what: &str) -> usize {
+    let before = status_of(region);
+    let members = before["members"].as_array().cloned().unwrap_or_default();
+    let alive: Vec<_> = members.iter().filter(|m| m["alive"] == true).collect();
+    assert!(
+        alive.is_empty(),
+        "{}",
+        o.report(&format!(
+            "{what}: members still alive after the run: {alive:?}"
+        ))
+    );
+    let out = Command::new(memloop_bin())
+        .args(["region", "reclaim", "--region", region])
+        .output()
+        .expect("memloop region reclaim");
+    assert!(
+        out.status.success(),
+        "memloop region reclaim: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = status_of(region);
+    let mut left = Vec::new();
+    for k in ["members", "endpoints", "channels", "connections"] {
+        let n = v[k].as_array().map_or(usize::MAX, |a| a.len());
+        if n != 0 {
+            left.push(format!("{k}: {}", v[k]));
+        }
+    }
+    for k in ["members", "endpoints", "channels", "conns", "segments_used"] {
+        if v["usage"][k].as_u64() != Some(0) {
+            left.push(format!("usage.{k} = {}", v["usage"][k]));
+        }
+    }
+    assert!(
+        left.is_empty(),
+        "{}",
+        o.report(&format!(
+            "{what}: the region is not back at its baseline after the run and a reclaim: {}",
+            left.join("; ")
+        ))
+    );
+    members.len()
+}
+
+/// A small generator for the random moments (splitmix64).
+struct Moments(u64);
+
+impl Moments {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % n
+    }
+}
+
+/// How one kill trial went (for the summary line).
+#[derive(Default)]
+struct KillTrial {
+    received: u64,
+    read_end: String,
+    write_end: String,
+    switches: u64,
+    reclaimed: usize,
+}
+
+/// One trial: a pump pair streaming both ways without end (under the preload: with the
+/// flipper at work), the victim SIGKILLed `delay_ms` after both connected. The survivor must
+/// end by itself with a correct prefix of the victim's stream, then EOF or ECONNRESET on its
+/// reads and EPIPE or ECONNRESET on its writes.
+fn kill_trial(region: Option<&str>, kill_server: bool, delay_ms: u64, what: &str) -> KillTrial {
+    let scratch = Scratch::new("semantics", "flipkill");
+    let dir = &scratch.0;
+    let file = |n: &str| dir.join(n).display().to_string();
+    let common = |seed: u64, peer: u64, pid: &str| -> Vec<String> {
+        [
+            "--send",
+            "inf",
+            "--expect",
+            "inf",
+            "--peer-may-die",
+            "--stall",
+            "20",
+            "--seed",
+            &seed.to_string(),
+            "--peer-seed",
+            &peer.to_string(),
+            "--pid-file",
+            pid,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let mut sargs = vec!["--port-file".to_string(), file("port")];
+    sargs.extend(common(71, 72, &file("s.pid")));
+    let scmd = pump_cmd(region, PROCESS_TIMEOUT, None, "server", &sargs);
+    let mut server = spawn(&scmd, &dir.join("s.out"), &dir.join("s.err"));
+    let port = wait_for_port(&mut server, &dir.join("port"), Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("{what}: the server published no port"));
+    let flipper = region.map(|r| Flipper::start(r, &dir.join("flipper.err")));
+    let mut cargs = vec!["--port".to_string(), port.to_string()];
+    cargs.extend(common(72, 71, &file("c.pid")));
+    let ccmd = pump_cmd(region, PROCESS_TIMEOUT, None, "client", &cargs);
+    let mut client = spawn(&ccmd, &dir.join("c.out"), &dir.join("c.err"));
+    // Both connected (each writes its pid once it has the connection).
+    let pid_of =
+        |n: &str| -> Option<i32> { fs::read_to_string(dir.join(n)).ok()?.trim().parse().ok() };
+    let end = Instant::now() + Duration::from_secs(20);
+    while pid_of("s.pid").is_none() || pid_of("c.pid").is_none() {
+        assert!(Instant::now() < end, "{what}: the pair never connected");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Under the preload the moment is counted from the first switch: the kill must fall among
+    // the flips.
+    if let Some(r) = region {
+        while switch_count(r) == 0 {
+            assert!(
+                Instant::now() < end + Duration::from_secs(20),
+                "{what}: the connection never switched"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(delay_ms));
+    let switches_before = region.map_or(0, switch_count);
+    let victim = pid_of(if kill_server { "s.pid" } else { "c.pid" }).expect("victim pid");
+    // SAFETY: kill(2) on the pid the victim wrote itself; it cannot have been reused, as the
+    // victim is a descendant of ours that nobody has waited for yet.
+    let r = unsafe { libc::kill(victim, libc::SIGKILL) };
+    assert_eq!(r, 0, "kill {victim}");
+    let limit = Duration::from_secs(45);
+    let (survivor_st, victim_st) = if kill_server {
+        let c = wait_bounded(&mut client, limit);
+        (c, wait_bounded(&mut server, Duration::from_secs(10)))
+    } else {
+        let s = wait_bounded(&mut server, limit);
+        (s, wait_bounded(&mut client, Duration::from_secs(10)))
+    };
+    if let Some(f) = flipper {
+        f.stop();
+    }
+    let read = |n: &str| fs::read_to_string(dir.join(n)).unwrap_or_default();
+    let (server_st, client_st) = if kill_server {
+        (victim_st, survivor_st)
+    } else {
+        (survivor_st, victim_st)
+    };
+    let o = Outcome {
+        server: server_st,
+        client: client_st,
+        server_out: read("s.out"),
+        server_err: read("s.err"),
+        client_out: read("c.out"),
+        client_err: read("c.err"),
+    };
+    let (survivor, survivor_out) = if kill_server {
+        ("client", &o.client_out)
+    } else {
+        ("server", &o.server_out)
+    };
+    assert!(
+        killed(&victim_st),
+        "{}",
+        o.report(&format!("{what}: the victim did not die by SIGKILL"))
+    );
+    let ok = pump_ok(survivor_out).filter(|_| survivor_st.success());
+    let Some(ok) = ok else {
+        panic!(
+            "{}",
+            o.report(&format!(
+                "{what}: the surviving {survivor} failed ({}; a hang shows as a stall, a timeout \
+                 or a kill after 45 s)",
+                support::describe(&survivor_st)
+            ))
+        );
+    };
+    let (read_end, write_end) = (ok["read_end"].clone(), ok["write_end"].clone());
+    assert!(
+        ["EOF", "ECONNRESET"].contains(&read_end.as_str())
+            && ["EPIPE", "ECONNRESET"].contains(&write_end.as_str()),
+        "{}",
+        o.report(&format!(
+            "{what}: the surviving {survivor}'s reads ended with {read_end}, its writes with \
+             {write_end} (want EOF or ECONNRESET, then EPIPE or ECONNRESET)"
+        ))
+    );
+    let mut t = KillTrial {
+        received: ok["received"].parse().unwrap_or(0),
+        read_end,
+        write_end,
+        ..KillTrial::default()
+    };
+    if let Some(r) = region {
+        assert_no_doorbell_errors(&o);
+        for (who, log) in [("server", &o.server_err), ("client", &o.client_err)] {
+            assert!(
+                !log.contains("panicked"),
+                "{}",
+                o.report(&format!("{what}: the {who}'s log says \"panicked\""))
+            );
+        }
+        t.switches = switches_before;
+        t.reclaimed = assert_region_at_baseline(r, &o, what);
+    }
+    t
+}
+
+/// Switches the region counted so far: demotes by the operator plus promotions.
+fn switch_count(region: &str) -> u64 {
+    let v = status_of(region);
+    let count = |k: &str| v["switches"][k].as_u64().unwrap_or(0);
+    count("operator") + count("promoted")
+}
+
+/// The flip storm with deaths: a connection streaming both ways without end is demoted and
+/// promoted back and forth by the flipper (`MEMLOOP_PROMOTE=1` in both processes) while one
+/// side — the server and the client in turn — is SIGKILLed at a random moment (0–1500 ms
+/// after the first switch), `MEMLOOP_FLIP_KILL_TRIALS` times (20; the seed of the moments is
+/// `MEMLOOP_FLIP_KILL_SEED`, printed). Each time the survivor ends by itself (its stall watchdog
+/// and a 45 s bound catch a hang), everything it received is a correct prefix of the dead side's
+/// stream (every byte compared), its reads end with EOF or ECONNRESET and its writes with EPIPE
+/// or ECONNRESET; afterwards nothing of the pair is alive and, once the dead are reclaimed, the
+/// region is back at its baseline (no member, channel, connection record or segment left).
+/// Both kill directions run once on kernel TCP first (the reference). Every trial runs; the
+/// failed ones are listed at the end.
+fn switch_flip_sigkill_at_random_moments() {
+    let trials = env_u64("MEMLOOP_FLIP_KILL_TRIALS", 20);
+    let seed = env_u64(
+        "MEMLOOP_FLIP_KILL_SEED",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64),
+    );
+    eprintln!("flip kill: {trials} trials, MEMLOOP_FLIP_KILL_SEED={seed}");
+    for kill_server in [true, false] {
+        kill_trial(
+            None,
+            kill_server,
+            300,
+            &format!("kernel TCP reference, server killed: {kill_server}"),
+        );
+    }
+    let mut moments = Moments(seed);
+    let t0 = Instant::now();
+    let mut totals = (0u64, 0u64, 0usize);
+    let mut ends = std::collections::BTreeMap::<String, usize>::new();
+    let mut failed = Vec::new();
+    for i in 0..trials {
+        let kill_server = i % 2 == 0;
+        let delay = moments.below(1500);
+        let victim = if kill_server { "server" } else { "client" };
+        let what = format!(
+            "flip kill trial {} of {trials} ({victim} SIGKILLed {delay} ms after the first \
+             switch, seed {seed})",
+            i + 1
+        );
+        // Every trial runs (a failed one is reported at the end, its report printed now).
+        let trial = std::panic::catch_unwind(|| {
+            let region = RegionGuard::new("sem", "flipkill", 64 << 20);
+            kill_trial(Some(&region.0), kill_server, delay, &what)
+        });
+        let Ok(t) = trial else {
+            eprintln!("  trial {:>3}: FAILED ({what})", i + 1);
+            failed.push(what);
+            continue;
+        };
+        eprintln!(
+            "  trial {:>3}: {victim} killed {delay:>4} ms after the first switch ({:>3} by \
+             then); survivor got {:>10} bytes, reads ended {}, writes {}; {} dead reclaimed",
+            i + 1,
+            t.switches,
+            t.received,
+            t.read_end,
+            t.write_end,
+            t.reclaimed
+        );
+        totals.0 += t.switches;
+        totals.1 += t.received;
+        totals.2 += t.reclaimed;
+        *ends
+            .entry(format!("{}/{}", t.read_end, t.write_end))
+            .or_default() += 1;
+    }
+    eprintln!(
+        "flip kill: {trials} trials, {} switches before the kills, {} bytes checked, ends \
+         {ends:?}, {} dead members reclaimed, {:.1} s",
+        totals.0,
+        totals.1,
+        totals.2,
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {trials} trials failed (their reports are above):\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+/// One connection, ≥ 10^10 checksummed bytes (`MEMLOOP_SWITCH_BYTES`, default 10^10) from the
+/// client to the server and as many back at the same time (`MEMLOOP_SWITCH_BYTES_BACK`), while
+/// the flipper demotes and promotes it for as long as it runs (`MEMLOOP_PROMOTE=1`): every byte
+/// compared as it is read, exact EOF both ways, no doorbell error; the switches counted are
+/// printed with the bytes and the time. Across two domains when they can be made (root and
+/// `ip`), else on loopback. A short kernel-TCP run first is the reference.
+fn switch_ten_gigabytes_through_one_flipping_connection() {
+    let bytes = env_u64("MEMLOOP_SWITCH_BYTES", 10_000_000_000);
+    let back = env_u64("MEMLOOP_SWITCH_BYTES_BACK", bytes);
+    let doms = needs_domains().is_ok().then(Domains::up);
+    let place = if doms.is_some() {
+        "across two domains"
+    } else {
+        "on loopback (no domains here)"
+    };
+    let reference = pump_pair(None, doms.as_ref(), 100_000_000, 100_000_000, 120);
+    assert_pumped(&reference, 100_000_000, 100_000_000, "kernel TCP reference");
+    // Generous: hangs are caught by the pumps' stall watchdogs (60 s without progress).
+    let limit = 300 + (bytes + back) / 20_000_000;
+    let region = RegionGuard::new("sem", "flip10g", 64 << 20);
+    let t0 = Instant::now();
+    let o = pump_pair(Some(&region.0), doms.as_ref(), bytes, back, limit);
+    let secs = t0.elapsed().as_secs_f64();
+    let what = format!("{bytes} + {back} bytes through one flipping connection {place}");
+    assert_pumped(&o, bytes, back, &what);
+    assert_no_doorbell_errors(&o);
+    let problems = doorbell_count_problems(&[&o.server_err, &o.client_err]);
+    assert!(problems.is_empty(), "{}", o.report(&problems.join("; ")));
+    let v = status_of(&region.0);
+    let count = |k: &str| v["switches"][k].as_u64().unwrap_or(0);
+    let (demoted, promoted) = (count("operator"), count("promoted"));
+    let back_on_ring = [&o.server_err, &o.client_err]
+        .iter()
+        .map(|l| l.matches("promoted: back on the ring").count())
+        .sum::<usize>();
+    eprintln!(
+        "{what}: {demoted} demotes, {promoted} promotions ({back_on_ring} sides back on their \
+         rings), {secs:.1} s, {:.0} MB/s both ways together",
+        (bytes + back) as f64 / secs / 1e6
+    );
+    assert!(
+        demoted >= 1 && promoted >= 1,
+        "{}",
+        o.report(&format!(
+            "{what}: the connection never flipped ({demoted} demotes, {promoted} promotions)"
+        ))
+    );
+    assert_region_at_baseline(&region.0, &o, &what);
+}
+
+/// A pump pair, the client sending `c2s` bytes and the server `s2c`, both at once; under the
+/// preload with the flipper at work from before the client connects until it is done.
+fn pump_pair(
+    region: Option<&str>,
+    doms: Option<&Domains>,
+    c2s: u64,
+    s2c: u64,
+    limit: u64,
+) -> Outcome {
+    let scratch = Scratch::new("semantics", "pump");
+    let dir = &scratch.0;
+    let port_file = dir.join("port").display().to_string();
+    let host = doms.map_or("127.0.0.1".to_string(), |d| d.server.clone());
+    let args = |send: u64, expect: u64, seed: u64, peer: u64| -> Vec<String> {
+        vec![
+            "--send".into(),
+            send.to_string(),
+            "--expect".into(),
+            expect.to_string(),
+            "--seed".into(),
+            seed.to_string(),
+            "--peer-seed".into(),
+            peer.to_string(),
+            "--progress".into(),
+            "1".into(),
+        ]
+    };
+    let mut sargs = vec![
+        "--host".to_string(),
+        host.clone(),
+        "--port-file".into(),
+        port_file.clone(),
+    ];
+    sargs.extend(args(s2c, c2s, 81, 82));
+    let scmd = pump_cmd(region, limit, doms.map(|d| (d, 0)), "server", &sargs);
+    let mut server = spawn(&scmd, &dir.join("s.out"), &dir.join("s.err"));
+    let port = wait_for_port(&mut server, &dir.join("port"), Duration::from_secs(20));
+    let flipper = region.map(|r| Flipper::start(r, &dir.join("flipper.err")));
+    let client = match port {
+        Some(port) => {
+            let mut cargs = vec![
+                "--host".to_string(),
+                host,
+                "--port".into(),
+                port.to_string(),
+            ];
+            cargs.extend(args(c2s, s2c, 82, 81));
+            let ccmd = pump_cmd(region, limit, doms.map(|d| (d, 1)), "client", &cargs);
+            let mut c = spawn(&ccmd, &dir.join("c.out"), &dir.join("c.err"));
+            wait_bounded(&mut c, Duration::from_secs(limit + 10))
+        }
+        None => not_started(),
+    };
+    let server = wait_bounded(&mut server, Duration::from_secs(30));
+    if let Some(f) = flipper {
+        f.stop();
+    }
+    let read = |n: &str| fs::read_to_string(dir.join(n)).unwrap_or_default();
+    Outcome {
+        server,
+        client,
+        server_out: read("s.out"),
+        server_err: read("s.err"),
+        client_out: read("c.out"),
+        client_err: read("c.err"),
+    }
+}
+
+/// Both pumps said OK with the exact counts (each checked every byte and the EOF itself).
+fn assert_pumped(o: &Outcome, c2s: u64, s2c: u64, what: &str) {
+    let want = |sent: u64, received: u64| {
+        move |ok: std::collections::HashMap<String, String>| {
+            ok["sent"] == sent.to_string()
+                && ok["received"] == received.to_string()
+                && ok["read_end"] == "EOF"
+                && ok["write_end"] == "done"
+        }
+    };
+    let server_ok = o.server.success() && pump_ok(&o.server_out).is_some_and(want(s2c, c2s));
+    let client_ok = o.client.success() && pump_ok(&o.client_out).is_some_and(want(c2s, s2c));
+    assert!(
+        server_ok && client_ok,
+        "{}",
+        o.report(&format!("{what}: the pumps failed"))
+    );
 }
