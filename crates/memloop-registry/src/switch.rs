@@ -396,8 +396,14 @@ mod tests {
             "a demote asked during a promotion is refused"
         );
         assert!(w.set_stopped(Side::Server) && w.set_stopped(Side::Client));
-        assert!(w.finish_promotion() && w.quiet(), "the finish leaves nothing behind");
-        assert!(w.request(SwitchReason::Operator), "after it, a demote is taken");
+        assert!(
+            w.finish_promotion() && w.quiet(),
+            "the finish leaves nothing behind"
+        );
+        assert!(
+            w.request(SwitchReason::Operator),
+            "after it, a demote is taken"
+        );
     }
 
     #[test]
