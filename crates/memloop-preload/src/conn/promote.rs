@@ -114,7 +114,10 @@ impl Conn {
             // Back on the ring (another thread moved the reads while this one was reading):
             // the peer stopped long ago, and whatever TCP still holds are its doorbells.
             Path::Ring => true,
-            _ => w.switch.stopped(other),
+            // Our mark gone from the word while we are on TCP: the promotion finished (the
+            // peer read to our stop and cleared the word), so the peer stopped long before.
+            // (Our own stop may have gone through an instant before our path says so.)
+            _ => w.switch.stopped(other) || !w.switch.on_tcp(self.side),
         };
         stopped.then(|| {
             pw.tcp_stop
@@ -164,6 +167,12 @@ impl Conn {
                             let k = self.keep_data(n, left, peek);
                             if k < n {
                                 check_doorbells(&part, k, n);
+                            }
+                            if left == Some(n as u64) {
+                                let last = part.iter().flat_map(|b| b.iter()).nth(n - 1).copied();
+                                tracing::debug!(ch = ?self.ch, side = ?self.side, n, ?last,
+                                    received = self.tcp.received.load(Acquire),
+                                    path = ?self.path(), "read up to the peer's stop");
                             }
                             tracing::trace!(ch = ?self.ch, n, k, ?left, path = ?self.path(),
                                 received = self.tcp.received.load(Acquire), "tcp read");
