@@ -20,13 +20,13 @@
 //! reason says how, and where in the source); they pass on kernel TCP and will pass once the
 //! bug is fixed. The other ignored tests are merely slow.
 //!
-//! Two `bug_` ones (slow too) drive `memloop-pump` (crate `memloop-evtest`: one connection, a checksummed
+//! Two slow ones drive `memloop-pump` (crate `memloop-evtest`: one connection, a checksummed
 //! stream each way at memory speed) instead of a script, with the `storm.py` flipper demoting
 //! and promoting the connection (`MEMLOOP_PROMOTE=1`):
-//! - `bug_switch_flip_sigkill_at_random_moments`: one end SIGKILLed at a random moment, the
+//! - `switch_flip_sigkill_at_random_moments`: one end SIGKILLed at a random moment, the
 //!   survivor gets a correct prefix then EOF/ECONNRESET, the region returns to its baseline
 //!   (`MEMLOOP_FLIP_KILL_TRIALS`, 20; `MEMLOOP_FLIP_KILL_SEED`);
-//! - `bug_switch_ten_gigabytes_through_one_flipping_connection`: 10^10 bytes each way through one
+//! - `switch_ten_gigabytes_through_one_flipping_connection`: 10^10 bytes each way through one
 //!   flipping connection (`MEMLOOP_SWITCH_BYTES`, `MEMLOOP_SWITCH_BYTES_BACK`).
 //!
 //! The handoff tests (`tests/semantics/handoff.py`: inetd chains, SCM_RIGHTS, re-exec, MSG_OOB
@@ -122,11 +122,7 @@ fn main() -> std::process::ExitCode {
         test!(inetd_handler_chain_dup2_exec_exec),
         test!(inetd_handler_without_the_library),
         test!(switch_storm_1200_connections_at_random_moments),
-        test!(bug_switch_flip_8_streams_demoted_and_promoted).ignore(
-            "bug (rare, under load): a promotion occasionally corrupts a stream (a CI run saw \
-             one sha256 mismatch on one of 8 streams); promotion is off unless MEMLOOP_PROMOTE=1 \
-             — conn/promote.rs",
-        ),
+        test!(switch_flip_8_streams_demoted_and_promoted),
         test!(inetd_handler_exits_without_close),
         test!(scm_rights_handoff_to_preloaded_worker),
         test!(scm_rights_handoff_to_plain_worker),
@@ -142,18 +138,11 @@ fn main() -> std::process::ExitCode {
         test!(xdom_peer_killed_while_idle).needs(needs_domains()),
         test!(xdom_selectors_echo_server_20_clients).needs(needs_domains()),
         test!(xdom_switch_storm).needs(needs_domains()),
-        test!(bug_xdom_switch_flip)
-            .needs(needs_domains())
-            .ignore("bug: as bug_switch_flip_8_streams_demoted_and_promoted, across two domains"),
-        test!(bug_switch_flip_sigkill_at_random_moments).ignore(
-            "bug + slow: 20 SIGKILLs of a flipping connection's ends; fails in some runs on the \
-             open promotion faults (a reader on TCP takes 1-2 of the peer's doorbells after \
-             its stop for data; a flip that stops moving) — docs/design/path-switching.md, Open",
-        ),
-        test!(bug_switch_ten_gigabytes_through_one_flipping_connection).ignore(
-            "bug + slow: 10^10 bytes each way through one flipping connection; fails within \
-             ~2-8 GB on the same open promotion faults (the quickest reproducer: ~15 s)",
-        ),
+        test!(xdom_switch_flip).needs(needs_domains()),
+        test!(switch_flip_sigkill_at_random_moments)
+            .ignore("slow: 20 SIGKILLs of a flipping connection's ends at random moments"),
+        test!(switch_ten_gigabytes_through_one_flipping_connection)
+            .ignore("slow: 10^10 checksummed bytes each way through one flipping connection"),
     ])
 }
 
@@ -865,11 +854,11 @@ fn xdom_switch_storm() {
 /// sizes) demoted and promoted back and forth by `memloop demote|promote --all` fired at
 /// random moments (0–2 ms apart) for as long as they run. Zero bytes lost, duplicated or
 /// reordered; ≥ 1000 switches counted.
-fn bug_switch_flip_8_streams_demoted_and_promoted() {
+fn switch_flip_8_streams_demoted_and_promoted() {
     flip(None);
 }
 
-fn bug_xdom_switch_flip() {
+fn xdom_switch_flip() {
     let d = Domains::up();
     flip(Some(&d));
 }
@@ -1428,7 +1417,7 @@ fn switch_count(region: &str) -> u64 {
 /// region is back at its baseline (no member, channel, connection record or segment left).
 /// Both kill directions run once on kernel TCP first (the reference). Every trial runs; the
 /// failed ones are listed at the end.
-fn bug_switch_flip_sigkill_at_random_moments() {
+fn switch_flip_sigkill_at_random_moments() {
     let trials = env_u64("MEMLOOP_FLIP_KILL_TRIALS", 20);
     let seed = env_u64(
         "MEMLOOP_FLIP_KILL_SEED",
@@ -1508,7 +1497,7 @@ fn bug_switch_flip_sigkill_at_random_moments() {
 /// compared as it is read, exact EOF both ways, no doorbell error; the switches counted are
 /// printed with the bytes and the time. Across two domains when they can be made (root and
 /// `ip`), else on loopback. A short kernel-TCP run first is the reference.
-fn bug_switch_ten_gigabytes_through_one_flipping_connection() {
+fn switch_ten_gigabytes_through_one_flipping_connection() {
     let bytes = env_u64("MEMLOOP_SWITCH_BYTES", 10_000_000_000);
     let back = env_u64("MEMLOOP_SWITCH_BYTES_BACK", bytes);
     let doms = needs_domains().is_ok().then(Domains::up);
