@@ -399,6 +399,15 @@ fn run_pair(s: &Scenario, mode: Mode, region: Option<&str>, doms: Option<&Domain
     // Once the client is done the server has little left to do: do not wait out its watchdog
     // when it hangs (e.g. in accept after a client that failed before connecting).
     let server = wait_bounded(&mut server, Duration::from_secs(15));
+    outcome_in(dir, server, client)
+}
+
+/// What both roles left in `dir` (`s.out`, `s.err`, `c.out`, `c.err`) with their exit statuses.
+fn outcome_in(
+    dir: &std::path::Path,
+    server: std::process::ExitStatus,
+    client: std::process::ExitStatus,
+) -> Outcome {
     let read = |n: &str| fs::read_to_string(dir.join(n)).unwrap_or_default();
     Outcome {
         server,
@@ -1598,15 +1607,7 @@ fn pump_pair(
     if let Some(f) = flipper {
         f.stop();
     }
-    let read = |n: &str| fs::read_to_string(dir.join(n)).unwrap_or_default();
-    Outcome {
-        server,
-        client,
-        server_out: read("s.out"),
-        server_err: read("s.err"),
-        client_out: read("c.out"),
-        client_err: read("c.err"),
-    }
+    outcome_in(dir, server, client)
 }
 
 /// Both pumps said OK with the exact counts (each checked every byte and the EOF itself).
