@@ -168,12 +168,6 @@ impl Conn {
                             if k < n {
                                 check_doorbells(&part, k, n);
                             }
-                            if left == Some(n as u64) {
-                                let last = part.iter().flat_map(|b| b.iter()).nth(n - 1).copied();
-                                tracing::debug!(ch = ?self.ch, side = ?self.side, n, ?last,
-                                    received = self.tcp.received.load(Acquire),
-                                    path = ?self.path(), "read up to the peer's stop");
-                            }
                             tracing::trace!(ch = ?self.ch, n, k, ?left, path = ?self.path(),
                                 received = self.tcp.received.load(Acquire), "tcp read");
                             k
@@ -483,11 +477,12 @@ impl Conn {
 
 /// Bytes `from..to` of `bufs` were taken for the peer's doorbells: they must be.
 fn check_doorbells(bufs: &[IoSliceMut<'_>], from: usize, to: usize) {
-    let bytes: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
-    if let Some(at) = bytes
-        .get(from..to)
-        .and_then(|d| d.iter().position(|&b| b != 1))
-    {
+    let mut taken = bufs
+        .iter()
+        .flat_map(|b| b.iter())
+        .skip(from)
+        .take(to - from);
+    if let Some(at) = taken.position(|&b| b != 1) {
         tracing::error!(at, of = to - from, "data received past the peer's TCP stop");
     }
 }
