@@ -1,8 +1,9 @@
 //! `memloop region create | inspect | destroy`.
 
 use crate::error::{fail, CliError, CliResult, Context};
+use crate::switch_cmd;
 use crate::units::{fmt_size, parse_size};
-use memloop::registry::RegionParams;
+use memloop::registry::{RegionParams, RegionState};
 use memloop::{CreateRegion, Error, Region, RegionSpec};
 use serde_json::json;
 
@@ -33,11 +34,26 @@ pub enum RegionCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Remove a region. Members that have it mapped keep their mapping until they exit.
-    Destroy(RegionArg),
+    /// Remove a region. Its live connections are first moved to TCP (new ones stay there);
+    /// members that have it mapped keep their mapping until they exit.
+    Destroy(StateArgs),
+    /// Stop taking ring connections: live ones move to TCP mid-stream, new ones stay on TCP.
+    Pause(StateArgs),
+    /// Take ring connections again; those the pause moved to TCP come back to their rings
+    /// (in processes that follow promotions).
+    Resume(StateArgs),
     /// Reclaim dead members now (their endpoints, channels and ring memory). Members in other
     /// kernels (VMs) are judged by their heartbeat, which takes watching for 1.5 s.
     Reclaim(RegionArg),
+}
+
+#[derive(clap::Args)]
+pub struct StateArgs {
+    #[command(flatten)]
+    region: RegionArg,
+    /// Seconds to wait for the connections to finish their move (0: only ask).
+    #[arg(long, value_name = "SECS", default_value = "5")]
+    wait: f64,
 }
 
 #[derive(clap::Args)]
@@ -68,7 +84,9 @@ pub fn run(cmd: RegionCmd) -> CliResult<()> {
     match cmd {
         RegionCmd::Create(a) => create(&a),
         RegionCmd::Inspect { region, json } => inspect(&region.spec(), json),
-        RegionCmd::Destroy(r) => destroy(&r.spec()),
+        RegionCmd::Destroy(a) => destroy(&a),
+        RegionCmd::Pause(a) => pause(&a),
+        RegionCmd::Resume(a) => resume(&a),
         RegionCmd::Reclaim(r) => reclaim(&r.spec()),
     }
 }
@@ -183,6 +201,7 @@ fn inspect(spec: &RegionSpec, as_json: bool) -> CliResult<()> {
     if as_json {
         let v = json!({
             "path": region.path(), "size": region.size(), "generation": reg.generation(),
+            "state": reg.state().name(),
             "params": params_json(&p), "usage": usage_json(&u),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -195,6 +214,7 @@ fn inspect(spec: &RegionSpec, as_json: bool) -> CliResult<()> {
         region.size()
     );
     println!("generation  {}", reg.generation());
+    println!("state       {}", reg.state().name());
     println!(
         "params      members {}, endpoints {}, channels {}, segment {}",
         p.max_members,
@@ -230,15 +250,54 @@ pub fn usage_line(u: &memloop::registry::Usage, p: &RegionParams) -> String {
     )
 }
 
-fn destroy(spec: &RegionSpec) -> CliResult<()> {
+fn destroy(a: &StateArgs) -> CliResult<()> {
+    let spec = a.region.spec();
     // Best effort: say who still has it mapped (they keep working on their mapping).
-    let live = Region::open(spec)
-        .map(|r| r.registry().usage().members)
-        .unwrap_or(0);
-    Region::destroy(spec).map_err(|e| explain(spec, e))?;
+    let live = match Region::open(&spec) {
+        Ok(r) => {
+            let reg = r.registry();
+            reg.set_state(RegionState::Destroying)
+                .context("marking the region as being destroyed")?;
+            if let Err(e) = switch_cmd::demote_all_for_region(reg, a.wait) {
+                // Still destroyed: a connection left on its ring keeps the mapping it has.
+                eprintln!("warning: {e}");
+            }
+            reg.usage().members
+        }
+        Err(_) => 0,
+    };
+    Region::destroy(&spec).map_err(|e| explain(&spec, e))?;
     println!("destroyed region at {}", spec.path().display());
     if live > 0 {
         println!("note: {live} member(s) still have it mapped and keep it until they exit");
     }
     Ok(())
+}
+
+fn pause(a: &StateArgs) -> CliResult<()> {
+    let region = open(&a.region.spec())?;
+    let reg = region.registry();
+    let was = reg
+        .set_state(RegionState::Paused)
+        .context("pausing the region")?;
+    println!(
+        "region {} paused (was {})",
+        region.path().display(),
+        was.name()
+    );
+    switch_cmd::demote_all_for_region(reg, a.wait)
+}
+
+fn resume(a: &StateArgs) -> CliResult<()> {
+    let region = open(&a.region.spec())?;
+    let reg = region.registry();
+    let was = reg
+        .set_state(RegionState::Open)
+        .context("resuming the region")?;
+    println!(
+        "region {} open (was {})",
+        region.path().display(),
+        was.name()
+    );
+    switch_cmd::promote_paused(reg, a.wait)
 }

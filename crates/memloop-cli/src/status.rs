@@ -50,7 +50,7 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
         usage_j["conns"] = usage.conns.into();
         let v = json!({
             "region": { "path": region.path(), "size": region.size(), "generation": reg.generation(),
-                        "params": params_j },
+                        "state": reg.state().name(), "params": params_j },
             "usage": usage_j,
             "members": members.iter().map(member_json).collect::<Vec<_>>(),
             "endpoints": endpoints.iter().map(endpoint_json).collect::<Vec<_>>(),
@@ -69,10 +69,11 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
         return Ok(());
     }
     println!(
-        "region {} ({}), generation {}",
+        "region {} ({}), generation {}, {}",
         region.path().display(),
         fmt_size(region.size()),
-        reg.generation()
+        reg.generation(),
+        reg.state().name()
     );
     println!("usage: {}", region_cmd::usage_line(&usage, &params));
     println!("connection records: {}/{}", usage.conns, params.max_conns);

@@ -103,7 +103,7 @@ fn select(reg: &Registry, a: &SwitchArgs, verb: &str) -> CliResult<Vec<ChannelId
             .map(|c| c.id)
             .collect());
     }
-    Ok(chans.iter().filter(accepted).map(|c| c.id).collect())
+    Ok(all_tcp(reg))
 }
 
 /// Whether a demoted channel is done: freed (the slot no longer holds it) or both sides on TCP.
@@ -173,22 +173,68 @@ fn switch(
     ask: impl Fn(&Registry, ChannelId) -> Result<bool, RegistryError>,
     done: impl Fn(&Registry, ChannelId) -> bool,
 ) -> CliResult<()> {
-    let name = verb.name();
-    if !(a.wait.is_finite() && a.wait >= 0.0) {
-        return Err(fail(format!("--wait {}: not a number of seconds", a.wait)));
-    }
     let region = region_cmd::open(&a.region.spec())?;
     let reg = region.registry();
+    let chans = select(reg, a, verb.name())?;
+    ask_and_wait(reg, verb, chans, a.conn.is_some(), a.wait, ask, done)
+}
+
+/// Every accepted channel of a TCP connection (what `--all` selects).
+fn all_tcp(reg: &Registry) -> Vec<ChannelId> {
+    reg.channels()
+        .into_iter()
+        .filter(|c| !c.marker && c.state == ChannelState::Accepted && c.tuple.is_some())
+        .map(|c| c.id)
+        .collect()
+}
+
+/// `memloop region pause` / `destroy`: every ring connection of the region is asked to move
+/// to TCP (the processes' heartbeats also demote any that got onto a ring meanwhile).
+pub fn demote_all_for_region(reg: &Registry, wait: f64) -> CliResult<()> {
+    let ask = |reg: &Registry, ch| reg.request_switch(ch, SwitchReason::Region);
+    let chans = all_tcp(reg);
+    ask_and_wait(reg, Verb::Demote, chans, false, wait, ask, finished)
+}
+
+/// `memloop region resume`: the connections the pause moved to TCP come back to their rings.
+pub fn promote_paused(reg: &Registry, wait: f64) -> CliResult<()> {
+    let paused = |ch: &ChannelId| {
+        reg.switch_word(*ch).is_ok_and(|w| {
+            w.reason() == Some(SwitchReason::Region)
+                && w.on_tcp(Side::Client)
+                && w.on_tcp(Side::Server)
+        })
+    };
+    let chans = all_tcp(reg).into_iter().filter(paused).collect();
+    let ask = |reg: &Registry, ch| reg.request_promote(ch);
+    ask_and_wait(reg, Verb::Promote, chans, false, wait, ask, promoted)
+}
+
+/// Asks each of `chans`, then (with `wait` > 0 s) watches until `done` says each is. With
+/// `strict` a channel that cannot be asked is an error, else it is skipped (it closed or
+/// changed since it was listed).
+fn ask_and_wait(
+    reg: &Registry,
+    verb: Verb,
+    chans: Vec<ChannelId>,
+    strict: bool,
+    wait: f64,
+    ask: impl Fn(&Registry, ChannelId) -> Result<bool, RegistryError>,
+    done: impl Fn(&Registry, ChannelId) -> bool,
+) -> CliResult<()> {
+    let name = verb.name();
+    if !(wait.is_finite() && wait >= 0.0) {
+        return Err(fail(format!("--wait {wait}: not a number of seconds")));
+    }
     let mut asked = Vec::new();
     let mut already = 0;
-    for ch in select(reg, a, name)? {
+    for ch in chans {
         match ask(reg, ch) {
             Ok(made) => {
                 already += usize::from(!made);
                 asked.push(ch);
             }
-            // Closed or reclaimed since we listed it, or not in a state to move.
-            Err(_) if a.conn.is_none() => {}
+            Err(_) if !strict => {}
             Err(e) => return Err(fail(format!("{name}: channel {}: {e}", id_str(ch)))),
         }
     }
@@ -203,10 +249,10 @@ fn switch(
         print!(" ({already} already asked before)");
     }
     println!();
-    if asked.is_empty() || a.wait == 0.0 {
+    if asked.is_empty() || wait == 0.0 {
         return Ok(());
     }
-    let deadline = Instant::now() + Duration::from_secs_f64(a.wait);
+    let deadline = Instant::now() + Duration::from_secs_f64(wait);
     let mut pending = asked.clone();
     loop {
         pending.retain(|&ch| !done(reg, ch));
@@ -220,7 +266,7 @@ fn switch(
         "{name}: {finished} of {} finished ({}) within {}s",
         asked.len(),
         verb.done(),
-        a.wait
+        wait
     );
     if pending.is_empty() {
         return Ok(());
@@ -231,7 +277,7 @@ fn switch(
          notice the request on their next call or heartbeat)",
         pending.len(),
         s(pending.len()),
-        a.wait,
+        wait,
         ids.join(", ")
     )))
 }

@@ -25,6 +25,10 @@ fn main() -> std::process::ExitCode {
         test!(demote_and_promote_selectors_are_checked),
         test!(demote_sets_the_switch_request_of_a_live_ring_connection).needs(preloaded()),
         test!(demote_moves_a_live_connection_to_tcp_and_promote_brings_it_back).needs(preloaded()),
+        test!(pause_moves_live_connections_to_tcp_keeps_new_ones_there_and_resume_brings_them_back)
+            .needs(preloaded()),
+        test!(destroy_moves_live_connections_to_tcp_before_the_region_goes).needs(preloaded()),
+        test!(the_heartbeat_demotes_ring_connections_of_a_paused_region).needs(preloaded()),
         test!(status_shows_switched_records_and_switch_counts),
     ])
 }
@@ -832,5 +836,93 @@ fn demote_moves_a_live_connection_to_tcp_and_promote_brings_it_back() {
     assert_eq!(ch["path"], "ring", "{v}");
     assert_eq!(ch["switch_requested"], false, "{v}");
     assert!(v["switches"]["promoted"].as_u64() >= Some(1), "{v}");
+    pair.finish();
+}
+
+/// `region pause`: the live connection moves to TCP mid-stream (reason `region`), a connection
+/// made while paused stays on TCP (fallback `paused`); `region resume` brings the first back.
+/// Both streams arrive whole.
+fn pause_moves_live_connections_to_tcp_keeps_new_ones_there_and_resume_brings_them_back() {
+    let r = TestRegion::create("pause");
+    std::env::set_var("MEMLOOP_PROMOTE", "1");
+    let live = Pair::start(&r.0);
+    let id = live.channel(&r.0);
+    let o = memloop(&["region", "pause", "--wait", "10", "--region", &r.0]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("1 of 1 finished"), "{}", stdout(&o));
+    let v = status_json(&r.0);
+    assert_eq!(v["region"]["state"], "paused", "{v}");
+    let ch = find_channel(&v, &id).expect("the channel is kept while the connection lives");
+    assert_eq!(ch["path"], "tcp", "{v}");
+    assert_eq!(ch["switch_reason"], "region", "{v}");
+    assert_eq!(v["switches"]["region"], 1, "{v}");
+
+    let late = Pair::start(&r.0);
+    let v = status_json(&r.0);
+    assert_eq!(
+        v["fallbacks"]["paused"], 1,
+        "the new connection stayed on TCP: {v}"
+    );
+    let on_ring = v["channels"].as_array().unwrap().iter().any(|c| {
+        c["marker"] == false
+            && c["tuple"]["server"]
+                .as_str()
+                .is_some_and(|s| s.ends_with(&format!(":{}", late.port)))
+    });
+    assert!(
+        !on_ring,
+        "no channel for a connection made while paused: {v}"
+    );
+
+    let o = memloop(&["region", "resume", "--wait", "10", "--region", &r.0]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("1 of 1 finished"), "{}", stdout(&o));
+    let v = status_json(&r.0);
+    assert_eq!(v["region"]["state"], "open", "{v}");
+    assert_eq!(find_channel(&v, &id).unwrap()["path"], "ring", "{v}");
+    assert!(v["switches"]["promoted"].as_u64() >= Some(1), "{v}");
+    live.finish();
+    late.finish();
+}
+
+/// `region destroy` moves a live connection to TCP first; the stream then ends whole on TCP
+/// although the region file is gone.
+fn destroy_moves_live_connections_to_tcp_before_the_region_goes() {
+    let r = TestRegion::create("destroy-live");
+    let pair = Pair::start(&r.0);
+    let id = pair.channel(&r.0);
+    let o = memloop(&["region", "destroy", "--wait", "10", "--region", &r.0]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("demote: asked 1 channel"), "{out}");
+    assert!(out.contains("1 of 1 finished"), "channel {id}: {out}");
+    assert!(out.contains("destroyed region"), "{out}");
+    pair.finish();
+}
+
+/// A connection that got onto its ring after `pause` looked (or a pause written by anything
+/// else): the processes' heartbeats see the paused state and demote it themselves.
+fn the_heartbeat_demotes_ring_connections_of_a_paused_region() {
+    let r = TestRegion::create("pause-beat");
+    let pair = Pair::start(&r.0);
+    let id = pair.channel(&r.0);
+    let region = Region::open(&RegionSpec::parse(&r.0)).unwrap();
+    region
+        .registry()
+        .set_state(memloop::registry::RegionState::Paused)
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let ch = loop {
+        let ch = find_channel(&status_json(&r.0), &id).expect("the channel is kept");
+        if ch["path"] == "tcp" || std::time::Instant::now() > deadline {
+            break ch;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(
+        (&ch["path"], &ch["switch_reason"]),
+        (&"tcp".into(), &"region".into()),
+        "{ch}"
+    );
     pair.finish();
 }

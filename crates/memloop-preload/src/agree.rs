@@ -176,10 +176,15 @@ fn accepted_tuple(fd: c_int) -> Option<ConnTuple> {
     t
 }
 
-/// Server side, when this process cannot use rings (it waits in ways memloop cannot see):
-/// a decline marker for the connection's tuple, and a decline of an offer already made, so
-/// the client settles on TCP at once.
-pub fn server_refuse(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepted {
+/// Server side, when this process cannot use rings (it waits in ways memloop cannot see), or
+/// the region takes none now (paused): a decline marker for the connection's tuple, and a
+/// decline of an offer already made, so the client settles on TCP at once.
+pub fn server_refuse(
+    engine: &Arc<Engine>,
+    ep: EndpointId,
+    fd: c_int,
+    reason: FallbackReason,
+) -> Accepted {
     let Some(tuple) = accepted_tuple(fd) else {
         return Accepted::Plain(FallbackReason::Error, None);
     };
@@ -191,7 +196,7 @@ pub fn server_refuse(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
     if let Some(ch) = reg.find_offer_by_tuple(ep, &tuple) {
         logged("declining an offer", reg.decline(ch));
     }
-    Accepted::Plain(FallbackReason::Unsupported, marker)
+    Accepted::Plain(reason, marker)
 }
 
 /// Server side, right after the real `accept`.

@@ -126,6 +126,11 @@ fn io_uring_used() -> bool {
     IO_URING.load(Relaxed)
 }
 
+/// The region takes new ring connections (not paused or being destroyed by its operator).
+fn region_open(engine: &engine::Engine) -> bool {
+    engine.registry().state() == memloop::registry::RegionState::Open
+}
+
 /// Before the real connect: the co-resident listener, if any.
 pub fn before_connect(fd: c_int, dst: Option<SocketAddr>) -> Option<Connecting> {
     if !is_candidate(fd) {
@@ -141,6 +146,11 @@ pub fn before_connect(fd: c_int, dst: Option<SocketAddr>) -> Option<Connecting> 
         return None;
     }
     match agree::find_listener(&engine, dst) {
+        // The server refuses it too, and counts it (once per connection).
+        Ok(_) if !region_open(&engine) => {
+            tracing::debug!(fd, %dst, "connect stays on TCP: the region is paused");
+            None
+        }
         Ok(ep) => {
             let announced = match engine.registry().endpoint_connecting(ep.id) {
                 Ok(w) => Some(w),
@@ -262,7 +272,9 @@ pub fn after_accept(lfd: c_int, fd: c_int) {
         return;
     };
     let accepted = if io_uring_used() {
-        agree::server_refuse(&engine, ep, fd)
+        agree::server_refuse(&engine, ep, fd, FallbackReason::Unsupported)
+    } else if !region_open(&engine) {
+        agree::server_refuse(&engine, ep, fd, FallbackReason::Paused)
     } else {
         agree::server_accept(&engine, ep, fd)
     };

@@ -53,6 +53,8 @@ pub enum FallbackReason {
     Layout,
     /// An entry on the way (listener, peer, channel) went away or changed meanwhile.
     Stale,
+    /// The region is paused, or being destroyed, by its operator.
+    Paused,
 }
 
 /// Header counter bumped when [`Registry::record_conn`] finds the record table full.
@@ -60,7 +62,7 @@ pub const COUNTER_CONNS_DROPPED: usize = FallbackReason::ALL.len();
 
 impl FallbackReason {
     /// Every reason, in code order.
-    pub const ALL: [FallbackReason; 18] = [
+    pub const ALL: [FallbackReason; 19] = [
         Self::NoListener,
         Self::NotMember,
         Self::Ambiguous,
@@ -79,6 +81,7 @@ impl FallbackReason {
         Self::ChannelKind,
         Self::Layout,
         Self::Stale,
+        Self::Paused,
     ];
 
     /// The stable code stored in the region (1-based; 0 is never a reason).
@@ -116,6 +119,7 @@ impl FallbackReason {
             Self::ChannelKind => "channel_kind",
             Self::Layout => "layout",
             Self::Stale => "stale",
+            Self::Paused => "paused",
         }
     }
 
@@ -169,6 +173,7 @@ impl FallbackReason {
             Self::ChannelKind => "channel of an unexpected or unsupported kind",
             Self::Layout => "region layout not understood",
             Self::Stale => "listener, peer or channel went away meanwhile",
+            Self::Paused => "region paused or being destroyed",
         }
     }
 }
@@ -231,7 +236,7 @@ mod tests {
         }
         assert!(!seen.contains(&COUNTER_CONNS_DROPPED));
         assert_eq!(FallbackReason::from_code(0), None);
-        assert_eq!(FallbackReason::from_code(19), None);
+        assert_eq!(FallbackReason::from_code(20), None);
         assert_eq!(counter_name(COUNTER_RING_CONNS), Some("ring_connections"));
         assert_eq!(counter_name(COUNTER_RING_BYTES), Some("ring_bytes"));
         assert_eq!(counter_name(NCOUNTERS), None);

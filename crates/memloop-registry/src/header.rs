@@ -14,9 +14,13 @@
 //! | 112, 120 | channel creation counter, join counter |
 //! | 128..384 | 32 global counters (fallback reasons etc.) |
 //! | 384, 392 | max connection records, connections offset · 400 decline markers published |
+//! | 408 | region state: 0 open, 1 paused, 2 being destroyed ([`RegionState`]) |
+//! | 1024..1280 | global counters 32..64 |
 //!
 //! Versions: 2 added connection records; 3 added the channel kind to channel slots and grew the
-//! counters to 32 (fallback causes). Nothing older is migrated: regions are cheap to recreate.
+//! counters to 32 (fallback causes); 4 grew them to 64 (a second block; the fallback reason
+//! `paused` moved the counters after the fallback reasons). Nothing older is migrated:
+//! regions are cheap to recreate.
 
 use crate::error::RegistryError;
 use crate::tables::Table;
@@ -27,12 +31,12 @@ use memloop_shm::ShmSlice;
 /// "MLREGN01", little endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"MLREGN01");
 /// Layout version; bump on any incompatible change (2: connection records, 3: channel kinds
-/// and 32 counters).
-pub const VERSION: u32 = 3;
+/// and 32 counters, 4: 64 counters).
+pub const VERSION: u32 = 4;
 /// Bytes reserved for the header (one page; small under loom to keep the model tractable).
 pub const HEADER_BYTES: u64 = if cfg!(loom) { 512 } else { 4096 };
-/// Number of global counters in the header.
-pub const NCOUNTERS: usize = 32;
+/// Number of global counters in the header (two blocks of 32).
+pub const NCOUNTERS: usize = 64;
 /// Default ring capacity per direction.
 pub const DEFAULT_RING_CAPACITY: u64 = 1 << 20;
 
@@ -57,12 +61,66 @@ const H_OFFSETS: u64 = 72; // five offsets
 pub(crate) const H_CREATE_SEQ: u64 = 112;
 pub(crate) const H_JOIN_SEQ: u64 = 120;
 const H_COUNTERS: u64 = 128;
-const H_CONNS: u64 = H_COUNTERS + 8 * NCOUNTERS as u64;
+/// The second block of counters (beyond the loom model's small header: not counted there).
+const H_COUNTERS2: u64 = 1024;
+const COUNTER_BLOCK: usize = 32;
+const H_CONNS: u64 = H_COUNTERS + 8 * COUNTER_BLOCK as u64;
 const H_CONNS_OFF: u64 = H_CONNS + 8;
 /// Decline markers currently published: lets a client skip the marker scan when there are
 /// none (see `markers.rs` for why that keeps the Dekker guarantee).
 pub(crate) const H_MARKERS: u64 = H_CONNS + 16;
-const _: () = assert!(H_MARKERS + 8 <= HEADER_BYTES);
+/// The region's [`RegionState`] (0 in regions made before it existed: open).
+const H_STATE: u64 = H_MARKERS + 8;
+const _: () = assert!(H_STATE + 8 <= HEADER_BYTES);
+const _: () = assert!(H_STATE + 8 <= H_COUNTERS2);
+const _: () = assert!(cfg!(loom) || H_COUNTERS2 + 8 * COUNTER_BLOCK as u64 <= HEADER_BYTES);
+
+/// Where global counter `i` lives in the header (none: beyond the loom model's header).
+fn counter_off(i: usize) -> Option<u64> {
+    match i {
+        _ if i < COUNTER_BLOCK => Some(H_COUNTERS + 8 * i as u64),
+        _ if i < NCOUNTERS && !cfg!(loom) => Some(H_COUNTERS2 + 8 * (i - COUNTER_BLOCK) as u64),
+        _ => None,
+    }
+}
+
+/// Whether a region takes new ring connections. An operator pauses a region (or starts to
+/// destroy it) to move every connection off its rings: new connections stay on TCP, live
+/// ones are demoted by the processes holding them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegionState {
+    Open,
+    Paused,
+    /// `memloop region destroy` is under way: the file is about to be removed.
+    Destroying,
+}
+
+impl RegionState {
+    fn code(self) -> u64 {
+        match self {
+            Self::Open => 0,
+            Self::Paused => 1,
+            Self::Destroying => 2,
+        }
+    }
+
+    /// Unknown codes (a newer writer, or a corrupt word) read as paused: never a ring on doubt.
+    fn from_code(c: u64) -> Self {
+        match c {
+            0 => Self::Open,
+            2 => Self::Destroying,
+            _ => Self::Paused,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Paused => "paused",
+            Self::Destroying => "destroying",
+        }
+    }
+}
 
 /// Sizes of a region, chosen at init and recorded in its header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -364,31 +422,44 @@ impl Registry {
             .unwrap_or(0)
     }
 
+    /// Whether the region takes ring connections (one shared load).
+    pub fn state(&self) -> RegionState {
+        self.view.u64_at(H_STATE).map_or(RegionState::Paused, |w| {
+            RegionState::from_code(w.load(Acquire))
+        })
+    }
+
+    /// Sets the region's state; returns the one before.
+    pub fn set_state(&self, s: RegionState) -> Result<RegionState, RegistryError> {
+        let old = self.view.u64_at(H_STATE)?.swap(s.code(), SeqCst);
+        Ok(RegionState::from_code(old))
+    }
+
     /// The whole region.
     pub fn view(&self) -> &ShmSlice {
         &self.view
     }
 
-    /// Adds `n` to global counter `i` (ignored if `i >= 16`).
+    /// Adds `n` to global counter `i` (ignored if `i >= NCOUNTERS`).
     pub fn add_counter(&self, i: usize, n: u64) {
-        if i < NCOUNTERS {
-            if let Ok(w) = self.view.u64_at(H_COUNTERS + 8 * i as u64) {
+        if let Some(off) = counter_off(i) {
+            if let Ok(w) = self.view.u64_at(off) {
                 w.fetch_add(n, Relaxed);
             }
         }
     }
 
-    /// Adds one to global counter `i` (ignored if `i >= 16`).
+    /// Adds one to global counter `i` (ignored if `i >= NCOUNTERS`).
     pub fn bump_counter(&self, i: usize) {
         self.add_counter(i, 1);
     }
 
     /// All global counters.
     pub fn counters(&self) -> Vec<u64> {
-        (0..NCOUNTERS as u64)
+        (0..NCOUNTERS)
             .map(|i| {
-                self.view
-                    .u64_at(H_COUNTERS + 8 * i)
+                counter_off(i)
+                    .and_then(|off| self.view.u64_at(off).ok())
                     .map(|w| w.load(Relaxed))
                     .unwrap_or(0)
             })

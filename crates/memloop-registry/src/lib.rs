@@ -34,7 +34,7 @@ pub use error::RegistryError;
 pub use fallback::{
     counter_name, FallbackReason, COUNTER_CONNS_DROPPED, COUNTER_RING_BYTES, COUNTER_RING_CONNS,
 };
-pub use header::{RegionParams, DEFAULT_RING_CAPACITY};
+pub use header::{RegionParams, RegionState, DEFAULT_RING_CAPACITY};
 pub use key::{ChannelId, ConnTuple, EndpointId, EndpointKey, MemberId, Proto, MAX_NATIVE_NAME};
 pub use kind::ChannelKind;
 pub use memloop_shm::{ShmSlice, ShmU32, ShmU64};

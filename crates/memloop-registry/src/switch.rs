@@ -280,6 +280,10 @@ impl Registry {
     /// (`memloop promote`); true if this call asked. The `promoted` switch is counted when
     /// the promotion completes (a request may be called off).
     pub fn request_promote(&self, ch: ChannelId) -> Result<bool, RegistryError> {
+        let state = self.state();
+        if state != crate::RegionState::Open {
+            return Err(RegistryError::wrong("an open region", state.name()));
+        }
         let (slot, _) = self.channel_entry(ch)?;
         let w = SwitchWord(slot.switch_word()?);
         if !(w.on_tcp(Side::Client) && w.on_tcp(Side::Server)) {
@@ -357,6 +361,24 @@ mod tests {
         }
         assert_eq!(SwitchReason::from_code(0), None);
         assert_eq!(switch_counter_name(COUNTER_RING_BYTES), None);
+    }
+
+    #[test]
+    fn no_promotion_is_asked_in_a_paused_region() {
+        let (r, m) = crate::tables::members::test_registry_with_member("m");
+        let ep = r
+            .add_endpoint(m, &crate::EndpointKey::Native("x".into()))
+            .unwrap();
+        let ch = r.offer(m, ep, 4096, None).unwrap();
+        r.accept(ch, m).unwrap();
+        let w = r.switch_word(ch).unwrap();
+        w.set_on_tcp(Side::Client);
+        w.set_on_tcp(Side::Server);
+        r.set_state(crate::RegionState::Paused).unwrap();
+        let e = r.request_promote(ch).unwrap_err();
+        assert!(e.to_string().contains("paused"), "{e}");
+        r.set_state(crate::RegionState::Open).unwrap();
+        assert!(r.request_promote(ch).unwrap());
     }
 
     #[test]

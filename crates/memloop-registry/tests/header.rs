@@ -169,32 +169,54 @@ fn counters_bump_and_ignore_out_of_range() {
     r.bump_counter(0);
     r.bump_counter(31);
     r.bump_counter(31);
-    r.bump_counter(32);
+    r.bump_counter(32); // the first of the second block
+    r.bump_counter(63);
+    r.bump_counter(64);
     r.bump_counter(usize::MAX);
     let c = r.counters();
-    assert_eq!(c.len(), 32);
-    assert_eq!((c[0], c[31], c[1..31].iter().sum::<u64>()), (1, 2, 0));
+    assert_eq!(c.len(), 64);
+    assert_eq!(
+        (c[0], c[31], c[32], c[63], c[1..31].iter().sum::<u64>()),
+        (1, 2, 1, 1, 0)
+    );
+    assert_eq!(c[33..63].iter().sum::<u64>(), 0);
+    // The second block does not overlap the header fields after the first one.
+    assert_eq!(r.state(), memloop_registry::RegionState::Open);
+}
+
+#[test]
+fn region_state_is_kept_in_the_header_and_starts_open() {
+    use memloop_registry::RegionState;
+    let r = fresh(MIB);
+    assert_eq!(r.state(), RegionState::Open);
+    assert_eq!(r.set_state(RegionState::Paused).unwrap(), RegionState::Open);
+    assert_eq!(r.state(), RegionState::Paused);
+    assert_eq!(r.counters().iter().sum::<u64>(), 0, "no counter moved");
+    r.set_state(RegionState::Destroying).unwrap();
+    assert_eq!(r.state(), RegionState::Destroying);
+    r.set_state(RegionState::Open).unwrap();
+    assert_eq!(r.state(), RegionState::Open);
 }
 
 #[test]
 fn a_region_of_the_previous_layout_version_is_refused_naming_both_versions() {
     let view = ShmSlice::new_heap(MIB as usize);
     Registry::init(view.clone(), &params(MIB)).unwrap();
-    assert_eq!(header::VERSION, 3);
+    assert_eq!(header::VERSION, 4);
     view.u64_at(8)
         .unwrap()
-        .store(2, std::sync::atomic::Ordering::SeqCst);
-    let e = Registry::attach(view).err().expect("version 2 refused");
+        .store(3, std::sync::atomic::Ordering::SeqCst);
+    let e = Registry::attach(view).err().expect("version 3 refused");
     assert!(matches!(
         e,
         RegistryError::BadVersion {
-            found: 2,
-            expected: 3
+            found: 3,
+            expected: 4
         }
     ));
     assert_eq!(
         e.to_string(),
-        "region layout version 2, this build understands 3: recreate the region \
+        "region layout version 3, this build understands 4: recreate the region \
          (`memloop region destroy`, then `memloop region create`)"
     );
 }

@@ -330,6 +330,12 @@ impl Conn {
                 }
                 return false;
             }
+            if !self.region_open() && w.switch.cancel_promotion() {
+                // The operator paused the region: no ring now (past a stop the call-off fails
+                // and the promotion completes; the pause demotes it again).
+                tracing::debug!(ch = ?self.ch, "promotion called off: the region is paused");
+                return false;
+            }
             if self.tcp.unpromotable.load(Acquire) {
                 // Pinned: we never get ready, so the peer never stops, and this always works.
                 w.switch.cancel_promotion();

@@ -395,6 +395,31 @@ impl Conn {
 /// of our calls (computing, or blocked somewhere we do not see) switch here.
 pub fn sweep() {
     for c in crate::table::conns() {
+        if !c.region_open() {
+            c.ask_to_leave(SwitchReason::Region);
+        }
         c.settle_switch_nowait();
+    }
+}
+
+impl Conn {
+    /// The region takes ring connections (its operator has not paused it or begun to destroy
+    /// it): one shared load.
+    pub fn region_open(&self) -> bool {
+        self.engine.registry().state() == memloop::registry::RegionState::Open
+    }
+
+    /// Asks for a move of this ring connection to TCP, for `reason`, without doing it: the
+    /// caller's settle (or any later call) does, as for a request of the peer's.
+    fn ask_to_leave(&self, reason: SwitchReason) {
+        if self.path() != Path::Ring || self.switching.handled.load(Acquire) {
+            return;
+        }
+        if let Some(w) = &self.share.side_words {
+            if w.switch.request(reason) {
+                self.engine.registry().count_switch(reason);
+                tracing::debug!(ch = ?self.ch, %reason, "asked to leave the ring");
+            }
+        }
     }
 }
