@@ -105,7 +105,7 @@ impl Conn {
     }
 
     /// How many more bytes TCP carries from the peer: `None` while the peer still writes TCP.
-    fn tcp_left(&self) -> Option<u64> {
+    pub(super) fn tcp_left(&self) -> Option<u64> {
         let (w, pw) = self.words()?;
         let other = super::switch::other(self.side);
         let stopped = match self.path() {
