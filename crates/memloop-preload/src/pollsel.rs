@@ -111,6 +111,14 @@ fn scan(fds: &mut [pollfd], members: &[(usize, Watch)]) -> Result<usize, c_int> 
             kidx.push(i);
         }
     }
+    // Before the kernel looks: the TCP phase of each connection off its ring.
+    let phases: Vec<Option<u64>> = members
+        .iter()
+        .map(|(_, w)| match w {
+            Watch::OffRing(c) => c.tcp_phase(),
+            _ => None,
+        })
+        .collect();
     if !kernel.is_empty() {
         real::poll_now(&mut kernel)?;
         for (k, &i) in kidx.iter().enumerate() {
@@ -118,14 +126,14 @@ fn scan(fds: &mut [pollfd], members: &[(usize, Watch)]) -> Result<usize, c_int> 
         }
     }
     settle_pending(fds);
-    for (i, w) in members {
+    for ((i, w), phase) in members.iter().zip(phases) {
         let own = own_revents(w, fds[*i].events);
         let p = &mut fds[*i];
         match w {
             Watch::Ring(_) => p.revents = own,
             Watch::OffRing(c) => {
-                p.revents =
-                    c.off_ring_revents(p.revents) & (p.events | libc::POLLHUP | libc::POLLERR)
+                let ev = c.off_ring_revents(p.revents, phase);
+                p.revents = ev & (p.events | libc::POLLHUP | libc::POLLERR);
             }
             Watch::Set(_) => p.revents |= own,
         }

@@ -183,13 +183,23 @@ impl Conn {
         ev
     }
 
+    /// The TCP phase this connection is in (after a switch's takeover, which read the
+    /// peer's doorbells off the socket), if it is on TCP or coming back from it: taken before
+    /// the kernel is asked about the socket, for [`Conn::off_ring_revents`].
+    pub fn tcp_phase(&self) -> Option<u64> {
+        matches!(self.path(), super::Path::Tcp | super::Path::Joining)
+            .then(|| self.tcp.epoch.load(Acquire))
+    }
+
     /// poll-style readiness of a connection of ours that is off its ring (leaving it, on TCP
-    /// after a switch, or coming back), from `kernel`, the kernel's answer for its socket —
-    /// asked *before* this call. The socket carries data only up to the peer's stop: while the
-    /// peer leaves its ring, and once it stopped writing TCP for a promotion, what is queued
-    /// there are its doorbells, and a program told "readable" would block in its read (two
-    /// socats, each in a blocking read the other's never-sent data would end, hung for good).
-    pub fn off_ring_revents(&self, kernel: i16) -> i16 {
+    /// after a switch, or coming back), from `kernel`, the kernel's answer for its socket,
+    /// asked in TCP phase `asked_in` ([`Conn::tcp_phase`] just before). The socket carries
+    /// data only between a switch's takeover and the peer's stop: while the peer leaves its
+    /// ring, and once it stopped writing TCP for a promotion, what is queued there are its
+    /// doorbells, and a program told "readable" would block in its read (two socats, each in
+    /// a blocking read that only the other's next write would end, hung for good).
+    pub fn off_ring_revents(&self, kernel: i16, asked_in: Option<u64>) -> i16 {
+        const READ: i16 = libc::POLLIN | libc::POLLRDNORM | libc::POLLRDHUP;
         let path = self.path();
         match path {
             super::Path::Ring => return self.revents(), // back on the ring meanwhile
@@ -198,12 +208,16 @@ impl Conn {
             _ => return 0,
         }
         let mut ev = kernel;
-        // Looked at after the kernel answered: a peer not stopped then had sent data only.
+        // The kernel looked within this TCP phase (not before its takeover discarded the
+        // peer's doorbells): what it saw up to the peer's stop was data, and a peer not
+        // stopped now had not stopped then.
+        if asked_in.is_none() || asked_in != self.tcp_phase() {
+            ev &= !READ;
+        }
         if self.tcp_left() == Some(0) {
             // All the peer's TCP data is read: the reads go on from the ring (the promotion
             // gets there in the read call), which has the peer's bytes since its stop.
-            ev &= !(libc::POLLIN | libc::POLLRDNORM | libc::POLLRDHUP);
-            ev |= self.revents() & (libc::POLLIN | libc::POLLRDHUP);
+            ev = (ev & !READ) | (self.revents() & (libc::POLLIN | libc::POLLRDHUP));
         }
         if path == super::Path::Joining {
             // Our writes go to the ring: its room, not the socket's.
