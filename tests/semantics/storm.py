@@ -7,6 +7,10 @@ same, and `memloop demote --all` fired by the client at random intervals (MEMLOO
   storm   --extra N: N connections (default 200), one after another.
 flip: N long connections (--extra N, default 4), 96 MiB each way with random write sizes,
 demoted and promoted back and forth by `memloop demote|promote --all` at random moments.
+poll_flip: one connection between two socat-like sides (one thread each, waiting in poll on
+the server and select on the client, then a blocking read or a write), flipped by the same
+flipper: a connection said readable must have bytes to read, or both sides may end up waiting
+in their reads for good.
 Each side checks the sha256 of everything it received against what the other side sent, and
 exact EOF. Under kernel TCP the triggers are no-ops (fd passing) or absent (no region)."""
 
@@ -14,6 +18,7 @@ import array
 import hashlib
 import os
 import random
+import select
 import socket
 import subprocess
 import sys
@@ -238,6 +243,81 @@ def flip_client(args):
         raise Fail("; ".join(errors))
 
 
+# ---- poll_flip: one socat-like pair flipped (one thread each: poll or select, then I/O) -------
+
+POLL_FLIP_PIECES = int(os.environ.get("POLL_FLIP_PIECES", "2000"))
+
+
+def poll_flip_pieces(seed):
+    """The stream a side sends: POLL_FLIP_PIECES random pieces of 1 B - 16 KiB."""
+    r = random.Random(seed)
+    for _ in range(POLL_FLIP_PIECES):
+        yield r.randbytes(r.randint(1, 16384))
+
+
+def poll_flip_one(sock, mine, theirs, peer, use_select):
+    """Like socat between a pipe and the connection: one thread that waits in poll (or select)
+    on the connection, then makes a blocking read when it says readable, or writes a piece
+    when it says writable. A piece is made only when a wait ran out with nothing to do, so both
+    sides are often idle in their waits when a switch comes. The kernel's rule: a connection
+    said readable has something to read — else the blocking read waits for the peer's next
+    write, and for good when the peer is in the same read (the scenario's watchdog ends it).
+    Then both streams' sha256 and exact EOF."""
+    pieces = poll_flip_pieces(mine)
+    want = hashlib.sha256(b"".join(poll_flip_pieces(theirs))).hexdigest()
+    got = hashlib.sha256()
+    pending, eof, shut, n_in = b"", False, False, 0
+    poller = select.poll()
+    while not (eof and shut and not pending):
+        rd, wr = not eof, bool(pending)
+        if use_select:
+            r, w, _ = select.select([sock] if rd else [], [sock] if wr else [], [], 0.001)
+            readable, writable = bool(r), bool(w)
+        else:
+            ev = (select.POLLIN if rd else 0) | (select.POLLOUT if wr else 0)
+            poller.register(sock, ev)
+            res = poller.poll(1)
+            bits = res[0][1] if res else 0
+            readable = rd and bits & (select.POLLIN | select.POLLHUP | select.POLLERR) != 0
+            writable = wr and bits & (select.POLLOUT | select.POLLERR) != 0
+        if not readable and not writable:
+            if not pending and not shut:
+                pending = next(pieces, None)
+                if pending is None:
+                    pending = b""
+                    sock.shutdown(socket.SHUT_WR)
+                    shut = True
+            continue
+        if readable:
+            b = sock.recv(1 << 16)
+            if not b:
+                eof = True
+            got.update(b)
+            n_in += len(b)
+        if writable:
+            k = sock.send(pending)
+            pending = pending[k:]
+    eq(got.hexdigest(), want, f"sha256 of the {peer}'s stream ({n_in} bytes)")
+    sock.close()
+
+
+def poll_flip_server(lsock, args):
+    conn, _ = lsock.accept()
+    lsock.close()
+    poll_flip_one(conn, 7000, 8000, "client", use_select=False)
+
+
+def poll_flip_client(args):
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    flipper_proc = subprocess.Popen([sys.executable, __file__, "flipper"], env=env,
+                                    stdin=subprocess.PIPE)
+    try:
+        poll_flip_one(dial(args), 8000, 7000, "server", use_select=True)
+    finally:
+        flipper_proc.stdin.close()  # its cue to stop
+        flipper_proc.wait(30)
+
+
 def flipper_main():
     stop = threading.Event()
     t = threading.Thread(target=flipper, args=(stop,))
@@ -247,7 +327,8 @@ def flipper_main():
     t.join(30)
 
 
-CASES = {"storm": (storm_server, storm_client), "flip": (flip_server, flip_client)}
+CASES = {"storm": (storm_server, storm_client), "flip": (flip_server, flip_client),
+         "poll_flip": (poll_flip_server, poll_flip_client)}
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["flipper"]:

@@ -16,7 +16,9 @@
 #     to TCP mid-stream by `memloop demote --conn` run on the host against the region file.
 #     Both sha256 sums, EOF, the debug logs (accepted on a ring, switched to TCP with reason
 #     operator) and `status --json` (switches.operator, both records switched with bytes on
-#     both paths) are checked. The promote half (TCP -> ring) has a marked place: not built yet.
+#     both paths) are checked. Then it is promoted back to its ring with `memloop promote
+#     --conn`, and demoted/promoted again, 3 cycles in all, while the stream stays live (see
+#     the run's own comment below for what is checked).
 #
 # Needs root. Exit status 0 = passed. `--json FILE` also writes the measurements.
 # shellcheck disable=SC2016 # (guest and host job scripts are single-quoted on purpose)
@@ -251,101 +253,201 @@ if [ "$after" = "$baseline" ]; then ok "region usage back to baseline after the 
 # 3. live path switching between the guests (issue 12)
 #
 # One transparent connection, b (client) <-> a (server), unmodified socat under the preload,
-# checksummed in both directions:
-#  - a -> b: 8 MB sent at once, but b's reader does not read until the demote was asked for, so
-#    a's ring to b is full and a's socat waits for space when the switch comes (a full ring to
-#    re-send over TCP);
-#  - b -> a: 6 MB paced in 128 KB chunks (48 writes over several seconds), so the stream is
-#    live on both ends when the switch comes and goes on over TCP after it.
-# The host waits until the connection is accepted on a ring, then asks for it to be demoted
-# with `memloop demote --conn ID` through the region file (the ivshmem backing). The guests
-# hold no doorbell from the host: each notices the request on its next call or its heartbeat.
-# Checked: both sha256 sums, EOF on both ends (socat exits 0 after its peer's FIN), "accepted
-# on a ring" then "switched to TCP ... reason=operator" in both debug logs, `status --json`
-# switches.operator >= 1 and both sides' records switched (operator) with bytes on the ring
-# before and on TCP after.
+# checksummed in both directions, live until the host says stop:
+#  - a -> b: an 8 MB burst, then 32 KB chunks; b's reader does not read until the first demote
+#    was asked for, so a's ring to b is full and a's socat waits for space when the first
+#    switch comes (a full ring to re-send over TCP);
+#  - b -> a: 64 KB chunks, paced, from the start.
+# Neither side shuts its write side down before the host is done (a half-closed connection
+# stays on TCP, by design). Each sender keeps what it sent in /tmp/sent for its checksum.
+# The host waits until the connection is accepted on a ring, then, through the region file
+# (the ivshmem backing): `memloop demote --conn ID`, and `CYCLES` times `memloop promote
+# --conn ID` (then, but for the last, `memloop demote` again), each with --wait and a second
+# of traffic in between, checking the channel's path after each. Then it opens a native
+# listener named run3-done: the guests' senders look for it in `memloop status` and stop, so
+# the stream closes on the ring. The guests hold no doorbell from the host: each notices a
+# request on its next call or its heartbeat (200 ms). Promotion is opt-in: both socats run
+# with MEMLOOP_PROMOTE=1.
+# Checked: both sha256 sums, EOF on both ends (socat exits 0 after its peer's FIN), in both
+# debug logs "accepted on a ring"/"offered a ring", CYCLES x "switched to TCP ... reason=operator"
+# and CYCLES x "promoted: back on the ring"; each demote and promote finished (1 of 1), the
+# channel's path tcp after each demote and ring after each promote; `status --json`
+# switches.operator >= 1, switches.promoted = CYCLES, both sides' switched records (as the host
+# sees them before the last promote) with bytes on the ring before and on TCP after; the
+# channel freed once the stream closed (on its ring).
 
+CYCLES=3
 rm -f "$region"
 "$M" region create --region "$region" --size 64M >/dev/null
 baseline=$(usage)
 
 job_host='
+CYCLES='"$CYCLES"'
 chan_py=$(cat <<"PY"
 import json, sys
 v = json.load(sys.stdin)
 for c in v["channels"]:
     if c["state"] == "accepted" and c["tuple"] and c["tuple"]["server"].endswith(":7200"):
-        print("%d.%d %s %s" % (c["idx"], c["gen"], c["bytes_c2s"], c["bytes_s2c"]))
+        t = c["on_tcp"] or {}
+        print("%d.%d %s %s %s req=%s tcp=%s/%s" % (c["idx"], c["gen"], c["bytes_c2s"], c["bytes_s2c"],
+              c["path"], c["switch_requested"], t.get("client"), t.get("server")))
         break
 PY
 )
 chan() { memloop status --json | python3 -c "$chan_py"; }
-t_wait=$(date +%s.%N)
+# The connection records of both sides (kept while the connection is on TCP after a switch).
+recs_py=$(cat <<"PY"
+import json, sys
+v = json.load(sys.stdin)
+print(json.dumps([r for r in v["connections"] if r.get("tuple") and r["tuple"]["server"].endswith(":7200")]))
+PY
+)
+recs() { memloop status --json | python3 -c "$recs_py"; }
+# Why the connection is on TCP without a switch (it never got a ring), if it is.
+fellback_py=$(cat <<"PY"
+import json, sys
+v = json.load(sys.stdin)
+for r in v["connections"]:
+    if r.get("tuple") and r["tuple"]["server"].endswith(":7200") and not r.get("switched"):
+        print("pid %s: %s" % (r["pid"], r["reason_text"]))
+        break
+PY
+)
+fellback() { memloop status --json | python3 -c "$fellback_py"; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" "BEGIN{printf \"%.3f\", b-a}"; }
+fail=0
+t_wait=$(now)
 until [ -n "$(chan)" ]; do
   sleep 0.05
-  if awk -v a="$t_wait" -v b="$(date +%s.%N)" "BEGIN{exit !(b-a > 90)}"; then echo "host: no ring channel for :7200 after 90 s"; exit 1; fi
+  fb=$(fellback)
+  if [ -n "$fb" ]; then echo "host: FAIL: the connection got no ring at connect ($fb)"; fail=1; break; fi
+  if awk -v a="$t_wait" -v b="$(now)" "BEGIN{exit !(b-a > 90)}"; then echo "host: FAIL: no ring channel for :7200 after 90 s"; fail=1; break; fi
 done
-echo "host: on a ring: channel $(chan)"
-# Let it run on the ring for a while: b keeps sending, a has filled its ring to b.
+if [ $fail = 0 ]; then
+  echo "host: on a ring: channel $(chan)"
+  # Let it run on the ring for a while: b keeps sending, a has filled its ring to b.
+  sleep 1
+  set -- $(chan)
+  id=$1
+  echo "host: before the demote: channel $*"
+  # VERB N WANT: memloop VERB on the channel, its output, time and the path it left.
+  step() {
+    t0=$(now)
+    out=$(memloop "$1" --conn "$id" --wait 10 2>&1) && rc=0 || rc=$?
+    took=$(since "$t0")
+    echo "$out" | sed "s/^/host: /"
+    echo "host: $1 #$2 finished after $took s (exit $rc)"
+    c=$(chan)
+    echo "host: channel after $1 #$2: [$c]"
+    case " $c " in *" $3 "*) ;; *) echo "host: FAIL: channel not on $3 after $1 #$2"; fail=1 ;; esac
+    [ "$rc" = 0 ] || fail=1
+  }
+  step demote 1 tcp
+  k=1
+  while [ $k -le $CYCLES ] && [ $fail = 0 ]; do
+    sleep 1 # traffic on TCP
+    echo "host: before promote #$k: [$(chan)]"
+    echo "host: records before promote #$k: $(recs)"
+    step promote $k ring
+    if [ $k -lt $CYCLES ] && [ $fail = 0 ]; then
+      sleep 1 # traffic on the ring
+      echo "host: before demote #$((k + 1)): [$(chan)]"
+      step demote $((k + 1)) tcp
+    fi
+    k=$((k + 1))
+  done
+fi
 sleep 1
-set -- $(chan)
-echo "host: before the demote: channel $1, ring bytes c2s $2 s2c $3"
-t0=$(date +%s.%N)
-out=$(memloop demote --conn "$1" --wait 10 2>&1) && rc=0 || rc=$?
-t1=$(date +%s.%N)
-echo "$out" | sed "s/^/host: /"
-echo "host: demote finished after $(awk -v a="$t0" -v b="$t1" "BEGIN{printf \"%.3f\", b-a}") s (exit $rc)"
-echo "host: channel after the demote: [$(chan)]"
-# ---- PROMOTE HALF (issue 12, not built yet) ------------------------------------------------
-# Once `memloop promote` exists: wait until both records show the connection on TCP with new
-# bytes flowing, then `memloop promote --conn` (or --pid) it back onto a ring mid-stream and
-# check, as above, the checksums, EOF, "promoted"/switches.promoted >= 1 in the logs and status,
-# and bytes on TCP before and on the ring after. The guests must then keep the stream live
-# after the demote (b is paced; lengthen it) until the promote has happened.
-# ---------------------------------------------------------------------------------------------
+echo "host: last look while live: [$(chan)]"
+# Tell the guests to stop sending: they look for this listener in `memloop status`.
+memloop cat --listen run3-done >/dev/null 2>&1 &
+done_pid=$!
+echo "host: stop signal up"
+t0=$(now)
+while [ -n "$(chan)" ]; do
+  sleep 0.2
+  if awk -v a="$t0" -v b="$(now)" "BEGIN{exit !(b-a > 60)}"; then echo "host: FAIL: channel not freed 60 s after the stop signal"; fail=1; break; fi
+done
+[ $fail = 0 ] && echo "host: channel freed $(since "$t0") s after the stop signal"
+kill $done_pid 2>/dev/null
+exit $fail
 '
 
-job_a='
-head -c 8000000 /dev/urandom > /tmp/out
-echo "a sends sha256 $(sha256sum < /tmp/out | sed "s/ .*//")"
-( sleep 90; echo "a: WATCHDOG: stream not done after 90 s"; grep -aE "ring|switch|WARN|ERROR" /tmp/socat.log | tail -20 | sed "s/^/a-log: /"; memloop status; kill $(pidof socat) ) &
+# Guests: BURST bytes at once, then CHUNK-byte chunks every 0.1 s until the host's run3-done
+# listener shows up (at most 1000 chunks); all of it kept in /tmp/sent.
+job_pace='
+pace() {
+  : > /tmp/sent
+  if [ "$1" -gt 0 ]; then head -c "$1" /dev/urandom > /tmp/chunk; cat /tmp/chunk >> /tmp/sent; cat /tmp/chunk; fi
+  i=0
+  while [ $i -lt 1000 ]; do
+    if [ $((i % 4)) = 0 ] && memloop status --json 2>/dev/null | grep -q run3-done; then break; fi
+    head -c "$2" /dev/urandom > /tmp/chunk; cat /tmp/chunk >> /tmp/sent; cat /tmp/chunk
+    i=$((i + 1)); sleep 0.1
+  done
+  echo "$MEMLOOP_VM_NAME: stop seen after $i chunks" >&2
+}
+# What a hung stream is doing: the blocked call of each socat thread, its fds, the counters of the channel.
+hung() {
+  for p in $(pidof socat); do
+    for t in /proc/$p/task/*; do echo "hung: socat $p task ${t##*/} $(cat $t/comm) wchan=$(cat $t/wchan) syscall=$(cat $t/syscall)"; done
+    ls -l /proc/$p/fd | sed "s/^/hung: fd /"
+  done
+  for p in $(pidof head cat sleep); do echo "hung: pacer $p $(cat /proc/$p/comm) wchan=$(cat /proc/$p/wchan)"; done
+  memloop status --json | grep -A30 "\"channels\"" | sed "s/^/hung: /"
+  memloop status | sed "s/^/hung: /"
+}
+# For the watchdog: how the connection started, and its last switches (debug log).
+watchdog_log() {
+  head -15 /tmp/socat.log | sed "s/^/$1-log: /"
+  grep -aE "ring|switch|promot|WARN|ERROR" /tmp/socat.log | tail -20 | sed "s/^/$1-log: /"
+  hung
+}
+logpat="accepted on a ring|offered a ring|left the ring|switched to TCP|kept its ring|promotion:|promoted|stays on TCP|WARN|ERROR|panick"
+'
+
+job_a="$job_pace"'
+( sleep 80; echo "a: WATCHDOG: stream not done after 80 s"; watchdog_log a; kill $(pidof socat) ) &
 dog=$!
-{ MEMLOOP_LOG=debug memloop run -- socat -t 60 TCP-LISTEN:7200,reuseaddr - < /tmp/out 2>/tmp/socat.log; echo "$?" > /tmp/socat.rc; } |
+pace 8000000 32768 | { MEMLOOP_LOG=debug MEMLOOP_PROMOTE=1 memloop run -- socat -t 60 TCP-LISTEN:7200,reuseaddr - 2>/tmp/socat.log; echo "$?" > /tmp/socat.rc; } |
   sha256sum | sed "s/ .*//; s/^/a got sha256 /"
 kill $dog 2>/dev/null
+echo "a sends sha256 $(sha256sum < /tmp/sent | sed "s/ .*//") ($(wc -c < /tmp/sent) B)"
 echo "a: socat exit $(cat /tmp/socat.rc)"
-grep -aE "accepted on a ring|offered a ring|left the ring|switched to TCP|kept its ring|WARN|ERROR|panick" /tmp/socat.log | sed "s/^/a-log: /"'
+grep -aE "$logpat" /tmp/socat.log | sed "s/^/a-log: /"'
 
-job_b='
-head -c 6291456 /dev/urandom > /tmp/out
-echo "b sends sha256 $(sha256sum < /tmp/out | sed "s/ .*//")"
-pace() { i=0; while [ $i -lt 48 ]; do dd if=/tmp/out bs=131072 skip=$i count=1 2>/dev/null; i=$((i + 1)); sleep 0.05; done; }
+job_b="$job_pace"'
 # The reader starts once the demote was asked for (the region counts the request at once).
 late() { until memloop status --json | grep "\"operator\": [1-9]" >/dev/null; do sleep 0.2; done; echo "b: demote seen, reading" >&2; sha256sum; }
-( sleep 90; echo "b: WATCHDOG: stream not done after 90 s"; grep -aE "ring|switch|WARN|ERROR" /tmp/socat.log | tail -20 | sed "s/^/b-log: /"; memloop status; kill $(pidof socat) ) &
+( sleep 80; echo "b: WATCHDOG: stream not done after 80 s"; watchdog_log b; kill $(pidof socat) ) &
 dog=$!
-pace | { MEMLOOP_LOG=debug memloop run -- socat -t 60 - TCP:10.77.0.2:7200,retry=100,interval=0.1 2>/tmp/socat.log; echo "$?" > /tmp/socat.rc; } |
+# Not before the listener of a is in the region: a connect that finds no member behind the
+# address stays on TCP, and socat would retry as soon as a listens, maybe before that.
+until memloop status --json 2>/dev/null | grep -q "tcp 0.0.0.0:7200"; do sleep 0.1; done
+pace 0 65536 | { MEMLOOP_LOG=debug MEMLOOP_PROMOTE=1 memloop run -- socat -t 60 - TCP:10.77.0.2:7200,retry=100,interval=0.1 2>/tmp/socat.log; echo "$?" > /tmp/socat.rc; } |
   late | sed "s/ .*//; s/^/b got sha256 /"
 kill $dog 2>/dev/null
+echo "b sends sha256 $(sha256sum < /tmp/sent | sed "s/ .*//") ($(wc -c < /tmp/sent) B)"
 echo "b: socat exit $(cat /tmp/socat.rc)"
-grep -aE "accepted on a ring|offered a ring|left the ring|switched to TCP|kept its ring|WARN|ERROR|panick" /tmp/socat.log | sed "s/^/b-log: /"
+grep -aE "$logpat" /tmp/socat.log | sed "s/^/b-log: /"
 echo STATUS-BEGIN; memloop status --json; echo STATUS-END'
 
 job_host="$host_path
 $job_host"
 
-echo "== run 3: a live stream between the guests demoted from its ring to TCP"
+echo "== run 3: a live stream between the guests demoted to TCP and promoted back to its ring, $CYCLES times"
 t0=$(date +%s.%N)
-if "$VM" run --region "$region" --timeout 150 --quiet --log-dir "$logs/switch" \
+if "$VM" run --region "$region" --timeout 200 --quiet --log-dir "$logs/switch" \
   --host "$job_host" --a "$job_a" --b "$job_b"; then
   ok "run 3 finished (run 3: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s)"
 else
   bad "run 3 failed (logs in $logs/switch)"
 fi
 
-python3 - "$logs/switch" <<'EOF' || bad "run 3 checks (see above)"
+python3 - "$logs/switch" "$CYCLES" <<'EOF' || bad "run 3 checks (see above)"
 import json, re, sys
-d = sys.argv[1]
+d, cycles = sys.argv[1], int(sys.argv[2])
 text = {g: open(f"{d}/{g}.log", errors="replace").read() for g in ("a", "b", "host")}
 def grab(g, pat):
     m = re.search(pat, text[g])
@@ -359,42 +461,61 @@ def check(cond, good, badmsg):
 for line in text["host"].splitlines():
     if line.startswith("host: "):
         print(f"vm-test: {line}")
-for src, dst, size in (("a", "b", "8 MB"), ("b", "a", "6 MB")):
+for src, dst in (("a", "b"), ("b", "a")):
     sent = grab(src, rf"{src} sends sha256 ([0-9a-f]{{64}})")
+    size = grab(src, rf"{src} sends sha256 [0-9a-f]{{64}} \((\d+) B\)")
     got = grab(dst, rf"{dst} got sha256 ([0-9a-f]{{64}})")
-    check(sent and got == sent, f"checksum {src} -> {dst} ({size}) across the switch",
+    check(sent and got == sent, f"checksum {src} -> {dst} ({size} B) across {2 * cycles} switches",
           f"{src} -> {dst}: sha256 received {got} != sent {sent}")
 for g in ("a", "b"):
     rc = grab(g, rf"{g}: socat exit (\d+)")
     check(rc == "0", f"{g}: EOF arrived, socat exited 0", f"{g}: socat exit status {rc}")
     if "WATCHDOG" in text[g]:
         fails.append(f"{g}: the stream hung (watchdog fired)")
+    stop = grab(g, rf"({g}: stop seen after \d+ chunks)")
+    print(f"vm-test:   {stop}")
     logl = [l for l in text[g].splitlines() if "-log: " in l]
     for l in logl:
         print(f"vm-test:   {l[l.index(g + '-log: '):]}")
     first = {"a": "accepted on a ring", "b": "offered a ring"}[g]
     check(any(first in l for l in logl), f"{g}: log says '{first}'", f"{g}: no '{first}' in the debug log")
     sw = [l for l in logl if "switched to TCP" in l]
-    check(len(sw) == 1 and "reason=operator" in sw[0], f"{g}: log says 'switched to TCP' (reason=operator)",
-          f"{g}: switch log lines: {sw}")
-    for bad in ("kept its ring", "WARN", "ERROR", "panick"):
+    check(len(sw) == cycles and all("reason=operator" in l for l in sw),
+          f"{g}: log says 'switched to TCP' (reason=operator) {cycles} times",
+          f"{g}: {len(sw)} switch log lines (want {cycles}): {sw}")
+    pr = [l for l in logl if "promoted: back on the ring" in l]
+    check(len(pr) == cycles, f"{g}: log says 'promoted: back on the ring' {cycles} times",
+          f"{g}: {len(pr)} 'promoted: back on the ring' lines (want {cycles})")
+    for bad in ("kept its ring", "stays on TCP", "WARN", "ERROR", "panick"):
         if any(bad in l for l in logl):
             fails.append(f"{g}: '{bad}' in the debug log")
-# What each side left behind (re-sent = its ring's bytes the peer never consumed).
-left = {}
+# What each side left behind at each demote (re-sent = its ring's bytes the peer never consumed).
+lefts = {}
 for g, side in (("a", "Server"), ("b", "Client")):
-    m = re.search(rf"side={side} left=Left {{ tail: (\d+), head: (\d+), doorbells: (\d+) }}", text[g])
-    if m:
-        left[side] = tuple(int(x) for x in m.groups())
-if len(left) == 2:
-    s, c = left["Server"], left["Client"]
-    print(f"vm-test: at the leave: a -> b {s[0]} written, {c[1]} consumed (re-sent {s[0] - c[1]} B over TCP); "
-          f"b -> a {c[0]} written, {s[1]} consumed (re-sent {c[0] - s[1]} B); doorbells a {s[2]}, b {c[2]}")
+    lefts[side] = [tuple(int(x) for x in m.groups()) for m in
+                   re.finditer(rf"side={side} left=Left {{ tail: (\d+), head: (\d+), doorbells: (\d+) }}", text[g])]
+if len(lefts["Server"]) == len(lefts["Client"]) == cycles:
+    for i, (s, c) in enumerate(zip(lefts["Server"], lefts["Client"])):
+        print(f"vm-test: demote #{i + 1}: a -> b {s[0]} written, {c[1]} consumed (re-sent {s[0] - c[1]} B over TCP); "
+              f"b -> a {c[0]} written, {s[1]} consumed (re-sent {c[0] - s[1]} B); doorbells a {s[2]}, b {c[2]}")
 else:
-    fails.append(f"no 'left the ring' record from both sides: {left}")
-demote = grab("host", r"host: (demote: \d+ of \d+ finished[^\n]*)")
-check(demote and demote.startswith("demote: 1 of 1"), f"memloop demote from the host: {demote}",
-      f"host: the demote did not finish: {demote}")
+    fails.append(f"not {cycles} 'left the ring' records from both sides: {lefts}")
+h = text["host"]
+dem = re.findall(r"host: (demote: \d+ of \d+ finished[^\n]*)", h)
+pro = re.findall(r"host: (promote: \d+ of \d+ finished[^\n]*)", h)
+check(len(dem) == cycles and all(x.startswith("demote: 1 of 1") for x in dem),
+      f"memloop demote from the host, {cycles} times: {dem[0] if dem else None}", f"host: demotes: {dem}")
+check(len(pro) == cycles and all(x.startswith("promote: 1 of 1") for x in pro),
+      f"memloop promote from the host, {cycles} times: {pro[0] if pro else None}", f"host: promotes: {pro}")
+for verb, want in (("demote", "tcp"), ("promote", "ring")):
+    after = re.findall(rf"host: channel after {verb} #\d+: \[([^\]]*)\]", h)
+    check(len(after) == cycles and all(f" {want} " in f" {a} " for a in after),
+          f"the channel's path is {want} after each {verb}", f"host: channel after each {verb}: {after}")
+took = {v: [float(x) for x in re.findall(rf"host: {v} #\d+ finished after ([0-9.]+) s", h)] for v in ("demote", "promote")}
+print(f"vm-test: demote took {took['demote']} s, promote took {took['promote']} s (host clock, --wait polling)")
+check("channel freed" in h, "the channel was freed once the stream closed", "host: the channel was not freed")
+if "host: FAIL" in h:
+    fails.append("host: " + "; ".join(l for l in h.splitlines() if "host: FAIL" in l))
 s = text["b"]
 try:
     status = json.loads(s[s.index("STATUS-BEGIN") + 12 : s.index("STATUS-END")])
@@ -402,16 +523,22 @@ except ValueError as e:
     status = None
     fails.append(f"no status JSON from b: {e}")
 if status:
-    op = status["switches"]["operator"]
-    check(op >= 1, f"status --json: switches.operator = {op}", f"status --json: switches {status['switches']}")
-    recs = [r for r in status["connections"] if r["tuple"]["server"].endswith(":7200")]
-    for r in recs:
-        print(f"vm-test:   record pid {r['pid']}: {r['reason']}, ring bytes {r['ring_bytes']}, "
-              f"tcp sent {r['tcp_bytes_sent']} received {r['tcp_bytes_received']}")
-    live = [r for r in recs if r["switched"] == "operator" and r["ring_bytes"] > 0
-            and r["tcp_bytes_sent"] > 0 and r["tcp_bytes_received"] > 0]
-    check(len(live) == 2, "both sides' records: switched (operator), bytes on the ring before and on TCP after",
-          f"connection records for :7200: {recs}")
+    sw = status["switches"]
+    check(sw["operator"] >= 1, f"status --json: switches.operator = {sw['operator']}", f"status --json: switches {sw}")
+    check(sw["promoted"] == cycles, f"status --json: switches.promoted = {sw['promoted']}",
+          f"status --json: switches.promoted {sw['promoted']} (want {cycles}): {sw}")
+# The records of the last TCP phase (the host's look before the last promote; a connection
+# back on its ring has none).
+recs = re.findall(r"host: records before promote #\d+: (\[.*\])", h)
+recs = json.loads(recs[-1]) if recs else []
+for r in recs:
+    print(f"vm-test:   record pid {r['pid']} before the last promote: {r['reason']}, switches {r['switches']}, "
+          f"ring bytes {r['ring_bytes']}, tcp sent {r['tcp_bytes_sent']} received {r['tcp_bytes_received']}")
+live = [r for r in recs if r["switched"] == "operator" and r["ring_bytes"] > 0
+        and r["tcp_bytes_sent"] > 0 and r["tcp_bytes_received"] > 0]
+check(len({(r["owner"]["idx"], r["owner"]["gen"]) for r in live}) == 2,
+      "both sides' records: switched (operator), bytes on the ring before and on TCP after",
+      f"connection records for :7200 before the last promote: {recs}")
 for f in fails:
     print("vm-test: FAILED:", f)
 sys.exit(1 if fails else 0)

@@ -2,7 +2,9 @@
 //! connections, epoll sets and kernel fds: rings answer from their state, kernel fds from the
 //! kernel, an epoll set from both (its ring members may be ready without any doorbell); a
 //! blocking wait sleeps in the kernel on the kernel fds, each ring's doorbell socket and each
-//! epoll fd, with every ring — and every ring member of those sets — armed.
+//! epoll fd, with every ring — and every ring member of those sets — armed. A connection of
+//! ours off its ring (switching, or on TCP after a switch) is the kernel's, filtered: its
+//! socket may hold doorbells, which are never readable data.
 
 use crate::conn::{Conn, Dir, Path};
 use crate::epoll::EpollSet;
@@ -14,10 +16,18 @@ use std::time::{Duration, Instant};
 
 const SLICE: Duration = Duration::from_millis(200);
 
+/// The longest sleep while a watched connection is in the middle of a switch: its readiness
+/// then changes without anything the kernel would report (the peer's leave or stop records,
+/// our own promotion finishing on another thread).
+const IN_FLIGHT: Duration = Duration::from_millis(1);
+
 /// An fd poll must look at beyond the kernel.
 #[derive(Clone)]
 enum Watch {
     Ring(Arc<Conn>),
+    /// Ours, but off its ring: the kernel answers for its socket, through
+    /// [`Conn::off_ring_revents`].
+    OffRing(Arc<Conn>),
     Set(Arc<EpollSet>),
 }
 
@@ -30,10 +40,14 @@ fn members(fds: &[pollfd]) -> Vec<(usize, Watch)> {
             continue;
         }
         match table::get(p.fd).as_deref() {
-            // Pending: the kernel's readiness stands for it until the decision.
-            Some(Entry::Conn(c)) if settled(c) == Path::Ring => {
-                out.push((i, Watch::Ring(c.clone())))
-            }
+            Some(Entry::Conn(c)) => match settled(c) {
+                Path::Ring => out.push((i, Watch::Ring(c.clone()))),
+                // Pending: the kernel's readiness stands for it until the decision; a
+                // connection that fell back at connect is plain TCP.
+                Path::Pending => {}
+                _ if c.was_ring() => out.push((i, Watch::OffRing(c.clone()))),
+                _ => {}
+            },
             Some(Entry::Epoll(s)) => out.push((i, Watch::Set(s.clone()))),
             _ => {}
         }
@@ -49,11 +63,12 @@ fn settled(c: &Conn) -> Path {
     c.resolve(false)
 }
 
-/// A ring member that has a switch to deal with, or left its ring meanwhile: the members
-/// must be looked at again.
+/// A ring member that has a switch to deal with, or left its ring meanwhile, or one off its
+/// ring that is back on it: the members must be looked at again.
 fn stale(members: &[(usize, Watch)]) -> bool {
     members.iter().any(|(_, w)| match w {
         Watch::Ring(c) => c.switch_pending() || c.path() != Path::Ring,
+        Watch::OffRing(c) => c.path() == Path::Ring,
         Watch::Set(_) => false,
     })
 }
@@ -67,6 +82,8 @@ fn own_revents(w: &Watch, events: i16) -> i16 {
     match w {
         Watch::Ring(c) if c.path() != Path::Ring || c.switch_pending() => 0,
         Watch::Ring(c) => ring_revents(c, events),
+        // Not without the kernel's answer for its socket (`scan`).
+        Watch::OffRing(_) => 0,
         Watch::Set(s) if s.peek().is_some() => events & libc::POLLIN,
         Watch::Set(_) => 0,
     }
@@ -94,6 +111,14 @@ fn scan(fds: &mut [pollfd], members: &[(usize, Watch)]) -> Result<usize, c_int> 
             kidx.push(i);
         }
     }
+    // Before the kernel looks: the TCP phase of each connection off its ring.
+    let phases: Vec<Option<u64>> = members
+        .iter()
+        .map(|(_, w)| match w {
+            Watch::OffRing(c) => c.tcp_phase(),
+            _ => None,
+        })
+        .collect();
     if !kernel.is_empty() {
         real::poll_now(&mut kernel)?;
         for (k, &i) in kidx.iter().enumerate() {
@@ -101,11 +126,16 @@ fn scan(fds: &mut [pollfd], members: &[(usize, Watch)]) -> Result<usize, c_int> 
         }
     }
     settle_pending(fds);
-    for (i, w) in members {
+    for ((i, w), phase) in members.iter().zip(phases) {
         let own = own_revents(w, fds[*i].events);
+        let p = &mut fds[*i];
         match w {
-            Watch::Ring(_) => fds[*i].revents = own,
-            Watch::Set(_) => fds[*i].revents |= own,
+            Watch::Ring(_) => p.revents = own,
+            Watch::OffRing(c) => {
+                let ev = c.off_ring_revents(p.revents, phase);
+                p.revents = ev & (p.events | libc::POLLHUP | libc::POLLERR);
+            }
+            Watch::Set(_) => p.revents |= own,
         }
     }
     Ok(fds.iter().filter(|p| p.revents != 0).count())
@@ -176,7 +206,7 @@ pub fn poll(
 fn spin(fds: &mut [pollfd], members: &[(usize, Watch)]) -> bool {
     let first = members.iter().find_map(|(_, w)| match w {
         Watch::Ring(c) => Some(c.clone()),
-        Watch::Set(_) => None,
+        Watch::OffRing(_) | Watch::Set(_) => None,
     });
     let Some(first) = first else { return false };
     let mut i = 0u32;
@@ -205,6 +235,7 @@ fn enter(fds: &[pollfd], members: &[(usize, Watch)]) {
                 c.enter_wait();
                 dirs(fds[*i].events).for_each(|d| c.arm(d));
             }
+            Watch::OffRing(_) => {}
             Watch::Set(s) => s.sleep_enter(),
         }
     }
@@ -217,6 +248,7 @@ fn leave(fds: &[pollfd], members: &[(usize, Watch)]) {
                 dirs(fds[*i].events).for_each(|d| c.disarm(d));
                 c.leave_wait();
             }
+            Watch::OffRing(_) => {}
             Watch::Set(s) => s.sleep_leave(),
         }
     }
@@ -231,6 +263,7 @@ fn block(
 ) -> Result<(), c_int> {
     enter(fds, members);
     let ready = any_own(fds, members) > 0 || stale(members);
+    let mut left = left;
     let mut set: Vec<pollfd> = fds
         .iter()
         .enumerate()
@@ -240,6 +273,17 @@ fn block(
                 events: libc::POLLIN,
                 revents: 0,
             },
+            Some((_, Watch::OffRing(c))) => {
+                let (events, in_flight) = c.off_ring_sleep(p.events);
+                if in_flight {
+                    left = left.min(IN_FLIGHT);
+                }
+                pollfd {
+                    fd: p.fd,
+                    events,
+                    revents: 0,
+                }
+            }
             _ => pollfd {
                 fd: p.fd,
                 events: p.events,

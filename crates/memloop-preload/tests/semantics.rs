@@ -123,6 +123,7 @@ fn main() -> std::process::ExitCode {
         test!(inetd_handler_without_the_library),
         test!(switch_storm_1200_connections_at_random_moments),
         test!(switch_flip_8_streams_demoted_and_promoted),
+        test!(switch_flip_poll_driven_pair_never_reads_a_doorbell_as_readable),
         test!(inetd_handler_exits_without_close),
         test!(scm_rights_handoff_to_preloaded_worker),
         test!(scm_rights_handoff_to_plain_worker),
@@ -902,6 +903,35 @@ fn flip(doms: Option<&Domains>) {
         o.report(&format!(
             "too few switches: {demoted} demotes, {promoted} promotions, {back} sides back"
         ))
+    );
+}
+
+/// One connection between two socat-like sides (one thread each, waiting in `poll` on the
+/// server and `select` on the client, then making a blocking read of what is said readable or
+/// writing a piece when writable; pieces made only when a wait ran out, so both sides are
+/// often idle in their waits), demoted and promoted back and forth by the flipper
+/// (`MEMLOOP_PROMOTE=1`). Both checksums, exact EOF, promotions counted. (The VM promotion
+/// stall: a connection leaving its ring, or on TCP when the peer stopped for a promotion, was
+/// said readable for the peer's doorbells on its socket; the blocking read then waited for
+/// data the peer — in the same read — never sent. Before the fix this hung every run.)
+fn switch_flip_poll_driven_pair_never_reads_a_doorbell_as_readable() {
+    std::env::set_var("MEMLOOP_BIN", memloop_bin());
+    std::env::set_var("MEMLOOP_PROMOTE", "1"); // promotion is opt-in
+    let s = sc("storm", "poll_flip");
+    let kernel = run_pair(&s, Mode::Kernel, None, None);
+    assert_passed(&s, &kernel, "poll_flip on kernel TCP (the reference)");
+    let region = RegionGuard::new("sem", "poll_flip", 64 << 20);
+    let o = run_pair(&s, Mode::Preload, Some(&region.0), None);
+    assert_passed(&s, &o, "poll_flip under the preload");
+    assert_no_doorbell_errors(&o);
+    let promoted = status_of(&region.0)["switches"]["promoted"]
+        .as_u64()
+        .unwrap_or(0);
+    eprintln!("poll_flip: {promoted} promotions");
+    assert!(
+        promoted >= 10,
+        "{}",
+        o.report(&format!("too few promotions: {promoted}"))
     );
 }
 

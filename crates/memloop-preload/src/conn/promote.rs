@@ -53,12 +53,16 @@ pub(super) struct TcpPhase {
     /// shared with another process): the connection stays on TCP.
     pub(super) unpromotable: AtomicBool,
     pub(super) kernel_regs: ForkMutex<Vec<KernelReg>>,
+    /// TCP phases begun (one per switch to TCP, counted once the takeover has read the
+    /// peer's doorbells off the socket).
+    pub(super) epoch: AtomicU64,
 }
 
 impl TcpPhase {
     pub(super) fn restart(&self, resent: u64) {
         self.sent.store(resent, Release);
         self.received.store(0, Release);
+        self.epoch.fetch_add(1, AcqRel);
     }
 }
 
@@ -105,7 +109,7 @@ impl Conn {
     }
 
     /// How many more bytes TCP carries from the peer: `None` while the peer still writes TCP.
-    fn tcp_left(&self) -> Option<u64> {
+    pub(super) fn tcp_left(&self) -> Option<u64> {
         let (w, pw) = self.words()?;
         let other = super::switch::other(self.side);
         let stopped = match self.path() {

@@ -183,6 +183,71 @@ impl Conn {
         ev
     }
 
+    /// The TCP phase this connection is in (after a switch's takeover, which read the
+    /// peer's doorbells off the socket), if it is on TCP or coming back from it: taken before
+    /// the kernel is asked about the socket, for [`Conn::off_ring_revents`].
+    pub fn tcp_phase(&self) -> Option<u64> {
+        matches!(self.path(), super::Path::Tcp | super::Path::Joining)
+            .then(|| self.tcp.epoch.load(Acquire))
+    }
+
+    /// poll-style readiness of a connection of ours that is off its ring (leaving it, on TCP
+    /// after a switch, or coming back), from `kernel`, the kernel's answer for its socket,
+    /// asked in TCP phase `asked_in` ([`Conn::tcp_phase`] just before). The socket carries
+    /// data only between a switch's takeover and the peer's stop: while the peer leaves its
+    /// ring, and once it stopped writing TCP for a promotion, what is queued there are its
+    /// doorbells, and a program told "readable" would block in its read (two socats, each in
+    /// a blocking read that only the other's next write would end, hung for good).
+    pub fn off_ring_revents(&self, kernel: i16, asked_in: Option<u64>) -> i16 {
+        const READ: i16 = libc::POLLIN | libc::POLLRDNORM | libc::POLLRDHUP;
+        let path = self.path();
+        match path {
+            super::Path::Ring => return self.revents(), // back on the ring meanwhile
+            super::Path::Tcp | super::Path::Joining => {}
+            // Leaving: nothing new until the takeover (the design's rule).
+            _ => return 0,
+        }
+        let mut ev = kernel;
+        // The kernel looked within this TCP phase (not before its takeover discarded the
+        // peer's doorbells): what it saw up to the peer's stop was data, and a peer not
+        // stopped now had not stopped then.
+        if asked_in.is_none() || asked_in != self.tcp_phase() {
+            ev &= !READ;
+        }
+        if self.tcp_left() == Some(0) {
+            // All the peer's TCP data is read: the reads go on from the ring (the promotion
+            // gets there in the read call), which has the peer's bytes since its stop.
+            ev = (ev & !READ) | (self.revents() & (libc::POLLIN | libc::POLLRDHUP));
+        }
+        if path == super::Path::Joining {
+            // Our writes go to the ring: its room, not the socket's.
+            ev = (ev & !(libc::POLLOUT | libc::POLLWRNORM)) | (self.revents() & libc::POLLOUT);
+        }
+        ev
+    }
+
+    /// For a poll's sleep on the socket of a connection of ours off its ring: the events the
+    /// kernel can answer for (of the program's `events`), and whether the connection's
+    /// readiness can change without the kernel seeing it — a switch in flight, whose socket
+    /// holds doorbells or whose writes go to the ring: the sleeper must look again soon.
+    pub fn off_ring_sleep(&self, events: i16) -> (i16, bool) {
+        let path = self.path();
+        if !matches!(path, super::Path::Tcp | super::Path::Joining) {
+            return (0, true); // leaving (or back on the ring: look again at once)
+        }
+        let mut ev = events;
+        let mut soon = false;
+        if self.tcp_left() == Some(0) {
+            ev &= !(libc::POLLIN | libc::POLLRDNORM | libc::POLLRDHUP);
+            soon = true;
+        }
+        if path == super::Path::Joining && ev & (libc::POLLOUT | libc::POLLWRNORM) != 0 {
+            ev &= !(libc::POLLOUT | libc::POLLWRNORM);
+            soon = true;
+        }
+        (ev, soon)
+    }
+
     /// Whether a `dir` call would not block (only that direction's ring is read). A switch
     /// to deal with, or one done, ends a wait too.
     pub fn ready(&self, dir: Dir) -> bool {

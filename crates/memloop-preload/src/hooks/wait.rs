@@ -9,12 +9,13 @@ use crate::{conn, pollsel};
 use libc::{c_int, size_t};
 use std::time::{Duration, Instant};
 
-/// Whether `fd` is a ring connection (or undecided) or an epoll set (whose ring members poll
-/// and select must see).
+/// Whether `fd` is a ring connection (or undecided, or one that was ever on its ring: its
+/// socket may hold doorbells, which the kernel would report as readable data) or an epoll set
+/// (whose ring members poll and select must see).
 fn watched(fd: c_int) -> bool {
     table::kind(fd) == table::K_OBJ
         && match table::get(fd).as_deref() {
-            Some(Entry::Conn(c)) => c.path() != conn::Path::Tcp,
+            Some(Entry::Conn(c)) => c.path() != conn::Path::Tcp || c.was_ring(),
             Some(Entry::Epoll(_)) => true,
             _ => false,
         }
