@@ -641,3 +641,91 @@ pub fn queued(fd: c_int) -> Option<usize> {
     let r = unsafe { ioctl()(fd, libc::FIONREAD, (&mut n as *mut c_int) as libc::c_ulong) };
     (r == 0).then_some(n.max(0) as usize)
 }
+
+/// Bytes queued for sending (unsent plus unacknowledged), by `SIOCOUTQ`.
+fn outq(fd: c_int) -> Option<u64> {
+    let mut n: c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int.
+    let r = unsafe { ioctl()(fd, libc::TIOCOUTQ, (&mut n as *mut c_int) as libc::c_ulong) };
+    (r == 0).then_some(n.max(0) as u64)
+}
+
+/// The kernel's `TCP_INFO` for `fd`.
+fn tcp_info(fd: c_int) -> Option<libc::tcp_info> {
+    // SAFETY: tcp_info is plain data; zero is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as socklen_t;
+    // SAFETY: buffer and length describe `info`.
+    let r = unsafe {
+        getsockopt()(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    // An old kernel fills less: the byte counters are then missing.
+    let needed = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_received) + 8;
+    (r == 0 && len as usize >= needed).then_some(info)
+}
+
+/// How far the program side of a TCP socket got in each direction: bytes ever written to it
+/// (acknowledged by the peer + still queued) and bytes ever read from it (received − still
+/// queued), each up to a constant offset fixed at connect. Only differences are meaningful.
+/// The two kernel reads of each sum must see the same acknowledgement / arrival state, so
+/// they are repeated until a counter stands still around them; no other thread of ours may
+/// write or read the socket meanwhile. `None` if the kernel cannot tell.
+pub fn tcp_positions(fd: c_int) -> Option<(u64, u64)> {
+    let (acked, unacked) = stable(fd, |i| i.tcpi_bytes_acked, outq)?;
+    let (received, unread) = stable(fd, |i| i.tcpi_bytes_received, queued_u64)?;
+    Some((acked + unacked, received.checked_sub(unread)?))
+}
+
+fn queued_u64(fd: c_int) -> Option<u64> {
+    queued(fd).map(|n| n as u64)
+}
+
+/// `(counter, queue)` read while `counter` did not move.
+fn stable(
+    fd: c_int,
+    counter: impl Fn(&libc::tcp_info) -> u64,
+    queue: impl Fn(c_int) -> Option<u64>,
+) -> Option<(u64, u64)> {
+    for _ in 0..1000 {
+        let before = counter(&tcp_info(fd)?);
+        let q = queue(fd)?;
+        if counter(&tcp_info(fd)?) == before {
+            return Some((before, q));
+        }
+        std::thread::yield_now();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+
+    /// Differences of the positions are exactly the bytes the program wrote and read, with
+    /// some still unacknowledged or unread in the kernel's queues.
+    #[test]
+    fn tcp_positions_follow_what_the_program_wrote_and_read() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut b, _) = l.accept().unwrap();
+        let (w0, r0) = super::tcp_positions(a.as_raw_fd()).unwrap();
+        let (bw0, br0) = super::tcp_positions(b.as_raw_fd()).unwrap();
+        a.write_all(&[1; 100_000]).unwrap();
+        let mut buf = vec![0; 30_000];
+        b.read_exact(&mut buf).unwrap();
+        b.write_all(&[2; 777]).unwrap();
+        let (w1, r1) = super::tcp_positions(a.as_raw_fd()).unwrap();
+        let (bw1, br1) = super::tcp_positions(b.as_raw_fd()).unwrap();
+        assert_eq!((w1 - w0, r1 - r0), (100_000, 0));
+        assert_eq!((bw1 - bw0, br1 - br0), (777, 30_000));
+        a.read_exact(&mut buf[..700]).unwrap();
+        assert_eq!(super::tcp_positions(a.as_raw_fd()).unwrap().1 - r0, 700);
+    }
+}

@@ -42,7 +42,7 @@ pub const DEFAULT_RING_CAPACITY: u64 = 1 << 20;
 
 pub(crate) const MEMBER_BYTES: u64 = 256;
 pub(crate) const ENDPOINT_BYTES: u64 = 128;
-pub(crate) const CHANNEL_BYTES: u64 = 256;
+pub(crate) const CHANNEL_BYTES: u64 = 320;
 pub(crate) const CONN_BYTES: u64 = 128;
 /// Member slots are tagged with 12 bits of index elsewhere.
 pub const MAX_MEMBERS: u32 = 4095;

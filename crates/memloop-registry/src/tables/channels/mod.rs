@@ -91,6 +91,12 @@ const O_STOP_CLIENT: u64 = 232;
 const O_STOP_SERVER: u64 = 240;
 /// Per side: doorbells sent, doorbells read, then the leave cell.
 const SWITCH_BYTES: u64 = 16 + memloop_ring::leave::LEAVE_CELL_BYTES;
+/// Per side: the kernel socket's stream positions at its last switch to TCP (written, read),
+/// then the holds of fds in flight to other processes (`SCM_RIGHTS`).
+const O_HANDOFF_CLIENT: u64 = 256;
+const O_HANDOFF_SERVER: u64 = 280;
+const HANDOFF_BYTES: u64 = 24;
+const _: () = assert!(O_HANDOFF_SERVER + HANDOFF_BYTES <= crate::header::CHANNEL_BYTES);
 const MIN_RING: u64 = 64;
 /// Bound on CAS retries of one operation (only reachable under heavy contention or corruption).
 const RETRIES: usize = 10_000;
@@ -145,6 +151,13 @@ pub struct SideWords {
     pub switch: crate::switch::SwitchWord,
     /// TCP bytes this side sent before its writes went back to the ring (promotion).
     pub tcp_stop: ShmU64,
+    /// The kernel socket's stream positions (bytes the program side wrote / read, doorbells
+    /// included) at this side's last switch to TCP: a process that adopts the socket later
+    /// (fd passing, exec) counts its TCP phase from them. `u64::MAX`: unknown.
+    pub tcp_base_written: ShmU64,
+    pub tcp_base_read: ShmU64,
+    /// Holds on this side taken for fds sent to other processes and not yet adopted there.
+    pub handoffs: ShmU32,
 }
 
 /// Views of the two rings of a channel, for `memloop_ring` attach.
@@ -204,6 +217,11 @@ impl<'a> ChannelSlot<'a> {
         }
         self.0.st(O_STOP_CLIENT, 0)?;
         self.0.st(O_STOP_SERVER, 0)?;
+        for off in [O_HANDOFF_CLIENT, O_HANDOFF_SERVER] {
+            for word in (0..HANDOFF_BYTES).step_by(8) {
+                self.0.st(off + word, 0)?;
+            }
+        }
         self.0.st(O_SWITCH_WORD, 0)
     }
     pub fn switch_word(&self) -> Result<ShmU64, RegistryError> {
@@ -249,6 +267,10 @@ impl<'a> ChannelSlot<'a> {
             Side::Client => O_SWITCH_CLIENT,
             Side::Server => O_SWITCH_SERVER,
         };
+        let ho = match side {
+            Side::Client => O_HANDOFF_CLIENT,
+            Side::Server => O_HANDOFF_SERVER,
+        };
         Ok(SideWords {
             holders: self.0.u32(off)?,
             lock: self.0.u32(off + 4)?,
@@ -262,6 +284,9 @@ impl<'a> ChannelSlot<'a> {
                 Side::Client => O_STOP_CLIENT,
                 Side::Server => O_STOP_SERVER,
             })?,
+            tcp_base_written: self.0.u64(ho)?,
+            tcp_base_read: self.0.u64(ho + 8)?,
+            handoffs: self.0.u32(ho + 16)?,
         })
     }
     #[cfg(all(test, not(loom)))]
