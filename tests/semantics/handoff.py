@@ -8,6 +8,9 @@
   scm_rights_preloaded   the acceptor sends the connection to a worker (a separately exec'd
                        python that keeps LD_PRELOAD) with SCM_RIGHTS and closes its copy at once;
   scm_rights_plain_worker  the same, but the worker runs without LD_PRELOAD and MEMLOOP_*;
+  scm_rights_back_to_ring  as scm_rights_preloaded, with the client's stream paced over ~2 s so
+                       the connection, demoted when it was passed, can come back to its ring
+                       mid-stream (the worker holds it alone once the acceptor closed its copy);
   reexec_privsep       sshd-like: fork, the child moves the connection to fd 3 and re-execs this
                        script, which chroots into an empty directory, drops to `nobody` (root
                        only; otherwise says so and skips both) and serves;
@@ -68,10 +71,10 @@ def preloaded():
 
 # ---- the client: stream while the connection changes hands, then check the echo ---------------
 
-def stream_client(args, seed, prefix=b"", head=b""):
+def stream_client(args, seed, prefix=b"", head=b"", pause=0.0):
     """Sends `prefix` and SIZE pattern bytes at once (from a thread, so the server's handoff
-    happens with bytes in flight), then SHUT_WR; expects `head`, the echo, the serving image's
-    sha256, then EOF within EOF_WITHIN s of the last byte."""
+    happens with bytes in flight; `pause` s between chunks), then SHUT_WR; expects `head`, the
+    echo, the serving image's sha256, then EOF within EOF_WITHIN s of the last byte."""
     s = dial(args)
     s.settimeout(30)  # a stuck connection fails the case instead of waiting for the watchdog
     data = pattern(SIZE, seed)
@@ -80,6 +83,7 @@ def stream_client(args, seed, prefix=b"", head=b""):
         s.sendall(prefix)
         for i in range(0, SIZE, CHUNK):
             s.sendall(data[i : i + CHUNK])
+            time.sleep(pause)
         s.shutdown(socket.SHUT_WR)
 
     join = with_thread(send)
@@ -223,7 +227,8 @@ def scm_worker(case, fd):
 
 
 def scm_client(args):
-    stream_client(args, 1103, prefix=HELLO, head=ACCEPTED)
+    pause = 2.0 / (SIZE // CHUNK) if args.case == "scm_rights_back_to_ring" else 0.0
+    stream_client(args, 1103, prefix=HELLO, head=ACCEPTED, pause=pause)
 
 
 # ---- reexec_privsep ---------------------------------------------------------------------------------
@@ -336,6 +341,7 @@ CASES = {
     "inetd_exit_no_close": (inetd_server, inetd_client),
     "scm_rights_preloaded": (scm_server, scm_client),
     "scm_rights_plain_worker": (scm_server, scm_client),
+    "scm_rights_back_to_ring": (scm_server, scm_client),
     "reexec_privsep": (privsep_server, privsep_client),
     "oob": (oob_serve, oob_client),
 }

@@ -479,8 +479,9 @@ pub fn before_urgent(fd: c_int) {
 pub fn before_passing(fds: &[c_int]) {
     for &fd in fds {
         if let Some(c) = table::conn(fd) {
-            if let Err(e) = c.demote(SwitchReason::FdPassed) {
-                tracing::debug!(fd, errno = e, "passed connection kept its ring");
+            match c.demote(SwitchReason::FdPassed) {
+                Ok(()) => crate::conn::hand_off(&c),
+                Err(e) => tracing::debug!(fd, errno = e, "passed connection kept its ring"),
             }
         }
     }
@@ -507,6 +508,7 @@ fn inherited_sets() -> Vec<(c_int, Arc<EpollSet>)> {
 pub fn fork_prepare() {
     engine::lock_for_fork();
     crate::plain::lock_for_fork();
+    crate::conn::handoff::lock_for_fork();
     table::lock_for_fork(|c| {
         c.prepare_fork();
         c.hold_bell_for_fork();
@@ -528,6 +530,7 @@ pub fn fork_parent() {
     table::release_after_fork();
     engine::release_after_fork();
     crate::plain::release_after_fork();
+    crate::conn::handoff::release_after_fork();
 }
 
 pub fn fork_child() {
@@ -537,6 +540,8 @@ pub fn fork_child() {
     table::release_after_fork();
     engine::release_after_fork();
     crate::plain::release_after_fork();
+    crate::conn::handoff::release_after_fork();
+    crate::conn::handoff::forget_in_child();
     crate::plain::forget_resends_in_child();
     engine::reset_in_child();
     if !table::conns().is_empty() {

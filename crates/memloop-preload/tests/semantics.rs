@@ -127,6 +127,7 @@ fn main() -> std::process::ExitCode {
         test!(inetd_handler_exits_without_close),
         test!(scm_rights_handoff_to_preloaded_worker),
         test!(scm_rights_handoff_to_plain_worker),
+        test!(scm_rights_handoff_to_preloaded_worker_comes_back_to_its_ring),
         test!(reexec_server_chroot_and_setuid).needs(memloop_testkit::root()),
         test!(msg_oob_mid_stream_leaves_the_ring),
         test!(xdom_echo_10mb_sha256_both_ways).needs(needs_domains()),
@@ -1019,6 +1020,17 @@ fn inetd_handler_exits_without_close() {
 /// SCM_RIGHTS and closes its copy at once.
 fn scm_rights_handoff_to_preloaded_worker() {
     check(sc("handoff", "scm_rights_preloaded").switches("fd_passed"));
+}
+
+/// The same with the client's stream paced: the worker adopts the demoted connection, holds it
+/// alone once the acceptor's copy is closed, and it comes back to its ring mid-stream.
+fn scm_rights_handoff_to_preloaded_worker_comes_back_to_its_ring() {
+    std::env::set_var("MEMLOOP_PROMOTE", "1");
+    check(
+        sc("handoff", "scm_rights_back_to_ring")
+            .switches("fd_passed")
+            .evidence("promoted: back on the ring"),
+    );
 }
 
 /// The same, to a worker run without `LD_PRELOAD`: it must get every byte over plain TCP.

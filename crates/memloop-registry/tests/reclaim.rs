@@ -86,3 +86,29 @@ fn reclaim_twice_is_stale_and_unrelated_state_survives() {
     assert_eq!(r.channel_state(ch).unwrap(), ChannelState::Offered);
     assert!(matches!(r.take_offer(ep, other), Err(RegistryError::Stale)));
 }
+
+/// A side moved to another member (a process that adopted the socket) is that member's: the
+/// old owner's death no longer marks it dead, the new owner's does. Both sides can move.
+#[test]
+fn a_transferred_side_dies_with_its_new_member_only() {
+    let r = fresh(MIB);
+    let (c, s, ep) = pair(&r);
+    let adopter = r.join(&ident(3)).unwrap();
+    let ch = r.offer(c, ep, CAP, None).unwrap();
+    r.accept(ch, s).unwrap();
+    assert!(
+        r.transfer_side(ch, Side::Server, c, adopter).is_err(),
+        "not c's"
+    );
+    r.transfer_side(ch, Side::Server, s, adopter).unwrap();
+    r.transfer_side(ch, Side::Client, c, adopter).unwrap();
+    let info = r.channel(ch).unwrap();
+    assert_eq!((info.server, info.client), (Some(adopter), adopter));
+    r.reclaim(s, adopter).unwrap();
+    r.reclaim(c, adopter).unwrap();
+    let info = r.channel(ch).unwrap();
+    assert!(!info.server_dead && !info.client_dead, "{info:?}");
+    r.reclaim(adopter, adopter).unwrap();
+    assert!(r.channel(ch).is_err(), "both sides dead: freed");
+    assert_eq!(r.usage(), baseline(&r));
+}

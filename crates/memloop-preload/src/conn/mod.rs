@@ -14,6 +14,7 @@
 //! Attaching the rings and judging the peer's liveness are `memloop::channel`'s, shared with
 //! the native API; spinning and the arm/re-check/sleep loop are `memloop_ring::wait`'s.
 
+pub mod handoff;
 mod io;
 mod path;
 mod peer;
@@ -22,6 +23,7 @@ mod share;
 mod switch;
 mod waiting;
 
+pub use handoff::{adopt_received, expire_handoffs, hand_off};
 pub use memloop_ring::Spinner;
 pub use path::Path;
 pub use switch::{sweep as sweep_switches, SWITCHED};

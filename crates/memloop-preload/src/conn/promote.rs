@@ -52,6 +52,9 @@ pub(super) struct TcpPhase {
     /// Something the count cannot follow happened (urgent data, splice, a shutdown, fd
     /// shared with another process): the connection stays on TCP.
     pub(super) unpromotable: AtomicBool,
+    /// `sent`/`received` are still to be taken from the kernel's stream positions (a
+    /// connection adopted from another process, see `handoff.rs`).
+    pub(super) from_kernel: AtomicBool,
     pub(super) kernel_regs: ForkMutex<Vec<KernelReg>>,
     /// TCP phases begun (one per switch to TCP, counted once the takeover has read the
     /// peer's doorbells off the socket).
@@ -354,6 +357,9 @@ impl Conn {
                 // Half-closed: the FIN went (or goes) on TCP, where it stays. (Not ready yet,
                 // so the peer cannot have stopped: the call-off works.)
                 self.pin_to_tcp("shut down");
+                return false;
+            }
+            if !w.switch.ready(self.side) && !self.sync_tcp_counts() {
                 return false;
             }
             if !w.switch.ready(self.side) {

@@ -221,7 +221,7 @@ impl Conn {
     }
 
     /// Closes our side in the registry (the channel is freed with the second side).
-    fn close_side(&self, what: &str) {
+    pub(super) fn close_side(&self, what: &str) {
         self.share.side_closed.store(true, Release);
         let reg = self.engine.registry();
         match reg.close(self.ch, self.side) {

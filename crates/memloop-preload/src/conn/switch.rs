@@ -46,6 +46,8 @@ pub(super) struct Switching {
     /// The request in the switch word was dealt with here: moved to TCP, or given up
     /// because the peer is gone (the ring then delivers what is left, then EOF).
     pub(super) handled: AtomicBool,
+    /// Adopted from another process on TCP: ask for a promotion once we hold it alone.
+    pub(super) auto_promote: AtomicBool,
 }
 
 impl Switching {
@@ -55,6 +57,7 @@ impl Switching {
             bell: ForkMutex::new(()),
             peer,
             handled: AtomicBool::new(false),
+            auto_promote: AtomicBool::new(false),
         }
     }
 }
@@ -304,6 +307,7 @@ impl Conn {
         })?;
         tracing::debug!(ch = ?self.ch, side = ?self.side, peer_sent = peer.doorbells, read, "discarding the peer's unread doorbells");
         let gone = real::discard_exact(fd, discard)?;
+        self.record_tcp_base(w, fd);
         let mut unconsumed = Vec::new();
         self.rings
             .prod
@@ -331,6 +335,14 @@ impl Conn {
         // Our side stays held (and the channel allocated) until the last process holding it
         // closes it: a forked copy still knows it by its slot.
         Ok(resend)
+    }
+
+    /// The socket's stream positions where the TCP phase starts (the peer's doorbells read,
+    /// nothing re-sent yet): a process that adopts the socket later counts from them.
+    fn record_tcp_base(&self, w: &SideWords, fd: c_int) {
+        let (written, read) = real::tcp_positions(fd).unwrap_or((u64::MAX, u64::MAX));
+        w.tcp_base_written.store(written, Release);
+        w.tcp_base_read.store(read, Release);
     }
 
     /// From now on a plain TCP connection: the program's TCP_NODELAY back, a record for
@@ -394,7 +406,9 @@ impl Conn {
 /// The heartbeat's sweep: connections of this process asked to switch while it is in none
 /// of our calls (computing, or blocked somewhere we do not see) switch here.
 pub fn sweep() {
+    super::expire_handoffs();
     for c in crate::table::conns() {
+        c.promote_when_alone();
         if !c.region_open() {
             c.ask_to_leave(SwitchReason::Region);
         }

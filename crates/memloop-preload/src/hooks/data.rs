@@ -226,9 +226,23 @@ hook! {
 
 hook! {
     fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t;
-    real kernel = real::recvmsg, pass if table::kind(fd) != table::K_OBJ;
+    real kernel = real::recvmsg,
+        // SAFETY: recvmsg's contract: `msg` is null or a readable msghdr.
+        pass if table::kind(fd) != table::K_OBJ && !unsafe { has_control(msg) };
     on_panic fail(libc::EIO);
     {
+        if table::kind(fd) != table::K_OBJ {
+            // Another kind of socket, with room for control data: fds may come in.
+            let r = kernel();
+            if r >= 0 {
+                // SAFETY: the kernel filled `msg`'s control buffer within its length.
+                let fds = unsafe { passed_fds(msg) };
+                if !fds.is_empty() {
+                    crate::conn::adopt_received(&fds);
+                }
+            }
+            return Ok(r);
+        }
         let ring = |c: &Conn| {
             if flags & libc::MSG_OOB != 0 && c.path() == crate::conn::Path::Ring {
                 return Err(TO_KERNEL); // no urgent data on a ring: the kernel answers

@@ -237,6 +237,9 @@ impl<'a> ChannelSlot<'a> {
     pub fn client(&self) -> Result<u64, RegistryError> {
         self.0.ld(O_CLIENT)
     }
+    pub fn set_client(&self, packed: u64) -> Result<(), RegistryError> {
+        self.0.st(O_CLIENT, packed)
+    }
     pub fn endpoint(&self) -> Result<u64, RegistryError> {
         self.0.ld(O_EP)
     }
@@ -811,6 +814,49 @@ impl Registry {
             }
         }
         Ok(false)
+    }
+
+    /// Moves `side` of accepted channel `ch` from member `from` to member `to`: a process
+    /// that adopted the connection's socket (received with `SCM_RIGHTS`) answers for that
+    /// side's liveness from now on, so the sender's exit no longer reads as the side's death.
+    /// Refused if the side is closed or dead, or not `from`'s.
+    pub fn transfer_side(
+        &self,
+        ch: ChannelId,
+        side: Side,
+        from: MemberId,
+        to: MemberId,
+    ) -> Result<(), RegistryError> {
+        let (old, new) = (pack_id(from.idx, from.gen), pack_id(to.idx, to.gen));
+        for _ in 0..RETRIES {
+            let (slot, w) = self.channel_entry(ch)?;
+            let w = Self::not_marker(w)?;
+            if c_phase(w) != C_ACCEPTED || gone(w, side) {
+                return Err(RegistryError::wrong(
+                    "a live accepted side",
+                    phase_name(c_phase(w)),
+                ));
+            }
+            match side {
+                Side::Server => {
+                    let cell = slot.server_cell()?;
+                    return match cell.compare_exchange(old, new, SeqCst, SeqCst) {
+                        Ok(_) => Ok(()),
+                        Err(_) => Err(RegistryError::Stale),
+                    };
+                }
+                // The client's tag rides in the state word (the reclaimer looks there).
+                Side::Client if w.tag() != member_tag(from) => return Err(RegistryError::Stale),
+                Side::Client => {
+                    let moved = StateWord::new(w.gen(), member_tag(to), w.low());
+                    if self.cas_channel(ch.idx, w, moved)? {
+                        slot.set_client(new)?;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        Err(RegistryError::Stale)
     }
 
     /// `side` learnt from the kernel that the peer's socket is gone (every process holding that

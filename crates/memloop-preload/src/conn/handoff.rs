@@ -1,0 +1,262 @@
+//! A switched connection handed to another process with `SCM_RIGHTS`, and brought back to its
+//! ring there when that process runs the library too.
+//!
+//! The sender demotes the connection before the message goes (the receiver may run anything),
+//! then takes one more hold on its side for the fd in flight (`SideWords::handoffs`): a sender
+//! that closes its copy at once must not release the side before the receiver looks. A
+//! preloaded receiver finds the channel by the socket's 4-tuple, takes that hold over, makes
+//! the side its member's (the sender's exit must not read as the side's death), and asks for
+//! a promotion once it is the side's only holder. Its TCP phase is counted from the kernel's
+//! own stream positions, recorded at the switch: exact whatever the sender (or anyone) did
+//! with the socket in between. A hold nobody claims is given back after [`CLAIM_TIME`].
+
+use super::{Conn, ConnParts, Path};
+use crate::agree::canonical;
+use crate::forklock::ForkMutex;
+use crate::plain::PlainTcp;
+use crate::real;
+use crate::table::{self, Entry};
+use libc::c_int;
+use memloop::registry::{ChannelId, ChannelState, ConnTuple, Side, SideWords, SwitchReason};
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long an fd sent with `SCM_RIGHTS` may stay unclaimed before its hold is given back.
+const CLAIM_TIME: Duration = Duration::from_secs(10);
+
+/// Holds this process took for fds it sent, not yet known to be claimed.
+static IN_FLIGHT: ForkMutex<Vec<(Arc<Conn>, Instant)>> = ForkMutex::new(Vec::new());
+
+/// Before `SCM_RIGHTS` carries `c` (already on TCP after its switch): its re-send finished,
+/// and one hold for the fd in flight.
+pub fn hand_off(c: &Arc<Conn>) {
+    let Some(w) = &c.share.side_words else { return };
+    if c.path() != Path::Tcp || !c.switched() {
+        return;
+    }
+    if let Some(p) = c.plain() {
+        p.before_send(); // the receiver's positions must include every re-sent byte
+    }
+    c.mark_shared();
+    w.holders.fetch_add(1, AcqRel);
+    w.handoffs.fetch_add(1, AcqRel);
+    IN_FLIGHT.lock().push((c.clone(), Instant::now()));
+    tracing::debug!(ch = ?c.ch, side = ?c.side, "fd in flight: side held for its receiver");
+}
+
+/// Gives back the holds of fds nobody claimed in time (heartbeat).
+pub fn expire_handoffs() {
+    let now = Instant::now();
+    let expired: Vec<Arc<Conn>> = {
+        let mut v = IN_FLIGHT.lock();
+        let (old, young) = v.drain(..).partition(|(_, t)| now - *t >= CLAIM_TIME);
+        *v = young;
+        old.into_iter().map(|(c, _)| c).collect()
+    };
+    for c in expired {
+        c.give_back_handoff();
+    }
+}
+
+/// In a fork child: the parent's fds in flight are the parent's to account for.
+pub fn forget_in_child() {
+    IN_FLIGHT.lock().clear();
+}
+
+pub fn lock_for_fork() {
+    IN_FLIGHT.acquire_for_fork(|_| {});
+}
+
+pub fn release_after_fork() {
+    IN_FLIGHT.release_after_fork();
+}
+
+/// One less of `n` if `n > 0`; whether it took one.
+fn take_one(n: &memloop::registry::ShmU32) -> bool {
+    n.fetch_update(AcqRel, Acquire, |v| v.checked_sub(1))
+        .is_ok()
+}
+
+impl Conn {
+    /// An unclaimed in-flight hold goes; with it the side, if it was the last.
+    fn give_back_handoff(&self) {
+        let Some(w) = &self.share.side_words else {
+            return;
+        };
+        if !take_one(&w.handoffs) {
+            return; // claimed
+        }
+        tracing::debug!(ch = ?self.ch, "fd sent with SCM_RIGHTS never claimed: hold given back");
+        if w.holders.fetch_sub(1, AcqRel) == 1 {
+            self.close_side("switched side closed (fd never claimed)");
+        }
+    }
+
+    /// After adoption, once this process holds the side alone: ask for the promotion.
+    pub(super) fn promote_when_alone(&self) {
+        if !self.switching.auto_promote.load(Acquire) || self.path() != Path::Tcp {
+            return;
+        }
+        if self.still_shared() || !self.region_open() || !self.engine.cfg.promote {
+            return;
+        }
+        self.switching.auto_promote.store(false, Release);
+        if let Some(w) = &self.share.side_words {
+            if w.switch.request_promote() {
+                tracing::debug!(ch = ?self.ch, "adopted connection: promotion asked");
+            }
+        }
+    }
+
+    /// The TCP phase of an adopted connection, from the kernel's positions (under both TCP
+    /// gates: no send or read of ours in between); false to try again later. A position the
+    /// kernel cannot tell pins the connection to TCP.
+    pub(super) fn sync_tcp_counts(&self) -> bool {
+        if !self.tcp.from_kernel.load(Acquire) {
+            return true;
+        }
+        let Some(w) = &self.share.side_words else {
+            return false;
+        };
+        let Some(_g) = self.tcp.gate.try_lock() else {
+            return false; // a send of ours is under way (maybe blocked): later
+        };
+        let _r = self.tcp.read_gate.lock();
+        let base = (
+            w.tcp_base_written.load(Acquire),
+            w.tcp_base_read.load(Acquire),
+        );
+        let counts = real::tcp_positions(self.kfd())
+            .and_then(|(wr, rd)| Some((wr.checked_sub(base.0)?, rd.checked_sub(base.1)?)));
+        let Some((sent, received)) = counts.filter(|_| base.0 != u64::MAX) else {
+            self.pin_to_tcp("stream positions unknown");
+            return false;
+        };
+        self.tcp.sent.store(sent, Release);
+        self.tcp.received.store(received, Release);
+        self.tcp.from_kernel.store(false, Release);
+        tracing::debug!(ch = ?self.ch, sent, received, "adopted connection: TCP phase counted");
+        true
+    }
+}
+
+/// After `recvmsg` delivered `fds` with `SCM_RIGHTS`: any of them that is the switched
+/// connection of a channel with a hold in flight becomes ours.
+pub fn adopt_received(fds: &[c_int]) {
+    for &fd in fds {
+        if table::kind(fd) == table::K_NONE || table::kind(fd) == table::K_TCP {
+            adopt(fd);
+        }
+    }
+}
+
+fn adopt(fd: c_int) {
+    let (Some(local), Some(peer)) = (real::local_addr(fd), real::peer_addr(fd)) else {
+        return;
+    };
+    let Some(engine) = crate::engine::get() else {
+        return;
+    };
+    let (local, peer) = (canonical(local), canonical(peer));
+    let reg = engine.registry();
+    let Some((ch, side, tuple, owner)) = switched_channel(reg, local, peer) else {
+        return;
+    };
+    let Ok(w) = reg.side_words(ch, side) else {
+        return;
+    };
+    if let Some(c) = table::conns()
+        .into_iter()
+        .find(|c| c.ch == ch && c.side == side)
+    {
+        // Sent to ourselves (or back to us): one more fd for a connection we hold already.
+        if c.kfd() >= 0 {
+            table::duplicate(c.kfd(), fd);
+            if take_one(&w.handoffs) {
+                w.holders.fetch_sub(1, AcqRel); // ours is still held by `c`
+            }
+        }
+        return;
+    }
+    if !take_one(&w.handoffs) {
+        return; // no fd of this side in flight: not ours to take
+    }
+    if let Err(e) = reg.transfer_side(ch, side, owner, engine.me()) {
+        tracing::debug!(fd, ?ch, %e, "received connection stays on TCP (side not movable)");
+        give_back(&engine, ch, side, &w);
+        return;
+    }
+    let parts = ConnParts {
+        engine: engine.clone(),
+        ch,
+        side,
+        tuple,
+        fd,
+        path: Path::Ring,
+        same_kernel: true,
+        decide_wait: Duration::ZERO,
+    };
+    match Conn::new(parts) {
+        Ok(c) => {
+            c.adopted_on_tcp();
+            tracing::debug!(fd, ?ch, ?side, "received switched connection adopted");
+            table::insert(fd, Entry::Conn(c));
+        }
+        Err(reason) => {
+            tracing::debug!(fd, ?ch, %reason, "received connection stays on TCP");
+            give_back(&engine, ch, side, &w);
+        }
+    }
+}
+
+/// The hold taken for an adoption that did not happen.
+fn give_back(engine: &crate::engine::Engine, ch: ChannelId, side: Side, w: &SideWords) {
+    if w.holders.fetch_sub(1, AcqRel) == 1 {
+        memloop::channel::release(engine.registry(), ch, side);
+    }
+}
+
+/// The accepted channel whose connection this socket is, with our side switched to TCP: its
+/// id, our side, its tuple and the member that owns our side.
+fn switched_channel(
+    reg: &memloop::registry::Registry,
+    local: std::net::SocketAddr,
+    peer: std::net::SocketAddr,
+) -> Option<(ChannelId, Side, ConnTuple, memloop::registry::MemberId)> {
+    reg.channels().into_iter().find_map(|c| {
+        let t = c.tuple?;
+        if c.state != ChannelState::Accepted || c.marker {
+            return None;
+        }
+        let (side, owner) = if t.client == local && t.server == peer && !c.client_closed {
+            (Side::Client, c.client)
+        } else if t.client == peer && t.server == local && !c.server_closed {
+            (Side::Server, c.server?)
+        } else {
+            return None;
+        };
+        let on_tcp = reg.switch_word(c.id).is_ok_and(|w| w.on_tcp(side));
+        on_tcp.then_some((c.id, side, t, owner))
+    })
+}
+
+impl Conn {
+    /// A connection adopted on TCP after its switch elsewhere: ours for good (sticky ring
+    /// mark), switched, shared until the sender lets go, counted from the kernel.
+    fn adopted_on_tcp(&self) {
+        real::set_sockopt_int(
+            self.kfd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            self.decision.nodelay.load(Relaxed),
+        );
+        self.mark_shared();
+        self.tcp.from_kernel.store(true, Release);
+        let plain = PlainTcp::switched(&self.engine, &self.tuple, SwitchReason::FdPassed, 0, None);
+        *self.decision.plain.lock() = Some(plain);
+        self.switching.handled.store(true, Release);
+        self.decision.path.store(Path::Tcp, Release);
+        self.switching.auto_promote.store(true, Release);
+    }
+}
