@@ -194,7 +194,7 @@ fn adopt(fd: c_int) {
         tuple,
         fd,
         path: Path::Ring,
-        same_kernel: true,
+        same_kernel: memloop::channel::PeerWatch::new(&engine.node, ch, side).same_kernel(),
         decide_wait: Duration::ZERO,
     };
     match Conn::new(parts) {
