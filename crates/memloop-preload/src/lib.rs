@@ -44,7 +44,22 @@ fn init_logging() {
     // events: nothing is lost.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| RawStderr)
         .with_ansi(false)
         .try_init();
+}
+
+/// Log lines go straight to fd 2, one `write` each: std's stderr takes a lock, and the fork
+/// child of a multithreaded program (which logs until it execs) would wait forever for a lock
+/// another thread of the parent held at the fork.
+struct RawStderr;
+
+impl std::io::Write for RawStderr {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        real::write_stderr(b).map_err(std::io::Error::from_raw_os_error)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

@@ -139,6 +139,12 @@ pub fn ring_doorbell(fd: c_int) -> bool {
     r == 1
 }
 
+/// Writes to fd 2 with no lock of ours or std's (for log lines).
+pub fn write_stderr(b: &[u8]) -> Result<usize, c_int> {
+    // SAFETY: a valid buffer of `b.len()` bytes.
+    check(unsafe { write()(2, b.as_ptr().cast(), b.len()) })
+}
+
 /// Outcome of draining doorbells from the kernel socket.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Drain {
