@@ -96,13 +96,10 @@ impl Conn {
         if !w.switch.requested() {
             return false;
         }
-        if !w.switch.promote_requested() {
-            return true;
-        }
         // A promotion asked while this side has not finished leaving (the word's marks said
-        // both were on TCP): it can never get ready, so call the promotion off — which always
-        // works before a side is ready — and finish the demote.
-        self.path() == Path::Leaving && w.switch.cancel_promotion()
+        // both were on TCP) can never get ready: the demote goes on, and `switch_to_tcp`
+        // calls the promotion off.
+        !w.switch.promote_requested() || self.path() == Path::Leaving
     }
 
     /// Deals with a switch the peer (or an operator) asked for. Blocks until the peer's side
@@ -187,6 +184,10 @@ impl Conn {
         // by another thread. Leaving on such a stale look would leave alone, for good.
         if ask.is_none() && (self.switching.handled.load(Acquire) || !self.demote_asked()) {
             return Ok(());
+        }
+        if self.path() == Path::Leaving && w.switch.promote_requested() {
+            // Always works here: a side gets ready only on TCP, so neither can have stopped.
+            w.switch.cancel_promotion();
         }
         if let Some(r) = ask {
             if w.switch.request(r) {
