@@ -4,13 +4,13 @@
 //! registered too, so waits on them filter our tagged registrations.
 
 use crate::agree::canonical;
-use crate::conn::{Conn, ConnParts, Path};
+use crate::conn::{side_of_socket, Conn, ConnParts};
 use crate::engine;
 use crate::epoll::Target;
 use crate::listen::Listener;
 use crate::real;
 use crate::table::{self, Entry};
-use memloop::registry::{ChannelState, ConnTuple, Side};
+use memloop::registry::ChannelState;
 
 /// Inherited fds: connected and listening inet stream sockets, and epoll sets.
 #[derive(Default)]
@@ -150,7 +150,6 @@ fn adopt_sockets(conns: Vec<i32>, listeners: Vec<i32>) {
         };
         let (local, peer) = (canonical(local), canonical(peer));
         let found = channels.iter().find_map(|c| {
-            let t = c.tuple?;
             // A channel whose connection switched to TCP has dead rings: the socket is plain.
             let switched = engine
                 .registry()
@@ -159,37 +158,12 @@ fn adopt_sockets(conns: Vec<i32>, listeners: Vec<i32>) {
             if c.state != ChannelState::Accepted || switched {
                 return None;
             }
-            if t == (ConnTuple {
-                client: local,
-                server: peer,
-            }) && !c.client_closed
-            {
-                Some((c.id, Side::Client, t))
-            } else if t
-                == (ConnTuple {
-                    client: peer,
-                    server: local,
-                })
-                && !c.server_closed
-            {
-                Some((c.id, Side::Server, t))
-            } else {
-                None
-            }
+            Some((c.id, side_of_socket(c, local, peer)?, c.tuple?))
         });
         let Some((ch, side, tuple)) = found else {
             continue;
         };
-        let parts = ConnParts {
-            engine: engine.clone(),
-            ch,
-            side,
-            tuple,
-            fd,
-            path: Path::Ring,
-            same_kernel: true,
-            decide_wait: std::time::Duration::ZERO,
-        };
+        let parts = ConnParts::found(&engine, ch, side, tuple, fd);
         if let Ok(conn) = Conn::new(parts) {
             conn.mark_shared();
             tracing::debug!(fd, ?ch, "inherited ring connection adopted after exec");

@@ -187,17 +187,7 @@ fn adopt(fd: c_int) {
         give_back(&engine, ch, side, &w);
         return;
     }
-    let parts = ConnParts {
-        engine: engine.clone(),
-        ch,
-        side,
-        tuple,
-        fd,
-        path: Path::Ring,
-        same_kernel: memloop::channel::PeerWatch::new(&engine.node, ch, side).same_kernel(),
-        decide_wait: Duration::ZERO,
-    };
-    match Conn::new(parts) {
+    match Conn::new(ConnParts::found(&engine, ch, side, tuple, fd)) {
         Ok(c) => {
             c.adopted_on_tcp();
             tracing::debug!(fd, ?ch, ?side, "received switched connection adopted");
@@ -225,19 +215,16 @@ fn switched_channel(
     peer: std::net::SocketAddr,
 ) -> Option<(ChannelId, Side, ConnTuple, memloop::registry::MemberId)> {
     reg.channels().into_iter().find_map(|c| {
-        let t = c.tuple?;
         if c.state != ChannelState::Accepted || c.marker {
             return None;
         }
-        let (side, owner) = if t.client == local && t.server == peer && !c.client_closed {
-            (Side::Client, c.client)
-        } else if t.client == peer && t.server == local && !c.server_closed {
-            (Side::Server, c.server?)
-        } else {
-            return None;
+        let side = super::side_of_socket(&c, local, peer)?;
+        let owner = match side {
+            Side::Client => c.client,
+            Side::Server => c.server?,
         };
         let on_tcp = reg.switch_word(c.id).is_ok_and(|w| w.on_tcp(side));
-        on_tcp.then_some((c.id, side, t, owner))
+        on_tcp.then_some((c.id, side, c.tuple?, owner))
     })
 }
 

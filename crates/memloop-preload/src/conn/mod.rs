@@ -86,6 +86,45 @@ pub struct ConnParts {
     pub decide_wait: Duration,
 }
 
+impl ConnParts {
+    /// A connection found again by its socket (inherited across exec, or received with
+    /// `SCM_RIGHTS`): decided, with its channel's rings.
+    pub fn found(
+        engine: &Arc<Engine>,
+        ch: ChannelId,
+        side: Side,
+        tuple: ConnTuple,
+        fd: c_int,
+    ) -> Self {
+        ConnParts {
+            engine: engine.clone(),
+            ch,
+            side,
+            tuple,
+            fd,
+            path: Path::Ring,
+            same_kernel: PeerWatch::new(&engine.node, ch, side).same_kernel(),
+            decide_wait: Duration::ZERO,
+        }
+    }
+}
+
+/// Which open side of channel `c` a socket with these (canonical) addresses is.
+pub fn side_of_socket(
+    c: &memloop::registry::ChannelInfo,
+    local: std::net::SocketAddr,
+    peer: std::net::SocketAddr,
+) -> Option<Side> {
+    let t = c.tuple?;
+    if t.client == local && t.server == peer && !c.client_closed {
+        Some(Side::Client)
+    } else if t.client == peer && t.server == local && !c.server_closed {
+        Some(Side::Server)
+    } else {
+        None
+    }
+}
+
 impl Conn {
     pub fn new(p: ConnParts) -> Result<Arc<Conn>, FallbackReason> {
         // Doorbells are single bytes the peer never answers on TCP: with Nagle on, the second
