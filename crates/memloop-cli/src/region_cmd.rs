@@ -275,29 +275,29 @@ fn destroy(a: &StateArgs) -> CliResult<()> {
 }
 
 fn pause(a: &StateArgs) -> CliResult<()> {
-    let region = open(&a.region.spec())?;
-    let reg = region.registry();
-    let was = reg
-        .set_state(RegionState::Paused)
-        .context("pausing the region")?;
-    println!(
-        "region {} paused (was {})",
-        region.path().display(),
-        was.name()
-    );
-    switch_cmd::demote_all_for_region(reg, a.wait)
+    set_state(a, RegionState::Paused, switch_cmd::demote_all_for_region)
 }
 
 fn resume(a: &StateArgs) -> CliResult<()> {
+    set_state(a, RegionState::Open, switch_cmd::promote_paused)
+}
+
+/// Sets the region's state, then moves its connections with `then` (waiting `--wait` s).
+fn set_state(
+    a: &StateArgs,
+    state: RegionState,
+    then: fn(&memloop::registry::Registry, f64) -> CliResult<()>,
+) -> CliResult<()> {
     let region = open(&a.region.spec())?;
     let reg = region.registry();
     let was = reg
-        .set_state(RegionState::Open)
-        .context("resuming the region")?;
+        .set_state(state)
+        .context(format!("setting the region {}", state.name()))?;
     println!(
-        "region {} open (was {})",
+        "region {} {} (was {})",
         region.path().display(),
+        state.name(),
         was.name()
     );
-    switch_cmd::promote_paused(reg, a.wait)
+    then(reg, a.wait)
 }
