@@ -1,21 +1,29 @@
-//! `memloop bench switch`: what a live demote (ring → TCP, issue 12) costs, on fresh ring
-//! connections between two preloaded processes, beside the same runs on plain kernel TCP (where
-//! the trigger is a no-op `sendmsg`: the control for the measurement itself).
+//! `memloop bench switch`: what a live demote (ring → TCP, issue 12) and the promotion back
+//! (TCP → ring) cost, on fresh ring connections between two preloaded processes, beside the
+//! same runs on plain kernel TCP (where each trigger is a no-op: the control for the
+//! measurement itself).
 //!
 //! Each repetition is one fresh connection (`memloop-bench switch-peer`, an ordinary TCP
 //! program): 8-byte round trips (the path before), then — busy: both ends streaming both ways,
 //! idle: nothing moving — the client passes its own fd to itself with `SCM_RIGHTS` (the
 //! `sendmsg` returns once this side is on TCP), then round trips again (the path after: TCP).
+//! Then the promotion: the client takes the fd it passed back out (the preload gives the
+//! in-flight hold back: its side is no longer shared) and — busy: amid a second stream phase,
+//! idle: after a silence — asks this process, which asks the region's registry for the
+//! promotion (`Registry::request_promote`, what `memloop promote` does; the ends run with
+//! `MEMLOOP_PROMOTE=1`); then round trips again (the ring).
 //! Measured per repetition:
 //! - trigger → return: the `sendmsg`, i.e. this side's switch;
 //! - trigger → peer on TCP: the server's "switched to TCP" line of the preload's log
-//!   (`MEMLOOP_LOG=memloop_preload::conn::switch=debug`, wall clock, µs), and its "left the
-//!   ring" (the peer noticed);
+//!   (`MEMLOOP_LOG=…conn::switch=debug,…conn::promote=debug`, wall clock, µs), and its "left
+//!   the ring" (the peer noticed);
+//! - promotion: trigger → each side's "promoted: back on the ring", and → the switch word
+//!   quiet again as this process polls it (every 100 µs);
 //! - busy: the largest gap between consecutive reads that returned data, in the window after
-//!   the trigger (the stall), beside the median and largest gap in the window before, at each
-//!   receiving end;
-//! - the round trips before (ring) and after (TCP), so costs read in round trips of the slower
-//!   path.
+//!   each trigger (the stall), beside the median and largest gap in the window before the
+//!   demote, at each receiving end; and per repetition the two stalls' sum (demote + promote);
+//! - the round trips before (ring), after the demote (TCP) and after the promotion (ring), so
+//!   costs read in round trips of the slower path.
 //!
 //! Paths: `memloop-lo` (127.0.0.1 in domain 0) and `memloop` (domain 0 ↔ domain 1 over the
 //! bridge), both ends under `memloop run` in one region; their controls `tcp-loopback` and
@@ -52,7 +60,7 @@ pub struct SwitchArgs {
     /// --quick).
     #[arg(long)]
     reps: Option<usize>,
-    /// Round trips before and after each switch (default 200, 50 with --quick).
+    /// Round trips before, between and after the switches (default 200, 50 with --quick).
     #[arg(long)]
     pings: Option<u32>,
     /// Chunk size of the busy streams.

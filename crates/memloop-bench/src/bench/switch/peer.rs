@@ -2,17 +2,21 @@
 //! programs (std::net over libc). The client demotes its own connection by passing its fd to
 //! itself with `SCM_RIGHTS`, the trigger a real fd-passing server pulls; under the preload the
 //! `sendmsg` returns once this side has moved to TCP, on a plain kernel path it is a no-op.
+//! The promotion is the driver's: it holds the region.
 //!
 //! - `--role server --addr A`: listens on A (port 0 for any), prints
 //!   `{"ready":true,"pid":..,"addr":..}`, serves connections until stdin closes.
 //! - `--role client --addr A`: prints `{"ready":true,"pid":..}`, then for each [`Rep`] line on
 //!   stdin makes one fresh connection, measures, and prints one [`Outcome`] line.
 //!
-//! A connection: a 16-byte header (magic, busy, pings, chunk); `pings` 8-byte round trips
-//! (the path before the switch); busy: both ends stream `chunk`-byte chunks both ways while
-//! the client triggers the switch, until the client's END chunk (carrying the trigger time)
-//! and the server's (carrying the gaps it saw); idle: nothing moves while the client
-//! triggers; then 8-byte round trips until the client closes (the path after the switch).
+//! A connection: a 16-byte header (magic, flags: busy, promote; pings, chunk); `pings` 8-byte
+//! round trips (the path before the switch); busy: both ends stream `chunk`-byte chunks both
+//! ways while the client triggers the switch, until the client's END chunk (carrying the
+//! trigger time) and the server's (carrying the gaps it saw); idle: nothing moves while the
+//! client triggers; then `pings` round trips (the path after the switch). With promote, the
+//! client then asks the driver for the promotion (a `{"promote":{..}}` line on stdout, the
+//! answer a [`Promoted`] line on stdin) — busy: amid a second stream phase like the first;
+//! idle: after a silence — and round trips follow until the client closes.
 //! Every chunk is checked (sequence, kind, pattern): a lost, duplicated or misplaced byte is an
 //! error, not a figure.
 
