@@ -1,5 +1,6 @@
 //! `memloop bench switch --quick --json`: the run completes, its JSON parses and every available
-//! path has positive figures; the preloaded paths switched every connection. Needs root and
+//! path has positive figures; the preloaded paths switched every connection and brought every
+//! one back to its ring. Needs root and
 //! `ip` (network namespaces); without them the runner reports it ignored with the reason
 //! (failed under `CI`). Figures are never compared with thresholds: timings are not behaviour.
 
@@ -73,6 +74,10 @@ fn quick_run_reports_parseable_figures() {
                 p["switched"], p["reps"],
                 "{name}: not every connection switched"
             );
+            assert_eq!(
+                p["promoted"], p["reps"],
+                "{name}: not every connection came back to its ring"
+            );
         }
         let has = |variant: &str, metric: &str| {
             mine.iter()
@@ -85,10 +90,23 @@ fn quick_run_reports_parseable_figures() {
                     has(variant, "peer on TCP"),
                     "{name} {variant}: peer not observed"
                 );
+                assert!(
+                    has(variant, "trigger → peer on the ring"),
+                    "{name} {variant}: peer's promotion not observed"
+                );
             }
+            assert!(
+                has(variant, "promote: first round trip"),
+                "{name} {variant}"
+            );
         }
         assert!(has("busy", "stall"), "{name}: no stall figures");
+        assert!(
+            has("busy", "demote + promote stall"),
+            "{name}: no stall sums"
+        );
         assert!(has("-", "round trip after"), "{name}: no round trips");
+        assert!(has("-", "round trip after the promotion"), "{name}");
         for f in mine {
             let n = |k: &str| f[k].as_f64().unwrap_or(f64::NAN);
             assert!(n("n") >= 1.0, "{f}");

@@ -1,28 +1,29 @@
-//! The one place the benchmark calls libc itself: `sendmsg` with `SCM_RIGHTS`, which std does
-//! not offer on stable Rust. It must be libc's (not a raw system call), so that the preload
-//! library sees it as it would any program's.
+//! The one place the benchmark calls libc itself: `sendmsg` and `recvmsg` with `SCM_RIGHTS`,
+//! which std does not offer on stable Rust. They must be libc's (not raw system calls), so that
+//! the preload library sees them as it would any program's.
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
-/// A socket pair of our own, ready to carry one fd to ourselves. The copy received is never
-/// taken out: it is closed with the pair.
+/// A socket pair of our own, ready to carry one fd to ourselves. The copy received is taken out
+/// with [`SelfPass::claim`], or closed with the pair.
 pub struct SelfPass {
     tx: UnixStream,
-    _rx: UnixStream,
+    rx: UnixStream,
 }
+
+const FD_LEN: u32 = std::mem::size_of::<RawFd>() as u32;
 
 impl SelfPass {
     pub fn new() -> io::Result<SelfPass> {
         let (tx, rx) = UnixStream::pair()?;
-        Ok(SelfPass { tx, _rx: rx })
+        Ok(SelfPass { tx, rx })
     }
 
     /// Sends `fd` (one byte of data with it) to the other end of the pair.
     pub fn send(&self, fd: RawFd) -> io::Result<()> {
-        const FD_LEN: u32 = std::mem::size_of::<RawFd>() as u32;
         let mut byte = [b'x'];
         let mut iov = libc::iovec {
             iov_base: byte.as_mut_ptr().cast(),
@@ -55,6 +56,44 @@ impl SelfPass {
             n => Err(io::Error::other(format!("sendmsg sent {n} bytes, not 1"))),
         }
     }
+
+    /// Takes the fd sent out of the pair (a `recvmsg` with room for one fd, which the preload
+    /// sees as a receiver claiming it: the sender's in-flight hold is given back). `None` if
+    /// the message carried no fd.
+    pub fn claim(&self) -> io::Result<Option<OwnedFd>> {
+        let mut byte = [0u8];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: byte.len(),
+        };
+        // SAFETY: CMSG_SPACE only computes a size.
+        let space = unsafe { libc::CMSG_SPACE(FD_LEN) } as usize;
+        let mut control = vec![0u64; space.div_ceil(8)];
+        // SAFETY: msghdr is plain data; all-zero is a valid (empty) value.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: msg and everything it points to live across the call.
+        let n = unsafe { libc::recvmsg(self.rx.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel filled msg's control buffer; CMSG_FIRSTHDR checks its length.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            if cmsg.is_null()
+                || (*cmsg).cmsg_level != libc::SOL_SOCKET
+                || (*cmsg).cmsg_type != libc::SCM_RIGHTS
+            {
+                return Ok(None);
+            }
+            let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
+            // The kernel installed it for us: ours to close.
+            Ok(Some(OwnedFd::from_raw_fd(fd)))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -65,10 +104,16 @@ mod tests {
     #[test]
     fn a_passed_socket_stays_usable_here() {
         let (mut a, mut b) = UnixStream::pair().unwrap();
-        SelfPass::new().unwrap().send(a.as_raw_fd()).unwrap();
+        let pass = SelfPass::new().unwrap();
+        pass.send(a.as_raw_fd()).unwrap();
         a.write_all(b"ok").unwrap();
         let mut got = [0u8; 2];
         b.read_exact(&mut got).unwrap();
         assert_eq!(&got, b"ok");
+        // The copy claimed is the same socket.
+        let copy = UnixStream::from(pass.claim().unwrap().expect("an fd"));
+        (&copy).write_all(b"2").unwrap();
+        b.read_exact(&mut got[..1]).unwrap();
+        assert_eq!(got[0], b'2');
     }
 }

@@ -2,17 +2,21 @@
 //! programs (std::net over libc). The client demotes its own connection by passing its fd to
 //! itself with `SCM_RIGHTS`, the trigger a real fd-passing server pulls; under the preload the
 //! `sendmsg` returns once this side has moved to TCP, on a plain kernel path it is a no-op.
+//! The promotion is the driver's: it holds the region.
 //!
 //! - `--role server --addr A`: listens on A (port 0 for any), prints
 //!   `{"ready":true,"pid":..,"addr":..}`, serves connections until stdin closes.
 //! - `--role client --addr A`: prints `{"ready":true,"pid":..}`, then for each [`Rep`] line on
 //!   stdin makes one fresh connection, measures, and prints one [`Outcome`] line.
 //!
-//! A connection: a 16-byte header (magic, busy, pings, chunk); `pings` 8-byte round trips
-//! (the path before the switch); busy: both ends stream `chunk`-byte chunks both ways while
-//! the client triggers the switch, until the client's END chunk (carrying the trigger time)
-//! and the server's (carrying the gaps it saw); idle: nothing moves while the client
-//! triggers; then 8-byte round trips until the client closes (the path after the switch).
+//! A connection: a 16-byte header (magic, flags: busy, promote; pings, chunk); `pings` 8-byte
+//! round trips (the path before the switch); busy: both ends stream `chunk`-byte chunks both
+//! ways while the client triggers the switch, until the client's END chunk (carrying the
+//! trigger time) and the server's (carrying the gaps it saw); idle: nothing moves while the
+//! client triggers; then `pings` round trips (the path after the switch). With promote, the
+//! client then asks the driver for the promotion (a `{"promote":{..}}` line on stdout, the
+//! answer a [`Promoted`] line on stdin) — busy: amid a second stream phase like the first;
+//! idle: after a silence — and round trips follow until the client closes.
 //! Every chunk is checked (sequence, kind, pattern): a lost, duplicated or misplaced byte is an
 //! error, not a figure.
 
@@ -69,6 +73,44 @@ pub struct Rep {
     pub post_ms: u64,
     /// Gaps are looked at within this long before and after the trigger.
     pub window_ms: u64,
+    /// After the round trips on TCP, ask the driver to promote the connection back to its
+    /// ring (busy: amid a second stream phase; idle: after as long a silence), then round
+    /// trips again (the path after the promotion).
+    #[serde(default)]
+    pub promote: bool,
+}
+
+/// The client's question to the driver: promote this connection (its 4-tuple as this side
+/// sees it). The driver answers with a [`Promoted`] line on our stdin.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct PromoteAsk {
+    pub local: String,
+    pub peer: String,
+}
+
+/// The driver's answer: when it asked (no-op on a plain kernel path), and when it saw the
+/// promotion finished.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default)]
+pub struct Promoted {
+    /// The trigger: CLOCK_MONOTONIC and wall clock, ns.
+    pub at_mono: u64,
+    pub at_wall: u64,
+    /// Trigger → the channel's switch word quiet again (as polled by the driver), ns; `None`
+    /// when not seen (or no promotion: a control path).
+    pub done_ns: Option<u64>,
+}
+
+/// What the promotion half of a repetition saw.
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct PromoteOutcome {
+    /// The driver's trigger, wall clock, ns.
+    pub trigger_wall_ns: u64,
+    pub done_ns: Option<u64>,
+    /// Round trips after the promotion, ns.
+    pub rtt_after: Vec<u64>,
+    /// Busy: the gaps around the promotion at each receiving end.
+    pub rx_client: Option<Gaps>,
+    pub rx_server: Option<Gaps>,
 }
 
 /// The gaps between consecutive reads that returned data, one receiving end, ns.
@@ -101,6 +143,9 @@ pub struct Outcome {
     /// Bytes streamed each way (busy).
     pub bytes_c2s: u64,
     pub bytes_s2c: u64,
+    /// The promotion half, if asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promote: Option<PromoteOutcome>,
 }
 
 pub fn run(a: &PeerArgs) -> CliResult<()> {
@@ -118,12 +163,12 @@ fn say(v: serde_json::Value) {
 }
 
 /// CLOCK_MONOTONIC, ns: the same clock in every process of the machine.
-fn now() -> u64 {
+pub fn now() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
-fn wall() -> u64 {
+pub fn wall() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -154,48 +199,70 @@ fn server(addr: &str) -> CliResult<()> {
     }
 }
 
+/// Header flags (the header's second word).
+const F_BUSY: u32 = 1;
+const F_PROMOTE: u32 = 2;
+
 fn serve(c: &TcpStream) -> io::Result<()> {
     c.set_nodelay(true)?;
     let mut h = [0u8; HEADER];
     (&*c).read_exact(&mut h)?;
     let word = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().expect("4 bytes"));
-    let (busy, pings, chunk) = (word(4) != 0, word(8), word(12) as usize);
+    let (flags, pings, chunk) = (word(4), word(8), word(12) as usize);
+    let (busy, promote) = (flags & F_BUSY != 0, flags & F_PROMOTE != 0);
     if word(0) != MAGIC || !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk) {
         return Err(invalid(format!("bad connection header {h:?}")));
     }
-    let mut p = [0u8; PING];
-    for _ in 0..pings {
-        (&*c).read_exact(&mut p)?;
-        (&*c).write_all(&p)?;
-    }
+    echo(c, pings)?;
     if busy {
-        let (tx, rx) = mpsc::channel::<Gaps>();
-        std::thread::scope(|s| {
-            let writer = s.spawn(move || {
-                stream_out(c, chunk, || match rx.try_recv() {
-                    Ok(g) => Ok(Some(gaps_word(g))),
-                    Err(mpsc::TryRecvError::Empty) => Ok(None),
-                    Err(mpsc::TryRecvError::Disconnected) => {
-                        Err(invalid("the server's reader stopped".into()))
-                    }
-                })
-            });
-            let r = receive(c, chunk).and_then(|(times, trigger, _)| {
-                let (window, trigger) = (trigger[1], trigger[0]);
-                tx.send(gaps(&times, trigger, window))
-                    .map_err(|_| invalid("the server's writer stopped".into()))
-            });
-            let w = writer.join().expect("writer thread");
-            r.and(w.map(|_| ()))
-        })?;
+        serve_stream(c, chunk)?;
+        if promote {
+            echo(c, pings)?; // the round trips on TCP, then the stream around the promotion
+            serve_stream(c, chunk)?;
+        }
     }
     // Echo until the client closes.
+    let mut p = [0u8; PING];
     loop {
         match read_full(c, &mut p)? {
             true => (&*c).write_all(&p)?,
             false => return Ok(()),
         }
     }
+}
+
+/// Echoes `n` round trips.
+fn echo(c: &TcpStream, n: u32) -> io::Result<()> {
+    let mut p = [0u8; PING];
+    for _ in 0..n {
+        (&*c).read_exact(&mut p)?;
+        (&*c).write_all(&p)?;
+    }
+    Ok(())
+}
+
+/// The server's side of one stream phase: streams until the client's END chunk, then ends its
+/// own with the gaps it saw around the trigger the client's END carries.
+fn serve_stream(c: &TcpStream, chunk: usize) -> io::Result<()> {
+    let (tx, rx) = mpsc::channel::<Gaps>();
+    std::thread::scope(|s| {
+        let writer = s.spawn(move || {
+            stream_out(c, chunk, || match rx.try_recv() {
+                Ok(g) => Ok(Some(gaps_word(g))),
+                Err(mpsc::TryRecvError::Empty) => Ok(None),
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    Err(invalid("the server's reader stopped".into()))
+                }
+            })
+        });
+        let r = receive(c, chunk).and_then(|(times, trigger, _)| {
+            let (window, trigger) = (trigger[1], trigger[0]);
+            tx.send(gaps(&times, trigger, window))
+                .map_err(|_| invalid("the server's writer stopped".into()))
+        });
+        let w = writer.join().expect("writer thread");
+        r.and(w.map(|_| ()))
+    })
 }
 
 /// An END chunk's four words, from the server's gaps.
@@ -315,13 +382,22 @@ pub fn gaps(times: &[u64], trigger: u64, window: u64) -> Gaps {
 
 fn client(addr: &str) -> CliResult<()> {
     say(json!({ "ready": true, "pid": std::process::id() }));
-    for line in std::io::stdin().lock().lines() {
+    let mut lines = std::io::stdin().lock().lines();
+    while let Some(line) = lines.next() {
         let line = line.context("reading a request")?;
         if line.trim().is_empty() {
             continue;
         }
+        // The driver's answer to a promotion request: the next line on stdin.
+        let mut ask = |q: &PromoteAsk| -> io::Result<Promoted> {
+            say(json!({ "promote": q }));
+            let l = lines
+                .next()
+                .ok_or_else(|| invalid("stdin closed while asking for a promotion".into()))??;
+            serde_json::from_str(&l).map_err(|e| invalid(format!("bad answer {l:?}: {e}")))
+        };
         let out = match serde_json::from_str::<Rep>(&line) {
-            Ok(rep) => one(addr, &rep).unwrap_or_else(|e| Outcome {
+            Ok(rep) => one(addr, &rep, &mut ask).unwrap_or_else(|e| Outcome {
                 error: Some(e.to_string()),
                 ..Outcome::default()
             }),
@@ -351,15 +427,79 @@ fn pings(c: &TcpStream, n: u32, into: &mut Vec<u64>) -> io::Result<()> {
     Ok(())
 }
 
-/// One repetition on a fresh connection.
-fn one(addr: &str, rep: &Rep) -> io::Result<Outcome> {
+/// A trigger: (monotonic, wall) when it started, and how long it took, ns.
+type Fired = (u64, u64, u64);
+
+/// What one stream phase saw.
+struct Phase {
+    fired: Fired,
+    rx_client: Gaps,
+    rx_server: Gaps,
+    bytes_c2s: u64,
+    bytes_s2c: u64,
+}
+
+/// One stream phase: both ends stream both ways, `trigger` fires `pre_ms` in, the streams go
+/// on `post_ms` more; then both END chunks (ours carries the trigger time, the server's the
+/// gaps it saw around it).
+fn stream_phase(
+    c: &TcpStream,
+    rep: &Rep,
+    trigger: &mut dyn FnMut() -> io::Result<Fired>,
+) -> io::Result<Phase> {
+    let ms = Duration::from_millis;
+    let window = ms(rep.window_ms).as_nanos() as u64;
+    let (stop, at) = (AtomicBool::new(false), AtomicU64::new(0));
+    let (rx, tx, fired) = std::thread::scope(|s| -> io::Result<_> {
+        let writer = s.spawn(|| {
+            stream_out(c, rep.chunk, || {
+                Ok(stop
+                    .load(Ordering::Acquire)
+                    .then(|| [at.load(Ordering::Acquire), window, 0, 0]))
+            })
+        });
+        let reader = s.spawn(|| receive(c, rep.chunk));
+        std::thread::sleep(ms(rep.pre_ms));
+        let fired = trigger();
+        if let Ok((t, _, _)) = fired {
+            at.store(t, Ordering::Release);
+        }
+        std::thread::sleep(ms(rep.post_ms));
+        stop.store(true, Ordering::Release);
+        let tx = writer.join().expect("writer thread");
+        let rx = reader.join().expect("reader thread");
+        Ok((rx?, tx?, fired?))
+    })?;
+    let (times, server, got) = rx;
+    let [typical, before_max, after_max, reads] = server;
+    Ok(Phase {
+        rx_client: gaps(&times, fired.0, window),
+        rx_server: Gaps {
+            typical,
+            before_max,
+            after_max,
+            reads,
+        },
+        fired,
+        bytes_c2s: tx,
+        bytes_s2c: got,
+    })
+}
+
+/// One repetition on a fresh connection; `ask` asks the driver for a promotion.
+fn one(
+    addr: &str,
+    rep: &Rep,
+    ask: &mut dyn FnMut(&PromoteAsk) -> io::Result<Promoted>,
+) -> io::Result<Outcome> {
     if !(MIN_CHUNK..=MAX_CHUNK).contains(&rep.chunk) {
         return Err(invalid(format!("chunk {}: out of range", rep.chunk)));
     }
     let c = TcpStream::connect(addr)?;
     c.set_nodelay(true)?;
+    let flags = u32::from(rep.busy) * F_BUSY + u32::from(rep.promote) * F_PROMOTE;
     let mut h = [0u8; HEADER];
-    for (i, w) in [MAGIC, rep.busy.into(), rep.pings, rep.chunk as u32]
+    for (i, w) in [MAGIC, flags, rep.pings, rep.chunk as u32]
         .iter()
         .enumerate()
     {
@@ -369,60 +509,67 @@ fn one(addr: &str, rep: &Rep) -> io::Result<Outcome> {
     let mut out = Outcome::default();
     pings(&c, rep.pings, &mut out.rtt_before)?;
     let pass = SelfPass::new()?;
-    let ms = Duration::from_millis;
-    // The trigger: (monotonic, wall) when it starts, and how long the sendmsg took.
-    let trigger = || -> io::Result<(u64, u64, u64)> {
+    // The demote: this process passes its own fd to itself; the sendmsg returns once this
+    // side is on TCP.
+    let mut demote = || -> io::Result<Fired> {
         let (w, t) = (wall(), now());
         pass.send(c.as_raw_fd())?;
         Ok((t, w, now() - t))
     };
-    let window = ms(rep.window_ms).as_nanos() as u64;
-    if rep.busy {
-        let (stop, at) = (AtomicBool::new(false), AtomicU64::new(0));
-        let (rx, tx, fired) = std::thread::scope(|s| -> io::Result<_> {
-            let writer = s.spawn(|| {
-                stream_out(&c, rep.chunk, || {
-                    Ok(stop
-                        .load(Ordering::Acquire)
-                        .then(|| [at.load(Ordering::Acquire), window, 0, 0]))
-                })
-            });
-            let reader = s.spawn(|| receive(&c, rep.chunk));
-            std::thread::sleep(ms(rep.pre_ms));
-            let fired = trigger();
-            if let Ok((t, _, _)) = fired {
-                at.store(t, Ordering::Release);
-            }
-            std::thread::sleep(ms(rep.post_ms));
-            stop.store(true, Ordering::Release);
-            let tx = writer.join().expect("writer thread");
-            let rx = reader.join().expect("reader thread");
-            Ok((rx?, tx?, fired?))
-        })?;
-        let (t, w, cost) = fired;
-        let (times, server, got) = rx;
-        out.rx_client = Some(gaps(&times, t, window));
-        let [typical, before_max, after_max, reads] = server;
-        out.rx_server = Some(Gaps {
-            typical,
-            before_max,
-            after_max,
-            reads,
-        });
-        (out.trigger_wall_ns, out.cost_ns) = (w, cost);
-        (out.bytes_c2s, out.bytes_s2c) = (tx, got);
+    let fired = if rep.busy {
+        let ph = stream_phase(&c, rep, &mut demote)?;
+        (out.rx_client, out.rx_server) = (Some(ph.rx_client), Some(ph.rx_server));
+        (out.bytes_c2s, out.bytes_s2c) = (ph.bytes_c2s, ph.bytes_s2c);
+        ph.fired
     } else {
-        std::thread::sleep(ms(rep.pre_ms));
-        let (_, w, cost) = trigger()?;
-        (out.trigger_wall_ns, out.cost_ns) = (w, cost);
-    }
+        std::thread::sleep(Duration::from_millis(rep.pre_ms));
+        demote()?
+    };
+    (out.trigger_wall_ns, out.cost_ns) = (fired.1, fired.2);
     pings(&c, rep.pings, &mut out.rtt_after)?;
+    if rep.promote {
+        // Claim the fd in flight: until then its hold keeps our side shared (no promotion).
+        drop(pass.claim()?);
+        out.promote = Some(promote_half(&c, rep, ask, &mut out)?);
+    }
     c.shutdown(Shutdown::Write)?;
     let mut b = [0u8; 1];
     if read_full(&c, &mut b)? {
         return Err(invalid("data where the server should close".into()));
     }
     Ok(out)
+}
+
+/// The promotion half: the driver triggers it (busy: amid a second stream phase; idle: after
+/// a silence as long as before the demote), then round trips.
+fn promote_half(
+    c: &TcpStream,
+    rep: &Rep,
+    ask: &mut dyn FnMut(&PromoteAsk) -> io::Result<Promoted>,
+    out: &mut Outcome,
+) -> io::Result<PromoteOutcome> {
+    let q = PromoteAsk {
+        local: c.local_addr()?.to_string(),
+        peer: c.peer_addr()?.to_string(),
+    };
+    let mut answer = Promoted::default();
+    let mut trigger = || -> io::Result<Fired> {
+        answer = ask(&q)?;
+        Ok((answer.at_mono, answer.at_wall, 0))
+    };
+    let mut p = PromoteOutcome::default();
+    if rep.busy {
+        let ph = stream_phase(c, rep, &mut trigger)?;
+        (p.rx_client, p.rx_server) = (Some(ph.rx_client), Some(ph.rx_server));
+        out.bytes_c2s += ph.bytes_c2s;
+        out.bytes_s2c += ph.bytes_s2c;
+    } else {
+        std::thread::sleep(Duration::from_millis(rep.pre_ms));
+        trigger()?;
+    }
+    (p.trigger_wall_ns, p.done_ns) = (answer.at_wall, answer.done_ns);
+    pings(c, rep.pings, &mut p.rtt_after)?;
+    Ok(p)
 }
 
 #[cfg(test)]
@@ -440,7 +587,8 @@ mod tests {
         assert_eq!(g.reads, 10);
     }
 
-    /// Both variants against a server thread on loopback (no preload: the trigger is a no-op).
+    /// Both variants, with and without the promotion half, against a server thread on
+    /// loopback (no preload: the triggers are no-ops; the driver's answer is made up here).
     #[test]
     fn both_variants_run_on_loopback() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -449,7 +597,7 @@ mod tests {
             let (c, _) = l.accept().unwrap();
             std::thread::spawn(move || serve(&c).unwrap());
         });
-        for busy in [true, false] {
+        for (busy, promote) in [(true, true), (false, true), (true, false), (false, false)] {
             let rep = Rep {
                 busy,
                 pings: 5,
@@ -457,14 +605,42 @@ mod tests {
                 pre_ms: 20,
                 post_ms: 20,
                 window_ms: 10,
+                promote,
             };
-            let o = one(&addr, &rep).unwrap();
+            let mut asked = Vec::new();
+            let mut ask = |q: &PromoteAsk| {
+                asked.push(q.clone());
+                Ok(Promoted {
+                    at_mono: now(),
+                    at_wall: wall(),
+                    done_ns: None,
+                })
+            };
+            let o = one(&addr, &rep, &mut ask).unwrap();
             assert_eq!((o.rtt_before.len(), o.rtt_after.len()), (5, 5));
             assert!(o.cost_ns > 0 && o.trigger_wall_ns > 0);
             if busy {
                 let (c, s) = (o.rx_client.unwrap(), o.rx_server.unwrap());
                 assert!(c.reads > 0 && s.reads > 0, "{o:?}");
                 assert!(o.bytes_c2s > 0 && o.bytes_s2c > 0, "{o:?}");
+            }
+            assert_eq!(asked.len(), usize::from(promote));
+            let Some(p) = o.promote else {
+                assert!(!promote);
+                continue;
+            };
+            assert_eq!(asked[0].peer, addr, "{asked:?}");
+            assert!(
+                p.trigger_wall_ns > o.trigger_wall_ns && p.rtt_after.len() == 5,
+                "{p:?}"
+            );
+            assert_eq!(
+                p.rx_client.is_some() && p.rx_server.is_some(),
+                busy,
+                "{p:?}"
+            );
+            if let (Some(d), Some(g)) = (o.rx_client, p.rx_client) {
+                assert!(g.reads > 0 && d.reads > 0);
             }
         }
     }
