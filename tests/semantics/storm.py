@@ -11,6 +11,9 @@ poll_flip: one connection between two socat-like sides (one thread each, waiting
 the server and select on the client, then a blocking read or a write), flipped by the same
 flipper: a connection said readable must have bytes to read, or both sides may end up waiting
 in their reads for good.
+epoll_flip: the same with level-triggered epoll (the client's set nested in another).
+epoll_et_flip: non-blocking event loops, edge-triggered epoll on the server and one-shot on
+the client: reads and writes until EAGAIN; a lost wake-up on either path hangs them.
 Each side checks the sha256 of everything it received against what the other side sent, and
 exact EOF. Under kernel TCP the triggers are no-ops (fd passing) or absent (no region)."""
 
@@ -255,31 +258,65 @@ def poll_flip_pieces(seed):
         yield r.randbytes(r.randint(1, 16384))
 
 
-def poll_flip_one(sock, mine, theirs, peer, use_select):
-    """Like socat between a pipe and the connection: one thread that waits in poll (or select)
-    on the connection, then makes a blocking read when it says readable, or writes a piece
-    when it says writable. A piece is made only when a wait ran out with nothing to do, so both
-    sides are often idle in their waits when a switch comes. The kernel's rule: a connection
-    said readable has something to read — else the blocking read waits for the peer's next
-    write, and for good when the peer is in the same read (the scenario's watchdog ends it).
-    Then both streams' sha256 and exact EOF."""
+def select_waiter(sock):
+    def wait(rd, wr):
+        r, w, _ = select.select([sock] if rd else [], [sock] if wr else [], [], 0.001)
+        return bool(r), bool(w)
+    return wait
+
+
+def poll_waiter(sock):
+    poller = select.poll()
+
+    def wait(rd, wr):
+        poller.register(sock, (select.POLLIN if rd else 0) | (select.POLLOUT if wr else 0))
+        res = poller.poll(1)
+        bits = res[0][1] if res else 0
+        return (rd and bits & (select.POLLIN | select.POLLHUP | select.POLLERR) != 0,
+                wr and bits & (select.POLLOUT | select.POLLERR) != 0)
+    return wait
+
+
+def epoll_waiter(sock, nested=False):
+    """Level-triggered epoll, the interest following what the side wants (EPOLL_CTL_MOD);
+    `nested`: the set sits in an outer set, which is the one waited on."""
+    ep = select.epoll()
+    ep.register(sock, 0)
+    outer = None
+    if nested:
+        outer = select.epoll()
+        outer.register(ep.fileno(), select.EPOLLIN)
+    cur = [0]
+
+    def wait(rd, wr):
+        ev = (select.EPOLLIN if rd else 0) | (select.EPOLLOUT if wr else 0)
+        if ev != cur[0]:
+            ep.modify(sock, ev)
+            cur[0] = ev
+        if outer is not None:
+            res = ep.poll(0) if outer.poll(0.001) else []
+        else:
+            res = ep.poll(0.001)
+        bits = res[0][1] if res else 0
+        return (rd and bits & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR) != 0,
+                wr and bits & (select.EPOLLOUT | select.EPOLLERR) != 0)
+    return wait
+
+
+def poll_flip_one(sock, mine, theirs, peer, wait):
+    """Like socat between a pipe and the connection: one thread that waits (poll, select or
+    level-triggered epoll: `wait(rd, wr)`) on the connection, then makes a blocking read when
+    it says readable, or writes a piece when it says writable. A piece is made only when a wait
+    ran out with nothing to do, so both sides are often idle in their waits when a switch comes.
+    The kernel's rule: a connection said readable has something to read — else the blocking
+    read waits for the peer's next write, and for good when the peer is in the same read (the
+    scenario's watchdog ends it). Then both streams' sha256 and exact EOF."""
     pieces = poll_flip_pieces(mine)
     want = hashlib.sha256(b"".join(poll_flip_pieces(theirs))).hexdigest()
     got = hashlib.sha256()
     pending, eof, shut, n_in = b"", False, False, 0
-    poller = select.poll()
     while not (eof and shut and not pending):
-        rd, wr = not eof, bool(pending)
-        if use_select:
-            r, w, _ = select.select([sock] if rd else [], [sock] if wr else [], [], 0.001)
-            readable, writable = bool(r), bool(w)
-        else:
-            ev = (select.POLLIN if rd else 0) | (select.POLLOUT if wr else 0)
-            poller.register(sock, ev)
-            res = poller.poll(1)
-            bits = res[0][1] if res else 0
-            readable = rd and bits & (select.POLLIN | select.POLLHUP | select.POLLERR) != 0
-            writable = wr and bits & (select.POLLOUT | select.POLLERR) != 0
+        readable, writable = wait(not eof, bool(pending))
         if not readable and not writable:
             if not pending and not shut:
                 pending = next(pieces, None)
@@ -301,21 +338,70 @@ def poll_flip_one(sock, mine, theirs, peer, use_select):
     sock.close()
 
 
-def poll_flip_server(lsock, args):
-    conn, _ = lsock.accept()
-    lsock.close()
-    poll_flip_one(conn, 7000, 8000, "client", use_select=False)
+def epoll_et_flip_one(sock, mine, theirs, peer, oneshot):
+    """An event loop on a non-blocking socket: edge-triggered epoll (or level-triggered
+    one-shot, re-armed after each event), reads until EAGAIN on EPOLLIN, writes until EAGAIN
+    and then only after EPOLLOUT; pieces made when a wait ran out. A wake-up lost on either
+    path (ring or TCP) leaves data unread or a piece unsent for good: the watchdog ends it."""
+    sock.setblocking(False)
+    pieces = poll_flip_pieces(mine)
+    want = hashlib.sha256(b"".join(poll_flip_pieces(theirs))).hexdigest()
+    got = hashlib.sha256()
+    pending, eof, shut, n_in, can_write = b"", False, False, 0, True
+    ep = select.epoll()
+    mode = select.EPOLLONESHOT if oneshot else select.EPOLLET
+    ep.register(sock, select.EPOLLIN | select.EPOLLOUT | mode)
+    while not (eof and shut and not pending):
+        res = ep.poll(0.001)
+        bits = res[0][1] if res else 0
+        if bits & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR) and not eof:
+            while True:
+                try:
+                    b = sock.recv(1 << 16)
+                except BlockingIOError:
+                    break
+                if not b:
+                    eof = True
+                    break
+                got.update(b)
+                n_in += len(b)
+        if bits & (select.EPOLLOUT | select.EPOLLERR):
+            can_write = True
+        if not res and not pending and not shut:
+            pending = next(pieces, None)
+            if pending is None:
+                pending = b""
+                sock.shutdown(socket.SHUT_WR)
+                shut = True
+        while can_write and pending:
+            try:
+                pending = pending[sock.send(pending):]
+            except BlockingIOError:
+                can_write = False
+        if oneshot and res:
+            ep.modify(sock, (0 if eof else select.EPOLLIN)
+                      | (select.EPOLLOUT if not can_write else 0) | mode)
+    eq(got.hexdigest(), want, f"sha256 of the {peer}'s stream ({n_in} bytes)")
+    sock.close()
 
 
-def poll_flip_client(args):
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    flipper_proc = subprocess.Popen([sys.executable, __file__, "flipper"], env=env,
-                                    stdin=subprocess.PIPE)
-    try:
-        poll_flip_one(dial(args), 8000, 7000, "server", use_select=True)
-    finally:
-        flipper_proc.stdin.close()  # its cue to stop
-        flipper_proc.wait(30)
+def flipped_pair(server_loop, client_loop):
+    """A (server, client) pair of one connection flipped by the flipper (run by the client)."""
+    def server(lsock, args):
+        conn, _ = lsock.accept()
+        lsock.close()
+        server_loop(conn)
+
+    def client(args):
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        flipper_proc = subprocess.Popen([sys.executable, __file__, "flipper"], env=env,
+                                        stdin=subprocess.PIPE)
+        try:
+            client_loop(dial(args))
+        finally:
+            flipper_proc.stdin.close()  # its cue to stop
+            flipper_proc.wait(30)
+    return server, client
 
 
 def flipper_main():
@@ -327,8 +413,18 @@ def flipper_main():
     t.join(30)
 
 
-CASES = {"storm": (storm_server, storm_client), "flip": (flip_server, flip_client),
-         "poll_flip": (poll_flip_server, poll_flip_client)}
+CASES = {
+    "storm": (storm_server, storm_client), "flip": (flip_server, flip_client),
+    "poll_flip": flipped_pair(
+        lambda s: poll_flip_one(s, 7000, 8000, "client", poll_waiter(s)),
+        lambda s: poll_flip_one(s, 8000, 7000, "server", select_waiter(s))),
+    "epoll_flip": flipped_pair(
+        lambda s: poll_flip_one(s, 7000, 8000, "client", epoll_waiter(s)),
+        lambda s: poll_flip_one(s, 8000, 7000, "server", epoll_waiter(s, nested=True))),
+    "epoll_et_flip": flipped_pair(
+        lambda s: epoll_et_flip_one(s, 7000, 8000, "client", oneshot=False),
+        lambda s: epoll_et_flip_one(s, 8000, 7000, "server", oneshot=True)),
+}
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["flipper"]:

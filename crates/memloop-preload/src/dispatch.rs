@@ -357,16 +357,14 @@ pub fn epoll_ctl(
         return None;
     }
     let target = match &*table::get(fd)? {
-        Entry::Conn(c) if c.path() == Path::Pending || c.path() == Path::Ring => {
+        // Ever on its ring: ours for good (its socket may hold doorbells).
+        Entry::Conn(c) if matches!(c.path(), Path::Pending | Path::Ring) || c.was_ring() => {
             Target::Conn(c.clone())
         }
-        Entry::Conn(c) => {
+        Entry::Conn(_) => {
             // Settled on TCP since it was registered: hand the registration back first.
             if let Some(s) = epoll_of(epfd) {
                 s.release_fd(epfd, fd);
-            }
-            if c.switched() {
-                c.note_kernel_reg(epfd, fd, op, ev); // for a promotion to take over
             }
             return None;
         }

@@ -18,8 +18,8 @@ const SLICE: Duration = Duration::from_millis(200);
 
 /// The longest sleep while a watched connection is in the middle of a switch: its readiness
 /// then changes without anything the kernel would report (the peer's leave or stop records,
-/// our own promotion finishing on another thread).
-const IN_FLIGHT: Duration = Duration::from_millis(1);
+/// our own promotion finishing on another thread). Epoll's sleeps too.
+pub(crate) const IN_FLIGHT: Duration = Duration::from_millis(1);
 
 /// An fd poll must look at beyond the kernel.
 #[derive(Clone)]
@@ -264,6 +264,12 @@ fn block(
     enter(fds, members);
     let ready = any_own(fds, members) > 0 || stale(members);
     let mut left = left;
+    if members
+        .iter()
+        .any(|(_, w)| matches!(w, Watch::Set(s) if s.in_flight()))
+    {
+        left = left.min(IN_FLIGHT);
+    }
     let mut set: Vec<pollfd> = fds
         .iter()
         .enumerate()

@@ -124,6 +124,8 @@ fn main() -> std::process::ExitCode {
         test!(switch_storm_1200_connections_at_random_moments),
         test!(switch_flip_8_streams_demoted_and_promoted),
         test!(switch_flip_poll_driven_pair_never_reads_a_doorbell_as_readable),
+        test!(switch_flip_epoll_driven_pair_never_reads_a_doorbell_as_readable),
+        test!(switch_flip_epoll_edge_triggered_pair_loses_no_wakeup),
         test!(inetd_handler_exits_without_close),
         test!(scm_rights_handoff_to_preloaded_worker),
         test!(scm_rights_handoff_to_plain_worker),
@@ -916,19 +918,43 @@ fn flip(doms: Option<&Domains>) {
 /// said readable for the peer's doorbells on its socket; the blocking read then waited for
 /// data the peer — in the same read — never sent. Before the fix this hung every run.)
 fn switch_flip_poll_driven_pair_never_reads_a_doorbell_as_readable() {
+    flipped_pair("poll_flip");
+}
+
+/// [`switch_flip_poll_driven_pair_never_reads_a_doorbell_as_readable`] with level-triggered
+/// epoll (the client's set nested in an outer one): a switched connection's registration was
+/// the kernel's, which reported the peer's doorbells after its TCP stop as `EPOLLIN`.
+fn switch_flip_epoll_driven_pair_never_reads_a_doorbell_as_readable() {
+    flipped_pair("epoll_flip");
+}
+
+/// Non-blocking event loops on the flipped connection, edge-triggered epoll on the server and
+/// one-shot on the client, reading and writing until `EAGAIN`: every wake-up for data or room
+/// must come, on whichever path the bytes go (a lost one hangs a side).
+fn switch_flip_epoll_edge_triggered_pair_loses_no_wakeup() {
+    flipped_pair("epoll_et_flip");
+}
+
+/// One connection of `storm.py` `case` flipped by the flipper (`MEMLOOP_PROMOTE=1`): checks
+/// on kernel TCP, then under the preload, no doorbell errors, ≥ 10 promotions.
+fn flipped_pair(case: &'static str) {
     std::env::set_var("MEMLOOP_BIN", memloop_bin());
     std::env::set_var("MEMLOOP_PROMOTE", "1"); // promotion is opt-in
-    let s = sc("storm", "poll_flip");
+    let s = sc("storm", case);
     let kernel = run_pair(&s, Mode::Kernel, None, None);
-    assert_passed(&s, &kernel, "poll_flip on kernel TCP (the reference)");
-    let region = RegionGuard::new("sem", "poll_flip", 64 << 20);
+    assert_passed(
+        &s,
+        &kernel,
+        &format!("{case} on kernel TCP (the reference)"),
+    );
+    let region = RegionGuard::new("sem", case, 64 << 20);
     let o = run_pair(&s, Mode::Preload, Some(&region.0), None);
-    assert_passed(&s, &o, "poll_flip under the preload");
+    assert_passed(&s, &o, &format!("{case} under the preload"));
     assert_no_doorbell_errors(&o);
     let promoted = status_of(&region.0)["switches"]["promoted"]
         .as_u64()
         .unwrap_or(0);
-    eprintln!("poll_flip: {promoted} promotions");
+    eprintln!("{case}: {promoted} promotions");
     assert!(
         promoted >= 10,
         "{}",

@@ -28,16 +28,6 @@ use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::Duration;
 
-/// An epoll registration of a switched connection, made in the kernel: taken over again when
-/// the connection is back on its ring.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct KernelReg {
-    pub epfd: c_int,
-    pub fd: c_int,
-    pub events: u32,
-    pub data: u64,
-}
-
 /// The TCP phase's accounting (reset at each switch to TCP).
 #[derive(Default)]
 pub(super) struct TcpPhase {
@@ -55,7 +45,6 @@ pub(super) struct TcpPhase {
     /// `sent`/`received` are still to be taken from the kernel's stream positions (a
     /// connection adopted from another process, see `handoff.rs`).
     pub(super) from_kernel: AtomicBool,
-    pub(super) kernel_regs: ForkMutex<Vec<KernelReg>>,
     /// TCP phases begun (one per switch to TCP, counted once the takeover has read the
     /// peer's doorbells off the socket).
     pub(super) epoch: AtomicU64,
@@ -452,42 +441,12 @@ impl Conn {
         self.ring_doorbell_locked(false);
     }
 
-    /// Reads and writes on the ring again: drop the TCP record, and take the kernel epoll
-    /// registrations made meanwhile back.
+    /// Reads and writes on the ring again: drop the TCP record; the epoll sets holding the
+    /// connection answer it from the ring again.
     fn back_on_ring(&self) {
         *self.decision.plain.lock() = None;
         real::set_sockopt_int(self.kfd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
-        let regs: Vec<KernelReg> = std::mem::take(&mut *self.tcp.kernel_regs.lock());
-        if let Some(me) = crate::table::conn(self.kfd()) {
-            for r in regs {
-                if let Some(s) = crate::dispatch::epoll_of(r.epfd) {
-                    s.adopt(
-                        r.epfd,
-                        r.fd,
-                        crate::epoll::Target::Conn(me.clone()),
-                        r.events,
-                        r.data,
-                    );
-                }
-            }
-        }
-    }
-
-    /// The program (or a switch) registered this switched connection in an epoll set in the
-    /// kernel: remember it, to take it over when the connection is back on its ring.
-    pub fn note_kernel_reg(&self, epfd: c_int, fd: c_int, op: c_int, ev: Option<(u32, u64)>) {
-        let mut regs = self.tcp.kernel_regs.lock();
-        regs.retain(|r| !(r.epfd == epfd && r.fd == fd));
-        if op != libc::EPOLL_CTL_DEL {
-            if let Some((events, data)) = ev {
-                regs.push(KernelReg {
-                    epfd,
-                    fd,
-                    events,
-                    data,
-                });
-            }
-        }
+        self.epoll_follow_path();
     }
 }
 

@@ -195,6 +195,7 @@ impl Conn {
             }
         }
         self.leave(w)?;
+        self.epoll_follow_path();
         if !wait && self.peer_left(pw).is_none() && !self.peer_vanished() {
             return Ok(()); // left; the takeover comes with the next call or sweep
         }
@@ -204,6 +205,7 @@ impl Conn {
             tracing::debug!(ch = ?self.ch, "peer gone during a switch: staying on the ring");
             self.switching.handled.store(true, Release);
             self.decision.path.store(Path::Ring, Release);
+            self.epoll_follow_path();
             return Err(libc::EPIPE);
         };
         let reason = w.switch.reason().unwrap_or(SwitchReason::Peer);
@@ -347,7 +349,7 @@ impl Conn {
     }
 
     /// From now on a plain TCP connection: the program's TCP_NODELAY back, a record for
-    /// `memloop status`, and every epoll set holding it handed the kernel fd back.
+    /// `memloop status`, and every epoll set holding it told.
     fn finish_on_tcp(&self, reason: SwitchReason, carried: u64, resend: Option<Arc<Resend>>) {
         real::set_sockopt_int(
             self.kfd(),
@@ -359,8 +361,14 @@ impl Conn {
         *self.decision.plain.lock() = Some(plain);
         self.switching.handled.store(true, Release);
         self.decision.path.store(Path::Tcp, Release);
+        self.epoll_follow_path();
+    }
+
+    /// Every epoll set holding this connection follows its path: off its ring its socket
+    /// is watched through a filter (doorbells are never readable), on it the ring again.
+    pub(super) fn epoll_follow_path(&self) {
         for s in crate::table::epoll_sets() {
-            s.conn_switched(self);
+            s.conn_path_changed(self);
         }
     }
 

@@ -226,6 +226,22 @@ impl Conn {
         ev
     }
 
+    /// [`Conn::off_ring_revents`] of a fresh look at the socket (for epoll, which asks the
+    /// kernel per connection; poll looks at all its fds at once).
+    pub fn off_ring_look(&self, events: i16) -> i16 {
+        let phase = self.tcp_phase();
+        let mut p = [libc::pollfd {
+            fd: self.kfd(),
+            events,
+            revents: 0,
+        }];
+        let kernel = match real::poll_now(&mut p) {
+            Ok(_) => p[0].revents,
+            Err(_) => 0,
+        };
+        self.off_ring_revents(kernel, phase)
+    }
+
     /// For a poll's sleep on the socket of a connection of ours off its ring: the events the
     /// kernel can answer for (of the program's `events`), and whether the connection's
     /// readiness can change without the kernel seeing it — a switch in flight, whose socket

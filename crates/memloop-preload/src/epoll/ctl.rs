@@ -65,6 +65,8 @@ impl EpollSet {
             disabled: false,
             armed: false,
             kicked: false,
+            hot: Cell::new(true),
+            edges: 0,
         };
         let kev = it.kernel_events().unwrap_or(IN);
         kernel::ctl(epfd, op, fd, kev, kernel::tag(id))?;
@@ -91,6 +93,7 @@ impl EpollSet {
         it.events = events;
         it.kicked = false;
         it.disabled = false;
+        it.hot.set(true);
         if let Some(kev) = it.kernel_events() {
             if let Err(e) = kernel::ctl(epfd, libc::EPOLL_CTL_MOD, it.fd, kev, kernel::tag(id)) {
                 it.events = old_events;
@@ -145,22 +148,41 @@ impl EpollSet {
         }
     }
 
-    /// Connection `c` switched from its ring to TCP: its registrations become the program's
-    /// own again (the kernel re-evaluates readiness on the change, so nothing is lost).
-    pub fn conn_switched(&self, c: &crate::conn::Conn) {
+    /// Connection `c` left its ring or came back to it: its items follow. Off its ring an
+    /// item is answered from its socket, filtered ([`Reg::OffRing`]); back on it, from the
+    /// ring again, armed for sleepers and kicked if ready.
+    pub fn conn_path_changed(&self, c: &crate::conn::Conn) {
         let epfd = self.fd();
         let mut st = self.st.lock();
-        let ids: Vec<u32> = st
-            .items
-            .iter()
-            .filter(|(_, it)| matches!(&it.target, Target::Conn(x) if std::ptr::eq(&**x, c)))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            if let Some(it) = self.remove(&mut st, id) {
-                // Remembered: a promotion takes the registration over again.
-                c.note_kernel_reg(epfd, it.fd, libc::EPOLL_CTL_ADD, Some((it.events, it.data)));
-                let _ = to_kernel_fd(epfd, it, 0);
+        // Read under the lock: of two threads following two path changes, the later one
+        // converts last.
+        let reg = match c.path() {
+            Path::Ring => Reg::Ring,
+            Path::Pending => return,
+            _ => Reg::OffRing,
+        };
+        let sleeping = st.sleepers > 0;
+        let mine = |it: &Item| matches!(&it.target, Target::Conn(x) if std::ptr::eq(&**x, c));
+        for (id, it) in st.items.iter_mut().filter(|(_, it)| mine(it)) {
+            it.hot.set(true);
+            if it.reg == reg {
+                continue;
+            }
+            if it.armed {
+                disarm(it);
+            }
+            let op = match it.reg {
+                Reg::Dormant => libc::EPOLL_CTL_ADD,
+                _ => libc::EPOLL_CTL_MOD,
+            };
+            (it.reg, it.kicked) = (reg, false);
+            it.edge.reset();
+            if let (Some(kev), true) = (it.kernel_events(), it.fd_open) {
+                kernel::ctl_or_log("path changed", epfd, op, it.fd, kev, kernel::tag(*id));
+            }
+            if sleeping {
+                arm(it);
+                kick_if_ready(epfd, *id, it);
             }
         }
     }

@@ -6,7 +6,9 @@
 //!
 //! A ring connection is registered in the kernel set for `EPOLLIN` only (its doorbell byte,
 //! FIN or reset wakes the set); the program's interest (events, data, `ET`, `ONESHOT`) is kept
-//! here and answered from the rings. A nested epoll set (an epoll fd in this set) is
+//! here and answered from the rings. A connection of ours off its ring (switching, or on TCP
+//! after a switch) stays ours: its socket may hold the peer's doorbells, so its readiness is
+//! the kernel's answer filtered as poll filters it ([`Conn::off_ring_look`]). A nested epoll set (an epoll fd in this set) is
 //! registered under a tag too, so its ring members' readiness can be reported even when no
 //! doorbell was sent. Kernel fds are the kernel's business.
 //!
@@ -32,6 +34,7 @@ use crate::conn::{Conn, Dir, Path, Spinner};
 use crate::forklock::ForkMutex;
 use libc::{c_int, epoll_event};
 use rules::{Edge, ET, EXCLUSIVE, ONESHOT};
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
@@ -44,6 +47,7 @@ const KERNEL_EVERY: u32 = 4;
 const MAX_KERNEL_BATCH: usize = 1024;
 const IN: u32 = libc::EPOLLIN as u32;
 const OUT: u32 = libc::EPOLLOUT as u32;
+const RDHUP: u32 = libc::EPOLLRDHUP as u32;
 
 thread_local! {
     static TMP: std::cell::RefCell<Vec<epoll_event>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -79,13 +83,19 @@ enum Reg {
     Dormant,
     /// A nested epoll set.
     Set,
+    /// A connection of ours off its ring: edge-triggered in the kernel (unread bytes — data
+    /// or doorbells — never wake a sleeper twice), each edge a cue to look again.
+    OffRing,
 }
 
 impl Reg {
     fn of(t: &Target) -> Reg {
         match t {
-            Target::Conn(c) if c.path() == Path::Pending => Reg::Pending,
-            Target::Conn(_) => Reg::Ring,
+            Target::Conn(c) => match c.path() {
+                Path::Pending => Reg::Pending,
+                Path::Ring => Reg::Ring,
+                _ => Reg::OffRing,
+            },
             Target::Set(_) => Reg::Set,
         }
     }
@@ -101,6 +111,8 @@ impl Reg {
             // quiet in the kernel too (an epoll fd never reports hang-up or error).
             Reg::Set if disabled => Some(ONESHOT),
             Reg::Set => Some(IN | (events & (ET | ONESHOT))),
+            Reg::OffRing if disabled => Some(ET),
+            Reg::OffRing => Some(ET | kick | (events & (IN | OUT | RDHUP))),
         }
     }
 }
@@ -120,12 +132,18 @@ struct Item {
     /// Armed for the sleepers of this set.
     armed: bool,
     kicked: bool,
+    /// `OffRing`: look at the socket again (an edge came, or the last look found something
+    /// or a switch in flight); otherwise nothing changed since a look that found nothing.
+    hot: Cell<bool>,
+    /// `OffRing`: kernel edges seen (new bytes or room): part of the edge signature.
+    edges: u64,
 }
 
 impl Item {
     /// The bits this item reports now and its edge signature; `None` if the kernel decides.
     fn readiness(&self) -> Option<(u32, (u64, u64, u32))> {
         match &self.target {
+            Target::Conn(c) if self.reg == Reg::OffRing => Some(self.off_ring(c)),
             Target::Conn(c) if c.path() == Path::Ring => {
                 let rep = rules::report(rules::poll_to_epoll(c.revents()), self.events);
                 Some((rep, rules::edge_signature(self.events, c.progress(), rep)))
@@ -137,6 +155,21 @@ impl Item {
                 Some((rep, (sig, 0, rep)))
             }
         }
+    }
+
+    /// [`Self::readiness`] of a connection off its ring: a fresh, filtered look at its
+    /// socket, skipped while nothing can have changed.
+    fn off_ring(&self, c: &Conn) -> (u32, (u64, u64, u32)) {
+        let events = rules::poll_events(self.events);
+        let in_flight = c.off_ring_sleep(events).1;
+        let mut rep = 0;
+        if self.hot.get() || in_flight {
+            rep = rules::report(rules::poll_to_epoll(c.off_ring_look(events)), self.events);
+            self.hot.set(rep != 0 || in_flight);
+        }
+        let (r, w, fin) = c.progress();
+        let sig = (r.wrapping_add(self.edges), w.wrapping_add(self.edges), fin);
+        (rep, rules::edge_signature(self.events, sig, rep))
     }
 
     /// Would report something now (nothing recorded).

@@ -65,6 +65,21 @@ pub fn poll_to_epoll(ev: i16) -> u32 {
     e
 }
 
+/// An epoll interest's read and write bits as `poll` events.
+pub fn poll_events(events: u32) -> i16 {
+    let mut p = 0;
+    if events & IN != 0 {
+        p |= libc::POLLIN;
+    }
+    if events & OUT != 0 {
+        p |= libc::POLLOUT;
+    }
+    if events & libc::EPOLLRDHUP as u32 != 0 {
+        p |= libc::POLLRDHUP;
+    }
+    p
+}
+
 /// What an interest in `events` reports of a target whose ready bits are `ready`: the bits
 /// asked for, plus hang-up and error, which the kernel always reports.
 pub fn report(ready: u32, events: u32) -> u32 {

@@ -239,11 +239,17 @@ impl EpollSet {
             c.drain();
         }
         let mut st = self.st.lock();
-        if path == Path::Tcp {
+        if path == Path::Tcp && !c.was_ring() {
             let it = self.remove(&mut st, id)?;
             return to_kernel_fd(epfd, it, kernel_ev);
         }
         let it = st.items.get_mut(&id)?;
+        if it.reg == Reg::OffRing {
+            // An edge on its socket: the next collection looks (and filters doorbells).
+            it.hot.set(true);
+            it.edges = it.edges.wrapping_add(1);
+            return None;
+        }
         if it.reg == Reg::Pending && it.fd_open {
             it.reg = Reg::Ring;
             let kev = it.kernel_events().unwrap_or(IN);
@@ -279,10 +285,23 @@ impl EpollSet {
             .items
             .values()
             .find_map(|it| match &it.target {
-                Target::Conn(c) => Some(c.spin_window()),
-                Target::Set(_) => None,
+                Target::Conn(c) if it.reg != Reg::OffRing => Some(c.spin_window()),
+                _ => None,
             })
             .unwrap_or(Duration::ZERO)
+    }
+
+    /// A member (or a member of a nested set) is off its ring with a switch in flight: its
+    /// readiness changes without anything the kernel reports, so sleeps stay short.
+    pub fn in_flight(&self) -> bool {
+        let st = self.st.lock();
+        st.items.values().any(|it| match &it.target {
+            Target::Conn(c) if it.reg == Reg::OffRing && !it.disabled => {
+                c.off_ring_sleep(rules::poll_events(it.events)).1
+            }
+            Target::Conn(_) => false,
+            Target::Set(s) => s.in_flight(),
+        })
     }
 }
 
@@ -422,6 +441,10 @@ impl Waiter<'_> {
         let mut reported = Vec::new();
         set.sleep_enter();
         let n = set.collect(self.epfd, out, &mut reported);
+        let left = match set.in_flight() {
+            true => left.min(crate::pollsel::IN_FLIGHT),
+            false => left,
+        };
         let r = if n > 0 {
             Ok(0)
         } else {
