@@ -8,9 +8,10 @@
 //! FIN or reset wakes the set); the program's interest (events, data, `ET`, `ONESHOT`) is kept
 //! here and answered from the rings. A connection of ours off its ring (switching, or on TCP
 //! after a switch) stays ours: its socket may hold the peer's doorbells, so its readiness is
-//! the kernel's answer filtered as poll filters it ([`Conn::off_ring_look`]). A nested epoll set (an epoll fd in this set) is
-//! registered under a tag too, so its ring members' readiness can be reported even when no
-//! doorbell was sent. Kernel fds are the kernel's business.
+//! the kernel's answer filtered as poll filters it ([`Conn::off_ring_look`]). A nested epoll
+//! set (an epoll fd in this set) is registered under a tag too, so its ring members'
+//! readiness can be reported even when no doorbell was sent. Kernel fds are the kernel's
+//! business.
 //!
 //! **Sleepers.** While any thread sleeps in the kernel on this set — or on a set that contains
 //! it, or in `poll` on it — every ring member is *armed*: the peer's next publication sends a
