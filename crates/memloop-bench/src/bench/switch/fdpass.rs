@@ -16,6 +16,26 @@ pub struct SelfPass {
 
 const FD_LEN: u32 = std::mem::size_of::<RawFd>() as u32;
 
+/// A one-byte message with room for one fd of control data: the buffers it points into
+/// (`byte`, `control`) must outlive every use of it.
+fn one_fd_msg(byte: &mut [u8; 1], iov: &mut libc::iovec, control: &mut Vec<u64>) -> libc::msghdr {
+    *iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: byte.len(),
+    };
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(FD_LEN) } as usize;
+    // u64s: the control buffer must be aligned for a cmsghdr.
+    *control = vec![0u64; space.div_ceil(8)];
+    // SAFETY: msghdr is plain data; all-zero is a valid (empty) value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    msg
+}
+
 impl SelfPass {
     pub fn new() -> io::Result<SelfPass> {
         let (tx, rx) = UnixStream::pair()?;
@@ -24,21 +44,12 @@ impl SelfPass {
 
     /// Sends `fd` (one byte of data with it) to the other end of the pair.
     pub fn send(&self, fd: RawFd) -> io::Result<()> {
-        let mut byte = [b'x'];
+        let (mut byte, mut control) = ([b'x'], Vec::new());
         let mut iov = libc::iovec {
-            iov_base: byte.as_mut_ptr().cast(),
-            iov_len: byte.len(),
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
         };
-        // SAFETY: CMSG_SPACE only computes a size.
-        let space = unsafe { libc::CMSG_SPACE(FD_LEN) } as usize;
-        // u64s: the control buffer must be aligned for a cmsghdr.
-        let mut control = vec![0u64; space.div_ceil(8)];
-        // SAFETY: msghdr is plain data; all-zero is a valid (empty) value.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
+        let msg = one_fd_msg(&mut byte, &mut iov, &mut control);
         // SAFETY: msg points at a control buffer of CMSG_SPACE(FD_LEN) bytes, so the first
         // header is non-null and has room for one fd of data after it.
         unsafe {
@@ -61,20 +72,12 @@ impl SelfPass {
     /// sees as a receiver claiming it: the sender's in-flight hold is given back). `None` if
     /// the message carried no fd.
     pub fn claim(&self) -> io::Result<Option<OwnedFd>> {
-        let mut byte = [0u8];
+        let (mut byte, mut control) = ([0u8], Vec::new());
         let mut iov = libc::iovec {
-            iov_base: byte.as_mut_ptr().cast(),
-            iov_len: byte.len(),
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
         };
-        // SAFETY: CMSG_SPACE only computes a size.
-        let space = unsafe { libc::CMSG_SPACE(FD_LEN) } as usize;
-        let mut control = vec![0u64; space.div_ceil(8)];
-        // SAFETY: msghdr is plain data; all-zero is a valid (empty) value.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
+        let mut msg = one_fd_msg(&mut byte, &mut iov, &mut control);
         // SAFETY: msg and everything it points to live across the call.
         let n = unsafe { libc::recvmsg(self.rx.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
         if n < 0 {
