@@ -146,10 +146,16 @@ mod tests {
 
     #[test]
     fn reads_own_cpu_time() {
+        // Spin until the clock-tick count moves (on a loaded machine 30 ms of wall time may
+        // be less than one tick of ours); the bound only stops a broken reader.
         let t0 = cpu_time(std::process::id()).unwrap();
         let start = Instant::now();
-        while start.elapsed() < Duration::from_millis(30) {
-            std::hint::spin_loop();
+        while cpu_time(std::process::id()).unwrap() <= t0
+            && start.elapsed() < Duration::from_secs(10)
+        {
+            for _ in 0..100_000 {
+                std::hint::spin_loop();
+            }
         }
         assert!(cpu_time(std::process::id()).unwrap() > t0);
     }
