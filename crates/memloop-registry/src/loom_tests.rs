@@ -7,9 +7,9 @@ use crate::key::{ChannelId, ConnTuple, EndpointId, EndpointKey, MemberId};
 use crate::{ChannelState, MemberIdentity, RegionParams, Registry, RegistryError, ShmSlice};
 use loom::thread;
 
-/// Header 512 + 2 members + 2 endpoints + 2 channels + 1 connection record, segment tags,
+/// Header 512 + 2 members + 2 endpoints + 2 channels (320 B each) + 1 connection record, segment tags,
 /// then four 256-byte segments.
-const SIZE: u64 = 3072;
+const SIZE: u64 = 3328;
 
 fn tiny() -> RegionParams {
     RegionParams {
