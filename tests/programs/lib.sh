@@ -25,8 +25,7 @@ dom_cmd() {
   local i=$1 region=$2
   DOM=("$ML" domains exec "$i" --prefix "$PREFIX" --)
   if [ -n "$region" ]; then
-    # Promotion is opt-in in the library (MEMLOOP_PROMOTE=1, issue 12); the storms use it.
-    DOM+=(env "MEMLOOP_PROMOTE=${ML_PROMOTE:-1}" "$ML" run --no-create --region "$region" --)
+    DOM+=("$ML" run --no-create --region "$region" --)
   fi
 }
 

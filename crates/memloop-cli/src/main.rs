@@ -32,7 +32,7 @@ enum Cmd {
     /// switching): the processes holding them leave the ring on their next call or heartbeat.
     Demote(switch_cmd::SwitchArgs),
     /// Bring connections that were demoted back onto their rings at an agreed stream position
-    /// (experimental: their processes follow only with MEMLOOP_PROMOTE=1, see issue 12).
+    /// (a process started with MEMLOOP_PROMOTE=0 keeps them on TCP).
     Promote(switch_cmd::SwitchArgs),
     /// Benchmarks, side by side in one run (`memloop bench --help`; the `memloop-bench` binary).
     #[command(disable_help_flag = true)]

@@ -131,8 +131,8 @@ pub fn demote(a: &SwitchArgs) -> CliResult<()> {
 }
 
 /// TCP → ring: connections that switched to TCP (both sides there) come back to their rings —
-/// if their processes follow promotions (`MEMLOOP_PROMOTE=1` in their environment; otherwise
-/// they call the request off and `--wait` reports them unfinished).
+/// unless a process opted out (`MEMLOOP_PROMOTE=0` in its environment: it calls the request
+/// off and `--wait` reports it unfinished).
 pub fn promote(a: &SwitchArgs) -> CliResult<()> {
     // Only a connection with both sides on TCP can come back; others are left alone.
     let ask = |reg: &Registry, ch| reg.request_promote(ch);

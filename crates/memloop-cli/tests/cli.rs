@@ -786,8 +786,6 @@ fn demote_sets_the_switch_request_of_a_live_ring_connection() {
 /// the stream goes on over TCP without losing or repeating a byte.
 fn demote_moves_a_live_connection_to_tcp_and_promote_brings_it_back() {
     let r = TestRegion::create("demote-move");
-    // Promotion is opt-in in the preload (MEMLOOP_PROMOTE=1, issue 12); the pair inherits it.
-    std::env::set_var("MEMLOOP_PROMOTE", "1");
     let pair = Pair::start(&r.0);
     let id = pair.channel(&r.0);
     let o = memloop(&["demote", "--conn", &id, "--wait", "10", "--region", &r.0]);
@@ -844,7 +842,6 @@ fn demote_moves_a_live_connection_to_tcp_and_promote_brings_it_back() {
 /// Both streams arrive whole.
 fn pause_moves_live_connections_to_tcp_keeps_new_ones_there_and_resume_brings_them_back() {
     let r = TestRegion::create("pause");
-    std::env::set_var("MEMLOOP_PROMOTE", "1");
     let live = Pair::start(&r.0);
     let id = live.channel(&r.0);
     let o = memloop(&["region", "pause", "--wait", "10", "--region", &r.0]);

@@ -29,8 +29,8 @@ pub struct Config {
     pub spin_vm: Duration,
     /// Capacity of each direction's ring.
     pub ring_capacity: u64,
-    /// Follow promotion requests (TCP → ring) — `MEMLOOP_PROMOTE=1`. Off by default while a
-    /// rare corruption under load is chased (issue 12): a request is then called off.
+    /// Follow promotion requests (TCP → ring). On by default; `MEMLOOP_PROMOTE=0` keeps every
+    /// connection that left its ring on TCP (a request is then called off).
     pub promote: bool,
 }
 
@@ -81,7 +81,7 @@ impl Config {
             spin: env_us("MEMLOOP_SPIN_US", 50),
             spin_vm: memloop::vm_spin_from_env(),
             ring_capacity: ring,
-            promote: env_parsed::<u32>("MEMLOOP_PROMOTE").is_some_and(|v| v != 0),
+            promote: env_parsed::<u32>("MEMLOOP_PROMOTE").is_none_or(|v| v != 0),
         }
     }
 }

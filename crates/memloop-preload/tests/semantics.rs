@@ -22,7 +22,7 @@
 //!
 //! Two slow ones drive `memloop-pump` (crate `memloop-evtest`: one connection, a checksummed
 //! stream each way at memory speed) instead of a script, with the `storm.py` flipper demoting
-//! and promoting the connection (`MEMLOOP_PROMOTE=1`):
+//! and promoting the connection:
 //! - `switch_flip_sigkill_at_random_moments`: one end SIGKILLed at a random moment, the
 //!   survivor gets a correct prefix then EOF/ECONNRESET, the region returns to its baseline
 //!   (`MEMLOOP_FLIP_KILL_TRIALS`, 20; `MEMLOOP_FLIP_KILL_SEED`);
@@ -878,7 +878,6 @@ fn xdom_switch_flip() {
 
 fn flip(doms: Option<&Domains>) {
     std::env::set_var("MEMLOOP_BIN", memloop_bin());
-    std::env::set_var("MEMLOOP_PROMOTE", "1"); // promotion is opt-in (see the ignore reason)
     let s = sc("storm", "flip").extra("8");
     let kernel = run_pair(&s, Mode::Kernel, None, doms);
     assert_passed(&s, &kernel, "flip on kernel TCP (the reference)");
@@ -912,8 +911,8 @@ fn flip(doms: Option<&Domains>) {
 /// One connection between two socat-like sides (one thread each, waiting in `poll` on the
 /// server and `select` on the client, then making a blocking read of what is said readable or
 /// writing a piece when writable; pieces made only when a wait ran out, so both sides are
-/// often idle in their waits), demoted and promoted back and forth by the flipper
-/// (`MEMLOOP_PROMOTE=1`). Both checksums, exact EOF, promotions counted. (The VM promotion
+/// often idle in their waits), demoted and promoted back and forth by the flipper.
+/// Both checksums, exact EOF, promotions counted. (The VM promotion
 /// stall: a connection leaving its ring, or on TCP when the peer stopped for a promotion, was
 /// said readable for the peer's doorbells on its socket; the blocking read then waited for
 /// data the peer — in the same read — never sent. Before the fix this hung every run.)
@@ -935,11 +934,10 @@ fn switch_flip_epoll_edge_triggered_pair_loses_no_wakeup() {
     flipped_pair("epoll_et_flip");
 }
 
-/// One connection of `storm.py` `case` flipped by the flipper (`MEMLOOP_PROMOTE=1`): checks
+/// One connection of `storm.py` `case` flipped by the flipper: checks
 /// on kernel TCP, then under the preload, no doorbell errors, ≥ 10 promotions.
 fn flipped_pair(case: &'static str) {
     std::env::set_var("MEMLOOP_BIN", memloop_bin());
-    std::env::set_var("MEMLOOP_PROMOTE", "1"); // promotion is opt-in
     let s = sc("storm", case);
     let kernel = run_pair(&s, Mode::Kernel, None, None);
     assert_passed(
@@ -1051,7 +1049,6 @@ fn scm_rights_handoff_to_preloaded_worker() {
 /// The same with the client's stream paced: the worker adopts the demoted connection, holds it
 /// alone once the acceptor's copy is closed, and it comes back to its ring mid-stream.
 fn scm_rights_handoff_to_preloaded_worker_comes_back_to_its_ring() {
-    std::env::set_var("MEMLOOP_PROMOTE", "1");
     check(
         sc("handoff", "scm_rights_back_to_ring")
             .switches("fd_passed")
@@ -1200,7 +1197,7 @@ fn pump_bin() -> PathBuf {
     )
 }
 
-/// `timeout … [preload, MEMLOOP_PROMOTE=1] memloop-pump ROLE ARGS` (in domain `dom` if given).
+/// `timeout … [preload] memloop-pump ROLE ARGS` (in domain `dom` if given).
 fn pump_cmd(
     region: Option<&str>,
     limit: u64,
@@ -1209,10 +1206,6 @@ fn pump_cmd(
     args: &[String],
 ) -> Vec<String> {
     let mut v = env_prefix(limit, region);
-    if region.is_some() {
-        // Promotion is opt-in: both processes must follow the flipper's requests.
-        v.push("MEMLOOP_PROMOTE=1".into());
-    }
     v.push(pump_bin().display().to_string());
     v.push(role.into());
     v.extend(args.iter().cloned());
@@ -1484,7 +1477,7 @@ fn switch_count(region: &str) -> u64 {
 }
 
 /// The flip storm with deaths: a connection streaming both ways without end is demoted and
-/// promoted back and forth by the flipper (`MEMLOOP_PROMOTE=1` in both processes) while one
+/// promoted back and forth by the flipper while one
 /// side — the server and the client in turn — is SIGKILLed at a random moment (0–1500 ms
 /// after the first switch), `MEMLOOP_FLIP_KILL_TRIALS` times (20; the seed of the moments is
 /// `MEMLOOP_FLIP_KILL_SEED`, printed). Each time the survivor ends by itself (its stall watchdog
@@ -1570,7 +1563,7 @@ fn switch_flip_sigkill_at_random_moments() {
 
 /// One connection, ≥ 10^10 checksummed bytes (`MEMLOOP_SWITCH_BYTES`, default 10^10) from the
 /// client to the server and as many back at the same time (`MEMLOOP_SWITCH_BYTES_BACK`), while
-/// the flipper demotes and promotes it for as long as it runs (`MEMLOOP_PROMOTE=1`): every byte
+/// the flipper demotes and promotes it for as long as it runs: every byte
 /// compared as it is read, exact EOF both ways, no doorbell error; the switches counted are
 /// printed with the bytes and the time. Across two domains when they can be made (root and
 /// `ip`), else on loopback. A short kernel-TCP run first is the reference.

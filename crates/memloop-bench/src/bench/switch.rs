@@ -10,8 +10,8 @@
 //! Then the promotion: the client takes the fd it passed back out (the preload gives the
 //! in-flight hold back: its side is no longer shared) and — busy: amid a second stream phase,
 //! idle: after a silence — asks this process, which asks the region's registry for the
-//! promotion (`Registry::request_promote`, what `memloop promote` does; the ends run with
-//! `MEMLOOP_PROMOTE=1`); then round trips again (the ring).
+//! promotion (`Registry::request_promote`, what `memloop promote` does); then round trips
+//! again (the ring).
 //! Measured per repetition:
 //! - trigger → return: the `sendmsg`, i.e. this side's switch;
 //! - trigger → peer on TCP: the server's "switched to TCP" line of the preload's log
@@ -233,7 +233,7 @@ fn start(bed: &Testbed, def: &PathDef, cfg: &Config, region: &str) -> CliResult<
     };
     let region = def.preload.then_some(region);
     let env: &[(&str, &str)] = if def.preload {
-        &[("MEMLOOP_LOG", LOG_FILTER), ("MEMLOOP_PROMOTE", "1")]
+        &[("MEMLOOP_LOG", LOG_FILTER)]
     } else {
         &[]
     };
@@ -308,7 +308,7 @@ fn report(paths: &[Path], cfg: &Config, bed: &Testbed, a: &SwitchArgs) -> CliRes
          busy: both ends stream {} chunks both ways, the client demotes {} ms in and streams \
          {} ms more; idle: the client demotes after {} ms of silence; then the same again \
          around a promotion (asked by this process in the region's registry, as `memloop \
-         promote` does; the ends run with MEMLOOP_PROMOTE=1); gaps over {} ms windows before \
+         promote` does); gaps over {} ms windows before \
          and after each trigger; {} round trips of 8 B before, between and after; {pinning}",
         cfg.reps,
         fmt_size(cfg.chunk as u64),
@@ -373,7 +373,6 @@ fn report(paths: &[Path], cfg: &Config, bed: &Testbed, a: &SwitchArgs) -> CliRes
                 "window_ms": cfg.window.as_millis() as u64,
                 "trigger": "SCM_RIGHTS self-pass in the client",
                 "promote_trigger": "Registry::request_promote from the bench process",
-                "promote_env": "MEMLOOP_PROMOTE=1",
                 "pinning": pinning,
             },
             "paths": paths_json,

@@ -322,7 +322,7 @@ impl Conn {
                 // Not following promotions here (see `Config::promote`): called off, which
                 // always works before we are ready.
                 if w.switch.cancel_promotion() {
-                    tracing::debug!(ch = ?self.ch, "promotion called off (MEMLOOP_PROMOTE unset)");
+                    tracing::debug!(ch = ?self.ch, "promotion called off (MEMLOOP_PROMOTE=0)");
                 }
                 return false;
             }
