@@ -11,6 +11,13 @@
   scm_rights_back_to_ring  as scm_rights_preloaded, with the client's stream paced over ~2 s so
                        the connection, demoted when it was passed, can come back to its ring
                        mid-stream (the worker holds it alone once the acceptor closed its copy);
+  exec_back_to_ring    the server moves the connection to TCP (it passes the fd to itself with
+                       SCM_RIGHTS), then re-execs itself with the connection on fd 3; the new
+                       image adopts it from its constructor and it comes back to its ring
+                       mid-stream (the client's stream is paced over ~2 s);
+  exec_through_plain   the server execs an image without the library (the connection leaves
+                       its ring, and is pinned to TCP: that image may write on it), which execs
+                       a preloaded image that serves; every byte over TCP;
   reexec_privsep       sshd-like: fork, the child moves the connection to fd 3 and re-execs this
                        script, which chroots into an empty directory, drops to `nobody` (root
                        only; otherwise says so and skips both) and serves;
@@ -231,6 +238,65 @@ def scm_client(args):
     stream_client(args, 1103, prefix=HELLO, head=ACCEPTED, pause=pause)
 
 
+# ---- exec_back_to_ring / exec_through_plain ---------------------------------------------------------
+
+EXEC_FD = 3
+
+
+def exec_server(lsock, args):
+    conn, _ = lsock.accept()
+    lsock.close()
+    conn.settimeout(20)
+    eq(recv_exact(conn, len(HELLO), "hello"), HELLO, "the client's hello")
+    conn.sendall(ACCEPTED)
+    wait_until(lambda: poll1(conn, select.POLLIN, 0), 5, "the client's stream")
+    if args.case == "exec_back_to_ring":
+        # Off the ring first: pass the fd to ourselves (the library demotes before it goes).
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        socket.send_fds(ours, [b"fd"], [conn.fileno()])
+        _, fds, _, _ = socket.recv_fds(theirs, 16, 1)
+        eq(len(fds), 1, "the fd passed to ourselves")
+        for fd in fds:
+            os.close(fd)
+        ours.close()
+        theirs.close()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            fd = conn.fileno()
+            if fd != EXEC_FD:
+                os.dup2(fd, EXEC_FD)
+                conn.close()
+            os.set_inheritable(EXEC_FD, True)
+            env = dict(os.environ)
+            if args.case == "exec_through_plain":
+                env["ML_PRELOAD_AGAIN"] = env.pop("LD_PRELOAD", "")
+            os.execve(sys.executable, helper_argv("exec-serve", args.case, EXEC_FD), env)
+        finally:
+            os._exit(127)
+    conn.close()  # the exec'd image holds the connection alone
+    eq(wait_child(pid, CHILD_WAIT), 0, "the exec'd image's exit code")
+
+
+def exec_serve(case, fd):
+    """The next image: an image without the library execs the preloaded one; that serves."""
+    if "ML_PRELOAD_AGAIN" in os.environ:
+        if preloaded():
+            raise Fail("the plain image has the preload library mapped")
+        env = dict(os.environ)
+        env["LD_PRELOAD"] = env.pop("ML_PRELOAD_AGAIN")
+        os.execve(sys.executable, helper_argv("exec-serve", case, fd), env)
+    conn = socket.socket(fileno=fd)
+    conn.settimeout(20)
+    echo_with_sha(conn, CHUNK)
+    conn.close()
+
+
+def exec_client(args):
+    pause = 2.0 / (SIZE // CHUNK)
+    stream_client(args, 1107, prefix=HELLO, head=ACCEPTED, pause=pause)
+
+
 # ---- reexec_privsep ---------------------------------------------------------------------------------
 
 PRIVSEP_FD = 3
@@ -343,6 +409,8 @@ CASES = {
     "scm_rights_plain_worker": (scm_server, scm_client),
     "scm_rights_back_to_ring": (scm_server, scm_client),
     "reexec_privsep": (privsep_server, privsep_client),
+    "exec_back_to_ring": (exec_server, exec_client),
+    "exec_through_plain": (exec_server, exec_client),
     "oob": (oob_serve, oob_client),
 }
 
@@ -351,6 +419,7 @@ HELPERS = {
     "inetd-echo": lambda a: inetd_echo(a[0]),
     "scm-worker": lambda a: scm_worker(a[0], int(a[1])),
     "privsep": lambda a: privsep_child(a[0], int(a[1]), a[2]),
+    "exec-serve": lambda a: exec_serve(a[0], int(a[1])),
 }
 
 

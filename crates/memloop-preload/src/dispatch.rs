@@ -431,10 +431,18 @@ pub fn before_exec(keeps_library: bool) {
         demote_inheritable(SwitchReason::Exec);
     }
     crate::plain::finish_resends();
-    // The old image's holds on switched connections end here (the new one sees plain TCP).
+    // The old image's holds on switched connections pass to the new image if it runs the
+    // library (it adopts them); else they end, and the connection stays on TCP for good.
     for c in table::conns() {
         if c.path() == Path::Tcp && c.inheritable() {
-            c.release_switched();
+            if keeps_library {
+                crate::conn::hand_to_next_image(&c);
+            } else {
+                if c.switched() {
+                    c.pin_for_good("exec into an image without the library");
+                }
+                c.release_switched();
+            }
         }
     }
     for (fd, s) in inherited_sets() {
@@ -460,6 +468,12 @@ pub fn demote_inheritable(reason: SwitchReason) {
 pub fn before_spawn() {
     demote_inheritable(SwitchReason::Spawn);
     crate::plain::finish_resends();
+    // The child may run anything and adopts nothing (no exec hook ran).
+    for c in table::conns() {
+        if c.path() == Path::Tcp && c.switched() && c.inheritable() {
+            c.pin_for_good("posix_spawn");
+        }
+    }
 }
 
 /// `MSG_OOB` on a ring connection: the ring has no urgent data, so the connection moves to
@@ -487,6 +501,7 @@ pub fn before_passing(fds: &[c_int]) {
 
 /// The `exec` failed: back to our registrations.
 pub fn after_failed_exec() {
+    crate::conn::take_back_exec_holds();
     for (fd, s) in inherited_sets() {
         s.restore_after_exec(fd);
     }

@@ -161,6 +161,8 @@ fn adopt_sockets(conns: Vec<i32>, listeners: Vec<i32>) {
             Some((c.id, side_of_socket(c, local, peer)?, c.tuple?))
         });
         let Some((ch, side, tuple)) = found else {
+            // Perhaps a switched connection the previous image handed on.
+            crate::conn::adopt_after_exec(fd);
             continue;
         };
         let parts = ConnParts::found(&engine, ch, side, tuple, fd);

@@ -130,6 +130,8 @@ fn main() -> std::process::ExitCode {
         test!(scm_rights_handoff_to_preloaded_worker),
         test!(scm_rights_handoff_to_plain_worker),
         test!(scm_rights_handoff_to_preloaded_worker_comes_back_to_its_ring),
+        test!(exec_adopts_a_switched_connection_and_brings_it_back_to_its_ring),
+        test!(exec_through_an_image_without_the_library_pins_the_connection_to_tcp),
         test!(reexec_server_chroot_and_setuid).needs(memloop_testkit::root()),
         test!(msg_oob_mid_stream_leaves_the_ring),
         test!(xdom_echo_10mb_sha256_both_ways).needs(needs_domains()),
@@ -1053,6 +1055,28 @@ fn scm_rights_handoff_to_preloaded_worker_comes_back_to_its_ring() {
         sc("handoff", "scm_rights_back_to_ring")
             .switches("fd_passed")
             .evidence("promoted: back on the ring"),
+    );
+}
+
+/// A connection moved to TCP (the server passes it to itself), then the server forks and the
+/// child re-execs with it on fd 3: the new image adopts it from its constructor (the old
+/// image handed its hold on) and it comes back to its ring mid-stream.
+fn exec_adopts_a_switched_connection_and_brings_it_back_to_its_ring() {
+    check(
+        sc("handoff", "exec_back_to_ring")
+            .switches("fd_passed")
+            .evidence("promoted: back on the ring"),
+    );
+}
+
+/// The child execs an image without the library (the connection leaves its ring before),
+/// which execs a preloaded one that serves: the connection is pinned to TCP — the plain image
+/// could write on it after a promotion's stop — and every byte arrives over TCP.
+fn exec_through_an_image_without_the_library_pins_the_connection_to_tcp() {
+    check(
+        sc("handoff", "exec_through_plain")
+            .switches("exec")
+            .evidence("pinned to TCP: exec into an image without the library"),
     );
 }
 

@@ -13,6 +13,10 @@
 //!   reset); bits 6, 7: the side *stopped* writing TCP (its TCP byte count is published in its
 //!   `tcp_stop` word) and writes to its ring from then on. Once both stopped the word is
 //!   zeroed by either side: the connection is an ordinary ring connection again.
+//! - bit 16 `PINNED`: the connection's socket reached a program memloop cannot see (an exec
+//!   into an image without the library, `posix_spawn`, an fd passed and never claimed). That
+//!   program may write on the socket at any time, and a byte it writes after a promotion's
+//!   stop would be taken for a doorbell: no promotion is asked or followed, for good.
 //!
 //! The word is zeroed with the rest of the slot before an offer is published and is only ever
 //! OR-ed into afterwards, so a late write after the slot was freed can only ask the slot's
@@ -121,6 +125,7 @@ pub const REQUESTED: u64 = 1;
 const CLIENT_ON_TCP: u64 = 2;
 const SERVER_ON_TCP: u64 = 4;
 const REASON_SHIFT: u32 = 8;
+const PINNED: u64 = 1 << 16;
 
 /// A channel's switch word (see the module docs).
 #[derive(Clone)]
@@ -201,11 +206,23 @@ impl SwitchWord {
         let both = CLIENT_ON_TCP | SERVER_ON_TCP;
         let cur = self.0.load(Acquire);
         cur & both == both
-            && cur & PROMOTE == 0
+            && cur & (PROMOTE | PINNED) == 0
             && self
                 .0
                 .compare_exchange(cur, cur | PROMOTE, AcqRel, Acquire)
                 .is_ok()
+    }
+
+    /// Keeps the connection on TCP for good (see the module docs). A promotion already asked
+    /// is not called off here: every side that follows one checks [`SwitchWord::pinned`]
+    /// before it gets ready, and a side holding the socket with an unseen program is not the
+    /// only holder of its side until it pinned, so it cannot have stopped.
+    pub fn pin(&self) {
+        self.0.fetch_or(PINNED, AcqRel);
+    }
+
+    pub fn pinned(&self) -> bool {
+        self.0.load(Acquire) & PINNED != 0
     }
 
     pub fn promote_requested(&self) -> bool {
@@ -290,6 +307,12 @@ impl Registry {
             return Err(RegistryError::wrong(
                 "both sides on TCP",
                 "a connection on its ring",
+            ));
+        }
+        if w.pinned() {
+            return Err(RegistryError::wrong(
+                "a connection only preloaded programs hold",
+                "pinned to TCP (its socket reached a program without the library)",
             ));
         }
         Ok(w.request_promote())
@@ -379,6 +402,29 @@ mod tests {
         assert!(e.to_string().contains("paused"), "{e}");
         r.set_state(crate::RegionState::Open).unwrap();
         assert!(r.request_promote(ch).unwrap());
+    }
+
+    #[test]
+    fn a_pinned_connection_is_never_asked_to_come_back() {
+        let (r, m) = crate::tables::members::test_registry_with_member("m");
+        let ep = r
+            .add_endpoint(m, &crate::EndpointKey::Native("x".into()))
+            .unwrap();
+        let ch = r.offer(m, ep, 4096, None).unwrap();
+        r.accept(ch, m).unwrap();
+        let w = r.switch_word(ch).unwrap();
+        assert!(w.request(SwitchReason::Exec));
+        w.set_on_tcp(Side::Client);
+        w.set_on_tcp(Side::Server);
+        w.pin();
+        assert!(w.pinned() && !w.request_promote());
+        let e = r.request_promote(ch).unwrap_err();
+        assert!(e.to_string().contains("pinned"), "{e}");
+        assert_eq!(
+            w.reason(),
+            Some(SwitchReason::Exec),
+            "the pin keeps the reason"
+        );
     }
 
     #[test]

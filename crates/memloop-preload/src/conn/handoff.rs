@@ -8,7 +8,12 @@
 //! the side its member's (the sender's exit must not read as the side's death), and asks for
 //! a promotion once it is the side's only holder. Its TCP phase is counted from the kernel's
 //! own stream positions, recorded at the switch: exact whatever the sender (or anyone) did
-//! with the socket in between. A hold nobody claims is given back after [`CLAIM_TIME`].
+//! with the socket in between. A hold nobody claims is given back after [`CLAIM_TIME`], and
+//! the connection is pinned to TCP for good: a program we cannot see may hold the socket.
+//!
+//! An exec works the same way within one process: a switched connection's hold passes to the
+//! next image if it loads the library (its constructor adopts the socket), else the
+//! connection is pinned and the hold released.
 
 use super::{Conn, ConnParts, Path};
 use crate::agree::canonical;
@@ -28,6 +33,9 @@ const CLAIM_TIME: Duration = Duration::from_secs(10);
 /// Holds this process took for fds it sent, not yet known to be claimed.
 static IN_FLIGHT: ForkMutex<Vec<(Arc<Conn>, Instant)>> = ForkMutex::new(Vec::new());
 
+/// Holds this image hands to the next one at exec (taken back if the exec fails).
+static EXEC_HOLDS: ForkMutex<Vec<Arc<Conn>>> = ForkMutex::new(Vec::new());
+
 /// Before `SCM_RIGHTS` carries `c` (already on TCP after its switch): its re-send finished,
 /// and one hold for the fd in flight.
 pub fn hand_off(c: &Arc<Conn>) {
@@ -43,6 +51,30 @@ pub fn hand_off(c: &Arc<Conn>) {
     w.handoffs.fetch_add(1, AcqRel);
     IN_FLIGHT.lock().push((c.clone(), Instant::now()));
     tracing::debug!(ch = ?c.ch, side = ?c.side, "fd in flight: side held for its receiver");
+}
+
+/// Before an exec into an image that loads the library: this image's hold on a switched
+/// connection becomes the new image's, which adopts it from its constructor
+/// ([`adopt_after_exec`]) and brings it back to its ring once it holds it alone. (Released
+/// instead, the side would look unheld while the new image uses the socket.)
+pub fn hand_to_next_image(c: &Arc<Conn>) {
+    let Some(w) = &c.share.side_words else { return };
+    if c.path() != Path::Tcp || !c.switched() {
+        return;
+    }
+    c.mark_shared();
+    w.handoffs.fetch_add(1, AcqRel);
+    EXEC_HOLDS.lock().push(c.clone());
+    tracing::debug!(ch = ?c.ch, side = ?c.side, "switched connection handed to the next image");
+}
+
+/// The exec failed: the holds handed to the next image are this image's again.
+pub fn take_back_exec_holds() {
+    for c in EXEC_HOLDS.lock().drain(..) {
+        if let Some(w) = &c.share.side_words {
+            take_one(&w.handoffs);
+        }
+    }
 }
 
 /// Gives back the holds of fds nobody claimed in time (heartbeat).
@@ -62,13 +94,16 @@ pub fn expire_handoffs() {
 /// In a fork child: the parent's fds in flight are the parent's to account for.
 pub fn forget_in_child() {
     IN_FLIGHT.lock().clear();
+    EXEC_HOLDS.lock().clear();
 }
 
 pub fn lock_for_fork() {
     IN_FLIGHT.acquire_for_fork(|_| {});
+    EXEC_HOLDS.acquire_for_fork(|_| {});
 }
 
 pub fn release_after_fork() {
+    EXEC_HOLDS.release_after_fork();
     IN_FLIGHT.release_after_fork();
 }
 
@@ -87,6 +122,8 @@ impl Conn {
         if !take_one(&w.handoffs) {
             return; // claimed
         }
+        // Nobody preloaded took it: a program we cannot see may hold the socket now.
+        self.pin_for_good("fd sent with SCM_RIGHTS never claimed");
         tracing::debug!(ch = ?self.ch, "fd sent with SCM_RIGHTS never claimed: hold given back");
         if w.holders.fetch_sub(1, AcqRel) == 1 {
             self.close_side("switched side closed (fd never claimed)");
@@ -99,6 +136,10 @@ impl Conn {
             return;
         }
         if self.still_shared() || !self.region_open() || !self.engine.cfg.promote {
+            return;
+        }
+        if self.words().is_some_and(|(w, _)| w.switch.pinned()) {
+            self.switching.auto_promote.store(false, Release);
             return;
         }
         self.switching.auto_promote.store(false, Release);
@@ -146,12 +187,19 @@ impl Conn {
 pub fn adopt_received(fds: &[c_int]) {
     for &fd in fds {
         if table::kind(fd) == table::K_NONE || table::kind(fd) == table::K_TCP {
-            adopt(fd);
+            adopt(fd, SwitchReason::FdPassed);
         }
     }
 }
 
-fn adopt(fd: c_int) {
+/// From the constructor of an image started by exec: an inherited socket that is the
+/// switched connection of a channel whose previous image handed its hold on
+/// ([`hand_to_next_image`]) becomes ours.
+pub fn adopt_after_exec(fd: c_int) {
+    adopt(fd, SwitchReason::Exec);
+}
+
+fn adopt(fd: c_int, how: SwitchReason) {
     let (Some(local), Some(peer)) = (real::local_addr(fd), real::peer_addr(fd)) else {
         return;
     };
@@ -189,8 +237,8 @@ fn adopt(fd: c_int) {
     }
     match Conn::new(ConnParts::found(&engine, ch, side, tuple, fd)) {
         Ok(c) => {
-            c.adopted_on_tcp();
-            tracing::debug!(fd, ?ch, ?side, "received switched connection adopted");
+            c.adopted_on_tcp(how);
+            tracing::debug!(fd, ?ch, ?side, %how, "switched connection adopted");
             table::insert(fd, Entry::Conn(c));
         }
         Err(reason) => {
@@ -231,7 +279,7 @@ fn switched_channel(
 impl Conn {
     /// A connection adopted on TCP after its switch elsewhere: ours for good (sticky ring
     /// mark), switched, shared until the sender lets go, counted from the kernel.
-    fn adopted_on_tcp(&self) {
+    fn adopted_on_tcp(&self, how: SwitchReason) {
         real::set_sockopt_int(
             self.kfd(),
             libc::IPPROTO_TCP,
@@ -240,7 +288,7 @@ impl Conn {
         );
         self.mark_shared();
         self.tcp.from_kernel.store(true, Release);
-        let plain = PlainTcp::switched(&self.engine, &self.tuple, SwitchReason::FdPassed, 0, None);
+        let plain = PlainTcp::switched(&self.engine, &self.tuple, how, 0, None);
         *self.decision.plain.lock() = Some(plain);
         self.switching.handled.store(true, Release);
         self.decision.path.store(Path::Tcp, Release);

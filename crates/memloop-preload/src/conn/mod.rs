@@ -23,7 +23,10 @@ mod share;
 mod switch;
 mod waiting;
 
-pub use handoff::{adopt_received, expire_handoffs, hand_off};
+pub use handoff::{
+    adopt_after_exec, adopt_received, expire_handoffs, hand_off, hand_to_next_image,
+    take_back_exec_holds,
+};
 pub use memloop_ring::Spinner;
 pub use path::Path;
 pub use switch::{sweep as sweep_switches, SWITCHED};

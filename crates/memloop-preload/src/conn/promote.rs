@@ -59,7 +59,7 @@ impl TcpPhase {
 }
 
 impl Conn {
-    fn words(&self) -> Option<(&SideWords, &SideWords)> {
+    pub(super) fn words(&self) -> Option<(&SideWords, &SideWords)> {
         Some((
             self.share.side_words.as_ref()?,
             self.switching.peer.as_ref()?,
@@ -88,6 +88,17 @@ impl Conn {
             tracing::debug!(ch = ?self.ch, "switched connection pinned to TCP: {why}");
         }
         true
+    }
+
+    /// Never promote this connection again, in any process: its socket goes to a program that
+    /// does not run the library (an exec, a spawn, an fd nobody claimed), which may write on
+    /// it at any time. Called while this process still holds the side, so no promotion can
+    /// have got past its stop (we would have had to be its only holder).
+    pub fn pin_for_good(&self, why: &str) {
+        if let Some((w, _)) = self.words() {
+            w.switch.pin();
+        }
+        self.pin_to_tcp(why);
     }
 
     /// Waits until a promotion under way has moved our writes to the ring.
@@ -332,8 +343,9 @@ impl Conn {
                 tracing::debug!(ch = ?self.ch, "promotion called off: the region is paused");
                 return false;
             }
-            if self.tcp.unpromotable.load(Acquire) {
-                // Pinned: we never get ready, so the peer never stops, and this always works.
+            if self.tcp.unpromotable.load(Acquire) || w.switch.pinned() {
+                // Pinned (here, or for good in the channel: an unseen program holds the
+                // socket): we never get ready, so the peer never stops, and this always works.
                 w.switch.cancel_promotion();
                 return false;
             }
