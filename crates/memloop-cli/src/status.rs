@@ -321,6 +321,11 @@ fn print_connections(
     print_rows(&rows);
 }
 
+/// Kept on TCP for good: its socket reached a program without the library.
+fn pinned(reg: &Registry, c: &ChannelInfo) -> bool {
+    !c.marker && reg.switch_word(c.id).is_ok_and(|w| w.pinned())
+}
+
 fn flags(reg: &Registry, c: &ChannelInfo) -> String {
     let (requested, _, client_tcp, server_tcp) =
         switch_state(reg, c).unwrap_or((false, None, false, false));
@@ -333,6 +338,7 @@ fn flags(reg: &Registry, c: &ChannelInfo) -> String {
         (requested, "switch-requested"),
         (client_tcp, "client-on-tcp"),
         (server_tcp, "server-on-tcp"),
+        (pinned(reg, c), "pinned-to-tcp"),
     ];
     let set: Vec<&str> = f.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
     if set.is_empty() {
@@ -441,6 +447,7 @@ fn channel_json(reg: &Registry, c: &ChannelInfo) -> Value {
         "switch_requested": sw.map(|s| s.0),
         "switch_reason": sw.and_then(|s| s.1).map(|r| r.name()),
         "on_tcp": sw.map(|s| json!({ "client": s.2, "server": s.3 })),
+        "pinned": pinned(reg, c),
     })
 }
 
