@@ -18,6 +18,9 @@
   exec_through_plain   the server execs an image without the library (the connection leaves
                        its ring, and is pinned to TCP: that image may write on it), which execs
                        a preloaded image that serves; every byte over TCP;
+  scm_rights_mmsg      as scm_rights_back_to_ring, but the fd goes with sendmmsg and comes with
+                       recvmmsg (through ctypes: the C library's functions, as a C program
+                       calls them);
   reexec_privsep       sshd-like: fork, the child moves the connection to fd 3 and re-execs this
                        script, which chroots into an empty directory, drops to `nobody` (root
                        only; otherwise says so and skips both) and serves;
@@ -32,6 +35,7 @@ sha256 of what it read, the client checks both and that EOF follows the last byt
 The server role prints OK only once every process that served the connection exited 0. Every
 helper image has its own watchdog; every wait is bounded."""
 
+import ctypes
 import faulthandler
 import fcntl
 import hashlib
@@ -190,6 +194,60 @@ def worker_env(case):
     return dict(os.environ)
 
 
+# sendmmsg / recvmmsg of one message carrying one fd, through the C library (ctypes).
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class _MsgHdr(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32),
+                ("iov", ctypes.POINTER(_IoVec)), ("iovlen", ctypes.c_size_t),
+                ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_int)]
+
+
+class _MMsgHdr(ctypes.Structure):
+    _fields_ = [("hdr", _MsgHdr), ("len", ctypes.c_uint)]
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_CMSG_ONE_FD = struct.calcsize("Nii") + 4  # CMSG_LEN(sizeof(int))
+
+
+def _mmsg(payload, control):
+    iov = _IoVec(ctypes.cast(payload, ctypes.c_void_p), len(payload))
+    m = _MMsgHdr()
+    m.hdr.iov = ctypes.pointer(iov)
+    m.hdr.iovlen = 1
+    m.hdr.control = ctypes.cast(control, ctypes.c_void_p)
+    m.hdr.controllen = len(control)
+    return m, iov
+
+
+def send_fd_mmsg(sock, fd):
+    payload = ctypes.create_string_buffer(b"fd", 2)
+    cmsg = struct.pack("NiiI", _CMSG_ONE_FD, socket.SOL_SOCKET, socket.SCM_RIGHTS, fd)
+    control = ctypes.create_string_buffer(cmsg + b"\0" * 4, len(cmsg) + 4)
+    m, _iov = _mmsg(payload, control)
+    r = _LIBC.sendmmsg(sock.fileno(), ctypes.byref(m), 1, 0)
+    check(r == 1, f"sendmmsg returned {r} (errno {ctypes.get_errno()})")
+
+
+def recv_fd_mmsg(sock):
+    check(poll1(sock, select.POLLIN, 20000), "the passed fd arrives")
+    payload = ctypes.create_string_buffer(16)
+    control = ctypes.create_string_buffer(64)
+    m, _iov = _mmsg(payload, control)
+    r = _LIBC.recvmmsg(sock.fileno(), ctypes.byref(m), 1, socket.MSG_DONTWAIT, None)
+    check(r == 1, f"recvmmsg returned {r} (errno {ctypes.get_errno()})")
+    length, level, kind = struct.unpack_from("Nii", control.raw, 0)
+    eq((length, level, kind), (_CMSG_ONE_FD, socket.SOL_SOCKET, socket.SCM_RIGHTS),
+       "the control message")
+    (fd,) = struct.unpack_from("i", control.raw, struct.calcsize("Nii"))
+    return payload.raw[: m.len], [fd]
+
+
 def scm_server(lsock, args):
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     ours.settimeout(20)
@@ -206,7 +264,10 @@ def scm_server(lsock, args):
         # bytes in it.
         wait_until(lambda: poll1(conn, select.POLLIN, 0), 5, "the client's stream")
         time.sleep(0.05)
-        socket.send_fds(ours, [b"fd"], [conn.fileno()])
+        if args.case == "scm_rights_mmsg":
+            send_fd_mmsg(ours, conn.fileno())
+        else:
+            socket.send_fds(ours, [b"fd"], [conn.fileno()])
         conn.close()  # the acceptor's copy goes at once
         eq(ours.recv(3), b"ok\n", "the worker's verdict")
     finally:
@@ -223,7 +284,10 @@ def scm_worker(case, fd):
         check(case != "scm_rights_plain_worker" or not k.startswith("MEMLOOP_"),
               f"{k} reached the plain worker")
     unix.sendall(b"ready\n")
-    msg, fds, _, _ = socket.recv_fds(unix, 16, 1)
+    if case == "scm_rights_mmsg":
+        msg, fds = recv_fd_mmsg(unix)
+    else:
+        msg, fds, _, _ = socket.recv_fds(unix, 16, 1)
     eq((msg, len(fds)), (b"fd", 1), "the passed connection")
     conn = socket.socket(fileno=fds[0])
     check(conn.getpeername(), "the passed socket is connected")
@@ -234,7 +298,8 @@ def scm_worker(case, fd):
 
 
 def scm_client(args):
-    pause = 2.0 / (SIZE // CHUNK) if args.case == "scm_rights_back_to_ring" else 0.0
+    paced = ("scm_rights_back_to_ring", "scm_rights_mmsg")
+    pause = 2.0 / (SIZE // CHUNK) if args.case in paced else 0.0
     stream_client(args, 1103, prefix=HELLO, head=ACCEPTED, pause=pause)
 
 
@@ -408,6 +473,7 @@ CASES = {
     "scm_rights_preloaded": (scm_server, scm_client),
     "scm_rights_plain_worker": (scm_server, scm_client),
     "scm_rights_back_to_ring": (scm_server, scm_client),
+    "scm_rights_mmsg": (scm_server, scm_client),
     "reexec_privsep": (privsep_server, privsep_client),
     "exec_back_to_ring": (exec_server, exec_client),
     "exec_through_plain": (exec_server, exec_client),

@@ -131,6 +131,7 @@ fn main() -> std::process::ExitCode {
         test!(scm_rights_handoff_to_plain_worker),
         test!(scm_rights_handoff_to_preloaded_worker_comes_back_to_its_ring),
         test!(exec_adopts_a_switched_connection_and_brings_it_back_to_its_ring),
+        test!(scm_rights_by_sendmmsg_and_recvmmsg_comes_back_to_its_ring),
         test!(exec_through_an_image_without_the_library_pins_the_connection_to_tcp),
         test!(reexec_server_chroot_and_setuid).needs(memloop_testkit::root()),
         test!(msg_oob_mid_stream_leaves_the_ring),
@@ -1053,6 +1054,16 @@ fn scm_rights_handoff_to_preloaded_worker() {
 fn scm_rights_handoff_to_preloaded_worker_comes_back_to_its_ring() {
     check(
         sc("handoff", "scm_rights_back_to_ring")
+            .switches("fd_passed")
+            .evidence("promoted: back on the ring"),
+    );
+}
+
+/// The same handoff with the fd sent by `sendmmsg` and received by `recvmmsg` (the C
+/// library's batch calls): demoted before it goes, adopted and promoted by the worker.
+fn scm_rights_by_sendmmsg_and_recvmmsg_comes_back_to_its_ring() {
+    check(
+        sc("handoff", "scm_rights_mmsg")
             .switches("fd_passed")
             .evidence("promoted: back on the ring"),
     );

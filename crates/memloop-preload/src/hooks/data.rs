@@ -274,9 +274,21 @@ hook! {
         flags: c_int,
         timeout: *mut libc::timespec,
     ) -> c_int;
-    real kernel = real::recvmmsg, pass if table::kind(fd) != table::K_OBJ;
+    real kernel = real::recvmmsg,
+        // SAFETY: recvmmsg's contract: `msgs` holds `n` readable mmsghdrs.
+        pass if table::kind(fd) != table::K_OBJ && !unsafe { any_control(msgs, n) };
     on_panic fail(libc::EIO);
     {
+        if table::kind(fd) != table::K_OBJ {
+            // Another kind of socket, with room for control data: fds may come in.
+            let r = kernel();
+            // SAFETY: the kernel filled the first `r` headers' control buffers.
+            let fds = unsafe { passed_fds_mmsg(msgs, r.max(0) as libc::c_uint) };
+            if !fds.is_empty() {
+                crate::conn::adopt_received(&fds);
+            }
+            return Ok(r);
+        }
         let (Route::Ring(_) | Route::Switched(_)) = dispatch::route(fd) else {
             return Ok(kernel());
         };
@@ -387,9 +399,19 @@ hook! {
 
 hook! {
     fn sendmmsg(fd: c_int, msgs: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int) -> c_int;
-    real kernel = real::sendmmsg, pass if table::kind(fd) != table::K_OBJ;
+    real kernel = real::sendmmsg,
+        // SAFETY: sendmmsg's contract: `msgs` holds `n` readable mmsghdrs.
+        pass if table::kind(fd) != table::K_OBJ && !unsafe { any_control(msgs, n) };
     on_panic fail(libc::EIO);
     {
+        // SAFETY: sendmmsg's contract: `msgs` holds `n` readable mmsghdrs with valid control.
+        let passed = unsafe { passed_fds_mmsg(msgs, n) };
+        if !passed.is_empty() {
+            dispatch::before_passing(&passed);
+        }
+        if table::kind(fd) != table::K_OBJ {
+            return Ok(kernel());
+        }
         let (Route::Ring(_) | Route::Switched(_)) = dispatch::route(fd) else {
             return Ok(kernel());
         };
@@ -631,6 +653,31 @@ hook! {
 unsafe fn has_control(msg: *const libc::msghdr) -> bool {
     // SAFETY: the caller's contract.
     unsafe { msg.as_ref() }.is_some_and(|m| m.msg_controllen > 0 && !m.msg_control.is_null())
+}
+
+/// Whether any of `n` message headers carries control data.
+///
+/// # Safety
+/// `msgs` must be null or point to `n` readable mmsghdrs.
+unsafe fn any_control(msgs: *const libc::mmsghdr, n: libc::c_uint) -> bool {
+    !msgs.is_null()
+        // SAFETY: the caller's contract: `n` readable headers.
+        && (0..n as usize).any(|i| unsafe { has_control(&(*msgs.add(i)).msg_hdr) })
+}
+
+/// The fds the first `n` of a batch of messages pass with `SCM_RIGHTS`.
+///
+/// # Safety
+/// `msgs` must be null or point to `n` readable mmsghdrs whose control buffers are valid
+/// for their `msg_controllen` bytes.
+unsafe fn passed_fds_mmsg(msgs: *const libc::mmsghdr, n: libc::c_uint) -> Vec<c_int> {
+    if msgs.is_null() {
+        return Vec::new();
+    }
+    (0..n as usize)
+        // SAFETY: the caller's contract, header by header.
+        .flat_map(|i| unsafe { passed_fds(&(*msgs.add(i)).msg_hdr) })
+        .collect()
 }
 
 /// The fds an `SCM_RIGHTS` message passes.
