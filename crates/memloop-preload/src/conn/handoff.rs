@@ -142,6 +142,12 @@ impl Conn {
             self.switching.auto_promote.store(false, Release);
             return;
         }
+        if real::queued(self.kfd()) != Some(0) {
+            // Unread bytes: a program that holds the connection without reading it (a
+            // dispatcher passing it on) would leave the promotion half-way (our reads on TCP
+            // up to the peer's stop), where a handoff cannot demote it. Asked once it reads.
+            return;
+        }
         self.switching.auto_promote.store(false, Release);
         if let Some(w) = &self.share.side_words {
             if w.switch.request_promote() {
