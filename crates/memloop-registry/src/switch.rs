@@ -386,8 +386,8 @@ mod tests {
         assert_eq!(switch_counter_name(COUNTER_RING_BYTES), None);
     }
 
-    #[test]
-    fn no_promotion_is_asked_in_a_paused_region() {
+    /// An accepted channel and its switch word.
+    fn accepted() -> (Registry, ChannelId, SwitchWord) {
         let (r, m) = crate::tables::members::test_registry_with_member("m");
         let ep = r
             .add_endpoint(m, &crate::EndpointKey::Native("x".into()))
@@ -395,6 +395,12 @@ mod tests {
         let ch = r.offer(m, ep, 4096, None).unwrap();
         r.accept(ch, m).unwrap();
         let w = r.switch_word(ch).unwrap();
+        (r, ch, w)
+    }
+
+    #[test]
+    fn no_promotion_is_asked_in_a_paused_region() {
+        let (r, ch, w) = accepted();
         w.set_on_tcp(Side::Client);
         w.set_on_tcp(Side::Server);
         r.set_state(crate::RegionState::Paused).unwrap();
@@ -406,13 +412,7 @@ mod tests {
 
     #[test]
     fn a_pinned_connection_is_never_asked_to_come_back() {
-        let (r, m) = crate::tables::members::test_registry_with_member("m");
-        let ep = r
-            .add_endpoint(m, &crate::EndpointKey::Native("x".into()))
-            .unwrap();
-        let ch = r.offer(m, ep, 4096, None).unwrap();
-        r.accept(ch, m).unwrap();
-        let w = r.switch_word(ch).unwrap();
+        let (r, ch, w) = accepted();
         assert!(w.request(SwitchReason::Exec));
         w.set_on_tcp(Side::Client);
         w.set_on_tcp(Side::Server);
