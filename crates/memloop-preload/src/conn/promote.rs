@@ -17,7 +17,7 @@
 //! delivered. So no program thread can swallow a doorbell, whatever it was doing when the
 //! promotion began.
 
-use super::switch::SWITCHED;
+use super::switch::{other, SWITCHED};
 use super::{Conn, Path};
 use crate::forklock::ForkMutex;
 use crate::real;
@@ -27,6 +27,9 @@ use memloop_ring::leave::LeaveCell;
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::Duration;
+
+/// Longest sleep waiting for the peer's next promotion step (its bell cuts it short).
+const PEER_STEP: Duration = Duration::from_micros(50);
 
 /// The TCP phase's accounting (reset at each switch to TCP).
 #[derive(Default)]
@@ -93,9 +96,16 @@ impl Conn {
     /// Waits until a promotion under way has moved our writes to the ring.
     pub fn complete_promotion(&self) {
         while self.path() == Path::Tcp && self.switched() {
+            let bell = self
+                .words()
+                .map(|(w, _)| (w, memloop::channel::switch_bell_value(&w.bell)));
             self.promote_step();
             if self.path() == Path::Tcp {
-                std::thread::sleep(Duration::from_micros(50));
+                // Until the peer's next step (its bell), or a moment.
+                match bell {
+                    Some((w, seen)) => memloop::channel::wait_switch_bell(&w.bell, seen, PEER_STEP),
+                    None => std::thread::sleep(PEER_STEP),
+                }
             }
         }
     }
@@ -359,6 +369,9 @@ impl Conn {
                 }
                 w.switch.set_ready(self.side);
                 tracing::debug!(ch = ?self.ch, side = ?self.side, "promotion: ready");
+                // (A peer not ready yet was woken by the request; one ready first sees us
+                // ready, or we see it, and stop: that step wakes it.)
+                self.ring_bell();
             }
             if w.switch.ready(other) {
                 self.try_stop(w);
@@ -439,6 +452,11 @@ impl Conn {
         self.decision.path.store(Path::Joining, Release);
         // A peer asleep on the socket for our data wakes (counted: it comes after the stop).
         self.ring_doorbell_locked(false);
+        if w.switch.stopped(other(self.side)) {
+            self.ring_bell();
+        } else {
+            self.tell_peer(); // it stops next, even in none of our calls
+        }
     }
 
     /// Reads and writes on the ring again: drop the TCP record; the epoll sets holding the
