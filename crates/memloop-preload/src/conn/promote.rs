@@ -96,17 +96,26 @@ impl Conn {
     /// Waits until a promotion under way has moved our writes to the ring.
     pub fn complete_promotion(&self) {
         while self.path() == Path::Tcp && self.switched() {
-            let bell = self
-                .words()
-                .map(|(w, _)| (w, memloop::channel::switch_bell_value(&w.bell)));
+            let seen = self.bell_seen();
             self.promote_step();
             if self.path() == Path::Tcp {
-                // Until the peer's next step (its bell), or a moment.
-                match bell {
-                    Some((w, seen)) => memloop::channel::wait_switch_bell(&w.bell, seen, PEER_STEP),
-                    None => std::thread::sleep(PEER_STEP),
-                }
+                self.wait_step(seen); // the peer's next step
             }
+        }
+    }
+
+    /// The switch bell now, before a look at what the caller then waits for.
+    fn bell_seen(&self) -> Option<u32> {
+        let (w, _) = self.words()?;
+        Some(memloop::channel::switch_bell_value(&w.bell))
+    }
+
+    /// Sleeps until the next step of the promotion on either side (the bell moved off `seen`),
+    /// at most [`PEER_STEP`].
+    fn wait_step(&self, seen: Option<u32>) {
+        match (self.words(), seen) {
+            (Some((w, _)), Some(v)) => memloop::channel::wait_switch_bell(&w.bell, v, PEER_STEP),
+            _ => std::thread::sleep(PEER_STEP),
         }
     }
 
@@ -187,12 +196,14 @@ impl Conn {
                 if got > 0 {
                     return Ok(got);
                 }
+                let seen = self.bell_seen();
                 self.promote_step();
                 if self.path() == Path::Ring {
                     return Err(SWITCHED);
                 }
-                // The peer is on its ring, our writes not yet (our send gate is busy).
-                std::thread::sleep(Duration::from_micros(50));
+                // The peer is on its ring, our writes not yet (our send gate is busy): until
+                // our writer stops (it rings the bell).
+                self.wait_step(seen);
                 continue;
             };
             match r {
@@ -405,16 +416,10 @@ impl Conn {
         let mut prod = self.rings.prod.lock();
         cons.resync().map_err(|_| libc::EIO)?;
         prod.resync().map_err(|_| libc::EIO)?;
-        let mut scratch = [0u8; 4096];
-        loop {
-            match cons.read(&mut scratch) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(ch = ?self.ch, "dropping stale ring bytes: {e}");
-                    return Err(libc::EIO);
-                }
-            }
+        // (Nothing new comes until we are ready: one look empties it, without a copy.)
+        if let Err(e) = cons.skip_all() {
+            tracing::debug!(ch = ?self.ch, "dropping stale ring bytes: {e}");
+            return Err(libc::EIO);
         }
         for (i, end) in [
             (0usize, &*cons as &dyn super::waiting::DoorbellFlag),
