@@ -134,7 +134,7 @@ fn spawn_heartbeat(node: Weak<NodeInner>) {
                 .upgrade()
                 .and_then(|n| n.region.registry().kick_lane(n.id.idx));
             let mut next = Instant::now() + HEARTBEAT_PERIOD;
-            let mut beat = 0u64;
+            let mut beats = 0u64;
             let mut seen = lane.as_ref().map(|l| l.load(SeqCst));
             loop {
                 sleep_until_kicked(lane.as_ref(), seen, next);
@@ -142,16 +142,10 @@ fn spawn_heartbeat(node: Weak<NodeInner>) {
                 seen = lane.as_ref().map(|l| l.load(SeqCst));
                 let Some(n) = node.upgrade() else { return };
                 if Instant::now() >= next {
-                    next = (next + HEARTBEAT_PERIOD).max(Instant::now());
-                    beat += 1;
-                    if n.region.registry().heartbeat(n.id).is_err() {
+                    next = Instant::now() + HEARTBEAT_PERIOD;
+                    beats += 1;
+                    if !n.beat(beats) {
                         return;
-                    }
-                    // Members that die without leaving (SIGKILL, a powered-off VM) hold
-                    // channels and ring memory until someone reclaims them: every member looks
-                    // about once a second, so that happens even when nobody joins.
-                    if beat % RECLAIM_EVERY == 0 {
-                        n.reclaim_dead();
                     }
                 }
                 if let Some(f) = n.on_beat.get() {
@@ -191,6 +185,20 @@ pub fn kick(reg: &Registry, member: MemberId) {
 }
 
 impl NodeInner {
+    /// Beat number `n`: proof of life; false once we are no member any more.
+    fn beat(&self, n: u64) -> bool {
+        if self.region.registry().heartbeat(self.id).is_err() {
+            return false;
+        }
+        // Members that die without leaving (SIGKILL, a powered-off VM) hold channels and ring
+        // memory until someone reclaims them: every member looks about once a second, so that
+        // happens even when nobody joins.
+        if n % RECLAIM_EVERY == 0 {
+            self.reclaim_dead();
+        }
+        true
+    }
+
     pub(crate) fn reclaim_dead(&self) -> usize {
         let reg = self.region.registry();
         let dead = reg
