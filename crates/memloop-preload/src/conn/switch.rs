@@ -356,7 +356,16 @@ impl Conn {
             })?;
         // Our shutdown so far lived in the ring: the FIN follows the re-sent bytes.
         let resent = unconsumed.len();
-        let resend = Resend::start(fd, unconsumed, self.shut_wr.load(Acquire))?;
+        let resend = match Resend::start(fd, unconsumed, self.shut_wr.load(Acquire)) {
+            Ok(r) => r,
+            // The peer died after it left: nothing reaches it any more, and the socket tells
+            // the program so. (Failing here left the path `Leaving`, retried for good.)
+            Err(e @ (libc::EPIPE | libc::ECONNRESET)) => {
+                tracing::debug!(ch = ?self.ch, side = ?self.side, errno = e, "peer gone during the re-send");
+                None
+            }
+            Err(e) => return Err(e),
+        };
         if self.shut_rd.load(Acquire) {
             real::shutdown_now(fd, libc::SHUT_RD);
         }
