@@ -231,6 +231,10 @@ fn ask_and_wait(
     for ch in chans {
         match ask(reg, ch) {
             Ok(made) => {
+                if made {
+                    // Processes in none of our calls act on it now, not at their heartbeat.
+                    memloop::channel::kick_sides(reg, ch);
+                }
                 already += usize::from(!made);
                 asked.push(ch);
             }

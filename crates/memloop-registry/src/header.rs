@@ -16,6 +16,7 @@
 //! | 384, 392 | max connection records, connections offset · 400 decline markers published |
 //! | 408 | region state: 0 open, 1 paused, 2 being destroyed ([`RegionState`]) |
 //! | 1024..1280 | global counters 32..64 |
+//! | 1280..2304 | 256 kick lanes (u32): a member's heartbeat thread sleeps on lane `idx % 256` |
 //!
 //! Versions: 2 added connection records; 3 added the channel kind to channel slots and grew the
 //! counters to 32 (fallback causes); 4 grew them to 64 (a second block; the fallback reason
@@ -26,7 +27,7 @@ use crate::error::RegistryError;
 use crate::tables::Table;
 use crate::Registry;
 use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use memloop_shm::ShmSlice;
+use memloop_shm::{ShmSlice, ShmU32};
 
 /// "MLREGN01", little endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"MLREGN01");
@@ -74,6 +75,11 @@ const H_STATE: u64 = H_MARKERS + 8;
 const _: () = assert!(H_STATE + 8 <= HEADER_BYTES);
 const _: () = assert!(H_STATE + 8 <= H_COUNTERS2);
 const _: () = assert!(cfg!(loom) || H_COUNTERS2 + 8 * COUNTER_BLOCK as u64 <= HEADER_BYTES);
+/// Kick lanes: a futex word per lane, bumped to wake a member's heartbeat early (zero and
+/// unused in regions made before them: a member there only beats on its period).
+const H_KICKS: u64 = H_COUNTERS2 + 8 * COUNTER_BLOCK as u64;
+const KICK_LANES: u32 = 256;
+const _: () = assert!(cfg!(loom) || H_KICKS + 4 * KICK_LANES as u64 <= HEADER_BYTES);
 
 /// Where global counter `i` lives in the header (none: beyond the loom model's header).
 fn counter_off(i: usize) -> Option<u64> {
@@ -427,6 +433,13 @@ impl Registry {
         self.view.u64_at(H_STATE).map_or(RegionState::Paused, |w| {
             RegionState::from_code(w.load(Acquire))
         })
+    }
+
+    /// The word a member's heartbeat sleeps on (shared by members whose index is equal modulo
+    /// the lane count: a kick may wake another one too). `None` beyond the loom model's header.
+    pub fn kick_lane(&self, member_idx: u32) -> Option<ShmU32> {
+        let off = H_KICKS + 4 * u64::from(member_idx % KICK_LANES);
+        self.view.u32_at(off).ok()
     }
 
     /// Sets the region's state; returns the one before.

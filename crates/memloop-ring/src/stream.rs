@@ -177,6 +177,17 @@ impl StreamConsumer {
         Ok(n as usize)
     }
 
+    /// Consumes everything published so far without copying it out (bytes known to be
+    /// stale); returns how many.
+    pub fn skip_all(&mut self) -> Result<u64, RingError> {
+        let n = self.core.refresh()?;
+        if n > 0 {
+            self.core.consume(n);
+            self.read += n;
+        }
+        Ok(n)
+    }
+
     /// Like [`read`](Self::read) but leaves the bytes in the ring (`MSG_PEEK`).
     pub fn peek(&mut self, dst: &mut [u8]) -> Result<usize, RingError> {
         Ok(self.copy_out(&mut [IoSliceMut::new(dst)])? as usize)

@@ -30,6 +30,20 @@ fn write_then_read_round_trips() {
 }
 
 #[test]
+fn skip_all_consumes_without_copying_and_frees_the_space() {
+    let (mut p, mut c) = pair(64);
+    assert_eq!(p.write(&bytes(60, 1)).unwrap(), 60);
+    assert_eq!(c.skip_all().unwrap(), 60);
+    assert_eq!(c.skip_all().unwrap(), 0);
+    assert_eq!(p.free_space().unwrap(), 64);
+    assert_eq!(p.write(b"after").unwrap(), 5); // wraps
+    let mut buf = [0u8; 8];
+    assert_eq!(c.read(&mut buf).unwrap(), 5);
+    assert_eq!(&buf[..5], b"after");
+    assert_eq!(c.total_read(), 65);
+}
+
+#[test]
 fn exact_fill_then_full_then_drain() {
     let (mut p, mut c) = pair(64);
     let data = bytes(64, 1);

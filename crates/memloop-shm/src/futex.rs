@@ -10,19 +10,28 @@ use std::time::Duration;
 /// signal, a spurious wake-up or if the word already differs: callers re-check their condition.
 #[cfg(not(loom))]
 pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    if !try_wait(word, expected, timeout) {
+        // The kernel cannot futex on this memory (a device mapping such as an ivshmem BAR is
+        // not page-backed: EFAULT): sleep a little instead, so no caller turns into a busy loop.
+        std::thread::sleep(timeout.min(FALLBACK_SLEEP));
+    }
+}
+
+/// [`wait`] without its fallback: false (at once) if the kernel cannot futex on this memory,
+/// so a caller that sleeps long anyway can sleep its own way.
+#[cfg(not(loom))]
+pub fn try_wait(word: &AtomicU32, expected: u32, timeout: Duration) -> bool {
     use rustix::thread::futex;
     let ts = rustix::time::Timespec {
         tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
         tv_nsec: timeout.subsec_nanos() as _,
     };
-    match futex::wait(word, futex::Flags::empty(), expected, Some(&ts)) {
-        // The value changed, a signal, or the time is up: the caller re-checks.
-        Ok(_) | Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
-        Err(rustix::io::Errno::TIMEDOUT) => {}
-        // The kernel cannot futex on this memory (a device mapping such as an ivshmem BAR is
-        // not page-backed: EFAULT): sleep a little instead, so no caller turns into a busy loop.
-        Err(_) => std::thread::sleep(timeout.min(FALLBACK_SLEEP)),
-    }
+    // The value changed, a signal, or the time is up: the caller re-checks.
+    matches!(
+        futex::wait(word, futex::Flags::empty(), expected, Some(&ts)),
+        Ok(_)
+            | Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR | rustix::io::Errno::TIMEDOUT)
+    )
 }
 
 /// The sleep that stands in for a futex wait the kernel refused.
@@ -41,6 +50,12 @@ pub fn wake(word: &AtomicU32, n: u32) {
 #[cfg(loom)]
 pub fn wait(_word: &AtomicU32, _expected: u32, _timeout: Duration) {
     loom::thread::yield_now();
+}
+
+#[cfg(loom)]
+pub fn try_wait(_word: &AtomicU32, _expected: u32, _timeout: Duration) -> bool {
+    loom::thread::yield_now();
+    true
 }
 
 #[cfg(loom)]

@@ -8,7 +8,9 @@ use crate::error::Error;
 use crate::node::Node;
 use memloop_registry::{ChannelId, ChannelKind, ChannelState, MemberId, Registry, Side};
 use memloop_ring::{StreamConsumer, StreamProducer, WaitCell};
-use memloop_shm::ShmSlice;
+use memloop_shm::futex;
+use memloop_shm::sync::{fence, Ordering::SeqCst};
+use memloop_shm::{ShmSlice, ShmU32};
 
 /// Our two ends of a byte-stream channel: the ring we write and the ring we read, plus their
 /// views (readiness probes and byte totals read the headers without the ends' locks).
@@ -110,10 +112,48 @@ impl PeerWatch {
         }
     }
 
+    /// Wakes the peer's heartbeat: its sweep takes the next step of a switch even while its
+    /// program is in none of our calls (see [`crate::kick`]).
+    pub fn kick(&self) {
+        if let Some(p) = self.peer() {
+            crate::kick(self.registry(), p);
+        }
+    }
+
     /// The peer runs in our kernel (futexes and kernel sockets reach it). Unknown → yes.
     pub fn same_kernel(&self) -> bool {
         self.peer().map_or(true, |p| self.node.same_kernel(p))
     }
+}
+
+/// After a request in channel `ch`'s switch word made by neither side (`memloop promote`,
+/// `memloop demote`): both sides' heartbeats wake and act on it now.
+pub fn kick_sides(reg: &Registry, ch: ChannelId) {
+    if let Ok(info) = reg.channel(ch) {
+        for m in [Some(info.client), info.server].into_iter().flatten() {
+            crate::kick(reg, m);
+        }
+    }
+}
+
+/// A switch's bell (`SideWords::bell`, one per channel): rung after each step of a switch
+/// (a leave published, a takeover done, ready, stopped), so that a side waiting for its
+/// peer's next step sleeps instead of polling. Only a wake-up: waiters bound their sleeps.
+pub fn ring_switch_bell(bell: &ShmU32) {
+    bell.fetch_add(1, SeqCst);
+    futex::wake(bell, i32::MAX as u32);
+}
+
+/// The bell's value, read before looking at the condition a caller then waits for.
+pub fn switch_bell_value(bell: &ShmU32) -> u32 {
+    let v = bell.load(SeqCst);
+    fence(SeqCst); // the caller's look at its condition comes after
+    v
+}
+
+/// Sleeps until the bell moves off `seen` (any step of the switch), at most `timeout`.
+pub fn wait_switch_bell(bell: &ShmU32, seen: u32, timeout: std::time::Duration) {
+    futex::wait(bell, seen, timeout);
 }
 
 /// Releases our side of a channel; its ring memory is freed once both sides let go. An

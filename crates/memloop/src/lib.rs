@@ -26,7 +26,7 @@ mod stream;
 pub use error::Error;
 pub use listener::Listener;
 pub use memloop_registry::DEFAULT_RING_CAPACITY;
-pub use node::{vm_spin_from_env, Node};
+pub use node::{kick, vm_spin_from_env, Node};
 pub use region::{CreateRegion, Region, RegionSpec};
 pub use stream::{Stream, LIVENESS_SLICE, LIVENESS_SLICE_VM};
 

@@ -8,10 +8,12 @@ use crate::error::Error;
 use crate::identity;
 use crate::liveness::{Liveness, HEARTBEAT_PERIOD};
 use crate::region::{CreateRegion, Region, RegionSpec};
-use memloop_registry::{MemberId, MemberIdentity, RegistryError};
+use memloop_registry::{MemberId, MemberIdentity, Registry, RegistryError, ShmU32};
 use memloop_ring::{WaitPolicy, WakeMode};
+use memloop_shm::futex;
+use memloop_shm::sync::Ordering::SeqCst;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A handle on our membership; cheap to clone.
 #[derive(Clone)]
@@ -128,20 +130,26 @@ fn spawn_heartbeat(node: Weak<NodeInner>) {
     let spawned = std::thread::Builder::new()
         .name("memloop-heartbeat".into())
         .spawn(move || {
-            for beat in 1u64.. {
-                std::thread::sleep(HEARTBEAT_PERIOD);
+            let lane = node
+                .upgrade()
+                .and_then(|n| n.region.registry().kick_lane(n.id.idx));
+            let mut next = Instant::now() + HEARTBEAT_PERIOD;
+            let mut beats = 0u64;
+            let mut seen = lane.as_ref().map(|l| l.load(SeqCst));
+            loop {
+                sleep_until_kicked(lane.as_ref(), seen, next);
+                // Read before the sweep: a kick during it cuts the next sleep short.
+                seen = lane.as_ref().map(|l| l.load(SeqCst));
                 let Some(n) = node.upgrade() else { return };
-                if n.region.registry().heartbeat(n.id).is_err() {
-                    return;
+                if Instant::now() >= next {
+                    next = Instant::now() + HEARTBEAT_PERIOD;
+                    beats += 1;
+                    if !n.beat(beats) {
+                        return;
+                    }
                 }
                 if let Some(f) = n.on_beat.get() {
                     f();
-                }
-                // Members that die without leaving (SIGKILL, a powered-off VM) hold channels
-                // and ring memory until someone reclaims them: every member looks about once
-                // a second, so that happens even when nobody joins.
-                if beat % RECLAIM_EVERY == 0 {
-                    n.reclaim_dead();
                 }
             }
         });
@@ -150,7 +158,47 @@ fn spawn_heartbeat(node: Weak<NodeInner>) {
     }
 }
 
+/// Sleeps until `until`, or until our kick lane moves off `seen` (a kick: the sweep runs
+/// early). Without a futex on the region's memory (or a lane) only the time ends it.
+fn sleep_until_kicked(lane: Option<&ShmU32>, seen: Option<u32>, until: Instant) {
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        match (lane, seen) {
+            (Some(l), Some(v)) if l.load(SeqCst) != v => return,
+            (Some(l), Some(v)) if futex::try_wait(l, v, left) => {}
+            _ => return std::thread::sleep(left),
+        }
+    }
+}
+
+/// Wakes `member`'s heartbeat now, so its sweep acts on a switch asked of one of its
+/// connections while it is in none of our calls. Only an optimisation: a member in another
+/// kernel (or one whose lane cannot be futexed) sees the request at its next beat.
+pub fn kick(reg: &Registry, member: MemberId) {
+    if let Some(lane) = reg.kick_lane(member.idx) {
+        lane.fetch_add(1, SeqCst);
+        futex::wake(&lane, i32::MAX as u32);
+    }
+}
+
 impl NodeInner {
+    /// Beat number `n`: proof of life; false once we are no member any more.
+    fn beat(&self, n: u64) -> bool {
+        if self.region.registry().heartbeat(self.id).is_err() {
+            return false;
+        }
+        // Members that die without leaving (SIGKILL, a powered-off VM) hold channels and ring
+        // memory until someone reclaims them: every member looks about once a second, so that
+        // happens even when nobody joins.
+        if n % RECLAIM_EVERY == 0 {
+            self.reclaim_dead();
+        }
+        true
+    }
+
     pub(crate) fn reclaim_dead(&self) -> usize {
         let reg = self.region.registry();
         let dead = reg

@@ -152,6 +152,7 @@ impl Conn {
         if let Some(w) = &self.share.side_words {
             if w.switch.request_promote() {
                 tracing::debug!(ch = ?self.ch, "adopted connection: promotion asked");
+                self.tell_peer();
             }
         }
     }

@@ -17,7 +17,7 @@
 //! delivered. So no program thread can swallow a doorbell, whatever it was doing when the
 //! promotion began.
 
-use super::switch::SWITCHED;
+use super::switch::{other, SWITCHED};
 use super::{Conn, Path};
 use crate::forklock::ForkMutex;
 use crate::real;
@@ -27,6 +27,9 @@ use memloop_ring::leave::LeaveCell;
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::Duration;
+
+/// Longest sleep waiting for the peer's next promotion step (its bell cuts it short).
+const PEER_STEP: Duration = Duration::from_micros(50);
 
 /// The TCP phase's accounting (reset at each switch to TCP).
 #[derive(Default)]
@@ -104,10 +107,26 @@ impl Conn {
     /// Waits until a promotion under way has moved our writes to the ring.
     pub fn complete_promotion(&self) {
         while self.path() == Path::Tcp && self.switched() {
+            let seen = self.bell_seen();
             self.promote_step();
             if self.path() == Path::Tcp {
-                std::thread::sleep(Duration::from_micros(50));
+                self.wait_step(seen); // the peer's next step
             }
+        }
+    }
+
+    /// The switch bell now, before a look at what the caller then waits for.
+    fn bell_seen(&self) -> Option<u32> {
+        let (w, _) = self.words()?;
+        Some(memloop::channel::switch_bell_value(&w.bell))
+    }
+
+    /// Sleeps until the next step of the promotion on either side (the bell moved off `seen`),
+    /// at most [`PEER_STEP`].
+    fn wait_step(&self, seen: Option<u32>) {
+        match (self.words(), seen) {
+            (Some((w, _)), Some(v)) => memloop::channel::wait_switch_bell(&w.bell, v, PEER_STEP),
+            _ => std::thread::sleep(PEER_STEP),
         }
     }
 
@@ -188,12 +207,14 @@ impl Conn {
                 if got > 0 {
                     return Ok(got);
                 }
+                let seen = self.bell_seen();
                 self.promote_step();
                 if self.path() == Path::Ring {
                     return Err(SWITCHED);
                 }
-                // The peer is on its ring, our writes not yet (our send gate is busy).
-                std::thread::sleep(Duration::from_micros(50));
+                // The peer is on its ring, our writes not yet (our send gate is busy): until
+                // our writer stops (it rings the bell).
+                self.wait_step(seen);
                 continue;
             };
             match r {
@@ -371,6 +392,9 @@ impl Conn {
                 }
                 w.switch.set_ready(self.side);
                 tracing::debug!(ch = ?self.ch, side = ?self.side, "promotion: ready");
+                // (A peer not ready yet was woken by the request; one ready first sees us
+                // ready, or we see it, and stop: that step wakes it.)
+                self.ring_bell();
             }
             if w.switch.ready(other) {
                 self.try_stop(w);
@@ -404,16 +428,10 @@ impl Conn {
         let mut prod = self.rings.prod.lock();
         cons.resync().map_err(|_| libc::EIO)?;
         prod.resync().map_err(|_| libc::EIO)?;
-        let mut scratch = [0u8; 4096];
-        loop {
-            match cons.read(&mut scratch) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(ch = ?self.ch, "dropping stale ring bytes: {e}");
-                    return Err(libc::EIO);
-                }
-            }
+        // (Nothing new comes until we are ready: one look empties it, without a copy.)
+        if let Err(e) = cons.skip_all() {
+            tracing::debug!(ch = ?self.ch, "dropping stale ring bytes: {e}");
+            return Err(libc::EIO);
         }
         for (i, end) in [
             (0usize, &*cons as &dyn super::waiting::DoorbellFlag),
@@ -451,6 +469,11 @@ impl Conn {
         self.decision.path.store(Path::Joining, Release);
         // A peer asleep on the socket for our data wakes (counted: it comes after the stop).
         self.ring_doorbell_locked(false);
+        if w.switch.stopped(other(self.side)) {
+            self.ring_bell();
+        } else {
+            self.tell_peer(); // it stops next, even in none of our calls
+        }
     }
 
     /// Reads and writes on the ring again: drop the TCP record; the epoll sets holding the

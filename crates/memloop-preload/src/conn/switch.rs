@@ -18,6 +18,7 @@ use crate::forklock::ForkMutex;
 use crate::plain::{PlainTcp, Resend};
 use crate::real;
 use libc::c_int;
+use memloop::channel;
 use memloop::registry::{Side, SideWords, SwitchReason};
 use memloop_ring::leave::{doorbells_to_discard, LeaveCell, Left};
 use std::sync::atomic::{AtomicBool, Ordering::*};
@@ -27,6 +28,10 @@ use std::time::Duration;
 /// What a ring operation returns (never the program) when the connection left its ring during
 /// the call with nothing moved: the caller goes again, to the kernel socket.
 pub const SWITCHED: c_int = 0x5357_4348;
+
+/// How long a leave waits for the peer's before it wakes the peer's heartbeat: a peer in any
+/// call of ours, or asleep in a ring wait (our last doorbell wakes it), follows sooner.
+const PEER_KICK_AFTER: Duration = Duration::from_micros(100);
 
 /// Longest pause between two looks at the peer's leave record.
 const PEER_POLL_MAX: Duration = Duration::from_micros(200);
@@ -195,6 +200,11 @@ impl Conn {
             }
         }
         self.leave(w)?;
+        if wait {
+            self.ring_bell(); // the peer's heartbeat only if it is slow to follow (below)
+        } else {
+            self.tell_peer(); // nobody here waits to nudge it later
+        }
         self.epoll_follow_path();
         if !wait && self.peer_left(pw).is_none() && !self.peer_vanished() {
             return Ok(()); // left; the takeover comes with the next call or sweep
@@ -260,11 +270,21 @@ impl Conn {
         LeaveCell::new(&pw.leave, 0).ok()?.read().ok()?
     }
 
-    /// Waits for the peer's `Left`; `None` if the peer is gone without leaving.
+    /// Waits for the peer's `Left`; `None` if the peer is gone without leaving. Sleeps on the
+    /// switch bell, which the peer rings once it has left (the sleep is bounded: a peer in
+    /// another kernel cannot wake us). A peer slow to follow is in none of our calls (a call
+    /// or a ring wait notices at once): its heartbeat is woken.
     fn await_peer(&self, pw: &SideWords) -> Result<Option<Left>, c_int> {
         let cell = LeaveCell::new(&pw.leave, 0).map_err(|_| libc::EIO)?;
         let mut pause = Duration::from_micros(1);
+        let kick_at = std::time::Instant::now() + PEER_KICK_AFTER;
+        let mut kicked = false;
         loop {
+            if !kicked && std::time::Instant::now() >= kick_at {
+                self.peer.watch.kick();
+                kicked = true;
+            }
+            let seen = channel::switch_bell_value(&pw.bell);
             match cell.read() {
                 Ok(Some(l)) => return Ok(Some(l)),
                 Ok(None) => {}
@@ -277,8 +297,22 @@ impl Conn {
                 // It may have left and finished (closing its side) since the look above.
                 return cell.read().map_err(|_| libc::EIO);
             }
-            std::thread::sleep(pause);
+            channel::wait_switch_bell(&pw.bell, seen, pause);
             pause = (pause * 2).min(PEER_POLL_MAX);
+        }
+    }
+
+    /// We took a step of a switch the peer may be waiting for: its waits wake (the bell), and
+    /// so does its heartbeat, for a peer in none of our calls (its sweep takes its next step).
+    pub(super) fn tell_peer(&self) {
+        self.ring_bell();
+        self.peer.watch.kick();
+    }
+
+    /// [`Conn::tell_peer`] for a peer that notices by itself unless it waits in our code.
+    pub(super) fn ring_bell(&self) {
+        if let Some(w) = &self.share.side_words {
+            channel::ring_switch_bell(&w.bell);
         }
     }
 
@@ -322,7 +356,16 @@ impl Conn {
             })?;
         // Our shutdown so far lived in the ring: the FIN follows the re-sent bytes.
         let resent = unconsumed.len();
-        let resend = Resend::start(fd, unconsumed, self.shut_wr.load(Acquire))?;
+        let resend = match Resend::start(fd, unconsumed, self.shut_wr.load(Acquire)) {
+            Ok(r) => r,
+            // The peer died after it left: nothing reaches it any more, and the socket tells
+            // the program so. (Failing here left the path `Leaving`, retried for good.)
+            Err(e @ (libc::EPIPE | libc::ECONNRESET)) => {
+                tracing::debug!(ch = ?self.ch, side = ?self.side, errno = e, "peer gone during the re-send");
+                None
+            }
+            Err(e) => return Err(e),
+        };
         if self.shut_rd.load(Acquire) {
             real::shutdown_now(fd, libc::SHUT_RD);
         }

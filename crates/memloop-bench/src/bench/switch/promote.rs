@@ -52,6 +52,7 @@ impl Promoter {
         let (at_wall, at_mono) = (wall(), now());
         reg.request_promote(ch)
             .map_err(|e| fail(format!("promote: channel {}.{}: {e}", ch.idx, ch.gen)))?;
+        memloop::channel::kick_sides(reg, ch); // as `memloop promote` does
         let done_ns = wait_quiet(reg, ch, wait).map(|_| now() - at_mono);
         Ok(Promoted {
             at_mono,

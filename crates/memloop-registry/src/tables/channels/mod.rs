@@ -23,7 +23,7 @@
 //! | 32 | creation counter · 40 ring capacity · 48 c2s ring offset · 56 s2c ring offset |
 //! | 64 | connection 4-tuple (40 B) |
 //! | 104 | client side: holders u32 · lock u32 · 112 server side: holders u32 · lock u32 |
-//! | 120 | channel kind u32 ([`ChannelKind`] code; 0 for a decline marker) · 124 reserved |
+//! | 120 | channel kind u32 ([`ChannelKind`] code; 0 for a decline marker) · 124 switch bell u32 |
 //! | 128 | client side's switch words: doorbells sent u64 · 136 doorbells read u64 · 144 leave cell (32 B) |
 //! | 176 | server side's switch words: the same · 224 switch word u64 (`switch.rs`) |
 //! | 232 | client side's TCP stop position u64 (promotion) · 240 server side's · 248 reserved |
@@ -82,6 +82,8 @@ const O_TUPLE: u64 = 64;
 const O_SIDE_CLIENT: u64 = 104;
 const O_SIDE_SERVER: u64 = 112;
 const O_KIND: u64 = 120;
+/// Bumped at each step of a switch (a futex for waiters in one kernel; only a wake-up).
+const O_BELL: u64 = O_KIND + 4;
 const O_SWITCH_CLIENT: u64 = 128;
 const O_SWITCH_SERVER: u64 = 176;
 /// The channel's switch word (`crate::switch::SwitchWord`).
@@ -158,6 +160,9 @@ pub struct SideWords {
     pub tcp_base_read: ShmU64,
     /// Holds on this side taken for fds sent to other processes and not yet adopted there.
     pub handoffs: ShmU32,
+    /// The channel's switch bell (shared by both sides): bumped after each step of a switch,
+    /// so a side waiting for the peer's next step sleeps on it (a futex in one kernel).
+    pub bell: ShmU32,
 }
 
 /// Views of the two rings of a channel, for `memloop_ring` attach.
@@ -205,7 +210,7 @@ impl<'a> ChannelSlot<'a> {
         }
         self.0.write(O_TUPLE, &f.tuple)?;
         self.0.u32(O_KIND)?.store(f.kind, Relaxed);
-        self.0.u32(O_KIND + 4)?.store(0, Relaxed);
+        self.0.u32(O_BELL)?.store(0, Relaxed);
         for off in [O_SIDE_CLIENT, O_SIDE_SERVER] {
             self.0.u32(off)?.store(f.holders, Relaxed);
             self.0.u32(off + 4)?.store(0, Relaxed);
@@ -290,6 +295,7 @@ impl<'a> ChannelSlot<'a> {
             tcp_base_written: self.0.u64(ho)?,
             tcp_base_read: self.0.u64(ho + 8)?,
             handoffs: self.0.u32(ho + 16)?,
+            bell: self.0.u32(O_BELL)?,
         })
     }
     #[cfg(all(test, not(loom)))]
