@@ -121,6 +121,8 @@ fn main() -> std::process::ExitCode {
         test!(selectors_echo_server_20_clients),
         test!(inetd_handler_chain_dup2_exec_exec),
         test!(inetd_handler_without_the_library),
+        test!(late_ring_after_a_slow_accept),
+        test!(late_ring_after_the_region_was_full),
         test!(switch_storm_1200_connections_at_random_moments),
         test!(switch_flip_8_streams_demoted_and_promoted),
         test!(switch_flip_poll_driven_pair_never_reads_a_doorbell_as_readable),
@@ -846,6 +848,57 @@ const ADOPTED: &str = "inherited ring connection adopted after exec";
 /// the ring connection is adopted by each.
 fn inetd_handler_chain_dup2_exec_exec() {
     check(sc("handoff", "inetd_chain").evidence(ADOPTED));
+}
+
+/// The server accepts past the client's decide wait: the connection falls back to TCP at
+/// connect and comes to its ring mid-stream (the late ring) — every byte checked in order
+/// both ways, EOF exact, `late` counted under switches, both sides promoted.
+fn late_ring_after_a_slow_accept() {
+    late_ring(sc("late", "slow_accept"), 64 << 20, "cancelled");
+}
+
+/// The client fills a small region with ring connections until one falls back, connects (no
+/// ring memory: TCP), then closes the fillers: the connection comes to its ring.
+fn late_ring_after_the_region_was_full() {
+    late_ring(sc("late", "region_full"), 16 << 20, "region_full");
+}
+
+/// `fallback`: the reason the client's connection fell back for at connect (counted).
+fn late_ring(s: Scenario, region_bytes: usize, fallback: &str) {
+    let kernel = run_pair(&s, Mode::Kernel, None, None);
+    let reference = format!("late/{} on kernel TCP (the reference)", s.case);
+    assert_passed(&s, &kernel, &reference);
+    let region = RegionGuard::new("sem", s.case, region_bytes);
+    let o = run_pair(&s, Mode::Preload, Some(&region.0), None);
+    let what = format!("late/{} under the preload", s.case);
+    assert_passed(&s, &o, &what);
+    assert_no_doorbell_errors(&o);
+    let status = status_of(&region.0);
+    let count = |group: &str, k: &str| status[group][k].as_u64().unwrap_or(0);
+    let mut problems = doorbell_count_problems(&[&o.server_err, &o.client_err]);
+    if count("switches", "late") < 1 {
+        problems.push("no late ring counted under switches".to_string());
+    }
+    if count("fallbacks", fallback) < 1 {
+        problems.push(format!("no fallback {fallback:?} counted at connect"));
+    }
+    for (who, log) in [("server", &o.server_err), ("client", &o.client_err)] {
+        if !log.contains("promoted: back on the ring") {
+            problems.push(format!(
+                "the {who}'s log lacks \"promoted: back on the ring\""
+            ));
+        }
+        for bad in ["panicked", "ring error"] {
+            if log.contains(bad) {
+                problems.push(format!("the {who}'s log says {bad:?}"));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "{}",
+        o.report(&format!("{what}: {}", problems.join("; ")))
+    );
 }
 
 /// The switch storm: 1200 checksummed bidirectional streams (random write sizes, up to
