@@ -298,6 +298,10 @@ pub fn after_accept(lfd: c_int, fd: c_int) {
 
 /// Before the real close of `fd` (also for the implicit close of dup2's target).
 pub fn before_close(fd: c_int) {
+    if let Some(e) = table::get(fd) {
+        // (Waits for a conversion under way: then the converted connection is closed.)
+        crate::late::taint_entry(&e, "closed");
+    }
     let Some(e) = table::get(fd) else {
         table::remove(fd);
         return;
