@@ -81,7 +81,7 @@ impl Config {
             spin: env_us("MEMLOOP_SPIN_US", 50),
             spin_vm: memloop::vm_spin_from_env(),
             ring_capacity: ring,
-            promote: env_parsed::<u32>("MEMLOOP_PROMOTE").is_none_or(|v| v != 0),
+            promote: !matches!(env_parsed::<u32>("MEMLOOP_PROMOTE"), Some(0)),
         }
     }
 }

@@ -226,24 +226,18 @@ pub fn enter<'a>(fd: c_int, p: &'a PlainTcp) -> Enter<'a> {
     let Some(l) = p.late() else {
         return Enter::Go(InFlight(None));
     };
-    match l.state.load(Acquire) {
+    let state = l.state.load(Acquire);
+    match state {
         OFF => return Enter::Go(InFlight(None)),
         DONE => return reroute_if_replaced(fd, p),
         CONVERTING => {
             std::thread::yield_now();
             return Enter::Reroute;
         }
-        READY => {
-            if convert(fd, l) {
-                return Enter::Reroute;
-            }
-        }
-        _ if l.signalled() => {
-            if convert(fd, l) {
-                return Enter::Reroute;
-            }
-        }
         _ => {}
+    }
+    if (state == READY || l.signalled()) && convert(fd, l) {
+        return Enter::Reroute;
     }
     l.inflight.fetch_add(1, SeqCst);
     if l.state.load(SeqCst) == CONVERTING {
@@ -391,10 +385,10 @@ pub fn tick() {
         match (&l.role, l.state.load(Acquire)) {
             (Role::Client, IDLE) => offer(&l),
             (Role::Client, OFFERED) => follow_offer(&l),
-            (Role::Server { .. }, IDLE) => {
-                if l.ticks.fetch_add(1, AcqRel) + 1 > SERVER_TICKS && !l.signalled() {
-                    l.disarm("no late offer came");
-                }
+            (Role::Server { .. }, IDLE)
+                if l.ticks.fetch_add(1, AcqRel) + 1 > SERVER_TICKS && !l.signalled() =>
+            {
+                l.disarm("no late offer came");
             }
             _ => {}
         }
