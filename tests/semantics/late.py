@@ -4,6 +4,8 @@ their ring mid-stream (`crates/memloop-preload/src/late.rs`).
 
 slow_accept: the server sleeps past the client's decide wait before accept; then a checksummed
 stream each way at once (framed, every byte checked in order, a sha256 at the end, then EOF).
+plain_client: as slow_accept with a client run without the library (it re-execs itself without
+LD_PRELOAD): its connection must stay on TCP, no late offer made or taken.
 region_full: the client fills the region with ring connections until one falls back, opens
 the connection under test (it falls back: no ring memory), then closes the fillers: room again.
 
@@ -17,6 +19,7 @@ import os
 import random
 import socket
 import struct
+import sys
 import threading
 import time
 
@@ -24,6 +27,8 @@ from semlib import Fail, check, dial, eq, log, run
 
 MB = 1 << 20
 PRELOADED = "LD_PRELOAD" in os.environ
+# Stream until the connection is seen on its ring (off for a peer that cannot get there).
+UNTIL_RING = [True]
 BLOCK = 1_000_003  # the pattern repeats after this many bytes (not a power of two)
 STREAM_DEADLINE = 20.0
 
@@ -55,7 +60,7 @@ def send_stream(sock, seed, errors):
     window = (kernel_bytes_sent(sock), 0)
     try:
         while True:
-            if not PRELOADED and sent >= 4 * MB:
+            if (not PRELOADED or not UNTIL_RING[0]) and sent >= 4 * MB:
                 break
             if after_ring is not None and sent >= after_ring:
                 break
@@ -67,7 +72,7 @@ def send_stream(sock, seed, errors):
             sock.sendall(struct.pack(">I", n) + data)
             h.update(data)
             sent += n
-            if PRELOADED and after_ring is None and sent - window[1] >= MB:
+            if PRELOADED and UNTIL_RING[0] and after_ring is None and sent - window[1] >= MB:
                 kernel = kernel_bytes_sent(sock)
                 if kernel - window[0] < 4096:  # a megabyte went, not through the kernel
                     ring_at, after_ring = sent, sent + 2 * MB
@@ -136,6 +141,56 @@ def slow_accept_client(args):
     both_ways(dial(args), 1, 2)
 
 
+# ---- many: 16 connections accepted late, all at once -------------------------------------------
+
+MANY = 16
+
+
+def all_both_ways(socks, seeds):
+    """`both_ways` on every connection at once; any failure fails the role."""
+    failures = []
+
+    def one(sock, mine, theirs):
+        try:
+            both_ways(sock, mine, theirs)
+        except Exception as e:
+            failures.append(f"{mine}: {type(e).__name__}: {e}")
+
+    ts = [threading.Thread(target=one, args=(s, *seeds(i))) for i, s in enumerate(socks)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(STREAM_DEADLINE + 30)
+        check(not t.is_alive(), "a connection finished")
+    check(not failures, f"failures: {failures}")
+
+
+def many_server(lsock, args):
+    time.sleep(1.5)
+    conns = [lsock.accept()[0] for _ in range(MANY)]
+    lsock.close()
+    all_both_ways(conns, lambda i: (100 + i, i))
+
+
+def many_client(args):
+    # The server accepts in connect order: connection i carries seeds i and 100 + i.
+    all_both_ways([dial(args) for _ in range(MANY)], lambda i: (i, 100 + i))
+
+
+# ---- plain_client ------------------------------------------------------------------------------
+
+def plain_client_server(lsock, args):
+    UNTIL_RING[0] = False
+    slow_accept_server(lsock, args)
+
+
+def plain_client_client(args):
+    if "LD_PRELOAD" in os.environ:
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+    slow_accept_client(args)
+
+
 # ---- region_full ------------------------------------------------------------------------------
 
 def region_full_server(lsock, args):
@@ -187,4 +242,6 @@ if __name__ == "__main__":
     run({
         "slow_accept": (slow_accept_server, slow_accept_client),
         "region_full": (region_full_server, region_full_client),
+        "plain_client": (plain_client_server, plain_client_client),
+        "many": (many_server, many_client),
     })

@@ -263,8 +263,9 @@ fn convert(fd: c_int, l: &Late) -> bool {
     if !matches!(from, IDLE | READY) {
         return true;
     }
+    // SeqCst: with the callers' count-then-look in `enter`, one of us sees the other.
     if l.state
-        .compare_exchange(from, CONVERTING, AcqRel, Acquire)
+        .compare_exchange(from, CONVERTING, SeqCst, Acquire)
         .is_err()
     {
         return true;

@@ -123,6 +123,8 @@ fn main() -> std::process::ExitCode {
         test!(inetd_handler_without_the_library),
         test!(late_ring_after_a_slow_accept),
         test!(late_ring_after_the_region_was_full),
+        test!(late_ring_not_tried_with_a_plain_client),
+        test!(late_ring_for_16_connections_accepted_at_once),
         test!(switch_storm_1200_connections_at_random_moments),
         test!(switch_flip_8_streams_demoted_and_promoted),
         test!(switch_flip_poll_driven_pair_never_reads_a_doorbell_as_readable),
@@ -857,10 +859,43 @@ fn late_ring_after_a_slow_accept() {
     late_ring(sc("late", "slow_accept"), 64 << 20, "cancelled");
 }
 
+/// Sixteen connections, all accepted past the decide wait, each streaming both ways: every
+/// one comes to its ring (16 `late` switches), every byte checked.
+fn late_ring_for_16_connections_accepted_at_once() {
+    late_ring(sc("late", "many").rings(16), 64 << 20, "cancelled");
+}
+
 /// The client fills a small region with ring connections until one falls back, connects (no
 /// ring memory: TCP), then closes the fillers: the connection comes to its ring.
 fn late_ring_after_the_region_was_full() {
     late_ring(sc("late", "region_full"), 16 << 20, "region_full");
+}
+
+/// The slow accept with a client run without the library: the server's connection stays on
+/// TCP (it cannot know the client is not preloaded until no late offer comes), no late offer
+/// is made, taken or counted as failed, the data is exact.
+fn late_ring_not_tried_with_a_plain_client() {
+    let s = sc("late", "plain_client");
+    let kernel = run_pair(&s, Mode::Kernel, None, None);
+    assert_passed(
+        &s,
+        &kernel,
+        "late/plain_client on kernel TCP (the reference)",
+    );
+    let region = RegionGuard::new("sem", s.case, 64 << 20);
+    let o = run_pair(&s, Mode::Preload, Some(&region.0), None);
+    assert_passed(&s, &o, "late/plain_client under the preload");
+    let status = status_of(&region.0);
+    let late = status["switches"]["late"].as_u64().unwrap_or(0);
+    let failed = status["late_failed"].as_u64().unwrap_or(0);
+    let tried = o.server_err.contains("late ring: server") || o.client_err.contains("late ring");
+    assert!(
+        late == 0 && failed == 0 && !tried,
+        "{}",
+        o.report(&format!(
+            "a late ring with a plain client: late {late}, failed {failed}"
+        ))
+    );
 }
 
 /// `fallback`: the reason the client's connection fell back for at connect (counted).
@@ -876,8 +911,9 @@ fn late_ring(s: Scenario, region_bytes: usize, fallback: &str) {
     let status = status_of(&region.0);
     let count = |group: &str, k: &str| status[group][k].as_u64().unwrap_or(0);
     let mut problems = doorbell_count_problems(&[&o.server_err, &o.client_err]);
-    if count("switches", "late") < 1 {
-        problems.push("no late ring counted under switches".to_string());
+    let late = count("switches", "late");
+    if late < s.rings as u64 {
+        problems.push(format!("{late} late rings counted, want {}", s.rings));
     }
     if count("fallbacks", fallback) < 1 {
         problems.push(format!("no fallback {fallback:?} counted at connect"));
