@@ -2,7 +2,7 @@
 """The late ring: connections that fell back to TCP at connect for a transient reason come to
 their ring mid-stream (`crates/memloop-preload/src/late.rs`).
 
-slow_accept: the server sleeps past the client's decide wait before accept; then a checksummed
+slow_accept: the server accepts 1 s after the client connected (past its decide wait); then a checksummed
 stream each way at once (framed, every byte checked in order, a sha256 at the end, then EOF).
 plain_client: as slow_accept with a client run without the library (it re-execs itself without
 LD_PRELOAD): its connection must stay on TCP, no late offer made or taken.
@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-from semlib import Fail, check, dial, eq, log, run
+from semlib import Fail, check, dial, eq, log, run, wait_until
 
 MB = 1 << 20
 PRELOADED = "LD_PRELOAD" in os.environ
@@ -130,15 +130,28 @@ def both_ways(sock, mine, theirs):
 
 # ---- slow_accept ------------------------------------------------------------------------------
 
+def accept_late(args):
+    """Waits until the client says it connected, then past its decide wait (500 ms)."""
+    wait_until(lambda: os.path.exists(args.port_file + ".connected"), 30, "the client's connect")
+    time.sleep(1.0)
+
+
+def connected(args):
+    with open(args.port_file + ".connected", "w"):
+        pass
+
+
 def slow_accept_server(lsock, args):
-    time.sleep(1.5)  # past the client's decide wait (500 ms)
+    accept_late(args)
     conn, _ = lsock.accept()
     lsock.close()
     both_ways(conn, 2, 1)
 
 
 def slow_accept_client(args):
-    both_ways(dial(args), 1, 2)
+    s = dial(args)
+    connected(args)
+    both_ways(s, 1, 2)
 
 
 # ---- many: 16 connections accepted late, all at once -------------------------------------------
@@ -166,7 +179,7 @@ def all_both_ways(socks, seeds):
 
 
 def many_server(lsock, args):
-    time.sleep(1.5)
+    accept_late(args)
     conns = [lsock.accept()[0] for _ in range(MANY)]
     lsock.close()
     all_both_ways(conns, lambda i: (100 + i, i))
@@ -174,7 +187,9 @@ def many_server(lsock, args):
 
 def many_client(args):
     # The server accepts in connect order: connection i carries seeds i and 100 + i.
-    all_both_ways([dial(args) for _ in range(MANY)], lambda i: (i, 100 + i))
+    socks = [dial(args) for _ in range(MANY)]
+    connected(args)
+    all_both_ways(socks, lambda i: (i, 100 + i))
 
 
 # ---- plain_client ------------------------------------------------------------------------------
