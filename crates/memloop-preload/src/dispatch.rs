@@ -469,6 +469,7 @@ pub fn demote_inheritable(reason: SwitchReason) {
 
 /// Before `posix_spawn`: what the child inherits cannot stay on a ring.
 pub fn before_spawn() {
+    crate::late::taint_inheritable("spawn");
     demote_inheritable(SwitchReason::Spawn);
     crate::plain::finish_resends();
 }

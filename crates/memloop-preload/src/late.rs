@@ -26,7 +26,7 @@ use crate::table::{self, Entry};
 use libc::c_int;
 use memloop::registry::{ChannelId, ChannelState, ConnTuple, Registry, Side};
 use memloop_shm::ShmU64;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering::*};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -76,6 +76,8 @@ pub struct Late {
     ticks: AtomicU32,
     offers: AtomicU32,
     busy: AtomicU32,
+    /// A fork child's copy: the offer is the parent's, nothing here may change it.
+    forgotten: AtomicBool,
 }
 
 /// Heartbeats a server stays armed without being signalled (then its calls cost nothing).
@@ -101,6 +103,7 @@ impl Late {
             ticks: AtomicU32::new(0),
             offers: AtomicU32::new(0),
             busy: AtomicU32::new(0),
+            forgotten: AtomicBool::new(false),
         });
         ARMED.lock().push(Arc::downgrade(&l));
         l
@@ -172,7 +175,7 @@ impl Late {
     /// Client: our late offer goes (taken already: its promotion is called off and our side
     /// closed, so the server's side stays on TCP). Counted as a failed attempt.
     fn withdraw(&self, ch: ChannelId) {
-        if !matches!(self.role, Role::Client) {
+        if !matches!(self.role, Role::Client) || self.forgotten.load(Acquire) {
             return;
         }
         let reg = self.reg();
@@ -185,9 +188,10 @@ impl Late {
         reg.count_late_failed();
     }
 
-    /// In a fork child: the parent's connections are the parent's (no registry change).
+    /// In a fork child: the parent's connections are the parent's (no registry change; no
+    /// lock either: a parent thread may have held one at the fork).
     fn forget(&self) {
-        self.ch.lock().take();
+        self.forgotten.store(true, Release);
         self.state.store(OFF, Release);
     }
 }
@@ -509,6 +513,15 @@ pub fn taint_all(why: &str) {
     for (_, e) in table::all() {
         if let Some(l) = late_of(&e) {
             l.disarm(why);
+        }
+    }
+}
+
+/// Armed connections a spawned process inherits (not close-on-exec): disarmed.
+pub fn taint_inheritable(why: &str) {
+    for (fd, e) in table::all() {
+        if crate::real::fd_flags(fd) & libc::FD_CLOEXEC == 0 {
+            taint_entry(&e, why);
         }
     }
 }

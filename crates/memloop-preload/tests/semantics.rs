@@ -146,6 +146,7 @@ fn main() -> std::process::ExitCode {
         test!(xdom_peer_killed_while_idle).needs(needs_domains()),
         test!(xdom_selectors_echo_server_20_clients).needs(needs_domains()),
         test!(xdom_switch_storm).needs(needs_domains()),
+        test!(xdom_late_ring_after_a_slow_accept).needs(needs_domains()),
         test!(xdom_switch_flip).needs(needs_domains()),
         test!(switch_flip_sigkill_at_random_moments)
             .ignore("slow: 20 SIGKILLs of a flipping connection's ends at random moments"),
@@ -856,19 +857,25 @@ fn inetd_handler_chain_dup2_exec_exec() {
 /// connect and comes to its ring mid-stream (the late ring) — every byte checked in order
 /// both ways, EOF exact, `late` counted under switches, both sides promoted.
 fn late_ring_after_a_slow_accept() {
-    late_ring(sc("late", "slow_accept"), 64 << 20, "cancelled");
+    late_ring(sc("late", "slow_accept"), 64 << 20, "cancelled", None);
+}
+
+/// The same with the server in domain 0 and the client in domain 1.
+fn xdom_late_ring_after_a_slow_accept() {
+    let d = Domains::up();
+    late_ring(sc("late", "slow_accept"), 64 << 20, "cancelled", Some(&d));
 }
 
 /// Sixteen connections, all accepted past the decide wait, each streaming both ways: every
 /// one comes to its ring (16 `late` switches), every byte checked.
 fn late_ring_for_16_connections_accepted_at_once() {
-    late_ring(sc("late", "many").rings(16), 64 << 20, "cancelled");
+    late_ring(sc("late", "many").rings(16), 64 << 20, "cancelled", None);
 }
 
 /// The client fills a small region with ring connections until one falls back, connects (no
 /// ring memory: TCP), then closes the fillers: the connection comes to its ring.
 fn late_ring_after_the_region_was_full() {
-    late_ring(sc("late", "region_full"), 16 << 20, "region_full");
+    late_ring(sc("late", "region_full"), 16 << 20, "region_full", None);
 }
 
 /// The slow accept with a client run without the library: the server's connection stays on
@@ -899,12 +906,12 @@ fn late_ring_not_tried_with_a_plain_client() {
 }
 
 /// `fallback`: the reason the client's connection fell back for at connect (counted).
-fn late_ring(s: Scenario, region_bytes: usize, fallback: &str) {
-    let kernel = run_pair(&s, Mode::Kernel, None, None);
+fn late_ring(s: Scenario, region_bytes: usize, fallback: &str, doms: Option<&Domains>) {
+    let kernel = run_pair(&s, Mode::Kernel, None, doms);
     let reference = format!("late/{} on kernel TCP (the reference)", s.case);
     assert_passed(&s, &kernel, &reference);
     let region = RegionGuard::new("sem", s.case, region_bytes);
-    let o = run_pair(&s, Mode::Preload, Some(&region.0), None);
+    let o = run_pair(&s, Mode::Preload, Some(&region.0), doms);
     let what = format!("late/{} under the preload", s.case);
     assert_passed(&s, &o, &what);
     assert_no_doorbell_errors(&o);
