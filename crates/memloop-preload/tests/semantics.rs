@@ -125,6 +125,7 @@ fn main() -> std::process::ExitCode {
         test!(late_ring_after_the_region_was_full),
         test!(late_ring_not_tried_with_a_plain_client),
         test!(late_ring_for_16_connections_accepted_at_once),
+        test!(late_ring_while_demoted_and_promoted),
         test!(switch_storm_1200_connections_at_random_moments),
         test!(switch_flip_8_streams_demoted_and_promoted),
         test!(switch_flip_poll_driven_pair_never_reads_a_doorbell_as_readable),
@@ -870,6 +871,48 @@ fn xdom_late_ring_after_a_slow_accept() {
 /// one comes to its ring (16 `late` switches), every byte checked.
 fn late_ring_for_16_connections_accepted_at_once() {
     late_ring(sc("late", "many").rings(16), 64 << 20, "cancelled", None);
+}
+
+/// The 16 late connections while `memloop demote --all` / `promote --all` fire from outside
+/// the programs (0-2 ms apart) until they finish: late promotions race demotes and promotions
+/// of the connections already on rings. Every byte checked, no doorbell taken for data.
+fn late_ring_while_demoted_and_promoted() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let s = sc("late", "many");
+    let kernel = run_pair(&s, Mode::Kernel, None, None);
+    assert_passed(&s, &kernel, "late/many on kernel TCP (the reference)");
+    let region = RegionGuard::new("sem", "lateflip", 64 << 20);
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let flipper = {
+        let (stop, region) = (stop.clone(), region.0.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Relaxed) {
+                let verb = ["demote", "promote"][(i % 2) as usize];
+                let _ = Command::new(memloop_bin())
+                    .args([verb, "--all", "--wait", "0"])
+                    .env("MEMLOOP_REGION", &region)
+                    .output();
+                std::thread::sleep(Duration::from_micros(i * 7919 % 2000));
+                i += 1;
+            }
+            i
+        })
+    };
+    let o = run_pair(&s, Mode::Preload, Some(&region.0), None);
+    stop.store(true, Relaxed);
+    let flips = flipper.join().unwrap_or(0);
+    let what = "late/many under the preload, flipped";
+    assert_passed(&s, &o, what);
+    assert_no_doorbell_errors(&o);
+    let v = status_of(&region.0);
+    let problems = doorbell_count_problems(&[&o.server_err, &o.client_err]);
+    eprintln!("late flip: {flips} commands, switches {}", v["switches"]);
+    assert!(
+        problems.is_empty() && v["switches"]["late"].as_u64().unwrap_or(0) >= 1,
+        "{}",
+        o.report(&format!("{what}: {problems:?}, switches {}", v["switches"]))
+    );
 }
 
 /// The client fills a small region with ring connections until one falls back, connects (no
