@@ -11,8 +11,8 @@ use crate::units::fmt_size;
 use memloop::liveness::{Liveness, HEARTBEAT_PERIOD};
 use memloop::registry::{
     counter_name, ChannelInfo, ConnRecord, ConnTuple, EndpointInfo, FallbackReason, MemberId,
-    MemberInfo, Proto, Registry, Side, SwitchReason, COUNTER_CONNS_DROPPED, COUNTER_RING_BYTES,
-    COUNTER_RING_CONNS, COUNTER_SWITCH_FIRST,
+    MemberInfo, Proto, Registry, Side, SwitchReason, COUNTER_CONNS_DROPPED, COUNTER_LATE_FAILED,
+    COUNTER_RING_BYTES, COUNTER_RING_CONNS, COUNTER_SWITCH_FIRST,
 };
 use memloop::ring::header::totals;
 use serde_json::{json, Value};
@@ -58,6 +58,8 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
             "connections": conns.iter().map(conn_json).collect::<Vec<_>>(),
             "fallbacks": fallbacks_json(&counters),
             "switches": switches_json(&counters),
+            // Late-ring attempts that left their connection on TCP.
+            "late_failed": counters.get(COUNTER_LATE_FAILED),
             "conn_records_dropped": counters.get(COUNTER_CONNS_DROPPED),
             "ring_connections": counters.get(COUNTER_RING_CONNS),
             "ring_bytes": ring_bytes(reg, &counters),
@@ -379,6 +381,9 @@ fn print_switches(counters: &[u64]) {
             "\nSWITCHES (connections that changed path, by reason): {}",
             nonzero.join(", ")
         );
+    }
+    if let Some(&n @ 1..) = counters.get(COUNTER_LATE_FAILED) {
+        println!("late-ring attempts that stayed on TCP: {n}");
     }
 }
 

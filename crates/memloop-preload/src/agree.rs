@@ -5,6 +5,7 @@
 
 use crate::conn::{Conn, ConnParts, Path};
 use crate::engine::Engine;
+use crate::late::Late;
 use crate::plain::PlainTcp;
 use crate::real;
 use libc::c_int;
@@ -302,21 +303,30 @@ fn late_offer(engine: &Engine, tuple: &ConnTuple) -> Option<ChannelId> {
 
 /// Records a connection that stays on TCP, for `memloop status` (and holds the server's
 /// decline marker until the connection closes).
+/// `server`: the listener's endpoint when this is the server's side. A reason that may pass
+/// arms the connection for a late ring (`crate::late`).
 pub fn record_plain(
     engine: &Arc<Engine>,
     fd: c_int,
     reason: FallbackReason,
-    server: bool,
+    server: Option<EndpointId>,
     marker: Option<ChannelId>,
 ) -> Arc<PlainTcp> {
     let (Some(local), Some(peer)) = (real::local_addr(fd), real::peer_addr(fd)) else {
         engine.registry().count_fallback(reason);
         return PlainTcp::unrecorded(engine, marker);
     };
-    let (client, server_addr) = if server { (peer, local) } else { (local, peer) };
+    let (client, server_addr) = match server {
+        Some(_) => (peer, local),
+        None => (local, peer),
+    };
     let tuple = ConnTuple {
         client: canonical(client),
         server: canonical(server_addr),
     };
-    PlainTcp::record(engine, &tuple, reason, marker)
+    let late = match server {
+        Some(ep) => Late::server(engine, tuple, reason, ep, marker),
+        None => Late::client(engine, tuple, reason),
+    };
+    PlainTcp::record(engine, &tuple, reason, marker, late)
 }

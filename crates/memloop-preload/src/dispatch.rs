@@ -122,7 +122,7 @@ pub fn note_io_uring() {
     }
 }
 
-fn io_uring_used() -> bool {
+pub(crate) fn io_uring_used() -> bool {
     IO_URING.load(Relaxed)
 }
 
@@ -190,7 +190,7 @@ pub fn after_connect(fd: c_int, c: Connecting) {
         }
         Err(reason) => {
             tracing::debug!(fd, %dst, %reason, "no ring offered");
-            let p = agree::record_plain(&engine, fd, reason, false, None);
+            let p = agree::record_plain(&engine, fd, reason, None, None);
             table::insert(fd, Entry::Plain(p));
         }
     }
@@ -205,6 +205,9 @@ fn fresh_epolls(fd: c_int) -> Vec<(c_int, u32, u64)> {
 
 /// Moves epoll registrations made before the connection became ours into our epoll sets.
 fn adopt_epolls(fd: c_int, conn: &Arc<Conn>, regs: Vec<(c_int, u32, u64)>) {
+    if !regs.is_empty() {
+        conn.no_late_ring();
+    }
     for (epfd, events, data) in regs {
         if let Some(s) = epoll_set(epfd) {
             s.adopt(epfd, fd, Target::Conn(conn.clone()), events, data);
@@ -287,7 +290,7 @@ pub fn after_accept(lfd: c_int, fd: c_int) {
             engine.registry().count_fallback(FallbackReason::NotMember);
         }
         Accepted::Plain(reason, marker) => {
-            let p = agree::record_plain(&engine, fd, reason, true, marker);
+            let p = agree::record_plain(&engine, fd, reason, Some(ep), marker);
             table::insert(fd, Entry::Plain(p));
         }
     }
@@ -295,6 +298,10 @@ pub fn after_accept(lfd: c_int, fd: c_int) {
 
 /// Before the real close of `fd` (also for the implicit close of dup2's target).
 pub fn before_close(fd: c_int) {
+    if let Some(e) = table::get(fd) {
+        // (Waits for a conversion under way: then the converted connection is closed.)
+        crate::late::taint_entry(&e, "closed");
+    }
     let Some(e) = table::get(fd) else {
         table::remove(fd);
         return;
@@ -341,6 +348,7 @@ fn epoll_closed(fd: c_int, set: &Arc<EpollSet>) {
 
 /// After a successful dup of `old` into `new` (the kernel already closed `new`'s old file).
 pub fn after_dup(old: c_int, new: c_int) {
+    crate::late::taint(old, "dup");
     if table::kind(old) != table::K_NONE {
         table::duplicate(old, new);
     }
@@ -356,6 +364,8 @@ pub fn epoll_ctl(
     if table::kind(fd) != table::K_OBJ {
         return None;
     }
+    // An epoll set keeps watching the socket it was given: no late ring under it.
+    crate::late::taint(fd, "epoll");
     let target = match &*table::get(fd)? {
         // Ever on its ring: ours for good (its socket may hold doorbells).
         Entry::Conn(c) if matches!(c.path(), Path::Pending | Path::Ring) || c.was_ring() => {
@@ -431,6 +441,7 @@ pub fn before_exec(keeps_library: bool) {
         demote_inheritable(SwitchReason::Exec);
     }
     crate::plain::finish_resends();
+    crate::late::taint_all("exec");
     // The old image's holds on switched connections pass to the new image if it runs the
     // library (it adopts them); else they end, and the connection stays on TCP for good.
     for c in table::conns() {
@@ -466,6 +477,7 @@ pub fn demote_inheritable(reason: SwitchReason) {
 
 /// Before `posix_spawn`: what the child inherits cannot stay on a ring.
 pub fn before_spawn() {
+    crate::late::taint_inheritable("spawn");
     demote_inheritable(SwitchReason::Spawn);
     crate::plain::finish_resends();
     // The child may run anything and adopts nothing (no exec hook ran).
@@ -479,6 +491,7 @@ pub fn before_spawn() {
 /// `MSG_OOB` on a ring connection: the ring has no urgent data, so the connection moves to
 /// TCP first and the kernel sends the byte.
 pub fn before_urgent(fd: c_int) {
+    crate::late::taint(fd, "urgent data");
     if let Some(c) = table::conn(fd) {
         if let Err(e) = c.demote(SwitchReason::Oob) {
             tracing::debug!(fd, errno = e, "urgent data: connection kept its ring");
@@ -490,6 +503,7 @@ pub fn before_urgent(fd: c_int) {
 /// message goes: the receiver gets a plain TCP socket, whatever it runs.
 pub fn before_passing(fds: &[c_int]) {
     for &fd in fds {
+        crate::late::taint(fd, "passed with SCM_RIGHTS");
         if let Some(c) = table::conn(fd) {
             match c.demote(SwitchReason::FdPassed) {
                 Ok(()) => crate::conn::hand_off(&c),
@@ -522,6 +536,7 @@ pub fn fork_prepare() {
     engine::lock_for_fork();
     crate::plain::lock_for_fork();
     crate::conn::handoff::lock_for_fork();
+    crate::late::lock_for_fork();
     table::lock_for_fork(|c| {
         c.prepare_fork();
         c.hold_bell_for_fork();
@@ -544,6 +559,9 @@ pub fn fork_parent() {
     engine::release_after_fork();
     crate::plain::release_after_fork();
     crate::conn::handoff::release_after_fork();
+    crate::late::release_after_fork();
+    // The child holds every socket too: no late ring for any of them, in either process.
+    crate::late::taint_all("fork");
 }
 
 pub fn fork_child() {
@@ -554,6 +572,8 @@ pub fn fork_child() {
     engine::release_after_fork();
     crate::plain::release_after_fork();
     crate::conn::handoff::release_after_fork();
+    crate::late::release_after_fork();
+    crate::late::forget_in_child();
     crate::conn::handoff::forget_in_child();
     crate::plain::forget_resends_in_child();
     engine::reset_in_child();

@@ -184,7 +184,8 @@ fn start() -> Option<Arc<Engine>> {
     tracing::debug!(member = ?node.id(), scope, "memloop transparent layer active");
     // Connections asked to switch paths while the program is in none of our calls.
     node.on_heartbeat(Box::new(|| {
-        crate::hooks::track("switch sweep", crate::conn::sweep_switches)
+        crate::hooks::track("switch sweep", crate::conn::sweep_switches);
+        crate::hooks::track("late ring", crate::late::tick);
     }));
     Some(Arc::new(Engine {
         node,

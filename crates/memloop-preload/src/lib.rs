@@ -24,6 +24,7 @@ mod forklock;
 mod hooks;
 mod image;
 mod inherit;
+mod late;
 mod listen;
 mod plain;
 mod pollsel;

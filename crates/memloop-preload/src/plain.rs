@@ -3,6 +3,7 @@
 
 use crate::engine::Engine;
 use crate::forklock::ForkMutex;
+use crate::late::Late;
 use crate::real;
 use libc::c_int;
 use memloop::registry::{ChannelId, ConnRecordId, ConnTuple, FallbackReason, Proto, SwitchReason};
@@ -18,6 +19,9 @@ pub struct PlainTcp {
     marker: Option<ChannelId>,
     /// Bytes a switch from the ring still re-sends: the program's own sends wait for them.
     resend: Option<Arc<Resend>>,
+    /// Armed for a late ring (`crate::late`): only if the peer is a member and the reason
+    /// for TCP may pass.
+    late: Option<Arc<Late>>,
 }
 
 /// Bytes the peer never consumed from our ring, re-sent over TCP after a switch. What the
@@ -128,6 +132,7 @@ impl PlainTcp {
         tuple: &ConnTuple,
         reason: FallbackReason,
         marker: Option<ChannelId>,
+        late: Option<Arc<Late>>,
     ) -> Arc<PlainTcp> {
         let reg = engine.registry();
         let record = reg
@@ -151,7 +156,14 @@ impl PlainTcp {
             record,
             marker,
             resend: None,
+            late,
         })
+    }
+
+    /// Its late-ring state, if armed.
+    #[inline]
+    pub fn late(&self) -> Option<&Arc<Late>> {
+        self.late.as_ref()
     }
 
     /// A connection that switched from its ring to TCP for `reason`, after `ring_bytes`
@@ -173,6 +185,7 @@ impl PlainTcp {
             record,
             marker: None,
             resend,
+            late: None,
         })
     }
 
@@ -194,6 +207,7 @@ impl PlainTcp {
             record: None,
             marker,
             resend: None,
+            late: None,
         })
     }
 

@@ -39,8 +39,11 @@ fn members(fds: &[pollfd]) -> Vec<(usize, Watch)> {
         if table::kind(p.fd) != table::K_OBJ {
             continue;
         }
-        match table::get(p.fd).as_deref() {
-            Some(Entry::Conn(c)) => match settled(c) {
+        let Some(e) = table::get(p.fd) else { continue };
+        // A poll may sleep on the socket while a late ring moves it: never armed then.
+        crate::late::taint_entry(&e, "poll/select");
+        match &*e {
+            Entry::Conn(c) => match settled(c) {
                 Path::Ring => out.push((i, Watch::Ring(c.clone()))),
                 // Pending: the kernel's readiness stands for it until the decision; a
                 // connection that fell back at connect is plain TCP.
@@ -48,7 +51,7 @@ fn members(fds: &[pollfd]) -> Vec<(usize, Watch)> {
                 _ if c.was_ring() => out.push((i, Watch::OffRing(c.clone()))),
                 _ => {}
             },
-            Some(Entry::Epoll(s)) => out.push((i, Watch::Set(s.clone()))),
+            Entry::Epoll(s) => out.push((i, Watch::Set(s.clone()))),
             _ => {}
         }
     }

@@ -121,6 +121,11 @@ fn main() -> std::process::ExitCode {
         test!(selectors_echo_server_20_clients),
         test!(inetd_handler_chain_dup2_exec_exec),
         test!(inetd_handler_without_the_library),
+        test!(late_ring_after_a_slow_accept),
+        test!(late_ring_after_the_region_was_full),
+        test!(late_ring_not_tried_with_a_plain_client),
+        test!(late_ring_for_16_connections_accepted_at_once),
+        test!(late_ring_while_demoted_and_promoted),
         test!(switch_storm_1200_connections_at_random_moments),
         test!(switch_flip_8_streams_demoted_and_promoted),
         test!(switch_flip_poll_driven_pair_never_reads_a_doorbell_as_readable),
@@ -145,6 +150,7 @@ fn main() -> std::process::ExitCode {
         test!(xdom_peer_killed_while_idle).needs(needs_domains()),
         test!(xdom_selectors_echo_server_20_clients).needs(needs_domains()),
         test!(xdom_switch_storm).needs(needs_domains()),
+        test!(xdom_late_ring_after_a_slow_accept).needs(needs_domains()),
         test!(xdom_switch_flip).needs(needs_domains()),
         test!(switch_flip_sigkill_at_random_moments)
             .ignore("slow: 20 SIGKILLs of a flipping connection's ends at random moments"),
@@ -849,6 +855,139 @@ const ADOPTED: &str = "inherited ring connection adopted after exec";
 /// the ring connection is adopted by each.
 fn inetd_handler_chain_dup2_exec_exec() {
     check(sc("handoff", "inetd_chain").evidence(ADOPTED));
+}
+
+/// The server accepts past the client's decide wait: the connection falls back to TCP at
+/// connect and comes to its ring mid-stream (the late ring) — every byte checked in order
+/// both ways, EOF exact, `late` counted under switches, both sides promoted.
+fn late_ring_after_a_slow_accept() {
+    late_ring(sc("late", "slow_accept"), 64 << 20, "cancelled", None);
+}
+
+/// The same with the server in domain 0 and the client in domain 1.
+fn xdom_late_ring_after_a_slow_accept() {
+    let d = Domains::up();
+    late_ring(sc("late", "slow_accept"), 64 << 20, "cancelled", Some(&d));
+}
+
+/// Sixteen connections, all accepted past the decide wait, each streaming both ways: every
+/// one comes to its ring (16 `late` switches), every byte checked.
+fn late_ring_for_16_connections_accepted_at_once() {
+    late_ring(sc("late", "many").rings(16), 64 << 20, "cancelled", None);
+}
+
+/// The 16 late connections while `memloop demote --all` / `promote --all` fire from outside
+/// the programs (0-2 ms apart) until they finish: late promotions race demotes and promotions
+/// of the connections already on rings. Every byte checked, no doorbell taken for data.
+fn late_ring_while_demoted_and_promoted() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let s = sc("late", "many");
+    let kernel = run_pair(&s, Mode::Kernel, None, None);
+    assert_passed(&s, &kernel, "late/many on kernel TCP (the reference)");
+    let region = RegionGuard::new("sem", "lateflip", 64 << 20);
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let flipper = {
+        let (stop, region) = (stop.clone(), region.0.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Relaxed) {
+                let verb = ["demote", "promote"][(i % 2) as usize];
+                let _ = Command::new(memloop_bin())
+                    .args([verb, "--all", "--wait", "0"])
+                    .env("MEMLOOP_REGION", &region)
+                    .output();
+                std::thread::sleep(Duration::from_micros(i * 7919 % 2000));
+                i += 1;
+            }
+            i
+        })
+    };
+    let o = run_pair(&s, Mode::Preload, Some(&region.0), None);
+    stop.store(true, Relaxed);
+    let flips = flipper.join().unwrap_or(0);
+    let what = "late/many under the preload, flipped";
+    assert_passed(&s, &o, what);
+    assert_no_doorbell_errors(&o);
+    let v = status_of(&region.0);
+    let problems = doorbell_count_problems(&[&o.server_err, &o.client_err]);
+    eprintln!("late flip: {flips} commands, switches {}", v["switches"]);
+    assert!(
+        problems.is_empty() && v["switches"]["late"].as_u64().unwrap_or(0) >= 1,
+        "{}",
+        o.report(&format!("{what}: {problems:?}, switches {}", v["switches"]))
+    );
+}
+
+/// The client fills a small region with ring connections until one falls back, connects (no
+/// ring memory: TCP), then closes the fillers: the connection comes to its ring.
+fn late_ring_after_the_region_was_full() {
+    late_ring(sc("late", "region_full"), 16 << 20, "region_full", None);
+}
+
+/// The slow accept with a client run without the library: the server's connection stays on
+/// TCP (it cannot know the client is not preloaded until no late offer comes), no late offer
+/// is made, taken or counted as failed, the data is exact.
+fn late_ring_not_tried_with_a_plain_client() {
+    let s = sc("late", "plain_client");
+    let kernel = run_pair(&s, Mode::Kernel, None, None);
+    assert_passed(
+        &s,
+        &kernel,
+        "late/plain_client on kernel TCP (the reference)",
+    );
+    let region = RegionGuard::new("sem", s.case, 64 << 20);
+    let o = run_pair(&s, Mode::Preload, Some(&region.0), None);
+    assert_passed(&s, &o, "late/plain_client under the preload");
+    let status = status_of(&region.0);
+    let late = status["switches"]["late"].as_u64().unwrap_or(0);
+    let failed = status["late_failed"].as_u64().unwrap_or(0);
+    let tried = o.server_err.contains("late ring: server") || o.client_err.contains("late ring");
+    assert!(
+        late == 0 && failed == 0 && !tried,
+        "{}",
+        o.report(&format!(
+            "a late ring with a plain client: late {late}, failed {failed}"
+        ))
+    );
+}
+
+/// `fallback`: the reason the client's connection fell back for at connect (counted).
+fn late_ring(s: Scenario, region_bytes: usize, fallback: &str, doms: Option<&Domains>) {
+    let kernel = run_pair(&s, Mode::Kernel, None, doms);
+    let reference = format!("late/{} on kernel TCP (the reference)", s.case);
+    assert_passed(&s, &kernel, &reference);
+    let region = RegionGuard::new("sem", s.case, region_bytes);
+    let o = run_pair(&s, Mode::Preload, Some(&region.0), doms);
+    let what = format!("late/{} under the preload", s.case);
+    assert_passed(&s, &o, &what);
+    assert_no_doorbell_errors(&o);
+    let status = status_of(&region.0);
+    let count = |group: &str, k: &str| status[group][k].as_u64().unwrap_or(0);
+    let mut problems = doorbell_count_problems(&[&o.server_err, &o.client_err]);
+    let late = count("switches", "late");
+    if late < s.rings as u64 {
+        problems.push(format!("{late} late rings counted, want {}", s.rings));
+    }
+    if count("fallbacks", fallback) < 1 {
+        problems.push(format!("no fallback {fallback:?} counted at connect"));
+    }
+    for (who, log) in [("server", &o.server_err), ("client", &o.client_err)] {
+        if !log.contains("promoted: back on the ring") {
+            problems.push(format!(
+                "the {who}'s log lacks \"promoted: back on the ring\""
+            ));
+        }
+        for bad in ["panicked", "ring error"] {
+            if log.contains(bad) {
+                problems.push(format!("the {who}'s log says {bad:?}"));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "{}",
+        o.report(&format!("{what}: {}", problems.join("; ")))
+    );
 }
 
 /// The switch storm: 1200 checksummed bidirectional streams (random write sizes, up to

@@ -52,16 +52,19 @@ pub enum SwitchReason {
     Region,
     /// TCP → ring: the connection was promoted back onto a ring.
     Promoted,
+    /// TCP → ring: a connection that fell back to TCP at connect (for a transient reason)
+    /// came to a ring later (the "late ring").
+    Late,
 }
 
 /// Header counter of the first switch reason (the ones before are fallback reasons and the
 /// ring totals).
 pub const COUNTER_SWITCH_FIRST: usize = COUNTER_RING_BYTES + 1;
 
-const _: () = assert!(COUNTER_SWITCH_FIRST + SwitchReason::ALL.len() <= NCOUNTERS);
+const _: () = assert!(COUNTER_SWITCH_FIRST + FIRST_SWITCH_REASONS <= NCOUNTERS);
 
 impl SwitchReason {
-    pub const ALL: [SwitchReason; 8] = [
+    pub const ALL: [SwitchReason; 9] = [
         Self::FdPassed,
         Self::Exec,
         Self::Spawn,
@@ -70,6 +73,7 @@ impl SwitchReason {
         Self::Operator,
         Self::Region,
         Self::Promoted,
+        Self::Late,
     ];
 
     /// The stable code kept in the switch word (1-based; 0 is "no reason").
@@ -82,7 +86,11 @@ impl SwitchReason {
     }
 
     pub fn counter_index(self) -> usize {
-        COUNTER_SWITCH_FIRST + self.as_code() as usize - 1
+        match self {
+            // Added after the TCP byte counter: the counters before it keep their places.
+            Self::Late => COUNTER_LATE,
+            _ => COUNTER_SWITCH_FIRST + self.as_code() as usize - 1,
+        }
     }
 
     /// A short identifier, for JSON keys and logs.
@@ -96,6 +104,7 @@ impl SwitchReason {
             Self::Operator => "operator",
             Self::Region => "region",
             Self::Promoted => "promoted",
+            Self::Late => "late",
         }
     }
 }
@@ -106,8 +115,24 @@ impl std::fmt::Display for SwitchReason {
     }
 }
 
+/// Switch reasons with a counter right after [`COUNTER_SWITCH_FIRST`] (the first eight).
+pub const FIRST_SWITCH_REASONS: usize = 8;
+
+/// Header counter of late-ring promotions (after the TCP byte counter).
+pub const COUNTER_LATE: usize = crate::tables::conns::COUNTER_TCP_BYTES + 1;
+
+/// Header counter of late-ring attempts that failed (the connection stayed on TCP).
+pub const COUNTER_LATE_FAILED: usize = COUNTER_LATE + 1;
+
+const _: () = assert!(COUNTER_LATE_FAILED < NCOUNTERS);
+
 /// The name of header counter `i` if it counts switches (`switch_<reason>`).
 pub(crate) fn switch_counter_name(i: usize) -> Option<&'static str> {
+    match i {
+        COUNTER_LATE => return Some("switch_late"),
+        COUNTER_LATE_FAILED => return Some("late_failed"),
+        _ => {}
+    }
     const NAMES: [&str; 8] = [
         "switch_fd_passed",
         "switch_exec",
@@ -159,6 +184,15 @@ fn stopped_bit(side: Side) -> u64 {
 }
 
 impl SwitchWord {
+    /// The word of a late-ring offer (published with it): both sides switched to TCP for
+    /// reason `late`, promotion asked — the state a demoted connection is in when `memloop
+    /// promote` asks, so the promotion runs as for any other.
+    pub const LATE_OFFER: u64 = REQUESTED
+        | 9 << REASON_SHIFT // SwitchReason::Late's code (checked in the tests)
+        | CLIENT_ON_TCP
+        | SERVER_ON_TCP
+        | PROMOTE;
+
     /// Whether anything happened at all (one load: the data calls' fast-path check).
     #[inline]
     pub fn quiet(&self) -> bool {
@@ -323,6 +357,11 @@ impl Registry {
         self.bump_counter(reason.counter_index());
     }
 
+    /// Counts one late-ring attempt that left its connection on TCP.
+    pub fn count_late_failed(&self) {
+        self.bump_counter(COUNTER_LATE_FAILED);
+    }
+
     /// The switch counters by reason.
     pub fn switch_counts(&self) -> Vec<(SwitchReason, u64)> {
         let c = self.counters();
@@ -371,6 +410,26 @@ impl Registry {
 mod tests {
     use super::*;
     use memloop_shm::ShmSlice;
+
+    #[test]
+    fn a_late_offer_word_is_a_promotion_asked_after_a_late_switch() {
+        let v = ShmSlice::new_heap(8);
+        let w = SwitchWord(v.u64_at(0).unwrap());
+        w.0.store(SwitchWord::LATE_OFFER, memloop_shm::sync::Ordering::Release);
+        assert_eq!(w.reason(), Some(SwitchReason::Late));
+        assert!(w.on_tcp(Side::Client) && w.on_tcp(Side::Server));
+        assert!(w.promote_requested() && !w.request(SwitchReason::Operator));
+        let counters: Vec<usize> = SwitchReason::ALL
+            .iter()
+            .map(|r| r.counter_index())
+            .collect();
+        let mut unique = counters.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), counters.len());
+        assert!(!counters.contains(&crate::tables::conns::COUNTER_TCP_BYTES));
+        assert!(!counters.contains(&COUNTER_LATE_FAILED));
+    }
 
     #[test]
     fn reasons_round_trip_and_have_their_own_counters() {

@@ -284,6 +284,36 @@ fn switched_channel(
 }
 
 impl Conn {
+    /// A connection that fell back to TCP at connect, now holding the late-ring channel `ch`
+    /// (`crate::late`): switched to TCP (sticky ring mark), its TCP phase the whole stream so
+    /// far, counted from the kernel's positions from `base_written` (the client's SYN counts
+    /// one) and 0. The channel's word already asks for the promotion.
+    pub fn late(
+        engine: &Arc<crate::engine::Engine>,
+        ch: ChannelId,
+        side: Side,
+        tuple: ConnTuple,
+        fd: c_int,
+        nodelay: c_int,
+    ) -> Result<Arc<Conn>, memloop::registry::FallbackReason> {
+        let c = Conn::new(ConnParts::found(engine, ch, side, tuple, fd))?;
+        let Some(w) = &c.share.side_words else {
+            return Err(memloop::registry::FallbackReason::Error);
+        };
+        let base_written = u64::from(side == Side::Client);
+        w.tcp_base_written.store(base_written, Release);
+        w.tcp_base_read.store(0, Release);
+        c.decision.nodelay.store(nodelay, Relaxed);
+        real::set_sockopt_int(c.kfd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, nodelay);
+        c.tcp.restart(0);
+        c.tcp.from_kernel.store(true, Release);
+        let plain = PlainTcp::switched(engine, &tuple, SwitchReason::Late, 0, None);
+        *c.decision.plain.lock() = Some(plain);
+        c.switching.handled.store(true, Release);
+        c.decision.path.store(Path::Tcp, Release);
+        Ok(c)
+    }
+
     /// A connection adopted on TCP after its switch elsewhere: ours for good (sticky ring
     /// mark), switched, shared until the sender lets go, counted from the kernel.
     fn adopted_on_tcp(&self, how: SwitchReason) {

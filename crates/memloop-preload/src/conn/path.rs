@@ -8,7 +8,7 @@ use crate::plain::PlainTcp;
 use crate::real;
 use libc::c_int;
 use memloop::registry::{ChannelState, FallbackReason};
-use std::sync::atomic::{AtomicI32, AtomicU8, Ordering, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering, Ordering::*};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -70,6 +70,8 @@ pub(super) struct Decision {
     pub(super) decide_wait: Duration,
     /// The program's TCP_NODELAY, restored if the connection stays on TCP.
     pub(super) nodelay: AtomicI32,
+    /// Watched by poll/select/epoll (or shared): never armed for a late ring.
+    pub(super) no_late: AtomicBool,
 }
 
 impl Decision {
@@ -81,6 +83,7 @@ impl Decision {
             created: Instant::now(),
             decide_wait,
             nodelay: AtomicI32::new(nodelay),
+            no_late: AtomicBool::new(false),
         }
     }
 }
@@ -176,10 +179,26 @@ impl Conn {
             libc::TCP_NODELAY,
             self.decision.nodelay.load(Relaxed),
         );
-        let plain = PlainTcp::record(&self.engine, &self.tuple, reason, None);
+        let late = self
+            .late_ring_possible()
+            .then(|| crate::late::Late::client(&self.engine, self.tuple, reason))
+            .flatten();
+        let plain = PlainTcp::record(&self.engine, &self.tuple, reason, None, late);
         *self.decision.plain.lock() = Some(plain);
         self.decision.path.store(Path::Tcp, Release);
         tracing::debug!(ch = ?self.ch, %reason, "connection stays on TCP");
+    }
+
+    /// Something watches the socket where a late ring could not follow (poll, select, epoll).
+    pub fn no_late_ring(&self) {
+        self.decision.no_late.store(true, Relaxed);
+    }
+
+    /// Only this process holds the connection, by one fd, and nothing watches it.
+    fn late_ring_possible(&self) -> bool {
+        !self.decision.no_late.load(Relaxed)
+            && !self.share.shared.load(Acquire)
+            && self.fds.lock().len() == 1
     }
 
     /// A pending client connection closed before the decision: withdraw the offer.

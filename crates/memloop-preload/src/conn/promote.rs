@@ -22,7 +22,7 @@ use super::{Conn, Path};
 use crate::forklock::ForkMutex;
 use crate::real;
 use libc::c_int;
-use memloop::registry::SideWords;
+use memloop::registry::{SideWords, SwitchReason};
 use memloop_ring::leave::LeaveCell;
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
@@ -409,11 +409,16 @@ impl Conn {
                 "promotion: all TCP data read");
             self.decision.path.store(Path::Ring, Release);
             self.switching.handled.store(false, Release);
+            // (Read before the finish clears it: a late ring counts as `late`.)
+            let late = w.switch.reason() == Some(SwitchReason::Late);
             if w.switch.finish_promotion() {
                 // Counted once per connection: by the side that closes the promotion.
-                self.engine
-                    .registry()
-                    .count_switch(memloop::registry::SwitchReason::Promoted);
+                let reason = if late {
+                    SwitchReason::Late
+                } else {
+                    SwitchReason::Promoted
+                };
+                self.engine.registry().count_switch(reason);
             }
             tracing::debug!(ch = ?self.ch, side = ?self.side, "promoted: back on the ring");
             return true;

@@ -68,7 +68,10 @@ fn data_call(
     loop {
         let r = match dispatch::route(fd) {
             Route::Ring(c) | Route::Switched(c) => ring(&c),
-            Route::Counted(p) => return plain(Some(&p)),
+            Route::Counted(p) => match crate::late::enter(fd, &p) {
+                crate::late::Enter::Go(_in_flight) => return plain(Some(&p)),
+                crate::late::Enter::Reroute => continue,
+            },
             Route::Real => return plain(None),
             Route::Busy => return Err(libc::EAGAIN),
         };
@@ -94,6 +97,9 @@ unsafe fn recv_one(
     kernel: impl FnOnce() -> ssize_t,
     mut on_ring: impl FnMut(),
 ) -> Result<ssize_t, c_int> {
+    if flags & libc::MSG_OOB != 0 {
+        crate::late::taint(fd, "urgent data");
+    }
     let ring = |c: &Conn| {
         if flags & libc::MSG_OOB != 0 && c.path() == crate::conn::Path::Ring {
             return Err(TO_KERNEL);
@@ -608,7 +614,10 @@ fn spliced(fd: c_int) -> Option<std::sync::Arc<Conn>> {
             Some(c)
         }
         Route::Switched(c) => Some(c),
-        _ => None,
+        _ => {
+            crate::late::taint(fd, "splice");
+            None
+        }
     }
 }
 

@@ -128,6 +128,7 @@ hook! {
         match route {
             Route::Ring(c) | Route::Switched(c) => shutdown_ours(&c, how, kernel),
             Route::Counted(p) => {
+                crate::late::taint(fd, "shut down");
                 // The FIN goes after the bytes a switch still re-sends.
                 if how != libc::SHUT_RD {
                     p.before_send();

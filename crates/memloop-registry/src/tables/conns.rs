@@ -134,7 +134,7 @@ crate::tables::slot_view!(
 /// Header counter: TCP bytes (sent + received) of connection records already freed; live
 /// records add theirs in [`Registry::tcp_bytes`].
 pub const COUNTER_TCP_BYTES: usize =
-    crate::switch::COUNTER_SWITCH_FIRST + crate::switch::SwitchReason::ALL.len();
+    crate::switch::COUNTER_SWITCH_FIRST + crate::switch::FIRST_SWITCH_REASONS;
 
 const _: () = assert!(COUNTER_TCP_BYTES < crate::header::NCOUNTERS);
 

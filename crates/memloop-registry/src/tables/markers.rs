@@ -133,7 +133,13 @@ impl Registry {
     /// differs from the address it accepted on (NAT or port mapping).
     pub fn offers_from_client(&self, client: SocketAddr) -> Vec<(ChannelId, ConnTuple)> {
         fence(SeqCst); // Dekker: our marker's CAS before, the offers' words after
-        self.scan_tuples(client, |w| !is_marker(w) && c_phase(w) == C_OFFERED)
+        let mut offers = self.scan_tuples(client, |w| !is_marker(w) && c_phase(w) == C_OFFERED);
+        // A late-ring offer is for a connection that exists already, not a new one.
+        offers.retain(|(id, _)| {
+            self.channel_slot(id.idx)
+                .is_ok_and(|s| !Registry::is_late_offer(&s))
+        });
+        offers
     }
 
     /// Slots whose word satisfies `want` and whose tuple's client half is `client`, each read

@@ -50,6 +50,7 @@ use crate::key::{
 };
 use crate::kind::ChannelKind;
 use crate::state_word::{bad_state, StateWord};
+use crate::switch::SwitchWord;
 use crate::Registry;
 use memloop_ring::{init_ring, ring_bytes};
 use memloop_shm::sync::fence;
@@ -448,6 +449,93 @@ impl Registry {
             self.free_channel(id, reserved).ok();
             return Err(e);
         }
+        self.publish_offer(id, reserved, client, ep, kind, false)
+    }
+
+    /// A late-ring offer for the TCP connection `tuple` (it fell back at connect): published
+    /// with its switch word already [`SwitchWord::LATE_OFFER`], so the transparent agreement
+    /// of new connections never takes it ([`Registry::find_offer_by_tuple`] and
+    /// [`Registry::offers_from_client`] skip it); the server finds it with
+    /// [`Registry::find_late_offer`]. Keyed to the endpoint of the server's decline `marker`
+    /// for the connection: the listener itself may be closed by now.
+    pub fn offer_late(
+        &self,
+        client: MemberId,
+        marker: ChannelId,
+        ring_capacity: u64,
+        tuple: ConnTuple,
+    ) -> Result<ChannelId, RegistryError> {
+        let kind = ChannelKind::StreamPair;
+        if !ring_capacity.is_power_of_two() || ring_capacity < MIN_RING {
+            return Err(RegistryError::InvalidParams(format!(
+                "ring capacity {ring_capacity}: power of two >= {MIN_RING}"
+            )));
+        }
+        self.live_member(client)?;
+        let ep = self.marker_endpoint(marker)?;
+        let (id, reserved) = self.reserve(client)?;
+        let built = self
+            .build_offer(id, client, ep, kind, ring_capacity, Some(tuple))
+            .and_then(|()| self.channel_slot(id.idx)?.switch_word())
+            .map(|w| w.store(SwitchWord::LATE_OFFER, SeqCst));
+        if let Err(e) = built {
+            self.free_channel(id, reserved).ok();
+            return Err(e);
+        }
+        self.publish_offer(id, reserved, client, ep, kind, true)
+    }
+
+    /// The endpoint a decline marker was published for.
+    fn marker_endpoint(&self, marker: ChannelId) -> Result<EndpointId, RegistryError> {
+        let (slot, w) = self.channel_entry(marker)?;
+        if !is_marker(w) {
+            return Err(RegistryError::wrong(
+                "a decline marker",
+                phase_name(c_phase(w)),
+            ));
+        }
+        let packed = slot.endpoint()?;
+        let (idx, gen) = unpack_id(packed, self.layout.params.max_endpoints)
+            .ok_or_else(|| RegistryError::corrupt("marker endpoint", "out of range"))?;
+        Ok(EndpointId { idx, gen })
+    }
+
+    /// The OFFERED channel of a late-ring offer for exactly `tuple` to `server_ep`.
+    pub fn find_late_offer(&self, server_ep: EndpointId, tuple: &ConnTuple) -> Option<ChannelId> {
+        fence(SeqCst);
+        let want = encode_tuple(tuple);
+        self.offers_to_any(server_ep, true)
+            .into_iter()
+            .map(|(id, _)| id)
+            .find(|id| {
+                self.channel_slot(id.idx)
+                    .and_then(|s| s.tuple())
+                    .is_ok_and(|t| t == want)
+                    && self
+                        .check_channel(*id)
+                        .is_ok_and(|w| c_phase(w) == C_OFFERED)
+            })
+    }
+
+    /// Whether the OFFERED slot `slot` holds a late-ring offer (its switch word is set before
+    /// it is published; a normal offer's is zero until it is accepted).
+    pub(crate) fn is_late_offer(slot: &ChannelSlot<'_>) -> bool {
+        slot.switch_word()
+            .is_ok_and(|w| w.load(Acquire) == SwitchWord::LATE_OFFER)
+    }
+
+    /// RESERVED → OFFERED for a built offer, with the endpoint's backlog and doorbell. A
+    /// `late` offer is for a connection that exists already: it stands whether the listener
+    /// is still there or not.
+    fn publish_offer(
+        &self,
+        id: ChannelId,
+        reserved: StateWord,
+        client: MemberId,
+        ep: EndpointId,
+        kind: ChannelKind,
+        late: bool,
+    ) -> Result<ChannelId, RegistryError> {
         let epk = pack_id(ep.idx, ep.gen);
         self.backlog_add(epk, true);
         if !self.cas_channel(id.idx, reserved, with_phase(reserved, C_OFFERED))? {
@@ -455,7 +543,7 @@ impl Registry {
             return Err(self.offer_lost(id));
         }
         let _ = self.ring_doorbell(ep);
-        if self.live_endpoint(ep).is_err() && self.cancel(id, client).is_ok() {
+        if !late && self.live_endpoint(ep).is_err() && self.cancel(id, client).is_ok() {
             return Err(RegistryError::NotFound); // the listener went away meanwhile
         }
         tracing::trace!(?id, ?ep, %kind, "channel offered");
@@ -592,8 +680,14 @@ impl Registry {
         Ok((slot.word()? == w).then_some((ep, created)))
     }
 
-    /// Offers to `ep` that are OFFERED right now, as (id, creation counter).
+    /// Offers to `ep` that are OFFERED right now, as (id, creation counter); late-ring
+    /// offers are not for the agreement of a new connection.
     fn offers_to(&self, ep: EndpointId) -> Vec<(ChannelId, u64)> {
+        self.offers_to_any(ep, false)
+    }
+
+    /// [`Registry::offers_to`]: only late-ring offers if `late`, none of them otherwise.
+    fn offers_to_any(&self, ep: EndpointId, late: bool) -> Vec<(ChannelId, u64)> {
         let epk = pack_id(ep.idx, ep.gen);
         let mut out = Vec::new();
         for idx in 0..self.layout.params.max_channels {
@@ -607,7 +701,7 @@ impl Registry {
                 continue;
             }
             if let Ok(Some((e, created))) = self.offered_fields(&slot, w) {
-                if e == epk {
+                if e == epk && Self::is_late_offer(&slot) == late {
                     out.push((ChannelId { idx, gen: w.gen() }, created));
                 }
             }

@@ -1,0 +1,559 @@
+//! The late ring: a connection that fell back to TCP at connect for a transient reason (the
+//! server accepted after the client's decide wait, the region was full, the client's offer
+//! came after the server's decline marker) comes to a ring mid-stream, through the promotion
+//! of switched connections (`conn/promote.rs`).
+//!
+//! - The client's heartbeat finds the server's decline marker for its 4-tuple, publishes a
+//!   *late offer* (a channel whose switch word already says "both sides switched to TCP for
+//!   `late`, promotion asked": the agreement of new connections never takes it) and sets a bit
+//!   in the marker's switch word.
+//! - The server's data calls on the plain connection look at that word (one shared load);
+//!   once set, the next call accepts the offer and becomes a switched [`Conn`].
+//! - The client's heartbeat sees the channel accepted; its next data call converts too.
+//! - Both count their TCP phase from the kernel's stream positions since the connection began
+//!   (exact, whoever made the calls), and the promotion brings the stream to the ring.
+//!
+//! A conversion needs the connection to itself: each data call on an armed connection is
+//! counted in flight, and the converter waits (bounded) for none. Anything that could use the
+//! socket where we cannot follow — fork, dup, `SCM_RIGHTS`, poll/select/epoll, shutdown,
+//! urgent data, splice, exec — disarms it for good ([`taint`]). A peer that is not a member
+//! never gets here: its connection has no `Late` at all.
+
+use crate::engine::Engine;
+use crate::forklock::ForkMutex;
+use crate::plain::PlainTcp;
+use crate::table::{self, Entry};
+use libc::c_int;
+use memloop::registry::{ChannelId, ChannelState, ConnTuple, Registry, Side};
+use memloop_shm::ShmU64;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering::*};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// Armed, nothing under way.
+const IDLE: u8 = 0;
+/// Client: late offer published, the server has not taken it yet.
+const OFFERED: u8 = 1;
+/// Client: the server took it; the next data call converts.
+const READY: u8 = 2;
+/// A data call is converting the connection; other calls wait and route again.
+const CONVERTING: u8 = 3;
+/// Converted: the fd's table entry is the new connection.
+const DONE: u8 = 4;
+/// Disarmed for good.
+const OFF: u8 = 5;
+
+/// Heartbeats (200 ms) a client looks for the server's marker before it gives up.
+const MARKER_TICKS: u32 = 50;
+/// Heartbeats a late offer waits for the server to take it before it is withdrawn.
+const ACCEPT_TICKS: u32 = 25;
+/// Late offers per connection.
+const MAX_OFFERS: u32 = 3;
+/// Conversions that found calls in flight, before the connection stays on TCP.
+const MAX_BUSY: u32 = 20;
+/// How long a conversion waits for the calls in flight to end.
+const DRAIN_WAIT: Duration = Duration::from_millis(20);
+
+enum Role {
+    Client,
+    /// The server, with its listener's endpoint and its decline marker's switch word (the
+    /// client's signal).
+    Server {
+        ep: memloop::registry::EndpointId,
+        signal: ShmU64,
+    },
+}
+
+/// A plain connection's late-ring state (`PlainTcp::late`).
+pub struct Late {
+    engine: Arc<Engine>,
+    role: Role,
+    tuple: ConnTuple,
+    state: AtomicU8,
+    inflight: AtomicU32,
+    /// The late offer (client: ours; server: the one being taken).
+    ch: ForkMutex<Option<ChannelId>>,
+    ticks: AtomicU32,
+    offers: AtomicU32,
+    busy: AtomicU32,
+    /// A fork child's copy: the offer is the parent's, nothing here may change it.
+    forgotten: AtomicBool,
+}
+
+/// Heartbeats a server stays armed without being signalled (then its calls cost nothing).
+const SERVER_TICKS: u32 = MARKER_TICKS + MAX_OFFERS * ACCEPT_TICKS;
+
+/// Connections armed in this process (the heartbeat's work list).
+static ARMED: ForkMutex<Vec<Weak<Late>>> = ForkMutex::new(Vec::new());
+
+/// Whether a late ring may be tried in this process at all.
+fn allowed(engine: &Engine) -> bool {
+    engine.cfg.promote && !crate::dispatch::io_uring_used()
+}
+
+impl Late {
+    fn new(engine: &Arc<Engine>, role: Role, tuple: ConnTuple) -> Arc<Late> {
+        let l = Arc::new(Late {
+            engine: engine.clone(),
+            role,
+            tuple,
+            state: AtomicU8::new(IDLE),
+            inflight: AtomicU32::new(0),
+            ch: ForkMutex::new(None),
+            ticks: AtomicU32::new(0),
+            offers: AtomicU32::new(0),
+            busy: AtomicU32::new(0),
+            forgotten: AtomicBool::new(false),
+        });
+        ARMED.lock().push(Arc::downgrade(&l));
+        l
+    }
+
+    /// A client connection that fell back for `reason`: armed if the reason may pass.
+    pub fn client(
+        engine: &Arc<Engine>,
+        tuple: ConnTuple,
+        reason: memloop::registry::FallbackReason,
+    ) -> Option<Arc<Late>> {
+        use memloop::registry::FallbackReason as F;
+        if !matches!(reason, F::Cancelled | F::RegionFull | F::NoOffer) || !allowed(engine) {
+            return None;
+        }
+        Some(Late::new(engine, Role::Client, tuple))
+    }
+
+    /// A server connection of listener `ep` left on TCP with decline marker `marker` for
+    /// `reason`.
+    pub fn server(
+        engine: &Arc<Engine>,
+        tuple: ConnTuple,
+        reason: memloop::registry::FallbackReason,
+        ep: memloop::registry::EndpointId,
+        marker: Option<ChannelId>,
+    ) -> Option<Arc<Late>> {
+        use memloop::registry::FallbackReason as F;
+        if !matches!(reason, F::NoOffer | F::Cancelled) || !allowed(engine) {
+            return None;
+        }
+        let signal = engine.registry().switch_word(marker?).ok()?.0;
+        Some(Late::new(engine, Role::Server { ep, signal }, tuple))
+    }
+
+    fn reg(&self) -> &Registry {
+        self.engine.registry()
+    }
+
+    /// Server: the client signalled a late offer (one shared load).
+    fn signalled(&self) -> bool {
+        matches!(&self.role, Role::Server { signal, .. } if signal.load(Relaxed) != 0)
+    }
+
+    /// Disarms for good; a late offer of ours is withdrawn (or, taken already, given up).
+    fn disarm(&self, why: &str) {
+        let mut cur = self.state.load(Acquire);
+        loop {
+            match cur {
+                DONE | OFF => return,
+                CONVERTING => {
+                    std::thread::yield_now(); // a conversion is short: wait for its end
+                    cur = self.state.load(Acquire);
+                    continue;
+                }
+                _ => {}
+            }
+            match self.state.compare_exchange(cur, OFF, AcqRel, Acquire) {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        tracing::debug!(tuple = ?self.tuple, "late ring off: {why}");
+        if let Some(ch) = self.ch.lock().take() {
+            self.withdraw(ch);
+        }
+    }
+
+    /// Client: our late offer goes (taken already: its promotion is called off and our side
+    /// closed, so the server's side stays on TCP). Counted as a failed attempt.
+    fn withdraw(&self, ch: ChannelId) {
+        if !matches!(self.role, Role::Client) || self.forgotten.load(Acquire) {
+            return;
+        }
+        let reg = self.reg();
+        if reg.cancel(ch, self.engine.me()).is_err() {
+            if let Ok(w) = reg.switch_word(ch) {
+                w.cancel_promotion();
+            }
+            memloop::channel::release(reg, ch, Side::Client);
+        }
+        reg.count_late_failed();
+    }
+
+    /// In a fork child: the parent's connections are the parent's (no registry change; no
+    /// lock either: a parent thread may have held one at the fork).
+    fn forget(&self) {
+        self.forgotten.store(true, Release);
+        self.state.store(OFF, Release);
+    }
+}
+
+impl Drop for Late {
+    fn drop(&mut self) {
+        if let Some(ch) = self.ch.lock().take() {
+            tracing::debug!(?ch, "connection closed before its late ring");
+            self.withdraw(ch);
+        }
+    }
+}
+
+/// A data call on an armed connection in flight: no conversion until it ends.
+pub struct InFlight<'a>(Option<&'a Late>);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(l) = self.0 {
+            l.inflight.fetch_sub(1, Release);
+        }
+    }
+}
+
+/// What a data call on a plain connection does.
+pub enum Enter<'a> {
+    /// Go to the kernel (holding this while the call runs).
+    Go(InFlight<'a>),
+    /// The connection became (or is becoming) a connection of ours: route the call again.
+    Reroute,
+}
+
+/// Before a kernel data call on plain connection `p` (fd `fd`).
+#[inline]
+pub fn enter<'a>(fd: c_int, p: &'a PlainTcp) -> Enter<'a> {
+    let Some(l) = p.late() else {
+        return Enter::Go(InFlight(None));
+    };
+    let state = l.state.load(Acquire);
+    match state {
+        OFF => return Enter::Go(InFlight(None)),
+        DONE => return reroute_if_replaced(fd, p),
+        CONVERTING => {
+            std::thread::yield_now();
+            return Enter::Reroute;
+        }
+        _ => {}
+    }
+    if (state == READY || l.signalled()) && convert(fd, l) {
+        return Enter::Reroute;
+    }
+    l.inflight.fetch_add(1, SeqCst);
+    if l.state.load(SeqCst) == CONVERTING {
+        l.inflight.fetch_sub(1, Release);
+        std::thread::yield_now();
+        return Enter::Reroute;
+    }
+    Enter::Go(InFlight(Some(l)))
+}
+
+/// Converted: route again — unless the fd is no longer the converted connection's (closed
+/// and reused meanwhile: the caller's record is stale, the kernel's answer stands).
+fn reroute_if_replaced<'a>(fd: c_int, p: &PlainTcp) -> Enter<'a> {
+    match table::get(fd).as_deref() {
+        Some(Entry::Plain(q)) if std::ptr::eq(&**q, p) => Enter::Go(InFlight(None)),
+        _ => Enter::Reroute,
+    }
+}
+
+/// Converts `fd`'s connection if it can now; true if the caller must route again.
+fn convert(fd: c_int, l: &Late) -> bool {
+    let from = l.state.load(Acquire);
+    if !matches!(from, IDLE | READY) {
+        return true;
+    }
+    // SeqCst: with the callers' count-then-look in `enter`, one of us sees the other.
+    if l.state
+        .compare_exchange(from, CONVERTING, SeqCst, Acquire)
+        .is_err()
+    {
+        return true;
+    }
+    if !drained(l) {
+        l.state.store(from, Release);
+        if l.busy.fetch_add(1, AcqRel) + 1 >= MAX_BUSY {
+            l.disarm("calls always in flight");
+            if matches!(l.role, Role::Server { .. }) {
+                decline_signalled(l);
+            }
+        }
+        return false;
+    }
+    let next = match l.role {
+        Role::Client => convert_client(fd, l),
+        Role::Server { .. } => convert_server(fd, l),
+    };
+    l.state.store(next, Release);
+    true
+}
+
+/// Waits (bounded) until no other data call on the connection is in flight.
+fn drained(l: &Late) -> bool {
+    let end = Instant::now() + DRAIN_WAIT;
+    while l.inflight.load(SeqCst) != 0 {
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    true
+}
+
+/// The program's TCP_NODELAY on `fd` (kept on the TCP phase).
+fn nodelay(fd: c_int) -> c_int {
+    crate::real::sockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY).unwrap_or(0)
+}
+
+/// Client, its offer taken: the connection becomes a switched one on its channel.
+fn convert_client(fd: c_int, l: &Late) -> u8 {
+    let Some(ch) = *l.ch.lock() else {
+        return OFF;
+    };
+    match crate::conn::Conn::late(&l.engine, ch, Side::Client, l.tuple, fd, nodelay(fd)) {
+        Ok(c) => {
+            l.ch.lock().take(); // the connection's now
+            table::insert(fd, Entry::Conn(c));
+            tracing::debug!(fd, ?ch, "late ring: client converted, promotion under way");
+            DONE
+        }
+        Err(reason) => {
+            tracing::debug!(fd, ?ch, %reason, "late ring: client stays on TCP");
+            l.ch.lock().take();
+            l.withdraw(ch);
+            OFF
+        }
+    }
+}
+
+/// Server, signalled: take the late offer for our tuple and become a switched connection.
+fn convert_server(fd: c_int, l: &Late) -> u8 {
+    let reg = l.reg();
+    let Role::Server { ep, signal } = &l.role else {
+        return OFF;
+    };
+    let Some(ch) = reg.find_late_offer(*ep, &l.tuple) else {
+        signal.store(0, Release); // withdrawn meanwhile: wait for another
+        return IDLE;
+    };
+    let open = reg.state() == memloop::registry::RegionState::Open;
+    if !open || !allowed(&l.engine) {
+        tracing::debug!(fd, ?ch, "late ring declined (paused, or not here)");
+        let _ = reg.decline(ch);
+        return IDLE; // a paused region may open again: the client retries, bounded
+    }
+    if let Err(e) = reg.accept(ch, l.engine.me()) {
+        tracing::debug!(fd, ?ch, %e, "late offer gone");
+        signal.store(0, Release);
+        return IDLE;
+    }
+    signal.store(0, Release);
+    match crate::conn::Conn::late(&l.engine, ch, Side::Server, l.tuple, fd, nodelay(fd)) {
+        Ok(c) => {
+            table::insert(fd, Entry::Conn(c));
+            tracing::debug!(fd, ?ch, "late ring: server converted, promotion under way");
+            DONE
+        }
+        Err(reason) => {
+            tracing::debug!(fd, ?ch, %reason, "late ring: server stays on TCP");
+            if let Ok(w) = reg.switch_word(ch) {
+                w.cancel_promotion();
+            }
+            memloop::channel::release(reg, ch, Side::Server);
+            OFF
+        }
+    }
+}
+
+/// A disarmed server declines the offer it was signalled for (the client counts it).
+fn decline_signalled(l: &Late) {
+    let Role::Server { ep, .. } = &l.role else {
+        return;
+    };
+    if let Some(ch) = l.reg().find_late_offer(*ep, &l.tuple) {
+        let _ = l.reg().decline(ch);
+    }
+}
+
+/// The heartbeat: every armed connection one step further (never blocks).
+pub fn tick() {
+    let armed: Vec<Arc<Late>> = {
+        let mut v = ARMED.lock();
+        v.retain(|w| w.upgrade().is_some_and(|l| l.state.load(Acquire) < DONE));
+        v.iter().filter_map(Weak::upgrade).collect()
+    };
+    for l in armed {
+        match (&l.role, l.state.load(Acquire)) {
+            (Role::Client, IDLE) => offer(&l),
+            (Role::Client, OFFERED) => follow_offer(&l),
+            (Role::Server { .. }, IDLE)
+                if l.ticks.fetch_add(1, AcqRel) + 1 > SERVER_TICKS && !l.signalled() =>
+            {
+                l.disarm("no late offer came");
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Client: once the server's marker is there, a late offer and its signal.
+fn offer(l: &Late) {
+    let reg = l.reg();
+    let ticks = l.ticks.fetch_add(1, AcqRel) + 1;
+    if l.offers.load(Acquire) >= MAX_OFFERS || ticks > MARKER_TICKS {
+        l.disarm("no late ring in time");
+        return;
+    }
+    if reg.state() != memloop::registry::RegionState::Open {
+        return;
+    }
+    let Some(marker) = reg
+        .markers_for_client(l.tuple.client)
+        .into_iter()
+        .find(|(_, t)| t.server == l.tuple.server)
+        .map(|(m, _)| m)
+    else {
+        return; // the server has not accepted yet (or never publishes one)
+    };
+    let cap = l.engine.cfg.ring_capacity;
+    let ch = match reg.offer_late(l.engine.me(), marker, cap, l.tuple) {
+        Ok(ch) => ch,
+        Err(e) => {
+            tracing::debug!(tuple = ?l.tuple, %e, "late offer not made (yet)");
+            return; // region full: again on a later tick
+        }
+    };
+    *l.ch.lock() = Some(ch);
+    l.offers.fetch_add(1, AcqRel);
+    l.ticks.store(0, Release);
+    if l.state
+        .compare_exchange(IDLE, OFFERED, AcqRel, Acquire)
+        .is_err()
+    {
+        // Disarmed meanwhile (it could not see the offer): withdraw it here.
+        if let Some(ch) = l.ch.lock().take() {
+            l.withdraw(ch);
+        }
+        return;
+    }
+    match reg.switch_word(marker) {
+        Ok(w) => {
+            w.0.fetch_or(1, AcqRel);
+            tracing::debug!(tuple = ?l.tuple, ?ch, "late ring offered");
+        }
+        Err(_) => l.disarm("the server's marker went away"),
+    }
+}
+
+/// Client: the server took the offer (ready to convert), refused it, or keeps us waiting.
+fn follow_offer(l: &Late) {
+    let Some(ch) = *l.ch.lock() else { return };
+    let reg = l.reg();
+    let ticks = l.ticks.fetch_add(1, AcqRel) + 1;
+    match reg.channel_state(ch) {
+        Ok(ChannelState::Accepted) => {
+            let _ = l.state.compare_exchange(OFFERED, READY, AcqRel, Acquire);
+        }
+        Ok(ChannelState::Offered) if ticks < ACCEPT_TICKS => {}
+        Ok(ChannelState::Offered) | Ok(ChannelState::Declined) => {
+            if l.state
+                .compare_exchange(OFFERED, IDLE, AcqRel, Acquire)
+                .is_ok()
+            {
+                if reg.cancel(ch, l.engine.me()).is_ok() {
+                    tracing::debug!(?ch, "late offer not taken: withdrawn");
+                    l.ch.lock().take();
+                    reg.count_late_failed();
+                    l.ticks.store(0, Release);
+                } else {
+                    l.state.store(READY, Release); // taken just now
+                }
+            }
+        }
+        _ => l.disarm("late offer lost"),
+    }
+}
+
+/// Something may use `fd`'s socket where a conversion cannot follow: no late ring for it.
+pub fn taint(fd: c_int, why: &str) {
+    if table::kind(fd) != table::K_OBJ {
+        return;
+    }
+    if let Some(e) = table::get(fd) {
+        taint_entry(&e, why);
+    }
+}
+
+/// [`taint`] for a table entry; a connection still deciding is marked so that it is never
+/// armed.
+pub fn taint_entry(e: &Entry, why: &str) {
+    if let Entry::Conn(c) = e {
+        c.no_late_ring();
+    }
+    if let Some(l) = late_of(e) {
+        l.disarm(why);
+    }
+}
+
+fn late_of(e: &Entry) -> Option<Arc<Late>> {
+    match e {
+        Entry::Plain(p) => p.late().cloned(),
+        Entry::Conn(c) if !c.was_ring() => c.plain().and_then(|p| p.late().cloned()),
+        _ => None,
+    }
+}
+
+/// Every armed connection of this process: disarmed (before exec, after fork in the
+/// parent).
+pub fn taint_all(why: &str) {
+    for (_, e) in table::all() {
+        if let Some(l) = late_of(&e) {
+            l.disarm(why);
+        }
+    }
+}
+
+/// Armed connections a spawned process inherits (not close-on-exec): disarmed.
+pub fn taint_inheritable(why: &str) {
+    for (fd, e) in table::all() {
+        if crate::real::fd_flags(fd) & libc::FD_CLOEXEC == 0 {
+            taint_entry(&e, why);
+        }
+    }
+}
+
+/// In a fork child: the parent's late offers are the parent's.
+pub fn forget_in_child() {
+    for (_, e) in table::all() {
+        if let Some(l) = late_of(&e) {
+            l.forget();
+        }
+    }
+    ARMED.lock().clear();
+}
+
+pub fn lock_for_fork() {
+    ARMED.acquire_for_fork(|_| {});
+}
+
+pub fn release_after_fork() {
+    ARMED.release_after_fork();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memloop::registry::SwitchWord;
+
+    #[test]
+    fn a_late_offer_word_names_the_late_reason() {
+        let v = memloop_shm::ShmSlice::new_heap(8);
+        let w = SwitchWord(v.u64_at(0).unwrap());
+        w.0.store(SwitchWord::LATE_OFFER, SeqCst);
+        assert_eq!(w.reason(), Some(memloop::registry::SwitchReason::Late));
+    }
+}
