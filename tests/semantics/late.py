@@ -115,15 +115,20 @@ def recv_stream(sock, seed, errors):
         errors.append(f"recv: {type(e).__name__}: {e}")
 
 
+def run_threads(ts, deadline, what):
+    """Starts every thread, then waits for each at most `deadline` s."""
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(deadline)
+        check(not t.is_alive(), what)
+
+
 def both_ways(sock, mine, theirs):
     errors = []
     ts = [threading.Thread(target=send_stream, args=(sock, mine, errors)),
           threading.Thread(target=recv_stream, args=(sock, theirs, errors))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(STREAM_DEADLINE + 15)
-        check(not t.is_alive(), "a stream thread finished")
+    run_threads(ts, STREAM_DEADLINE + 15, "a stream thread finished")
     check(not errors, f"stream errors: {errors}")
     sock.close()
 
@@ -170,11 +175,7 @@ def all_both_ways(socks, seeds):
             failures.append(f"{mine}: {type(e).__name__}: {e}")
 
     ts = [threading.Thread(target=one, args=(s, *seeds(i))) for i, s in enumerate(socks)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(STREAM_DEADLINE + 30)
-        check(not t.is_alive(), "a connection finished")
+    run_threads(ts, STREAM_DEADLINE + 30, "a connection finished")
     check(not failures, f"failures: {failures}")
 
 
