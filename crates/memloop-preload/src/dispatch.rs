@@ -438,7 +438,7 @@ pub fn set_nonblock(fd: c_int, on: bool) {
 /// registrations back in the kernel.
 pub fn before_exec(keeps_library: bool) {
     if !keeps_library {
-        demote_inheritable(SwitchReason::Exec);
+        demote_inheritable(SwitchReason::Exec, "exec into an image without the library");
     }
     crate::plain::finish_resends();
     crate::late::taint_all("exec");
@@ -449,9 +449,6 @@ pub fn before_exec(keeps_library: bool) {
             if keeps_library {
                 crate::conn::hand_to_next_image(&c);
             } else {
-                if c.switched() {
-                    c.pin_for_good("exec into an image without the library");
-                }
                 c.release_switched();
             }
         }
@@ -463,13 +460,18 @@ pub fn before_exec(keeps_library: bool) {
 
 /// Ring connections a new program image (or a spawned process) would inherit leave their
 /// rings first: that image may be static, setuid or started without the library, and
-/// nothing may strand bytes in a ring it cannot read.
-pub fn demote_inheritable(reason: SwitchReason) {
+/// nothing may strand bytes in a ring it cannot read. They stay off their rings for good
+/// (pinned, `why`): that program may write on the socket at any moment, where a promotion's
+/// stop would make its bytes read as doorbells.
+pub fn demote_inheritable(reason: SwitchReason, why: &str) {
     for c in table::conns() {
         let ours = !matches!(c.path(), Path::Tcp) || c.switched();
         if ours && c.inheritable() {
             if let Err(e) = c.demote(reason) {
                 tracing::debug!(ch = ?c.ch, errno = e, %reason, "connection kept its ring");
+            }
+            if c.path() == Path::Tcp && c.switched() {
+                c.pin_for_good(why);
             }
         }
     }
@@ -478,14 +480,9 @@ pub fn demote_inheritable(reason: SwitchReason) {
 /// Before `posix_spawn`: what the child inherits cannot stay on a ring.
 pub fn before_spawn() {
     crate::late::taint_inheritable("spawn");
-    demote_inheritable(SwitchReason::Spawn);
-    crate::plain::finish_resends();
     // The child may run anything and adopts nothing (no exec hook ran).
-    for c in table::conns() {
-        if c.path() == Path::Tcp && c.switched() && c.inheritable() {
-            c.pin_for_good("posix_spawn");
-        }
-    }
+    demote_inheritable(SwitchReason::Spawn, "posix_spawn");
+    crate::plain::finish_resends();
 }
 
 /// `MSG_OOB` on a ring connection: the ring has no urgent data, so the connection moves to

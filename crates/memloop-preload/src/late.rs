@@ -507,13 +507,17 @@ fn late_of(e: &Entry) -> Option<Arc<Late>> {
     }
 }
 
+/// The connections armed in this process (the work list: a fork or an exec looks at these,
+/// not at every fd).
+fn armed() -> Vec<Arc<Late>> {
+    ARMED.lock().iter().filter_map(Weak::upgrade).collect()
+}
+
 /// Every armed connection of this process: disarmed (before exec, after fork in the
 /// parent).
 pub fn taint_all(why: &str) {
-    for (_, e) in table::all() {
-        if let Some(l) = late_of(&e) {
-            l.disarm(why);
-        }
+    for l in armed() {
+        l.disarm(why);
     }
 }
 
@@ -528,10 +532,8 @@ pub fn taint_inheritable(why: &str) {
 
 /// In a fork child: the parent's late offers are the parent's.
 pub fn forget_in_child() {
-    for (_, e) in table::all() {
-        if let Some(l) = late_of(&e) {
-            l.forget();
-        }
+    for l in armed() {
+        l.forget();
     }
     ARMED.lock().clear();
 }

@@ -304,31 +304,33 @@ impl Conn {
         w.tcp_base_written.store(base_written, Release);
         w.tcp_base_read.store(0, Release);
         c.decision.nodelay.store(nodelay, Relaxed);
-        real::set_sockopt_int(c.kfd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, nodelay);
         c.tcp.restart(0);
-        c.tcp.from_kernel.store(true, Release);
-        let plain = PlainTcp::switched(engine, &tuple, SwitchReason::Late, 0, None);
-        *c.decision.plain.lock() = Some(plain);
-        c.switching.handled.store(true, Release);
-        c.decision.path.store(Path::Tcp, Release);
+        c.on_tcp_counted_by_kernel(SwitchReason::Late);
         Ok(c)
     }
 
-    /// A connection adopted on TCP after its switch elsewhere: ours for good (sticky ring
-    /// mark), switched, shared until the sender lets go, counted from the kernel.
-    fn adopted_on_tcp(&self, how: SwitchReason) {
+    /// Switched to TCP for `how`, its TCP phase counted from the kernel's positions: ours for
+    /// good (sticky ring mark), the program's TCP_NODELAY on the socket, recorded for
+    /// `memloop status`.
+    fn on_tcp_counted_by_kernel(&self, how: SwitchReason) {
         real::set_sockopt_int(
             self.kfd(),
             libc::IPPROTO_TCP,
             libc::TCP_NODELAY,
             self.decision.nodelay.load(Relaxed),
         );
-        self.mark_shared();
         self.tcp.from_kernel.store(true, Release);
         let plain = PlainTcp::switched(&self.engine, &self.tuple, how, 0, None);
         *self.decision.plain.lock() = Some(plain);
         self.switching.handled.store(true, Release);
         self.decision.path.store(Path::Tcp, Release);
+    }
+
+    /// A connection adopted on TCP after its switch elsewhere: ours for good (sticky ring
+    /// mark), switched, shared until the sender lets go, counted from the kernel.
+    fn adopted_on_tcp(&self, how: SwitchReason) {
+        self.mark_shared();
+        self.on_tcp_counted_by_kernel(how);
         self.switching.auto_promote.store(true, Release);
     }
 }

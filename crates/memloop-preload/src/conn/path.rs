@@ -191,7 +191,10 @@ impl Conn {
 
     /// Something watches the socket where a late ring could not follow (poll, select, epoll).
     pub fn no_late_ring(&self) {
-        self.decision.no_late.store(true, Relaxed);
+        // (Every poll passes here: a write only the first time.)
+        if !self.decision.no_late.load(Relaxed) {
+            self.decision.no_late.store(true, Relaxed);
+        }
     }
 
     /// Only this process holds the connection, by one fd, and nothing watches it.
