@@ -8,15 +8,22 @@ plain_client: as slow_accept with a client run without the library (it re-execs 
 LD_PRELOAD): its connection must stay on TCP, no late offer made or taken.
 region_full: the client fills the region with ring connections until one falls back, opens
 the connection under test (it falls back: no ring memory), then closes the fillers: room again.
+evloop_epoll: as slow_accept with both ends single-threaded event loops on non-blocking
+sockets: the client connects without blocking and watches its socket with epoll (edge-triggered,
+registered while the connect is still deciding), the server with poll.
+evloop_select: the same with the server's loop on epoll (level-triggered, registered after
+the accept) and the client's on select.
 
 Each side streams until its own connection is seen on the ring (the kernel socket stops carrying
 what it sends: TCP_INFO bytes_sent) and a while after, or until a deadline; on kernel TCP (the
 reference) a fixed amount. The harness checks the libraries' logs and `memloop status`.
 """
 
+import errno
 import hashlib
 import os
 import random
+import select
 import socket
 import struct
 import sys
@@ -159,6 +166,194 @@ def slow_accept_client(args):
     both_ways(s, 1, 2)
 
 
+# ---- evloop: the same streams from single-threaded event loops ---------------------------------
+
+class Frames:
+    """`send_stream`'s frames, made one at a time by an event loop: paced (one per 2 ms), until
+    the connection is seen on its ring and a while after (or a deadline)."""
+
+    def __init__(self, sock, seed):
+        self.sock, self.blk, self.rnd = sock, block(seed), random.Random(seed + 1)
+        self.h, self.sent, self.after_ring, self.ring_at = hashlib.sha256(), 0, None, None
+        self.start = self.last = time.monotonic()
+        self.window = (kernel_bytes_sent(sock), 0)
+        self.done = False
+
+    def finished(self):
+        if (not PRELOADED or not UNTIL_RING[0]) and self.sent >= 4 * MB:
+            return True
+        if self.after_ring is not None and self.sent >= self.after_ring:
+            return True
+        return time.monotonic() - self.start > STREAM_DEADLINE
+
+    def next(self):
+        """The next bytes to send (the last frame carries the sha256), b"" while pacing, None
+        when all went."""
+        if self.done:
+            return None
+        if time.monotonic() - self.last < 0.002:
+            return b""
+        self.last = time.monotonic()
+        if self.finished():
+            self.done = True
+            log(f"sent {self.sent} bytes, ring seen at {self.ring_at}")
+            return struct.pack(">I", 0) + self.h.digest()
+        n = self.rnd.randint(1, 65536)
+        data = pattern_at(self.blk, self.sent, n)
+        self.h.update(data)
+        self.sent += n
+        if PRELOADED and UNTIL_RING[0] and self.after_ring is None \
+                and self.sent - self.window[1] >= MB:
+            kernel = kernel_bytes_sent(self.sock)
+            if kernel - self.window[0] < 4096:
+                self.ring_at, self.after_ring = self.sent, self.sent + 2 * MB
+            self.window = (kernel, self.sent)
+        return struct.pack(">I", n) + data
+
+
+class Checker:
+    """`recv_stream`'s checks on bytes as they come."""
+
+    def __init__(self, seed):
+        self.blk, self.h, self.got, self.buf = block(seed), hashlib.sha256(), 0, bytearray()
+        self.ended = False  # the zero frame and its sha256 came (EOF must follow)
+
+    def feed(self, b):
+        if self.ended:
+            raise Fail(f"{len(b)} bytes after the stream's end")
+        self.buf += b
+        while len(self.buf) >= 4:
+            (n,) = struct.unpack_from(">I", self.buf)
+            need = 4 + (n if n else 32)
+            if len(self.buf) < need:
+                return
+            body = bytes(self.buf[4:need])
+            del self.buf[:need]
+            if n == 0:
+                eq(body, self.h.digest(), "sha256 of the stream")
+                self.ended = True
+                if self.buf:
+                    raise Fail(f"{len(self.buf)} bytes after the stream's end")
+                log(f"received {self.got} bytes, checked")
+                return
+            if body != pattern_at(self.blk, self.got, n):
+                raise Fail(f"wrong bytes at offset {self.got} (frame of {n})")
+            self.h.update(body)
+            self.got += n
+
+    def eof(self):
+        check(self.ended, f"EOF after {self.got} bytes, before the stream's end")
+
+
+def pump(sock, frames, checker, wait):
+    """One event loop: `wait(want_write, timeout)` says (readable, writable). Reads until
+    EAGAIN (edge-triggered waits need it) and writes whatever the socket takes, until both
+    streams end."""
+    pending, eof, shut = b"", False, False
+    deadline = time.monotonic() + STREAM_DEADLINE + 15
+    while not (eof and shut):
+        check(time.monotonic() < deadline, "the event loop finished in time")
+        if not pending and not shut:
+            nxt = frames.next()
+            if nxt is None:
+                sock.shutdown(socket.SHUT_WR)
+                shut = True
+            else:
+                pending = nxt
+        readable, _ = wait(bool(pending), 0.002)
+        while readable and not eof:
+            try:
+                b = sock.recv(262144)
+            except BlockingIOError:
+                break
+            if not b:
+                checker.eof()
+                eof = True
+            else:
+                checker.feed(b)
+        while pending:  # non-blocking: as much as the socket takes now
+            try:
+                n = sock.send(pending)
+            except BlockingIOError:
+                break
+            pending = pending[n:]
+    sock.close()
+
+
+def poll_wait(sock):
+    p = select.poll()
+    p.register(sock, select.POLLIN)
+
+    def wait(want_write, timeout):
+        p.modify(sock, select.POLLIN | (select.POLLOUT if want_write else 0))
+        ev = dict(p.poll(timeout * 1000)).get(sock.fileno(), 0)
+        return ev & (select.POLLIN | select.POLLHUP | select.POLLERR), ev & select.POLLOUT
+    return wait
+
+
+def select_wait(sock):
+    def wait(want_write, timeout):
+        r, w, _ = select.select([sock], [sock] if want_write else [], [], timeout)
+        return bool(r), bool(w)
+    return wait
+
+
+def epoll_wait(sock, ep, et):
+    """`ep` already watches `sock` (for IN|OUT, edge-triggered if `et`)."""
+    def wait(want_write, timeout):
+        ev = 0
+        for _, e in ep.poll(timeout):
+            ev |= e
+        # Edge-triggered: an edge seen once is not seen again, so try both every time.
+        if et:
+            return True, True
+        return ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR), ev & select.EPOLLOUT
+    return wait
+
+
+def evloop_epoll_server(lsock, args):
+    accept_late(args)
+    conn, _ = lsock.accept()
+    lsock.close()
+    conn.setblocking(False)
+    pump(conn, Frames(conn, 2), Checker(1), poll_wait(conn))
+
+
+def evloop_epoll_client(args):
+    fam = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.setblocking(False)
+    err = s.connect_ex((args.host, args.port))
+    check(err in (0, errno.EINPROGRESS), f"non-blocking connect: {err}")
+    ep = select.epoll()
+    ep.register(s, select.EPOLLIN | select.EPOLLOUT | select.EPOLLET)
+    until = time.monotonic() + 10
+    while not any(e & select.EPOLLOUT for _, e in ep.poll(0.1)):
+        check(time.monotonic() < until, "the connect completed")
+    eq(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR), 0, "SO_ERROR after connect")
+    connected(args)
+    pump(s, Frames(s, 1), Checker(2), epoll_wait(s, ep, True))
+    ep.close()
+
+
+def evloop_select_server(lsock, args):
+    accept_late(args)
+    conn, _ = lsock.accept()
+    lsock.close()
+    conn.setblocking(False)
+    ep = select.epoll()
+    ep.register(conn, select.EPOLLIN | select.EPOLLOUT)
+    pump(conn, Frames(conn, 2), Checker(1), epoll_wait(conn, ep, False))
+    ep.close()
+
+
+def evloop_select_client(args):
+    s = dial(args)
+    connected(args)
+    s.setblocking(False)
+    pump(s, Frames(s, 1), Checker(2), select_wait(s))
+
+
 # ---- many: 16 connections accepted late, all at once -------------------------------------------
 
 MANY = 16
@@ -260,4 +455,6 @@ if __name__ == "__main__":
         "region_full": (region_full_server, region_full_client),
         "plain_client": (plain_client_server, plain_client_client),
         "many": (many_server, many_client),
+        "evloop_epoll": (evloop_epoll_server, evloop_epoll_client),
+        "evloop_select": (evloop_select_server, evloop_select_client),
     })

@@ -204,11 +204,9 @@ fn fresh_epolls(fd: c_int) -> Vec<(c_int, u32, u64)> {
 }
 
 /// Moves epoll registrations made before the connection became ours into our epoll sets.
-fn adopt_epolls(fd: c_int, conn: &Arc<Conn>, regs: Vec<(c_int, u32, u64)>) {
-    if !regs.is_empty() {
-        conn.no_late_ring();
-    }
+pub fn adopt_epolls(fd: c_int, conn: &Arc<Conn>, regs: Vec<(c_int, u32, u64)>) {
     for (epfd, events, data) in regs {
+        tracing::debug!(fd, epfd, "epoll registration taken over");
         if let Some(s) = epoll_set(epfd) {
             s.adopt(epfd, fd, Target::Conn(conn.clone()), events, data);
         }
@@ -364,9 +362,15 @@ pub fn epoll_ctl(
     if table::kind(fd) != table::K_OBJ {
         return None;
     }
-    // An epoll set keeps watching the socket it was given: no late ring under it.
-    crate::late::taint(fd, "epoll");
-    let target = match &*table::get(fd)? {
+    let mut e = table::get(fd)?;
+    loop {
+        match crate::late::epoll_ctl(fd, &e, epfd, op, ev) {
+            crate::late::Ctl::Pass => break,
+            crate::late::Ctl::Done(r) => return Some(r),
+            crate::late::Ctl::Reroute => e = table::get(fd)?,
+        }
+    }
+    let target = match &*e {
         // Ever on its ring: ours for good (its socket may hold doorbells).
         Entry::Conn(c) if matches!(c.path(), Path::Pending | Path::Ring) || c.was_ring() => {
             Target::Conn(c.clone())
@@ -384,6 +388,13 @@ pub fn epoll_ctl(
     match epoll_set(epfd) {
         Some(s) => Some(s.ctl(epfd, op, fd, target, ev)),
         None => Some(Err(libc::EINVAL)),
+    }
+}
+
+/// A late ring's conversion replaced `old` on `fd` by `new`: the items of every set follow.
+pub fn retarget_epolls(fd: c_int, old: &Arc<Conn>, new: &Arc<Conn>) {
+    for s in table::epoll_sets() {
+        s.retarget(fd, old, new);
     }
 }
 

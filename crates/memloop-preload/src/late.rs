@@ -13,9 +13,13 @@
 //! - Both count their TCP phase from the kernel's stream positions since the connection began
 //!   (exact, whoever made the calls), and the promotion brings the stream to the ring.
 //!
-//! A conversion needs the connection to itself: each data call on an armed connection is
-//! counted in flight, and the converter waits (bounded) for none. Anything that could use the
-//! socket where we cannot follow — fork, dup, `SCM_RIGHTS`, poll/select/epoll, shutdown,
+//! A conversion needs the connection to itself: each data call, `poll`/`select` and
+//! `epoll_ctl` on an armed connection is counted in flight, and the converter waits (bounded)
+//! for none. The epoll registrations of the socket (made here while armed, or items of ours
+//! from before the fallback) move into our epoll sets at the conversion, so an event loop
+//! keeps watching it; a thread asleep in `epoll_wait` meanwhile is armed and kicked like for
+//! any item added under a sleeper. Anything that could use the socket where we cannot
+//! follow — fork, dup, `SCM_RIGHTS`, a one-shot or exclusive epoll interest, shutdown,
 //! urgent data, splice, exec — disarms it for good ([`taint`]). A peer that is not a member
 //! never gets here: its connection has no `Late` at all.
 
@@ -76,6 +80,9 @@ pub struct Late {
     ticks: AtomicU32,
     offers: AtomicU32,
     busy: AtomicU32,
+    /// The socket's kernel epoll registrations (set, events, data), moved into our sets at
+    /// the conversion.
+    epolls: ForkMutex<Vec<(c_int, u32, u64)>>,
     /// A fork child's copy: the offer is the parent's, nothing here may change it.
     forgotten: AtomicBool,
 }
@@ -103,6 +110,7 @@ impl Late {
             ticks: AtomicU32::new(0),
             offers: AtomicU32::new(0),
             busy: AtomicU32::new(0),
+            epolls: ForkMutex::new(Vec::new()),
             forgotten: AtomicBool::new(false),
         });
         ARMED.lock().push(Arc::downgrade(&l));
@@ -317,7 +325,7 @@ fn convert_client(fd: c_int, l: &Late) -> u8 {
     match crate::conn::Conn::late(&l.engine, ch, Side::Client, l.tuple, fd, nodelay(fd)) {
         Ok(c) => {
             l.ch.lock().take(); // the connection's now
-            table::insert(fd, Entry::Conn(c));
+            install(fd, l, c);
             tracing::debug!(fd, ?ch, "late ring: client converted, promotion under way");
             DONE
         }
@@ -354,7 +362,7 @@ fn convert_server(fd: c_int, l: &Late) -> u8 {
     signal.store(0, Release);
     match crate::conn::Conn::late(&l.engine, ch, Side::Server, l.tuple, fd, nodelay(fd)) {
         Ok(c) => {
-            table::insert(fd, Entry::Conn(c));
+            install(fd, l, c);
             tracing::debug!(fd, ?ch, "late ring: server converted, promotion under way");
             DONE
         }
@@ -367,6 +375,138 @@ fn convert_server(fd: c_int, l: &Late) -> u8 {
             OFF
         }
     }
+}
+
+/// The converted connection takes `fd`'s place, and its epoll registrations with it: items
+/// of ours made while it was deciding first, then the kernel registrations noted while armed
+/// (an item handed back to the kernel meanwhile is among those: it is noted under its set's
+/// lock, before the first step looks at that set).
+fn install(fd: c_int, l: &Late, c: Arc<crate::conn::Conn>) {
+    let old = match table::get(fd).as_deref() {
+        Some(Entry::Conn(o)) => Some(o.clone()),
+        _ => None,
+    };
+    table::insert(fd, Entry::Conn(c.clone()));
+    if let Some(old) = &old {
+        crate::dispatch::retarget_epolls(fd, old, &c);
+    }
+    let regs = std::mem::take(&mut *l.epolls.lock());
+    crate::dispatch::adopt_epolls(fd, &c, regs);
+}
+
+/// A kernel registration of `fd` in set `epfd` changed (`ev`: its events and data; `None`:
+/// removed), noted for the conversion.
+fn note_epoll(l: &Late, epfd: c_int, ev: Option<(u32, u64)>) {
+    let mut regs = l.epolls.lock();
+    regs.retain(|(e, _, _)| *e != epfd);
+    if let Some((events, data)) = ev {
+        regs.push((epfd, events, data));
+    }
+}
+
+/// Interests whose state a conversion could not carry over: a one-shot that may have fired
+/// (the kernel disabled it, our item would report again), an exclusive wake-up (ADD only).
+fn epoll_movable(ev: Option<(u32, u64)>) -> bool {
+    let odd = (libc::EPOLLONESHOT | libc::EPOLLEXCLUSIVE) as u32;
+    !matches!(ev, Some((events, _)) if events & odd != 0)
+}
+
+/// What `epoll_ctl` on an fd does.
+pub enum Ctl {
+    /// Not armed: the usual way.
+    Pass,
+    /// Made here, in flight, and noted for the conversion.
+    Done(Result<(), c_int>),
+    /// Converted meanwhile: route again.
+    Reroute,
+}
+
+/// `epoll_ctl(epfd, op, fd, ev)` on `fd`, whose table entry is `e`.
+pub fn epoll_ctl(fd: c_int, e: &Entry, epfd: c_int, op: c_int, ev: Option<(u32, u64)>) -> Ctl {
+    let Some(p) = plain_of(e) else {
+        return Ctl::Pass;
+    };
+    let Some(l) = p.late().cloned() else {
+        return Ctl::Pass;
+    };
+    if !epoll_movable(ev) {
+        l.disarm("one-shot or exclusive epoll interest");
+        return Ctl::Pass;
+    }
+    let _in_flight = match enter(fd, &p) {
+        Enter::Reroute => return Ctl::Reroute,
+        Enter::Go(g) if g.0.is_none() => return Ctl::Pass,
+        Enter::Go(g) => g,
+    };
+    // An item of ours from the days it was deciding goes back to the kernel first (noted).
+    if let Some(s) = crate::dispatch::epoll_of(epfd) {
+        s.release_fd(epfd, fd);
+    }
+    let (events, data) = ev.unwrap_or((0, 0));
+    let mut kev = libc::epoll_event { events, u64: data };
+    let r = crate::real::epoll_ctl_raw(epfd, op, fd, &mut kev);
+    if r.is_ok() {
+        note_epoll(&l, epfd, ev.filter(|_| op != libc::EPOLL_CTL_DEL));
+    }
+    Ctl::Done(r)
+}
+
+/// An item of ours for `c`, a connection that fell back at connect, went back to the kernel
+/// as the program's registration (`epfd`, `events`, `data`): noted if it is armed.
+pub fn handed_back(c: &crate::conn::Conn, epfd: c_int, events: u32, data: u64) {
+    if let Some(l) = c.plain().and_then(|p| p.late().cloned()) {
+        if !epoll_movable(Some((events, data))) {
+            l.disarm("one-shot or exclusive epoll interest");
+        } else if l.state.load(Acquire) < DONE {
+            note_epoll(&l, epfd, Some((events, data)));
+        }
+    }
+}
+
+/// A poll or select on an armed connection, in flight while this lives.
+pub struct Held(Arc<Late>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Release);
+    }
+}
+
+/// What a poll does with an fd's entry.
+pub enum Hold {
+    /// Not armed.
+    No,
+    Held(Held),
+    /// Converted meanwhile: look the fd up again.
+    Changed,
+}
+
+/// Before a poll or select that watches `e`.
+pub fn hold(e: &Entry) -> Hold {
+    let Some(l) = late_of(e) else {
+        return Hold::No;
+    };
+    loop {
+        match l.state.load(SeqCst) {
+            OFF => return Hold::No,
+            DONE => return Hold::Changed,
+            CONVERTING => {
+                std::thread::yield_now();
+                continue;
+            }
+            _ => {}
+        }
+        l.inflight.fetch_add(1, SeqCst);
+        if l.state.load(SeqCst) != CONVERTING {
+            return Hold::Held(Held(l));
+        }
+        l.inflight.fetch_sub(1, Release);
+    }
+}
+
+/// Whether `e` is armed for a late ring (poll and select must then count themselves).
+pub fn is_armed(e: &Entry) -> bool {
+    late_of(e).is_some_and(|l| l.state.load(Acquire) < DONE)
 }
 
 /// A disarmed server declines the offer it was signalled for (the client counts it).
@@ -499,12 +639,17 @@ pub fn taint_entry(e: &Entry, why: &str) {
     }
 }
 
-fn late_of(e: &Entry) -> Option<Arc<Late>> {
+/// The plain connection behind `e`: a plain entry, or a connection that fell back at connect.
+fn plain_of(e: &Entry) -> Option<Arc<PlainTcp>> {
     match e {
-        Entry::Plain(p) => p.late().cloned(),
-        Entry::Conn(c) if !c.was_ring() => c.plain().and_then(|p| p.late().cloned()),
+        Entry::Plain(p) => Some(p.clone()),
+        Entry::Conn(c) if !c.was_ring() => c.plain(),
         _ => None,
     }
+}
+
+fn late_of(e: &Entry) -> Option<Arc<Late>> {
+    plain_of(e).and_then(|p| p.late().cloned())
 }
 
 /// The connections armed in this process (the work list: a fork or an exec looks at these,

@@ -22,13 +22,14 @@ const SLICE: Duration = Duration::from_millis(200);
 pub(crate) const IN_FLIGHT: Duration = Duration::from_millis(1);
 
 /// An fd poll must look at beyond the kernel.
-#[derive(Clone)]
 enum Watch {
     Ring(Arc<Conn>),
     /// Ours, but off its ring: the kernel answers for its socket, through
     /// [`Conn::off_ring_revents`].
     OffRing(Arc<Conn>),
     Set(Arc<EpollSet>),
+    /// Armed for a late ring: no conversion while this poll is in flight.
+    Late(#[allow(dead_code)] crate::late::Held),
 }
 
 /// The ring connections and epoll sets among `fds` (index, what), settling pending
@@ -39,9 +40,23 @@ fn members(fds: &[pollfd]) -> Vec<(usize, Watch)> {
         if table::kind(p.fd) != table::K_OBJ {
             continue;
         }
-        let Some(e) = table::get(p.fd) else { continue };
-        // A poll may sleep on the socket while a late ring moves it: never armed then.
-        crate::late::taint_entry(&e, "poll/select");
+        let Some(mut e) = table::get(p.fd) else {
+            continue;
+        };
+        // A late ring never moves a socket a poll sleeps on (its conversion waits for it).
+        loop {
+            match crate::late::hold(&e) {
+                crate::late::Hold::No => break,
+                crate::late::Hold::Held(h) => {
+                    out.push((i, Watch::Late(h)));
+                    break;
+                }
+                crate::late::Hold::Changed => match table::get(p.fd) {
+                    Some(now) => e = now,
+                    None => break,
+                },
+            }
+        }
         match &*e {
             Entry::Conn(c) => match settled(c) {
                 Path::Ring => out.push((i, Watch::Ring(c.clone()))),
@@ -72,7 +87,7 @@ fn stale(members: &[(usize, Watch)]) -> bool {
     members.iter().any(|(_, w)| match w {
         Watch::Ring(c) => c.switch_pending() || c.path() != Path::Ring,
         Watch::OffRing(c) => c.path() == Path::Ring,
-        Watch::Set(_) => false,
+        Watch::Set(_) | Watch::Late(_) => false,
     })
 }
 
@@ -86,7 +101,7 @@ fn own_revents(w: &Watch, events: i16) -> i16 {
         Watch::Ring(c) if c.path() != Path::Ring || c.switch_pending() => 0,
         Watch::Ring(c) => ring_revents(c, events),
         // Not without the kernel's answer for its socket (`scan`).
-        Watch::OffRing(_) => 0,
+        Watch::OffRing(_) | Watch::Late(_) => 0,
         Watch::Set(s) if s.peek().is_some() => events & libc::POLLIN,
         Watch::Set(_) => 0,
     }
@@ -139,6 +154,8 @@ fn scan(fds: &mut [pollfd], members: &[(usize, Watch)]) -> Result<usize, c_int> 
                 p.revents = ev & (p.events | libc::POLLHUP | libc::POLLERR);
             }
             Watch::Set(_) => p.revents |= own,
+            // The kernel's answer stands.
+            Watch::Late(_) => {}
         }
     }
     Ok(fds.iter().filter(|p| p.revents != 0).count())
@@ -209,7 +226,7 @@ pub fn poll(
 fn spin(fds: &mut [pollfd], members: &[(usize, Watch)]) -> bool {
     let first = members.iter().find_map(|(_, w)| match w {
         Watch::Ring(c) => Some(c.clone()),
-        Watch::OffRing(_) | Watch::Set(_) => None,
+        Watch::OffRing(_) | Watch::Set(_) | Watch::Late(_) => None,
     });
     let Some(first) = first else { return false };
     let mut i = 0u32;
@@ -238,7 +255,7 @@ fn enter(fds: &[pollfd], members: &[(usize, Watch)]) {
                 c.enter_wait();
                 dirs(fds[*i].events).for_each(|d| c.arm(d));
             }
-            Watch::OffRing(_) => {}
+            Watch::OffRing(_) | Watch::Late(_) => {}
             Watch::Set(s) => s.sleep_enter(),
         }
     }
@@ -251,7 +268,7 @@ fn leave(fds: &[pollfd], members: &[(usize, Watch)]) {
                 dirs(fds[*i].events).for_each(|d| c.disarm(d));
                 c.leave_wait();
             }
-            Watch::OffRing(_) => {}
+            Watch::OffRing(_) | Watch::Late(_) => {}
             Watch::Set(s) => s.sleep_leave(),
         }
     }

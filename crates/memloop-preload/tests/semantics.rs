@@ -126,6 +126,8 @@ fn main() -> std::process::ExitCode {
         test!(late_ring_not_tried_with_a_plain_client),
         test!(late_ring_for_16_connections_accepted_at_once),
         test!(late_ring_while_demoted_and_promoted),
+        test!(late_ring_under_event_loops_epoll_and_poll),
+        test!(late_ring_under_event_loops_select_and_epoll),
         test!(switch_storm_1200_connections_at_random_moments),
         test!(switch_flip_8_streams_demoted_and_promoted),
         test!(switch_flip_poll_driven_pair_never_reads_a_doorbell_as_readable),
@@ -874,6 +876,19 @@ fn xdom_late_ring_after_a_slow_accept() {
 /// one comes to its ring (16 `late` switches), every byte checked.
 fn late_ring_for_16_connections_accepted_at_once() {
     late_ring(sc("late", "many").rings(16), 64 << 20, "cancelled", None);
+}
+
+/// Single-threaded event loops on non-blocking sockets: the client connects without blocking
+/// and watches its socket with edge-triggered epoll from before the decision, the server with
+/// poll. Both convert in a data call; the client's epoll item moves to the new connection.
+fn late_ring_under_event_loops_epoll_and_poll() {
+    late_ring(sc("late", "evloop_epoll"), 64 << 20, "cancelled", None);
+}
+
+/// The same with the server on level-triggered epoll (registered while plain: the kernel
+/// registration moves into our set) and the client on select.
+fn late_ring_under_event_loops_select_and_epoll() {
+    late_ring(sc("late", "evloop_select"), 64 << 20, "cancelled", None);
 }
 
 /// The 16 late connections while `memloop demote --all` / `promote --all` fire from outside

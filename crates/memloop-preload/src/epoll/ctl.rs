@@ -148,6 +148,24 @@ impl EpollSet {
         }
     }
 
+    /// `new` took `fd`'s place from `old` (a late ring's conversion): `old`'s item for `fd`
+    /// watches `new` from now on, answered off its ring.
+    pub fn retarget(&self, fd: c_int, old: &Arc<Conn>, new: &Arc<Conn>) {
+        {
+            let mut st = self.st.lock();
+            let Some(&id) = st.by_fd.get(&fd) else { return };
+            let Some(it) = st.items.get_mut(&id) else {
+                return;
+            };
+            if !matches!(&it.target, Target::Conn(x) if Arc::ptr_eq(x, old)) {
+                return;
+            }
+            it.target = Target::Conn(new.clone());
+        }
+        tracing::debug!(fd, "epoll item follows the late ring's connection");
+        self.conn_path_changed(new);
+    }
+
     /// Connection `c` left its ring or came back to it: its items follow. Off its ring an
     /// item is answered from its socket, filtered ([`Reg::OffRing`]); back on it, from the
     /// ring again, armed for sleepers and kicked if ready.

@@ -240,6 +240,11 @@ impl EpollSet {
         }
         let mut st = self.st.lock();
         if path == Path::Tcp && !c.was_ring() {
+            // (Unless a late ring's conversion gave the item to another connection.)
+            let same = |it: &Item| matches!(&it.target, Target::Conn(x) if Arc::ptr_eq(x, c));
+            if !st.items.get(&id).is_some_and(same) {
+                return None;
+            }
             let it = self.remove(&mut st, id)?;
             return to_kernel_fd(epfd, it, kernel_ev);
         }
@@ -485,6 +490,10 @@ pub(super) fn to_kernel_fd(epfd: c_int, mut it: Item, kernel_ev: u32) -> Option<
             events,
             it.data,
         );
+        if let Target::Conn(c) = &it.target {
+            // A late ring may bring it back to us: noted (under the set's lock).
+            crate::late::handed_back(c, epfd, events, it.data);
+        }
     }
     let rep = rules::report(kernel_ev, it.events);
     (rep != 0).then_some(epoll_event {

@@ -10,13 +10,17 @@ use libc::{c_int, size_t};
 use std::time::{Duration, Instant};
 
 /// Whether `fd` is a ring connection (or undecided, or one that was ever on its ring: its
-/// socket may hold doorbells, which the kernel would report as readable data) or an epoll set
-/// (whose ring members poll and select must see).
+/// socket may hold doorbells, which the kernel would report as readable data), an epoll set
+/// (whose ring members poll and select must see) or armed for a late ring (the poll counts
+/// itself in flight).
 fn watched(fd: c_int) -> bool {
     table::kind(fd) == table::K_OBJ
         && match table::get(fd).as_deref() {
-            Some(Entry::Conn(c)) => c.path() != conn::Path::Tcp || c.was_ring(),
+            Some(e @ Entry::Conn(c)) => {
+                c.path() != conn::Path::Tcp || c.was_ring() || crate::late::is_armed(e)
+            }
             Some(Entry::Epoll(_)) => true,
+            Some(e @ Entry::Plain(_)) => crate::late::is_armed(e),
             _ => false,
         }
 }
