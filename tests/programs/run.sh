@@ -39,7 +39,7 @@ ALL_CASES=(
   python-blocking python-selectors python-asyncio python-forking python-prefork
   python-sockopts python-http
   nginx-curl
-  redis-cli redis-benchmark redis-storm
+  redis-cli redis-benchmark redis-storm redis-late
   iperf3
   sockperf-pingpong sockperf-throughput
   postgres-psql postgres-pgbench postgres-storm

@@ -179,3 +179,41 @@ PYEOF
   storm_no_orphans
   stop_server redis
 }
+
+# The late ring with two event-loop programs: redis-benchmark's connections fall back to TCP at
+# connect because the region has no ring memory left (a filler holds it), then the filler gives
+# it back mid-run: ring variant — the connections come to their rings mid-stream (`late`
+# switches counted); either variant — zero errors, every request executed.
+case_redis_late() {
+  local d=$CASE_DIR i bpid rc=0 late cmds errs
+  start_redis
+  dom_cmd 1 "$CLI_REGION"
+  "${DOM[@]}" "$PY" "$HERE/py/filler.py" "$ADDR0" $REDIS_PORT "$d" >"$d/filler.out" 2>&1 &
+  for ((i = 0; i < 600; i++)); do
+    [ -e "$d/filled" ] && break
+    sleep 0.1
+  done
+  [ -e "$d/filled" ] || fail "the filler never filled the region: $(tail -n 3 "$d/filler.out")"
+  log "filler: $(cat "$d/filler.out")"
+  # 8 keep-alive clients, SET then GET: the SET clients connect while the region is full.
+  rbench late -n 150000 -c 8 -r 10000 -t set,get &
+  bpid=$!
+  sleep 1.5
+  touch "$d/release"
+  wait "$bpid" || rc=$?
+  [ "$rc" = 0 ] || fail "redis-benchmark under the late ring: status $rc"
+  grep -q released "$d/filler.out" || fail "the filler did not release: $(tail -n 3 "$d/filler.out")"
+  run_client info 30 redis-cli -h "$ADDR0" -p $REDIS_PORT INFO stats
+  cmds=$(tr -d '\r' <"$d/info.out" | awk -F: '$1 == "total_commands_processed" { print $2 }')
+  errs=$(tr -d '\r' <"$d/info.out" | awk -F: '$1 == "total_error_replies" { print $2 }')
+  [ "${cmds:-0}" -ge 300000 ] || fail "server processed ${cmds:-?} commands, expected >= 300000"
+  [ "${errs:-x}" = 0 ] || fail "server sent ${errs:-?} error replies"
+  if [ -n "$SRV_REGION" ] && [ "$SRV_REGION" = "$CLI_REGION" ]; then
+    late=$("$ML" status --json --region "$SRV_REGION" | jq '.switches.late // 0')
+    [ "$late" -ge 1 ] || fail "no connection came to its ring late (switches.late = $late)"
+    note "redis-late: $late late rings, $cmds commands, 0 errors"
+  else
+    note "redis-late: $cmds commands, 0 errors (no late ring across regions)"
+  fi
+  stop_server redis
+}
