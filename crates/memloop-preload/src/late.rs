@@ -75,6 +75,8 @@ pub struct Late {
     tuple: ConnTuple,
     state: AtomicU8,
     inflight: AtomicU32,
+    /// Of those, polls and selects.
+    polls: AtomicU32,
     /// The late offer (client: ours; server: the one being taken).
     ch: ForkMutex<Option<ChannelId>>,
     ticks: AtomicU32,
@@ -106,6 +108,7 @@ impl Late {
             tuple,
             state: AtomicU8::new(IDLE),
             inflight: AtomicU32::new(0),
+            polls: AtomicU32::new(0),
             ch: ForkMutex::new(None),
             ticks: AtomicU32::new(0),
             offers: AtomicU32::new(0),
@@ -282,7 +285,8 @@ fn convert(fd: c_int, l: &Late) -> bool {
     {
         return true;
     }
-    if !drained(l) {
+    // A poll in flight may sleep for long: no point waiting for it.
+    if l.polls.load(SeqCst) != 0 || !drained(l) {
         l.state.store(from, Release);
         if l.busy.fetch_add(1, AcqRel) + 1 >= MAX_BUSY {
             l.disarm("calls always in flight");
@@ -468,6 +472,7 @@ pub struct Held(Arc<Late>);
 
 impl Drop for Held {
     fn drop(&mut self) {
+        self.0.polls.fetch_sub(1, Release);
         self.0.inflight.fetch_sub(1, Release);
     }
 }
@@ -496,11 +501,13 @@ pub fn hold(e: &Entry) -> Hold {
             }
             _ => {}
         }
+        l.polls.fetch_add(1, SeqCst);
         l.inflight.fetch_add(1, SeqCst);
         if l.state.load(SeqCst) != CONVERTING {
             return Hold::Held(Held(l));
         }
         l.inflight.fetch_sub(1, Release);
+        l.polls.fetch_sub(1, Release);
     }
 }
 
