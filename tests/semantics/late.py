@@ -11,6 +11,8 @@ the connection under test (it falls back: no ring memory), then closes the fille
 evloop_epoll: as slow_accept with both ends single-threaded event loops on non-blocking
 sockets: the client connects without blocking and watches its socket with epoll (edge-triggered,
 registered while the connect is still deciding), the server with poll.
+joined_later: the server listens before its region exists (`--extra`: the memloop binary, to
+create it); the client connects once it does, and falls back (nobody listens in the region).
 evloop_select: the same with the server's loop on epoll (level-triggered, registered after
 the accept) and the client's on select.
 
@@ -26,6 +28,7 @@ import random
 import select
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -354,6 +357,28 @@ def evloop_select_client(args):
     pump(s, Frames(s, 1), Checker(2), select_wait(s))
 
 
+# ---- joined_later: the server listens before its region exists -------------------------------
+
+def joined_later_server(lsock, args):
+    region = os.environ.get("MEMLOOP_REGION")
+    if "LD_PRELOAD" in os.environ and region:
+        # Listening already (dormant: no region); the region comes now. `--extra`: memloop.
+        subprocess.run([args.extra, "region", "create", "--region", region], check=True,
+                       stdout=subprocess.DEVNULL)
+    with open(args.port_file + ".region", "w"):
+        pass
+    conn, _ = lsock.accept()
+    lsock.close()
+    both_ways(conn, 2, 1)
+
+
+def joined_later_client(args):
+    wait_until(lambda: os.path.exists(args.port_file + ".region"), 30, "the region")
+    time.sleep(1.2)  # past the server's next try to join (once a second while dormant)
+    s = dial(args)
+    both_ways(s, 1, 2)
+
+
 # ---- many: 16 connections accepted late, all at once -------------------------------------------
 
 MANY = 16
@@ -457,4 +482,5 @@ if __name__ == "__main__":
         "many": (many_server, many_client),
         "evloop_epoll": (evloop_epoll_server, evloop_epoll_client),
         "evloop_select": (evloop_select_server, evloop_select_client),
+        "joined_later": (joined_later_server, joined_later_client),
     })

@@ -96,7 +96,9 @@ pub fn is_candidate(fd: c_int) -> bool {
 /// real `connect` until the offer is published, so the server knows an offer is coming.
 pub struct Connecting {
     engine: Arc<engine::Engine>,
-    ep: EndpointInfo,
+    /// `None`: the address is co-resident but nobody listens there in the region (yet): the
+    /// connection may come to a ring late if a listener is published for it.
+    ep: Option<EndpointInfo>,
     dst: SocketAddr,
     announced: Option<memloop::registry::ShmU32>,
 }
@@ -165,7 +167,7 @@ pub fn before_connect(fd: c_int, dst: Option<SocketAddr>) -> Option<Connecting> 
             }
             Some(Connecting {
                 engine,
-                ep,
+                ep: Some(ep),
                 dst,
                 announced,
             })
@@ -173,7 +175,14 @@ pub fn before_connect(fd: c_int, dst: Option<SocketAddr>) -> Option<Connecting> 
         Err(reason) => {
             tracing::debug!(fd, %dst, %reason, "connect stays on TCP");
             engine.registry().count_fallback(reason);
-            None
+            (reason == FallbackReason::NoListener && crate::late::may_arm_unlisted(&engine)).then(
+                || Connecting {
+                    engine,
+                    ep: None,
+                    dst,
+                    announced: None,
+                },
+            )
         }
     }
 }
@@ -182,7 +191,13 @@ pub fn before_connect(fd: c_int, dst: Option<SocketAddr>) -> Option<Connecting> 
 pub fn after_connect(fd: c_int, c: Connecting) {
     let fresh = fresh_epolls(fd);
     let (engine, dst) = (c.engine.clone(), c.dst);
-    match agree::client_offer(&engine, &c.ep, fd, dst) {
+    let Some(ep) = &c.ep else {
+        if let Some(p) = crate::late::unlisted(&engine, fd, dst) {
+            table::insert(fd, Entry::Plain(p));
+        }
+        return;
+    };
+    match agree::client_offer(&engine, ep, fd, dst) {
         Ok(conn) => {
             tracing::debug!(fd, %dst, "offered a ring");
             table::insert(fd, Entry::Conn(conn.clone()));
@@ -240,21 +255,29 @@ pub fn after_listen(fd: c_int) {
     if !is_candidate(fd) {
         return;
     }
-    if let Some(engine) = engine::get() {
-        if let Some(l) = Listener::register(&engine, fd) {
-            table::insert(fd, Entry::Listener(l));
-        }
+    let l = match engine::get() {
+        Some(engine) => Listener::register(&engine, fd),
+        // No region yet: published when the process joins one (at a later accept).
+        None if !engine::disabled() => Listener::dormant(memloop::identity::net_scope(), fd),
+        None => None,
+    };
+    if let Some(l) = l {
+        table::insert(fd, Entry::Listener(l));
     }
 }
 
 /// Before a (possibly blocking) accept on a listener of ours: join the region now, not after
 /// a connection arrived (a forked worker's first accept would otherwise keep its client
-/// waiting for the join).
+/// waiting for the join), and publish the listener if it was made while dormant.
 pub fn before_accept(lfd: c_int) {
-    let listener = matches!(table::get(lfd).as_deref(), Some(Entry::Listener(_)));
-    if table::kind(lfd) == table::K_OBJ && listener {
+    if table::kind(lfd) != table::K_OBJ {
+        return;
+    }
+    if let Some(Entry::Listener(l)) = table::get(lfd).as_deref() {
         // Only joins ahead of time; `after_accept` asks again (and says if there is none).
-        let _ = engine::get();
+        if let Some(engine) = engine::get() {
+            l.publish(&engine);
+        }
     }
 }
 
@@ -268,6 +291,7 @@ pub fn after_accept(lfd: c_int, fd: c_int) {
         return;
     };
     let Some(engine) = engine::get() else { return };
+    l.publish(&engine);
     let Some(ep) = l.endpoint(&engine) else {
         table::mark_tcp(fd);
         return;

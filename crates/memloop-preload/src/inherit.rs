@@ -137,7 +137,16 @@ fn adopt_sockets(conns: Vec<i32>, listeners: Vec<i32>) {
     if conns.is_empty() && listeners.is_empty() {
         return;
     }
-    let Some(engine) = engine::get() else { return };
+    let Some(engine) = engine::get() else {
+        // No region yet: the listeners are published when the process joins one.
+        let scope = memloop::identity::net_scope();
+        for fd in listeners {
+            if let Some(l) = Listener::dormant(scope, fd) {
+                table::insert(fd, Entry::Listener(l));
+            }
+        }
+        return;
+    };
     for fd in listeners {
         if let Some(l) = Listener::register(&engine, fd) {
             table::insert(fd, Entry::Listener(l));

@@ -87,7 +87,15 @@ pub struct Late {
     epolls: ForkMutex<Vec<(c_int, u32, u64)>>,
     /// A fork child's copy: the offer is the parent's, nothing here may change it.
     forgotten: AtomicBool,
+    /// Counted in [`UNLISTED`] while armed.
+    unlisted: AtomicBool,
 }
+
+/// Armed connections to a co-resident address where nobody listened in the region at the
+/// connect (a server that joins later, or one without the library): each costs a look per
+/// heartbeat for a while, so only this many at once.
+const MAX_UNLISTED: u32 = 64;
+static UNLISTED: AtomicU32 = AtomicU32::new(0);
 
 /// Heartbeats a server stays armed without being signalled (then its calls cost nothing).
 const SERVER_TICKS: u32 = MARKER_TICKS + MAX_OFFERS * ACCEPT_TICKS;
@@ -115,6 +123,7 @@ impl Late {
             busy: AtomicU32::new(0),
             epolls: ForkMutex::new(Vec::new()),
             forgotten: AtomicBool::new(false),
+            unlisted: AtomicBool::new(false),
         });
         ARMED.lock().push(Arc::downgrade(&l));
         l
@@ -131,6 +140,25 @@ impl Late {
             return None;
         }
         Some(Late::new(engine, Role::Client, tuple))
+    }
+
+    /// A client connection to `tuple.server`, where nobody listened in the region at the
+    /// connect: armed if fewer than [`MAX_UNLISTED`] such are.
+    fn client_unlisted(engine: &Arc<Engine>, tuple: ConnTuple) -> Option<Arc<Late>> {
+        if !allowed(engine) || !take_unlisted() {
+            return None;
+        }
+        let l = Late::new(engine, Role::Client, tuple);
+        l.unlisted.store(true, Release);
+        Some(l)
+    }
+
+    /// Left the armed states (disarmed, converted, forgotten): an unlisted one frees its
+    /// place.
+    fn unarmed(&self) {
+        if self.unlisted.swap(false, AcqRel) {
+            UNLISTED.fetch_sub(1, AcqRel);
+        }
     }
 
     /// A server connection of listener `ep` left on TCP with decline marker `marker` for
@@ -177,6 +205,7 @@ impl Late {
                 Err(now) => cur = now,
             }
         }
+        self.unarmed();
         tracing::debug!(tuple = ?self.tuple, "late ring off: {why}");
         if let Some(ch) = self.ch.lock().take() {
             self.withdraw(ch);
@@ -204,11 +233,13 @@ impl Late {
     fn forget(&self) {
         self.forgotten.store(true, Release);
         self.state.store(OFF, Release);
+        self.unlisted.store(false, Release); // (the child's count starts at 0)
     }
 }
 
 impl Drop for Late {
     fn drop(&mut self) {
+        self.unarmed();
         if let Some(ch) = self.ch.lock().take() {
             tracing::debug!(?ch, "connection closed before its late ring");
             self.withdraw(ch);
@@ -300,6 +331,9 @@ fn convert(fd: c_int, l: &Late) -> bool {
         Role::Client => convert_client(fd, l),
         Role::Server { .. } => convert_server(fd, l),
     };
+    if next != IDLE {
+        l.unarmed();
+    }
     l.state.store(next, Release);
     true
 }
@@ -688,6 +722,42 @@ pub fn forget_in_child() {
         l.forget();
     }
     ARMED.lock().clear();
+    UNLISTED.store(0, Release);
+}
+
+/// A place among the [`MAX_UNLISTED`], if one is free.
+fn take_unlisted() -> bool {
+    UNLISTED
+        .fetch_update(AcqRel, Acquire, |n| (n < MAX_UNLISTED).then_some(n + 1))
+        .is_ok()
+}
+
+/// Whether a connect to a co-resident address nobody listens on in the region may be armed
+/// (checked before the connect; [`unlisted`] takes the place after it).
+pub fn may_arm_unlisted(engine: &Engine) -> bool {
+    allowed(engine) && UNLISTED.load(Acquire) < MAX_UNLISTED
+}
+
+/// After the real connect of `fd` to `dst`, where nobody listened in the region: the plain
+/// connection, armed for a late ring (the server publishes a decline marker for it if it
+/// joins the region and accepts it), or `None` if no place is free.
+pub fn unlisted(
+    engine: &Arc<Engine>,
+    fd: c_int,
+    dst: std::net::SocketAddr,
+) -> Option<Arc<PlainTcp>> {
+    let local = crate::real::local_addr(fd)?;
+    let tuple = ConnTuple {
+        client: crate::agree::canonical(local),
+        server: crate::agree::canonical(dst),
+    };
+    let l = Late::client_unlisted(engine, tuple)?;
+    tracing::debug!(
+        fd,
+        ?tuple,
+        "no listener in the region: armed for a late ring"
+    );
+    Some(PlainTcp::unrecorded_late(engine, None, Some(l)))
 }
 
 pub fn lock_for_fork() {

@@ -202,12 +202,21 @@ impl PlainTcp {
     }
 
     pub fn unrecorded(engine: &Arc<Engine>, marker: Option<ChannelId>) -> Arc<PlainTcp> {
+        PlainTcp::unrecorded_late(engine, marker, None)
+    }
+
+    /// Not recorded for `memloop status`, armed for a late ring if `late`.
+    pub fn unrecorded_late(
+        engine: &Arc<Engine>,
+        marker: Option<ChannelId>,
+        late: Option<Arc<Late>>,
+    ) -> Arc<PlainTcp> {
         Arc::new(PlainTcp {
             engine: engine.clone(),
             record: None,
             marker,
             resend: None,
-            late: None,
+            late,
         })
     }
 

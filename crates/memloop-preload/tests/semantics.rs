@@ -128,6 +128,7 @@ fn main() -> std::process::ExitCode {
         test!(late_ring_while_demoted_and_promoted),
         test!(late_ring_under_event_loops_epoll_and_poll),
         test!(late_ring_under_event_loops_select_and_epoll),
+        test!(late_ring_with_a_server_started_before_its_region),
         test!(switch_storm_1200_connections_at_random_moments),
         test!(switch_flip_8_streams_demoted_and_promoted),
         test!(switch_flip_poll_driven_pair_never_reads_a_doorbell_as_readable),
@@ -891,6 +892,23 @@ fn late_ring_under_event_loops_select_and_epoll() {
     late_ring(sc("late", "evloop_select"), 64 << 20, "cancelled", None);
 }
 
+/// The server listens before its region exists (its library is dormant); then the region is
+/// created and a preloaded client connects: nobody listens there in the region yet, so it
+/// falls back (`no_listener`) and is armed; the server joins at that accept, publishes its
+/// listener and a decline marker, and the connection comes to its ring mid-stream.
+fn late_ring_with_a_server_started_before_its_region() {
+    let region = RegionGuard::new("sem", "joined_later", 64 << 20);
+    // The scenario's server creates it (after it listens); the guard only names and removes it.
+    let _ = memloop::Region::destroy(&memloop::RegionSpec::parse(&region.0));
+    let bin: &'static str = Box::leak(memloop_bin().display().to_string().into_boxed_str());
+    late_ring_in(
+        sc("late", "joined_later").extra(bin),
+        &region,
+        "no_listener",
+        None,
+    );
+}
+
 /// The 16 late connections while `memloop demote --all` / `promote --all` fire from outside
 /// the programs (0-2 ms apart) until they finish: late promotions race demotes and promotions
 /// of the connections already on rings. Every byte checked, no doorbell taken for data.
@@ -968,10 +986,15 @@ fn late_ring_not_tried_with_a_plain_client() {
 
 /// `fallback`: the reason the client's connection fell back for at connect (counted).
 fn late_ring(s: Scenario, region_bytes: usize, fallback: &str, doms: Option<&Domains>) {
+    let region = RegionGuard::new("sem", s.case, region_bytes);
+    late_ring_in(s, &region, fallback, doms);
+}
+
+/// [`late_ring`] in `region` (which the scenario may create itself).
+fn late_ring_in(s: Scenario, region: &RegionGuard, fallback: &str, doms: Option<&Domains>) {
     let kernel = run_pair(&s, Mode::Kernel, None, doms);
     let reference = format!("late/{} on kernel TCP (the reference)", s.case);
     assert_passed(&s, &kernel, &reference);
-    let region = RegionGuard::new("sem", s.case, region_bytes);
     let o = run_pair(&s, Mode::Preload, Some(&region.0), doms);
     let what = format!("late/{} under the preload", s.case);
     assert_passed(&s, &o, &what);
