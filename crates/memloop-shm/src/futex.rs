@@ -47,6 +47,13 @@ pub fn wake(word: &AtomicU32, n: u32) {
     let _ = futex::wake(word, futex::Flags::empty(), n);
 }
 
+/// Moves `word` on (a new value for waiters to compare against) and wakes every waiter on it:
+/// a bell rung by one side and slept on by any number of others.
+pub fn bump_and_wake(word: &AtomicU32) {
+    word.fetch_add(1, crate::sync::Ordering::SeqCst);
+    wake(word, i32::MAX as u32);
+}
+
 #[cfg(loom)]
 pub fn wait(_word: &AtomicU32, _expected: u32, _timeout: Duration) {
     loom::thread::yield_now();

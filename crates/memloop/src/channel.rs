@@ -140,8 +140,7 @@ pub fn kick_sides(reg: &Registry, ch: ChannelId) {
 /// (a leave published, a takeover done, ready, stopped), so that a side waiting for its
 /// peer's next step sleeps instead of polling. Only a wake-up: waiters bound their sleeps.
 pub fn ring_switch_bell(bell: &ShmU32) {
-    bell.fetch_add(1, SeqCst);
-    futex::wake(bell, i32::MAX as u32);
+    futex::bump_and_wake(bell);
 }
 
 /// The bell's value, read before looking at the condition a caller then waits for.

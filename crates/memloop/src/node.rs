@@ -179,8 +179,7 @@ fn sleep_until_kicked(lane: Option<&ShmU32>, seen: Option<u32>, until: Instant) 
 /// kernel (or one whose lane cannot be futexed) sees the request at its next beat.
 pub fn kick(reg: &Registry, member: MemberId) {
     if let Some(lane) = reg.kick_lane(member.idx) {
-        lane.fetch_add(1, SeqCst);
-        futex::wake(&lane, i32::MAX as u32);
+        futex::bump_and_wake(&lane);
     }
 }
 
