@@ -320,14 +320,20 @@ pub fn after_accept(lfd: c_int, fd: c_int) {
 
 /// Before the real close of `fd` (also for the implicit close of dup2's target).
 pub fn before_close(fd: c_int) {
-    if let Some(e) = table::get(fd) {
-        // (Waits for a conversion under way: then the converted connection is closed.)
-        crate::late::taint_entry(&e, "closed");
-    }
-    let Some(e) = table::get(fd) else {
+    let Some(mut e) = table::get(fd) else {
         table::remove(fd);
         return;
     };
+    // (Waits for a conversion under way: then the converted connection is closed.)
+    if crate::late::taint_entry(&e, "closed") {
+        match table::get(fd) {
+            Some(now) => e = now,
+            None => {
+                table::remove(fd);
+                return;
+            }
+        }
+    }
     match &*e {
         Entry::Conn(c) => {
             let last = c.close_fd(fd);

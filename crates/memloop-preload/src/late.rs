@@ -665,19 +665,22 @@ pub fn taint(fd: c_int, why: &str) {
         return;
     }
     if let Some(e) = table::get(fd) {
-        taint_entry(&e, why);
+        let _ = taint_entry(&e, why);
     }
 }
 
 /// [`taint`] for a table entry; a connection still deciding is marked so that it is never
 /// armed.
-pub fn taint_entry(e: &Entry, why: &str) {
+/// True if `e` had a late ring (a conversion may have replaced the fd's entry meanwhile).
+pub fn taint_entry(e: &Entry, why: &str) -> bool {
     if let Entry::Conn(c) = e {
         c.no_late_ring();
     }
-    if let Some(l) = late_of(e) {
+    let late = late_of(e);
+    if let Some(l) = &late {
         l.disarm(why);
     }
+    late.is_some()
 }
 
 /// The plain connection behind `e`: a plain entry, or a connection that fell back at connect.
@@ -711,7 +714,7 @@ pub fn taint_all(why: &str) {
 pub fn taint_inheritable(why: &str) {
     for (fd, e) in table::all() {
         if crate::real::fd_flags(fd) & libc::FD_CLOEXEC == 0 {
-            taint_entry(&e, why);
+            let _ = taint_entry(&e, why);
         }
     }
 }
