@@ -135,6 +135,7 @@ fn main() -> std::process::ExitCode {
         test!(scm_rights_handoff_to_preloaded_worker),
         test!(scm_rights_handoff_to_plain_worker),
         test!(scm_rights_handoff_to_preloaded_worker_comes_back_to_its_ring),
+        test!(scm_rights_handoff_of_a_promoted_connection_with_unread_bytes),
         test!(exec_adopts_a_switched_connection_and_brings_it_back_to_its_ring),
         test!(scm_rights_by_sendmmsg_and_recvmmsg_comes_back_to_its_ring),
         test!(exec_through_an_image_without_the_library_pins_the_connection_to_tcp),
@@ -1195,6 +1196,21 @@ fn scm_rights_handoff_to_preloaded_worker_comes_back_to_its_ring() {
         sc("handoff", "scm_rights_back_to_ring")
             .switches("fd_passed")
             .evidence("promoted: back on the ring"),
+    );
+}
+
+/// A dispatcher that never reads its connection: the client's bytes sent while it is on TCP
+/// (`memloop demote`) are still unread when `memloop promote` brings it back to its ring (the
+/// dispatcher's side comes back with them in its socket, in front of the client's doorbells),
+/// the client writes more on the ring, then the dispatcher passes the fd to a preloaded worker
+/// with SCM_RIGHTS. The demote for the handoff carries those bytes through the ring: the
+/// worker reads them, the ring bytes and the rest in order, and no doorbell as data.
+fn scm_rights_handoff_of_a_promoted_connection_with_unread_bytes() {
+    std::env::set_var("MEMLOOP_BIN", memloop_bin());
+    check(
+        sc("handoff", "unread_tail")
+            .switches("fd_passed")
+            .evidence("carried the peer's last TCP bytes"),
     );
 }
 
