@@ -33,6 +33,10 @@
                        the stream, each checked in order (the library carries the tail through
                        the ring when it demotes for the handoff). On kernel TCP the operator
                        steps are skipped;
+  unread_tail_no_room  the same with the ring full (1 MiB of ring bytes): the unread bytes
+                       cannot be carried, so the library refuses the SCM_RIGHTS message with
+                       EBUSY rather than pass the fd on its ring; the dispatcher then reads them,
+                       hands them to the worker itself and passes the fd again;
   oob                  an urgent byte (MSG_OOB) between two megabyte streams: the in-band bytes
                        arrive in order around it, SIOCATMARK is set at the mark, the urgent byte
                        is read out of band. (flags.py `oob` checks POLLPRI, select's exceptional
@@ -45,6 +49,7 @@ The server role prints OK only once every process that served the connection exi
 helper image has its own watchdog; every wait is bounded."""
 
 import ctypes
+import errno
 import faulthandler
 import fcntl
 import hashlib
@@ -55,10 +60,11 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
-from semlib import (Fail, check, dial, echo_with_sha, eq, now, pattern, poll1, recv_exact, run,
-                    sha, wait_child, wait_until, with_thread)
+from semlib import (Fail, check, dial, echo_with_sha, eq, log, now, pattern, poll1, recv_exact,
+                    run, sha, wait_child, wait_until, with_thread)
 
 SIZE = 4 << 20
 CHUNK = 65536
@@ -479,8 +485,11 @@ def oob_serve(lsock, args):
 # ---- unread_tail: a dispatcher passes on a connection it never read, through a promotion ------
 
 TAIL_BYTES = 48 << 10  # sent on TCP, unread by the dispatcher (fits the socket's buffers)
-RING_BYTES = 200 << 10  # sent once the connection is back on its ring (fits the ring)
+# Sent once the connection is back on its ring: room left for the tail, or (no_room) exactly
+# the ring's capacity (1 MiB by default), so the tail cannot be carried.
+RING_BYTES = {"unread_tail": 200 << 10, "unread_tail_no_room": 1 << 20}
 REST_BYTES = 2 << 20  # sent while and after the fd changes hands
+PASS_HEADER = struct.Struct(">2sQ")  # b"fd", how many bytes the dispatcher read itself
 
 
 def operator(verb):
@@ -495,8 +504,9 @@ def operator(verb):
     check(r.returncode == 0, f"memloop {verb}: exit {r.returncode}: {r.stderr.strip()}")
 
 
-def tail_stream():
-    return pattern(TAIL_BYTES, 1201), pattern(RING_BYTES, 1202), pattern(REST_BYTES, 1203)
+def tail_stream(case):
+    return (pattern(TAIL_BYTES, 1201), pattern(RING_BYTES[case], 1202),
+            pattern(REST_BYTES, 1203))
 
 
 def tail_server(lsock, args):
@@ -515,7 +525,18 @@ def tail_server(lsock, args):
         # its bytes are there (and, under the preload, the demote and promote are done).
         wait_until(lambda: os.path.exists(args.port_file + ".pass"), 25, "the client's go")
         check(poll1(conn, select.POLLIN, 0), "the unread bytes are there")
-        socket.send_fds(ours, [b"fd"], [conn.fileno()])
+        read = b""
+        try:
+            socket.send_fds(ours, [PASS_HEADER.pack(b"fd", 0)], [conn.fileno()])
+        except OSError as e:
+            # Under the preload, when the bytes it never read cannot be carried through the
+            # ring (no room): the fd must not go yet. Read them, hand them on, pass again.
+            if e.errno != errno.EBUSY:
+                raise
+            log(f"NOTE server {args.case}: SCM_RIGHTS refused with EBUSY; reading the tail")
+            read = recv_exact(conn, TAIL_BYTES, "the unread bytes")
+            socket.send_fds(ours, [PASS_HEADER.pack(b"fd", len(read))], [conn.fileno()])
+        ours.sendall(read)
         conn.close()
         eq(ours.recv(3), b"ok\n", "the worker's verdict")
     finally:
@@ -527,12 +548,15 @@ def tail_worker(case, fd):
     unix = socket.socket(fileno=fd)
     unix.settimeout(25)
     unix.sendall(b"ready\n")
-    msg, fds, _, _ = socket.recv_fds(unix, 16, 1)
-    eq((msg, len(fds)), (b"fd", 1), "the passed connection")
+    msg, fds, _, _ = socket.recv_fds(unix, PASS_HEADER.size, 1)
+    eq(len(fds), 1, "the passed connection")
+    tag, n = PASS_HEADER.unpack(msg)
+    eq(tag, b"fd", "the pass message")
+    got = bytearray(recv_exact(unix, n, "what the dispatcher read itself") if n else b"")
     conn = socket.socket(fileno=fds[0])
     conn.settimeout(20)
-    want = b"".join(tail_stream())
-    got = bytearray()
+    want = b"".join(tail_stream(case))
+    eq(bytes(got), want[:n], "what the dispatcher read itself")
     while True:
         b = conn.recv(CHUNK)
         if not b:
@@ -541,8 +565,8 @@ def tail_worker(case, fd):
         if b != want[len(got) : end]:
             at = next(i for i in range(len(b)) if end > len(want) or b[i] != want[len(got) + i])
             raise Fail(f"wrong byte at offset {len(got) + at} of {len(want)} (tail "
-                       f"{TAIL_BYTES}, then ring {RING_BYTES}): got {b[at : at + 8].hex()}, "
-                       f"want {want[len(got) + at : len(got) + at + 8].hex()}")
+                       f"{TAIL_BYTES}, then ring {RING_BYTES[case]}): got "
+                       f"{b[at : at + 8].hex()}, want {want[len(got) + at : len(got) + at + 8].hex()}")
         got += b
     eq(len(got), len(want), "bytes received (tail, ring bytes, the rest), then EOF")
     conn.sendall(f"got {len(got)} {sha(got)}\n".encode())
@@ -556,25 +580,32 @@ def tail_client(args):
     s.settimeout(30)
     s.sendall(HELLO)
     eq(recv_exact(s, len(ACCEPTED), "accepted"), ACCEPTED, "the dispatcher's answer")
-    tail, ring, rest = tail_stream()
+    tail, ring, rest = tail_stream(args.case)
     operator("demote")  # both sides on TCP
     s.sendall(tail)  # on TCP: the dispatcher never reads it
     operator("promote")  # back on the ring; the dispatcher's side with `tail` still unread
-    s.sendall(ring)  # on the ring
+    on_ring = threading.Event()
+
+    def send():
+        s.sendall(ring)  # on the ring (on kernel TCP it may wait for the worker's reads)
+        on_ring.set()
+        for i in range(0, REST_BYTES, CHUNK):  # while the fd changes hands, and after
+            s.sendall(rest[i : i + CHUNK])
+            time.sleep(0.002)
+        s.shutdown(socket.SHUT_WR)
+
+    join = with_thread(send)
+    on_ring.wait(2.0)
     with open(args.port_file + ".pass", "w"):
         pass
-    for i in range(0, REST_BYTES, CHUNK):  # while the fd changes hands, and after
-        s.sendall(rest[i : i + CHUNK])
-        time.sleep(0.002)
-    s.shutdown(socket.SHUT_WR)
     want = tail + ring + rest
     line = recv_exact(s, len(f"got {len(want)} {sha(b'')}\n"), "the worker's verdict")
     eq(line.decode().split(), ["got", str(len(want)), sha(want)], "what the worker read")
     t0 = now()
     eq(s.recv(10), b"", "EOF after the verdict")
     check(now() - t0 <= EOF_WITHIN, "EOF promptly after the verdict")
+    join()
     s.close()
-
 
 CASES = {
     "inetd_chain": (inetd_server, inetd_client),
@@ -588,6 +619,7 @@ CASES = {
     "exec_through_plain": (exec_server, exec_client),
     "oob": (oob_serve, oob_client),
     "unread_tail": (tail_server, tail_client),
+    "unread_tail_no_room": (tail_server, tail_client),
 }
 
 HELPERS = {
