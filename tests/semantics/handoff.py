@@ -37,6 +37,9 @@
                        cannot be carried, so the library refuses the SCM_RIGHTS message with
                        EBUSY rather than pass the fd on its ring; the dispatcher then reads them,
                        hands them to the worker itself and passes the fd again;
+  unread_tail_operator as unread_tail, but `memloop demote` moves the connection to TCP before
+                       the handoff, while the dispatcher is in none of its calls: its side
+                       carries the tail from its heartbeat;
   oob                  an urgent byte (MSG_OOB) between two megabyte streams: the in-band bytes
                        arrive in order around it, SIOCATMARK is set at the mark, the urgent byte
                        is read out of band. (flags.py `oob` checks POLLPRI, select's exceptional
@@ -487,7 +490,8 @@ def oob_serve(lsock, args):
 TAIL_BYTES = 48 << 10  # sent on TCP, unread by the dispatcher (fits the socket's buffers)
 # Sent once the connection is back on its ring: room left for the tail, or (no_room) exactly
 # the ring's capacity (1 MiB by default), so the tail cannot be carried.
-RING_BYTES = {"unread_tail": 200 << 10, "unread_tail_no_room": 1 << 20}
+RING_BYTES = {"unread_tail": 200 << 10, "unread_tail_no_room": 1 << 20,
+              "unread_tail_operator": 200 << 10}
 REST_BYTES = 2 << 20  # sent while and after the fd changes hands
 PASS_HEADER = struct.Struct(">2sQ")  # b"fd", how many bytes the dispatcher read itself
 
@@ -596,6 +600,8 @@ def tail_client(args):
 
     join = with_thread(send)
     on_ring.wait(2.0)
+    if args.case == "unread_tail_operator":
+        operator("demote")  # the dispatcher's side, in none of its calls, must carry its tail
     with open(args.port_file + ".pass", "w"):
         pass
     want = tail + ring + rest
@@ -620,6 +626,7 @@ CASES = {
     "oob": (oob_serve, oob_client),
     "unread_tail": (tail_server, tail_client),
     "unread_tail_no_room": (tail_server, tail_client),
+    "unread_tail_operator": (tail_server, tail_client),
 }
 
 HELPERS = {

@@ -137,6 +137,7 @@ fn main() -> std::process::ExitCode {
         test!(scm_rights_handoff_to_preloaded_worker_comes_back_to_its_ring),
         test!(scm_rights_handoff_of_a_promoted_connection_with_unread_bytes),
         test!(scm_rights_handoff_with_unread_bytes_and_a_full_ring_fails_until_they_are_read),
+        test!(demote_of_a_promoted_connection_with_unread_bytes_by_the_operator),
         test!(exec_adopts_a_switched_connection_and_brings_it_back_to_its_ring),
         test!(scm_rights_by_sendmmsg_and_recvmmsg_comes_back_to_its_ring),
         test!(exec_through_an_image_without_the_library_pins_the_connection_to_tcp),
@@ -1225,6 +1226,18 @@ fn scm_rights_handoff_with_unread_bytes_and_a_full_ring_fails_until_they_are_rea
         sc("handoff", "unread_tail_no_room")
             .switches("fd_passed")
             .evidence("SCM_RIGHTS refused (EBUSY)"),
+    );
+}
+
+/// As `unread_tail`, with `memloop demote` asked after the promotion, while the dispatcher
+/// waits elsewhere: its side carries the unread bytes from its heartbeat (the peer asked),
+/// and the fd then goes on TCP already.
+fn demote_of_a_promoted_connection_with_unread_bytes_by_the_operator() {
+    std::env::set_var("MEMLOOP_BIN", memloop_bin());
+    check(
+        sc("handoff", "unread_tail_operator")
+            .switches("operator")
+            .evidence("carried the peer's last TCP bytes"),
     );
 }
 
