@@ -352,7 +352,7 @@ impl Conn {
             },
         };
         let Some(tail) = self.carry(w, &me, peer)? else {
-            return refuse("no room in the ring (its free space is smaller)");
+            return refuse("no room in the ring (or the side became shared)");
         };
         self.epoll_follow_path();
         let reason = w.switch.reason().unwrap_or(SwitchReason::Peer);
@@ -379,6 +379,9 @@ impl Conn {
         let Some(tail) = self.tcp_left() else {
             return Err(libc::EAGAIN); // (the peer stopped: the word asks no promotion)
         };
+        if self.share.shared.load(Acquire) {
+            return Ok(None); // forked while we waited: another holder may read the tail
+        }
         let room = cons.carry_room(peer.tail).map_err(|e| {
             tracing::warn!(ch = ?self.ch, "cannot carry: {e}");
             libc::EIO
