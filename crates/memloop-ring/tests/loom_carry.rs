@@ -5,8 +5,8 @@
 //! `docs/design/path-switching.md`). Such a side announces `CARRYING`, waits for the peer's
 //! `Left`, then either carries the tail into its rx ring in front of its head and publishes
 //! its `Left` with the head moved back (the peer's ordinary re-send delivers tail + ring
-//! bytes), or — no room, or the peer carries too — withdraws and reads the tail first, as the
-//! program would, then leaves like any side. Both sides leave concurrently; each must receive
+//! bytes), or — no room, or the peer carries too — reads the tail first, as the program
+//! would, then leaves like any side. Both sides leave concurrently; each must receive
 //! the peer's bytes exactly once, in order, and no doorbell as data.
 //!
 //! - `a_side_with_a_tail_carries_it_while_both_leave`: one carrier, room in the ring;
@@ -169,7 +169,8 @@ impl Side {
                 CarryStep::Carry(peer) => {
                     let room = self.rx.carry_room(peer.tail).unwrap();
                     if self.tail as u64 > room {
-                        assert!(self.me.withdraw_carry());
+                        // (The record stays "carrying", as in the preload: the peer has left
+                        // and waits for our `Left` whatever it says.)
                         return self.read_tail_then_leave();
                     }
                     let t = pop(&self.inq, self.tail);
