@@ -25,8 +25,10 @@
 //!    ([`StreamConsumer::carry`]) and publishes its `Left` with the head moved back by the
 //!    tail's length: the peer's ordinary re-send from that head delivers tail, then ring bytes,
 //!    in order, to whoever holds the socket next, and the discard in front of it is exact
-//!    again (only doorbells are left before the re-send). If it does not fit, the side
-//!    withdraws (`CARRYING` → active) and the tail must reach the program from the socket first.
+//!    again (only doorbells are left before the re-send). If it does not fit, nothing is
+//!    changed: the tail must reach the program from the socket first, and then the side leaves
+//!    as any side does (its record may stay `CARRYING` until then: the peer has left, and waits
+//!    for our `Left` whatever the record says).
 //!
 //! The carrier publishes its `Left` only after it saw the peer's: before that the peer may
 //! still write into the space the tail goes to. A side that sees the peer `CARRYING` too
