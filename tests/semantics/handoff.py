@@ -24,6 +24,22 @@
   reexec_privsep       sshd-like: fork, the child moves the connection to fd 3 and re-execs this
                        script, which chroots into an empty directory, drops to `nobody` (root
                        only; otherwise says so and skips both) and serves;
+  unread_tail          a dispatcher holds a connection it never reads: the client's bytes sent
+                       while the connection is on TCP (`memloop demote`) stay unread in its
+                       socket through `memloop promote` (the dispatcher's side comes back to
+                       the ring with them still there: its *tail*), the client writes more on
+                       the ring, then the dispatcher passes the fd with SCM_RIGHTS to a
+                       preloaded worker that reads everything: tail, ring bytes, the rest of
+                       the stream, each checked in order (the library carries the tail through
+                       the ring when it demotes for the handoff). On kernel TCP the operator
+                       steps are skipped;
+  unread_tail_no_room  the same with the ring full (1 MiB of ring bytes): the unread bytes
+                       cannot be carried, so the library refuses the SCM_RIGHTS message with
+                       EBUSY rather than pass the fd on its ring; the dispatcher then reads them,
+                       hands them to the worker itself and passes the fd again;
+  unread_tail_operator as unread_tail, but `memloop demote` moves the connection to TCP before
+                       the handoff, while the dispatcher is in none of its calls: its side
+                       carries the tail from its heartbeat;
   oob                  an urgent byte (MSG_OOB) between two megabyte streams: the in-band bytes
                        arrive in order around it, SIOCATMARK is set at the mark, the urgent byte
                        is read out of band. (flags.py `oob` checks POLLPRI, select's exceptional
@@ -36,6 +52,7 @@ The server role prints OK only once every process that served the connection exi
 helper image has its own watchdog; every wait is bounded."""
 
 import ctypes
+import errno
 import faulthandler
 import fcntl
 import hashlib
@@ -46,10 +63,11 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
-from semlib import (Fail, check, dial, echo_with_sha, eq, now, pattern, poll1, recv_exact, run,
-                    sha, wait_child, wait_until, with_thread)
+from semlib import (Fail, check, dial, echo_with_sha, eq, log, now, pattern, poll1, recv_exact,
+                    run, sha, wait_child, wait_until, with_thread)
 
 SIZE = 4 << 20
 CHUNK = 65536
@@ -467,6 +485,134 @@ def oob_serve(lsock, args):
     oob_server(conn, args)
 
 
+# ---- unread_tail: a dispatcher passes on a connection it never read, through a promotion ------
+
+TAIL_BYTES = 48 << 10  # sent on TCP, unread by the dispatcher (fits the socket's buffers)
+# Sent once the connection is back on its ring: room left for the tail, or (no_room) exactly
+# the ring's capacity (1 MiB by default), so the tail cannot be carried.
+RING_BYTES = {"unread_tail": 200 << 10, "unread_tail_no_room": 1 << 20,
+              "unread_tail_operator": 200 << 10}
+REST_BYTES = 2 << 20  # sent while and after the fd changes hands
+PASS_HEADER = struct.Struct(">2sQ")  # b"fd", how many bytes the dispatcher read itself
+
+
+def operator(verb):
+    """`memloop demote|promote --all` on the region, waiting until it is done (under the
+    preload only: on kernel TCP there is nothing to move)."""
+    bin_ = os.environ.get("MEMLOOP_BIN")
+    if not bin_ or not os.environ.get("MEMLOOP_REGION"):
+        return
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MEMLOOP_LOG")}
+    r = subprocess.run([bin_, verb, "--all", "--wait", "10"], env=env, capture_output=True,
+                       text=True, timeout=20, check=False)
+    check(r.returncode == 0, f"memloop {verb}: exit {r.returncode}: {r.stderr.strip()}")
+
+
+def tail_stream(case):
+    return (pattern(TAIL_BYTES, 1201), pattern(RING_BYTES[case], 1202),
+            pattern(REST_BYTES, 1203))
+
+
+def tail_server(lsock, args):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.settimeout(30)
+    worker = subprocess.Popen(helper_argv("tail-worker", args.case, theirs.fileno()),
+                              pass_fds=[theirs.fileno()], env=dict(os.environ))
+    theirs.close()
+    try:
+        eq(ours.recv(6), b"ready\n", "the worker is up")
+        conn, _ = lsock.accept()
+        lsock.close()
+        eq(recv_exact(conn, len(HELLO), "hello"), HELLO, "the client's hello")
+        conn.sendall(ACCEPTED)
+        # A dispatcher: it holds the connection without reading it until the client says
+        # its bytes are there (and, under the preload, the demote and promote are done).
+        wait_until(lambda: os.path.exists(args.port_file + ".pass"), 25, "the client's go")
+        check(poll1(conn, select.POLLIN, 0), "the unread bytes are there")
+        read = b""
+        try:
+            socket.send_fds(ours, [PASS_HEADER.pack(b"fd", 0)], [conn.fileno()])
+        except OSError as e:
+            # Under the preload, when the bytes it never read cannot be carried through the
+            # ring (no room): the fd must not go yet. Read them, hand them on, pass again.
+            if e.errno != errno.EBUSY:
+                raise
+            log(f"NOTE server {args.case}: SCM_RIGHTS refused with EBUSY; reading the tail")
+            read = recv_exact(conn, TAIL_BYTES, "the unread bytes")
+            socket.send_fds(ours, [PASS_HEADER.pack(b"fd", len(read))], [conn.fileno()])
+        ours.sendall(read)
+        conn.close()
+        eq(ours.recv(3), b"ok\n", "the worker's verdict")
+    finally:
+        code = wait_popen(worker, "the worker")
+    eq(code, 0, "the worker's exit code")
+
+
+def tail_worker(case, fd):
+    unix = socket.socket(fileno=fd)
+    unix.settimeout(25)
+    unix.sendall(b"ready\n")
+    msg, fds, _, _ = socket.recv_fds(unix, PASS_HEADER.size, 1)
+    eq(len(fds), 1, "the passed connection")
+    tag, n = PASS_HEADER.unpack(msg)
+    eq(tag, b"fd", "the pass message")
+    got = bytearray(recv_exact(unix, n, "what the dispatcher read itself") if n else b"")
+    conn = socket.socket(fileno=fds[0])
+    conn.settimeout(20)
+    want = b"".join(tail_stream(case))
+    eq(bytes(got), want[:n], "what the dispatcher read itself")
+    while True:
+        b = conn.recv(CHUNK)
+        if not b:
+            break
+        end = len(got) + len(b)
+        if b != want[len(got) : end]:
+            at = next(i for i in range(len(b)) if end > len(want) or b[i] != want[len(got) + i])
+            raise Fail(f"wrong byte at offset {len(got) + at} of {len(want)} (tail "
+                       f"{TAIL_BYTES}, then ring {RING_BYTES[case]}): got "
+                       f"{b[at : at + 8].hex()}, want {want[len(got) + at : len(got) + at + 8].hex()}")
+        got += b
+    eq(len(got), len(want), "bytes received (tail, ring bytes, the rest), then EOF")
+    conn.sendall(f"got {len(got)} {sha(got)}\n".encode())
+    conn.close()
+    unix.sendall(b"ok\n")
+    unix.close()
+
+
+def tail_client(args):
+    s = dial(args)
+    s.settimeout(30)
+    s.sendall(HELLO)
+    eq(recv_exact(s, len(ACCEPTED), "accepted"), ACCEPTED, "the dispatcher's answer")
+    tail, ring, rest = tail_stream(args.case)
+    operator("demote")  # both sides on TCP
+    s.sendall(tail)  # on TCP: the dispatcher never reads it
+    operator("promote")  # back on the ring; the dispatcher's side with `tail` still unread
+    on_ring = threading.Event()
+
+    def send():
+        s.sendall(ring)  # on the ring (on kernel TCP it may wait for the worker's reads)
+        on_ring.set()
+        for i in range(0, REST_BYTES, CHUNK):  # while the fd changes hands, and after
+            s.sendall(rest[i : i + CHUNK])
+            time.sleep(0.002)
+        s.shutdown(socket.SHUT_WR)
+
+    join = with_thread(send)
+    on_ring.wait(2.0)
+    if args.case == "unread_tail_operator":
+        operator("demote")  # the dispatcher's side, in none of its calls, must carry its tail
+    with open(args.port_file + ".pass", "w"):
+        pass
+    want = tail + ring + rest
+    line = recv_exact(s, len(f"got {len(want)} {sha(b'')}\n"), "the worker's verdict")
+    eq(line.decode().split(), ["got", str(len(want)), sha(want)], "what the worker read")
+    t0 = now()
+    eq(s.recv(10), b"", "EOF after the verdict")
+    check(now() - t0 <= EOF_WITHIN, "EOF promptly after the verdict")
+    join()
+    s.close()
+
 CASES = {
     "inetd_chain": (inetd_server, inetd_client),
     "inetd_exit_no_close": (inetd_server, inetd_client),
@@ -478,6 +624,9 @@ CASES = {
     "exec_back_to_ring": (exec_server, exec_client),
     "exec_through_plain": (exec_server, exec_client),
     "oob": (oob_serve, oob_client),
+    "unread_tail": (tail_server, tail_client),
+    "unread_tail_no_room": (tail_server, tail_client),
+    "unread_tail_operator": (tail_server, tail_client),
 }
 
 HELPERS = {
@@ -486,6 +635,7 @@ HELPERS = {
     "scm-worker": lambda a: scm_worker(a[0], int(a[1])),
     "privsep": lambda a: privsep_child(a[0], int(a[1]), a[2]),
     "exec-serve": lambda a: exec_serve(a[0], int(a[1])),
+    "tail-worker": lambda a: tail_worker(a[0], int(a[1])),
 }
 
 

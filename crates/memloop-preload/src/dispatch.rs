@@ -476,10 +476,17 @@ pub fn set_nonblock(fd: c_int, on: bool) {
 
 /// Before `exec`: ring connections the new image inherits move to TCP unless it loads this
 /// library too (then it adopts them); epoll sets the new image inherits (no close-on-exec) get the program's own
-/// registrations back in the kernel.
-pub fn before_exec(keeps_library: bool) {
-    if !keeps_library {
-        demote_inheritable(SwitchReason::Exec, "exec into an image without the library");
+/// registrations back in the kernel. `Err(EBUSY)` (nothing done): a connection cannot leave
+/// its ring yet (see [`demote_inheritable`]); the exec must not happen.
+pub fn before_exec(keeps_library: bool) -> Result<(), c_int> {
+    if keeps_library {
+        // A connection coming back to its ring (`Joining`) has the peer's last TCP bytes in
+        // its socket, where the new image would take them for doorbells (it adopts the
+        // connection as a ring one): it goes to TCP first (carrying them), and the new image
+        // adopts it there.
+        demote_where(SwitchReason::Exec, |c| c.path() == Path::Joining)?;
+    } else {
+        demote_inheritable(SwitchReason::Exec, "exec into an image without the library")?;
     }
     crate::plain::finish_resends();
     crate::late::taint_all("exec");
@@ -497,6 +504,7 @@ pub fn before_exec(keeps_library: bool) {
     for (fd, s) in inherited_sets() {
         s.prepare_exec(fd);
     }
+    Ok(())
 }
 
 /// Ring connections a new program image (or a spawned process) would inherit leave their
@@ -504,26 +512,57 @@ pub fn before_exec(keeps_library: bool) {
 /// nothing may strand bytes in a ring it cannot read. They stay off their rings for good
 /// (pinned, `why`): that program may write on the socket at any moment, where a promotion's
 /// stop would make its bytes read as doorbells.
-pub fn demote_inheritable(reason: SwitchReason, why: &str) {
-    for c in table::conns() {
-        let ours = !matches!(c.path(), Path::Tcp) || c.switched();
-        if ours && c.inheritable() {
-            if let Err(e) = c.demote(reason) {
-                tracing::debug!(ch = ?c.ch, errno = e, %reason, "connection kept its ring");
-            }
-            if c.path() == Path::Tcp && c.switched() {
-                c.pin_for_good(why);
-            }
+///
+/// `Err(EBUSY)`, with nothing pinned: a connection coming back to its ring holds the peer's
+/// last TCP bytes unread in its socket, with no room in the ring to carry them
+/// (`Conn::demote`); the program must read them first. Handed on now, the other program
+/// would read the peer's doorbells after them and never the ring's bytes: the caller fails
+/// the exec or spawn instead, and the connection stays here, intact.
+pub fn demote_inheritable(reason: SwitchReason, why: &str) -> Result<(), c_int> {
+    let ours = |c: &Conn| !matches!(c.path(), Path::Tcp) || c.switched();
+    let moved = demote_where(reason, ours)?;
+    for c in moved {
+        if c.path() == Path::Tcp && c.switched() {
+            c.pin_for_good(why);
         }
     }
+    Ok(())
 }
 
-/// Before `posix_spawn`: what the child inherits cannot stay on a ring.
-pub fn before_spawn() {
+/// Demotes every inheritable connection `pick` selects; the ones it looked at, or
+/// `Err(EBUSY)` if one of them cannot leave its ring yet.
+fn demote_where(
+    reason: SwitchReason,
+    pick: impl Fn(&Conn) -> bool,
+) -> Result<Vec<Arc<Conn>>, c_int> {
+    let mut moved = Vec::new();
+    for c in table::conns() {
+        if pick(&c) && c.inheritable() {
+            match c.demote(reason) {
+                Err(libc::EBUSY) => {
+                    tracing::warn!(ch = ?c.ch, %reason, "connection not handed on: the peer's \
+                        last TCP bytes are unread (the program must read them first)");
+                    return Err(libc::EBUSY);
+                }
+                Err(e) => {
+                    tracing::debug!(ch = ?c.ch, errno = e, %reason, "connection kept its ring")
+                }
+                Ok(()) => {}
+            }
+            moved.push(c);
+        }
+    }
+    Ok(moved)
+}
+
+/// Before `posix_spawn`: what the child inherits cannot stay on a ring (`Err(EBUSY)`: see
+/// [`demote_inheritable`]; the spawn must not happen).
+pub fn before_spawn() -> Result<(), c_int> {
     crate::late::taint_inheritable("spawn");
     // The child may run anything and adopts nothing (no exec hook ran).
-    demote_inheritable(SwitchReason::Spawn, "posix_spawn");
+    demote_inheritable(SwitchReason::Spawn, "posix_spawn")?;
     crate::plain::finish_resends();
+    Ok(())
 }
 
 /// `MSG_OOB` on a ring connection: the ring has no urgent data, so the connection moves to
@@ -539,16 +578,32 @@ pub fn before_urgent(fd: c_int) {
 
 /// Ring connections among the fds of an `SCM_RIGHTS` message leave their rings before the
 /// message goes: the receiver gets a plain TCP socket, whatever it runs.
-pub fn before_passing(fds: &[c_int]) {
+///
+/// `Err(EBUSY)`: one of them cannot leave its ring yet — it is coming back to it with the
+/// peer's last TCP bytes unread in its socket and no room in the ring to carry them
+/// (`Conn::demote`). Passed on, the receiver would read the peer's doorbells after those
+/// bytes and never the ring's: the message must fail instead (nothing sent, no hold taken;
+/// the connection stays with this process, intact, and goes once the program has read them).
+pub fn before_passing(fds: &[c_int]) -> Result<(), c_int> {
+    let mut passed = Vec::new();
     for &fd in fds {
         crate::late::taint(fd, "passed with SCM_RIGHTS");
         if let Some(c) = table::conn(fd) {
             match c.demote(SwitchReason::FdPassed) {
-                Ok(()) => crate::conn::hand_off(&c),
+                Ok(()) => passed.push(c),
+                Err(libc::EBUSY) => {
+                    tracing::warn!(fd, ch = ?c.ch, "SCM_RIGHTS refused (EBUSY): the peer's last \
+                        TCP bytes are unread (the program must read them first)");
+                    return Err(libc::EBUSY);
+                }
                 Err(e) => tracing::debug!(fd, errno = e, "passed connection kept its ring"),
             }
         }
     }
+    for c in passed {
+        crate::conn::hand_off(&c);
+    }
+    Ok(())
 }
 
 /// The `exec` failed: back to our registrations.

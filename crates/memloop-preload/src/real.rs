@@ -550,6 +550,30 @@ pub fn discard_exact(fd: c_int, mut n: u64) -> Result<u64, c_int> {
     Ok(done)
 }
 
+/// Reads exactly `buf.len()` bytes from the socket, waiting for them (the peer sent them
+/// already); how many it got — fewer only at EOF or an error, which is returned with them.
+pub fn recv_exact(fd: c_int, buf: &mut [u8]) -> (usize, Option<c_int>) {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        // SAFETY: valid buffer of `rest.len()` bytes.
+        let r = unsafe { recv()(fd, rest.as_mut_ptr().cast(), rest.len(), libc::MSG_DONTWAIT) };
+        match check(r) {
+            Ok(0) => return (done, None),
+            Ok(k) => done += k,
+            Err(libc::EINTR) => {}
+            Err(libc::EAGAIN) => {
+                let wait = Some(std::time::Duration::from_millis(100));
+                if let Err(e) = wait_fd(fd, libc::POLLIN, wait) {
+                    return (done, Some(e));
+                }
+            }
+            Err(e) => return (done, Some(e)),
+        }
+    }
+    (done, None)
+}
+
 /// Sends as much of `bytes` as the socket takes without blocking; how much that was.
 pub fn send_now(fd: c_int, bytes: &[u8]) -> Result<usize, c_int> {
     let mut sent = 0;

@@ -138,6 +138,9 @@ fn main() -> std::process::ExitCode {
         test!(scm_rights_handoff_to_preloaded_worker),
         test!(scm_rights_handoff_to_plain_worker),
         test!(scm_rights_handoff_to_preloaded_worker_comes_back_to_its_ring),
+        test!(scm_rights_handoff_of_a_promoted_connection_with_unread_bytes),
+        test!(scm_rights_handoff_with_unread_bytes_and_a_full_ring_fails_until_they_are_read),
+        test!(demote_of_a_promoted_connection_with_unread_bytes_by_the_operator),
         test!(exec_adopts_a_switched_connection_and_brings_it_back_to_its_ring),
         test!(scm_rights_by_sendmmsg_and_recvmmsg_comes_back_to_its_ring),
         test!(exec_through_an_image_without_the_library_pins_the_connection_to_tcp),
@@ -1233,6 +1236,46 @@ fn scm_rights_handoff_to_preloaded_worker_comes_back_to_its_ring() {
         sc("handoff", "scm_rights_back_to_ring")
             .switches("fd_passed")
             .evidence("promoted: back on the ring"),
+    );
+}
+
+/// A dispatcher that never reads its connection: the client's bytes sent while it is on TCP
+/// (`memloop demote`) are still unread when `memloop promote` brings it back to its ring (the
+/// dispatcher's side comes back with them in its socket, in front of the client's doorbells),
+/// the client writes more on the ring, then the dispatcher passes the fd to a preloaded worker
+/// with SCM_RIGHTS. The demote for the handoff carries those bytes through the ring: the
+/// worker reads them, the ring bytes and the rest in order, and no doorbell as data.
+fn scm_rights_handoff_of_a_promoted_connection_with_unread_bytes() {
+    std::env::set_var("MEMLOOP_BIN", memloop_bin());
+    check(
+        sc("handoff", "unread_tail")
+            .switches("fd_passed")
+            .evidence("carried the peer's last TCP bytes"),
+    );
+}
+
+/// The same with the client's ring bytes filling the ring (1 MiB): the unread bytes cannot be
+/// carried, so the SCM_RIGHTS message fails with EBUSY (after the bounded wait for the program
+/// to read them) instead of passing the fd on its ring; the dispatcher reads them, gives them
+/// to the worker itself and passes the fd again, which now leaves its ring as usual.
+fn scm_rights_handoff_with_unread_bytes_and_a_full_ring_fails_until_they_are_read() {
+    std::env::set_var("MEMLOOP_BIN", memloop_bin());
+    check(
+        sc("handoff", "unread_tail_no_room")
+            .switches("fd_passed")
+            .evidence("SCM_RIGHTS refused (EBUSY)"),
+    );
+}
+
+/// As `unread_tail`, with `memloop demote` asked after the promotion, while the dispatcher
+/// waits elsewhere: its side carries the unread bytes from its heartbeat (the peer asked),
+/// and the fd then goes on TCP already.
+fn demote_of_a_promoted_connection_with_unread_bytes_by_the_operator() {
+    std::env::set_var("MEMLOOP_BIN", memloop_bin());
+    check(
+        sc("handoff", "unread_tail_operator")
+            .switches("operator")
+            .evidence("carried the peer's last TCP bytes"),
     );
 }
 

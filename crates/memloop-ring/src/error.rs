@@ -22,6 +22,10 @@ pub enum RingError {
     /// A slot ring was given a buffer that is not exactly one (or a whole number of) slot(s).
     #[error("slot ring: buffer of {len} bytes does not match the slot size of {slot_size} bytes")]
     SlotSize { len: u64, slot_size: u32 },
+    /// A tail to carry in front of a stream ring's head is larger than the free space there
+    /// (`leave`: the caller checks `carry_room` first).
+    #[error("a carried tail of {len} bytes does not fit the {room} bytes free before the head")]
+    NoRoom { len: u64, room: u64 },
     /// The other side closed: for producers the reader is gone (like `EPIPE`).
     #[error("ring closed by the peer")]
     Closed,

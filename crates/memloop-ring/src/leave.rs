@@ -12,10 +12,34 @@
 //!
 //! Nothing goes on the socket as data before both sides have left: until then the peer may
 //! still drain the socket, taking anything there for doorbells. Pure: the caller does the I/O.
+//!
+//! **Carrying a tail.** A side coming back from TCP (a promotion) may still have the peer's
+//! last TCP bytes — its *tail* — unread in its socket, in front of the doorbells the peer rang
+//! since. Such a side cannot simply leave: its discard would eat the tail, and the peer's
+//! re-send would come after it. It *carries* the tail instead:
+//! 1. it announces [`CARRYING`](LeaveState::Carrying) ([`begin_carry`]) and goes on as it was
+//!    (reads from the socket, writes to its ring) until the peer has left;
+//! 2. with the peer's `Left` seen, the peer's tx ring — our rx ring — is frozen at the peer's
+//!    final tail. If the tail fits in the ring's free space ([`StreamConsumer::carry_room`]),
+//!    the side reads the tail out of its socket, writes it into the ring just before its head
+//!    ([`StreamConsumer::carry`]) and publishes its `Left` with the head moved back by the
+//!    tail's length: the peer's ordinary re-send from that head delivers tail, then ring bytes,
+//!    in order, to whoever holds the socket next, and the discard in front of it is exact
+//!    again (only doorbells are left before the re-send). If it does not fit, nothing is
+//!    changed: the tail must reach the program from the socket first, and then the side leaves
+//!    as any side does (its record may stay `CARRYING` until then: the peer has left, and waits
+//!    for our `Left` whatever the record says).
+//!
+//! The carrier publishes its `Left` only after it saw the peer's: before that the peer may
+//! still write into the space the tail goes to. A side that sees the peer `CARRYING` too
+//! withdraws: the announcement and the look at the peer are sequentially consistent (a Dekker
+//! pair), so of two carriers at least one sees the other, and never do both wait for each
+//! other's `Left`. `CARRYING` promises nothing else, so withdrawing is always safe.
+//! `tests/loom_carry.rs` checks all of this.
 
-use crate::stream::StreamProducer;
+use crate::stream::{StreamConsumer, StreamProducer};
 use crate::RingError;
-use memloop_shm::sync::Ordering::{Acquire, Relaxed, SeqCst};
+use memloop_shm::sync::Ordering::{Relaxed, SeqCst};
 use memloop_shm::{ShmSlice, ShmU64};
 
 /// Where a side stopped: the end of what it published, the end of what it consumed, and how
@@ -32,9 +56,20 @@ pub const LEAVE_CELL_BYTES: u64 = 32;
 
 const ACTIVE: u64 = 0;
 const LEFT: u64 = 1;
+const CARRYING: u64 = 2;
+
+/// A side's leave record as read: still on its rings, announced to carry a tail (still on its
+/// rings until the peer has left, see the module docs), or left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaveState {
+    Active,
+    Carrying,
+    Left(Left),
+}
 
 /// One side's leave record in shared memory: a state word, then the [`Left`] fields, written
 /// before the state is set and read after it is seen.
+#[derive(Clone)]
 pub struct LeaveCell {
     state: ShmU64,
     tail: ShmU64,
@@ -53,39 +88,104 @@ impl LeaveCell {
         })
     }
 
-    /// Publishes where this side stopped; false if it had already left (the first record
-    /// stands).
+    /// Publishes where this side stopped (from "active", or "carrying" once the peer has
+    /// left); false if it had already left (the first record stands).
     pub fn publish(&self, l: Left) -> bool {
-        if self.state.load(SeqCst) != ACTIVE {
+        let cur = self.state.load(SeqCst);
+        if cur != ACTIVE && cur != CARRYING {
             return false;
         }
         self.tail.store(l.tail, Relaxed);
         self.head.store(l.head, Relaxed);
         self.doorbells.store(l.doorbells, Relaxed);
         self.state
-            .compare_exchange(ACTIVE, LEFT, SeqCst, Relaxed)
+            .compare_exchange(cur, LEFT, SeqCst, Relaxed)
             .is_ok()
     }
 
-    /// Back to "active" for the next switch (the connection came back to its rings); false
-    /// if the side had not left.
+    /// Back to "active" for the next switch (the connection came back to its rings, or a
+    /// carry was withdrawn); false if the side had not left or announced a carry.
     pub fn reset(&self) -> bool {
+        [LEFT, CARRYING].into_iter().any(|from| {
+            self.state
+                .compare_exchange(from, ACTIVE, SeqCst, Relaxed)
+                .is_ok()
+        })
+    }
+
+    /// Announces a carry (see the module docs): true if the side is "carrying" now (also if it
+    /// already was), false if it has left.
+    pub fn announce_carry(&self) -> bool {
+        match self
+            .state
+            .compare_exchange(ACTIVE, CARRYING, SeqCst, SeqCst)
+        {
+            Ok(_) => true,
+            Err(cur) => cur == CARRYING,
+        }
+    }
+
+    /// Withdraws a carry: "carrying" → "active"; false if the side was not carrying.
+    pub fn withdraw_carry(&self) -> bool {
         self.state
-            .compare_exchange(LEFT, ACTIVE, SeqCst, Relaxed)
+            .compare_exchange(CARRYING, ACTIVE, SeqCst, Relaxed)
             .is_ok()
     }
 
-    /// Where the side stopped, once it has left. Any state other than "active" or "left" was
-    /// written by a buggy peer: [`RingError::Corrupt`].
-    pub fn read(&self) -> Result<Option<Left>, RingError> {
-        match self.state.load(Acquire) {
-            ACTIVE => Ok(None),
-            LEFT => Ok(Some(Left {
+    /// The record's state. Any state other than active, carrying or left was written by a
+    /// buggy peer: [`RingError::Corrupt`].
+    pub fn state(&self) -> Result<LeaveState, RingError> {
+        match self.state.load(SeqCst) {
+            ACTIVE => Ok(LeaveState::Active),
+            CARRYING => Ok(LeaveState::Carrying),
+            LEFT => Ok(LeaveState::Left(Left {
                 tail: self.tail.load(Relaxed),
                 head: self.head.load(Relaxed),
                 doorbells: self.doorbells.load(Relaxed),
             })),
             s => Err(RingError::corrupt("leave state", s.to_string())),
+        }
+    }
+
+    /// Where the side stopped, once it has left ("carrying" has not left yet). Garbage in the
+    /// state word is [`RingError::Corrupt`].
+    pub fn read(&self) -> Result<Option<Left>, RingError> {
+        Ok(match self.state()? {
+            LeaveState::Left(l) => Some(l),
+            LeaveState::Active | LeaveState::Carrying => None,
+        })
+    }
+}
+
+/// What a side that would carry a tail does next ([`begin_carry`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CarryStep {
+    /// The peer has left (here is where): carry now.
+    Carry(Left),
+    /// The peer is still on its rings: go on as before and look again later.
+    Wait,
+    /// The peer announced a carry too: ours is withdrawn (the tail must reach the program
+    /// from the socket).
+    Withdrawn,
+}
+
+/// Announces (or keeps up) a carry in `me`, then looks at `peer`. The announcement is made
+/// before the look, both sequentially consistent: of two sides that both announce, at least
+/// one sees the other's announcement and withdraws. `Err` for a corrupt peer record, or if
+/// `me` has left already (a carry comes too late then).
+pub fn begin_carry(me: &LeaveCell, peer: &LeaveCell) -> Result<CarryStep, RingError> {
+    if !me.announce_carry() {
+        return Err(RingError::corrupt(
+            "leave state",
+            "this side left already: no tail can be carried".to_string(),
+        ));
+    }
+    match peer.state()? {
+        LeaveState::Left(l) => Ok(CarryStep::Carry(l)),
+        LeaveState::Active => Ok(CarryStep::Wait),
+        LeaveState::Carrying => {
+            me.withdraw_carry();
+            Ok(CarryStep::Withdrawn)
         }
     }
 }
@@ -118,6 +218,42 @@ impl StreamProducer {
         let start = out.len();
         out.resize(start + n as usize, 0);
         self.copy_published(from, &mut out[start..])
+    }
+}
+
+impl StreamConsumer {
+    /// How many bytes can be carried in front of our head once the producer has left at
+    /// `peer_tail` (its `Left`): the ring's free space, which nobody writes any more. The
+    /// producer's final tail is checked against the ring (it must be where the producer
+    /// stopped publishing, no more than a ring ahead of our head).
+    pub fn carry_room(&self, peer_tail: u64) -> Result<u64, RingError> {
+        let head = self.position();
+        let published = self.published_tail();
+        let used = peer_tail.wrapping_sub(head);
+        if used > self.capacity() || published != peer_tail {
+            return Err(RingError::corrupt(
+                "peer's leave position",
+                format!("tail {peer_tail}, published {published}, our head is {head}"),
+            ));
+        }
+        Ok(self.capacity() - used)
+    }
+
+    /// Writes `tail` into the ring just before our head, once the producer has left at
+    /// `peer_tail`, and returns the head to publish in our `Left` (ours minus the tail's
+    /// length): the producer's re-send from there ([`StreamProducer::unconsumed`]) delivers
+    /// `tail`, then what we never consumed, in order. Neither index in the ring moves; the
+    /// bytes go to space the producer freed and, having left, never writes again. Fails
+    /// with nothing written if the tail does not fit ([`StreamConsumer::carry_room`]).
+    pub fn carry(&self, tail: &[u8], peer_tail: u64) -> Result<u64, RingError> {
+        let room = self.carry_room(peer_tail)?;
+        let n = tail.len() as u64;
+        if n > room {
+            return Err(RingError::NoRoom { len: n, room });
+        }
+        let from = self.position().wrapping_sub(n);
+        self.write_at(from, tail)?;
+        Ok(from)
     }
 }
 
@@ -191,6 +327,82 @@ mod tests {
             )
             .is_err(),
             "more doorbells read than sent"
+        );
+    }
+
+    #[test]
+    fn a_carried_tail_comes_back_in_front_of_the_unconsumed_bytes() {
+        let (mut p, mut c) = pair(64);
+        // 40 bytes consumed (stale space), then 20 published and not consumed.
+        p.write(&[0xee; 40]).unwrap();
+        let mut b = [0u8; 40];
+        assert_eq!(c.read(&mut b).unwrap(), 40);
+        let ring: Vec<u8> = (100..120).collect();
+        p.write(&ring).unwrap();
+        let tail_at = p.position();
+        assert_eq!(c.carry_room(tail_at).unwrap(), 44);
+        let tail: Vec<u8> = (1..=30).collect();
+        let head = c.carry(&tail, tail_at).unwrap();
+        assert_eq!(head, c.position() - 30, "the head moves back by the tail");
+        let mut out = Vec::new();
+        p.unconsumed(head, &mut out).unwrap();
+        let want: Vec<u8> = tail.iter().chain(&ring).copied().collect();
+        assert_eq!(out, want, "tail, then the ring's bytes, across the wrap");
+        assert_eq!(c.position(), 40, "our index in the ring did not move");
+    }
+
+    #[test]
+    fn a_tail_that_does_not_fit_is_refused_and_nothing_is_written() {
+        let (mut p, mut c) = pair(64);
+        p.write(&[7; 60]).unwrap();
+        let t = p.position();
+        assert_eq!(c.carry_room(t).unwrap(), 4);
+        assert!(matches!(
+            c.carry(&[1; 5], t),
+            Err(RingError::NoRoom { len: 5, room: 4 })
+        ));
+        let mut out = Vec::new();
+        p.unconsumed(c.position(), &mut out).unwrap();
+        assert_eq!(out, vec![7; 60]);
+        assert!(
+            c.carry_room(t + 1).is_err(),
+            "a tail the ring does not hold"
+        );
+        let mut b = [0u8; 10];
+        c.read(&mut b).unwrap();
+        assert!(c.carry_room(t).is_ok());
+        assert!(
+            c.carry_room(c.position() - 1).is_err(),
+            "a tail behind our head"
+        );
+    }
+
+    #[test]
+    fn a_carrier_waits_for_the_peer_and_two_carriers_never_wait_for_each_other() {
+        let v = ShmSlice::new_heap(64);
+        let (x, y) = (
+            LeaveCell::new(&v, 0).unwrap(),
+            LeaveCell::new(&v, 32).unwrap(),
+        );
+        assert_eq!(begin_carry(&x, &y).unwrap(), CarryStep::Wait);
+        assert_eq!(y.read().unwrap(), None);
+        assert_eq!(x.state().unwrap(), LeaveState::Carrying);
+        assert_eq!(x.read().unwrap(), None, "carrying has not left");
+        assert_eq!(begin_carry(&y, &x).unwrap(), CarryStep::Withdrawn);
+        assert_eq!(y.state().unwrap(), LeaveState::Active);
+        let l = Left {
+            tail: 5,
+            head: 3,
+            doorbells: 1,
+        };
+        assert!(y.publish(l));
+        assert_eq!(begin_carry(&x, &y).unwrap(), CarryStep::Carry(l));
+        assert!(x.publish(Left { head: 1, ..l }), "from carrying to left");
+        assert!(begin_carry(&x, &y).is_err(), "too late once left");
+        assert!(x.reset() && x.state().unwrap() == LeaveState::Active);
+        assert!(
+            x.announce_carry() && x.reset(),
+            "a reset withdraws a carry too"
         );
     }
 }

@@ -230,6 +230,17 @@ impl StreamConsumer {
         self.core.head
     }
 
+    /// The producer's tail as the ring holds it now (unvalidated: the caller compares it).
+    pub(crate) fn published_tail(&self) -> u64 {
+        self.core.h.tail.load(memloop_shm::sync::Ordering::Acquire)
+    }
+
+    /// Copies `src` into the data area at ring index `at` (the caller checked that the
+    /// producer can no longer write there).
+    pub(crate) fn write_at(&self, at: u64, src: &[u8]) -> Result<(), RingError> {
+        copy_in(&self.core.h.data, self.core.cap(), at, src)
+    }
+
     /// Whether the writer shut down (data may still be waiting to be read).
     pub fn writer_shut(&self) -> Result<bool, RingError> {
         self.core.writer_shut()

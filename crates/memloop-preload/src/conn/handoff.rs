@@ -145,7 +145,9 @@ impl Conn {
         if real::queued(self.kfd()) != Some(0) {
             // Unread bytes: a program that holds the connection without reading it (a
             // dispatcher passing it on) would leave the promotion half-way (our reads on TCP
-            // up to the peer's stop), where a handoff cannot demote it. Asked once it reads.
+            // up to the peer's stop), where a handoff must carry those bytes through the
+            // ring — and fails (EBUSY) when they do not fit. Not worth it for a promotion
+            // nobody asked for: asked once it reads.
             return;
         }
         self.switching.auto_promote.store(false, Release);

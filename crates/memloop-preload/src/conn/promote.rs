@@ -471,6 +471,8 @@ impl Conn {
             return; // called off meanwhile
         }
         tracing::debug!(ch = ?self.ch, side = ?self.side, stop, "promotion: TCP writes stop");
+        // (A demote while we come back carries our tail, unless it is found not to fit.)
+        self.switching.carry_refused.store(false, Release);
         self.decision.path.store(Path::Joining, Release);
         // A peer asleep on the socket for our data wakes (counted: it comes after the stop).
         self.ring_doorbell_locked(false);

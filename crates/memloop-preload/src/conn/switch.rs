@@ -12,6 +12,15 @@
 //! Nothing of ours reads the socket between the leave and the takeover: drains stop at the
 //! leave (this process: the `DRAINING` bit; other processes holding the side: the side lock),
 //! so the doorbell count read at the takeover is final.
+//!
+//! A side coming back from TCP (`Joining`: writes on the ring, the peer's last TCP bytes —
+//! its *tail* — still unread in the socket, in front of the peer's doorbells) *carries* the
+//! tail instead of leaving as above (`memloop_ring::leave`, "Carrying a tail"): it announces
+//! the carry and goes on as before until the peer has left; then, if the tail fits the rx
+//! ring's free space, it reads the tail out of the socket, writes it into the ring in front
+//! of its head and leaves with that head, so the peer's re-send brings tail and ring bytes
+//! back in order. Without room it stays as it is, and the program must read the tail first
+//! (a demote of ours waits for that a while, then fails with `EBUSY`).
 
 use super::{Conn, Path};
 use crate::forklock::ForkMutex;
@@ -20,7 +29,7 @@ use crate::real;
 use libc::c_int;
 use memloop::channel;
 use memloop::registry::{Side, SideWords, SwitchReason};
-use memloop_ring::leave::{doorbells_to_discard, LeaveCell, Left};
+use memloop_ring::leave::{begin_carry, doorbells_to_discard, CarryStep, LeaveCell, Left};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +62,10 @@ pub(super) struct Switching {
     pub(super) handled: AtomicBool,
     /// Adopted from another process on TCP: ask for a promotion once we hold it alone.
     pub(super) auto_promote: AtomicBool,
+    /// A demote asked while coming back to the ring (`Joining`) could not carry the tail (no
+    /// room, or the side is shared): it waits for the program to read it, and nothing but
+    /// our own demote tries to carry again until the next promotion's stop.
+    pub(super) carry_refused: AtomicBool,
 }
 
 impl Switching {
@@ -63,6 +76,7 @@ impl Switching {
             peer,
             handled: AtomicBool::new(false),
             auto_promote: AtomicBool::new(false),
+            carry_refused: AtomicBool::new(false),
         }
     }
 }
@@ -86,9 +100,26 @@ impl Conn {
 
     /// A switch was asked for and this process has not dealt with it yet.
     pub fn switch_pending(&self) -> bool {
-        !self.switch_quiet()
-            && !self.switching.handled.load(Acquire)
-            && matches!(self.path(), Path::Ring | Path::Leaving)
+        if self.switch_quiet() {
+            return false;
+        }
+        match self.path() {
+            Path::Ring | Path::Leaving => {
+                !self.switching.handled.load(Acquire) && self.demote_asked()
+            }
+            Path::Joining => self.carry_pending(),
+            _ => false,
+        }
+    }
+
+    /// A demote was asked while this side comes back to its ring (`Joining`), after the peer
+    /// finished the promotion, and the tail has not been found impossible to carry.
+    fn carry_pending(&self) -> bool {
+        self.path() == Path::Joining
+            && !self.switching.carry_refused.load(Acquire)
+            && self
+                .words()
+                .is_some_and(|(w, _)| !w.switch.promote_requested())
             && self.demote_asked()
     }
 
@@ -110,6 +141,12 @@ impl Conn {
     /// Deals with a switch the peer (or an operator) asked for. Blocks until the peer's side
     /// has left too — that takes a moment of the peer's, at most one heartbeat.
     pub fn settle_switch(&self) {
+        if self.carry_pending() {
+            if let Err(e) = self.carry_to_tcp(None, true) {
+                tracing::debug!(ch = ?self.ch, errno = e, "switch to TCP (carrying) not done");
+            }
+            return;
+        }
         if self.switched() {
             self.promote_step();
             return;
@@ -125,6 +162,12 @@ impl Conn {
     /// completes on a later call (the heartbeat, poll and epoll must not stall behind a busy
     /// peer — it may be waiting for something this very thread would do next).
     pub fn settle_switch_nowait(&self) {
+        if self.carry_pending() {
+            if let Err(e) = self.carry_to_tcp(None, false) {
+                tracing::debug!(ch = ?self.ch, errno = e, "switch to TCP (carrying) not done");
+            }
+            return;
+        }
         if self.switched() {
             self.promote_step_with(false);
             return;
@@ -153,17 +196,23 @@ impl Conn {
                     Some(w) if !w.switch.cancel_promotion() => self.complete_promotion(),
                     _ => return Ok(()),
                 },
-                // Our writes are on the ring, the peer's last TCP bytes still unread: they
-                // must reach the program before the peer's doorbells behind them can go.
-                Path::Joining if std::time::Instant::now() < deadline => {
-                    self.promote_step();
-                    std::thread::sleep(PEER_POLL_MAX);
-                }
-                Path::Joining => {
-                    tracing::warn!(ch = ?self.ch, %reason, "cannot leave the ring: the peer's \
-                        last TCP bytes of a promotion are still unread");
-                    return Err(libc::EBUSY);
-                }
+                // Our writes are on the ring, the peer's last TCP bytes maybe still unread:
+                // they are carried through the ring — or, without room for them (or while
+                // the peer has not finished the promotion), they must reach the program
+                // before the peer's doorbells behind them can go.
+                Path::Joining => match self.carry_to_tcp(Some(reason), true)? {
+                    true => {}
+                    false if std::time::Instant::now() < deadline => {
+                        self.promote_step();
+                        std::thread::sleep(PEER_POLL_MAX);
+                    }
+                    false => {
+                        tracing::warn!(ch = ?self.ch, %reason, "cannot leave the ring: the \
+                            peer's last TCP bytes of a promotion are still unread, and do not \
+                            fit the ring");
+                        return Err(libc::EBUSY);
+                    }
+                },
                 _ => return Ok(()), // already on TCP
             }
         }
@@ -223,6 +272,155 @@ impl Conn {
         let carried = self.own_left(w).map_or(0, |l| l.tail.wrapping_add(l.head));
         self.finish_on_tcp(reason, carried, resend);
         Ok(())
+    }
+
+    /// A demote of a connection coming back to its ring (`Joining`: our writes on the ring,
+    /// the peer's last TCP bytes maybe still unread in the socket): carries those bytes — the
+    /// tail — through the rx ring (see the module docs). `Ok(true)`: on TCP now; `Ok(false)`:
+    /// not now — the peer has not finished the promotion (no demote can be asked before), it
+    /// has not left yet (`wait` false), or the tail cannot be carried (no room, a shared
+    /// side: `carry_refused`, the program must read it first).
+    fn carry_to_tcp(&self, ask: Option<SwitchReason>, wait: bool) -> Result<bool, c_int> {
+        let (Some(w), Some(pw)) = (&self.share.side_words, &self.switching.peer) else {
+            return Err(libc::ENOTSUP);
+        };
+        let _g = if wait {
+            self.switching.lock.lock()
+        } else {
+            match self.switching.lock.try_lock() {
+                Some(g) => g,
+                None => return Ok(false), // another thread of ours is at it
+            }
+        };
+        if self.path() != Path::Joining || w.switch.promote_requested() {
+            // Back on the ring meanwhile (the program read the tail: the caller looks again),
+            // or the peer still reads our last TCP bytes: no demote can be asked yet.
+            return Ok(false);
+        }
+        if let Some(r) = ask {
+            if w.switch.request(r) {
+                self.engine.registry().count_switch(r);
+            }
+        }
+        if !self.demote_asked() {
+            return Ok(false); // a stale look: the request is over
+        }
+        // (A carry found impossible once the peer has left stays announced: the peer waits
+        // for our `Left` whatever our record says, and a retry rings no doorbell again.)
+        let refuse = |why: &str| {
+            if !self.switching.carry_refused.swap(true, AcqRel) {
+                tracing::debug!(ch = ?self.ch, side = ?self.side, tail = ?self.tcp_left(),
+                    "cannot carry the peer's last TCP bytes: {why}; they must be read first");
+            }
+            Ok(false)
+        };
+        if self.still_shared() {
+            // Another process holding the side may read the tail too: its count is not ours.
+            return refuse("the side is shared");
+        }
+        let me = LeaveCell::new(&w.leave, 0).map_err(|_| libc::EIO)?;
+        let peer_cell = LeaveCell::new(&pw.leave, 0).map_err(|_| libc::EIO)?;
+        let announced = matches!(me.state(), Ok(memloop_ring::leave::LeaveState::Carrying));
+        let step = begin_carry(&me, &peer_cell).map_err(|e| {
+            tracing::warn!(ch = ?self.ch, "cannot carry: {e}");
+            libc::EIO
+        })?;
+        if !announced {
+            // A peer asleep on its socket in a ring wait wakes and notices (counted: our
+            // `Left` comes later); its heartbeat too, if it is in none of our calls.
+            self.ring_doorbell();
+            self.tell_peer();
+            tracing::debug!(ch = ?self.ch, side = ?self.side, tail = ?self.tcp_left(),
+                "demote while coming back to the ring: carrying the peer's last TCP bytes");
+        }
+        let peer = match step {
+            CarryStep::Carry(l) => l,
+            // (Cannot happen here: a demote is asked only once the peer finished the
+            // promotion, so it has no tail of its own.)
+            CarryStep::Withdrawn => return refuse("the peer carries a tail too"),
+            CarryStep::Wait if !wait && !self.peer_vanished() => return Ok(false),
+            CarryStep::Wait => match self.await_peer(pw)? {
+                Some(l) => l,
+                None => {
+                    // Gone without leaving: its bytes are in our ring and the socket, where
+                    // the program reads them (tail, then ring, then EOF) as it is.
+                    me.withdraw_carry();
+                    self.switching.carry_refused.store(true, Release);
+                    tracing::debug!(ch = ?self.ch, "peer gone during a switch: coming back to the ring");
+                    return Err(libc::EPIPE);
+                }
+            },
+        };
+        let Some(tail) = self.carry(w, &me, peer)? else {
+            return refuse("no room in the ring (or the side became shared)");
+        };
+        self.epoll_follow_path();
+        let reason = w.switch.reason().unwrap_or(SwitchReason::Peer);
+        let resend = self.take_over(w, peer, reason)?;
+        // (Our head as the ring has it: the published one is `tail` bytes before.)
+        let carried = self
+            .own_left(w)
+            .map_or(0, |l| l.tail.wrapping_add(l.head).wrapping_add(tail));
+        self.finish_on_tcp(reason, carried, resend);
+        Ok(true)
+    }
+
+    /// The peer has left (`peer`): if our tail fits the rx ring's free space, reads it out of
+    /// the socket, writes it in front of our head and publishes our `Left` with that head
+    /// (path `Leaving`); how many bytes it carried. `None`, with nothing changed, if it does
+    /// not fit.
+    fn carry(&self, w: &SideWords, me: &LeaveCell, peer: Left) -> Result<Option<u64>, c_int> {
+        let _r = self.tcp.read_gate.lock(); // no TCP read of ours in flight, none starts
+        let prod = self.rings.prod.lock();
+        let cons = self.rings.cons.lock();
+        if self.path() != Path::Joining {
+            return Err(libc::EAGAIN); // (the switching lock keeps it there: cannot happen)
+        }
+        let Some(tail) = self.tcp_left() else {
+            return Err(libc::EAGAIN); // (the peer stopped: the word asks no promotion)
+        };
+        if self.share.shared.load(Acquire) {
+            return Ok(None); // forked while we waited: another holder may read the tail
+        }
+        let room = cons.carry_room(peer.tail).map_err(|e| {
+            tracing::warn!(ch = ?self.ch, "cannot carry: {e}");
+            libc::EIO
+        })?;
+        if tail > room {
+            return Ok(None);
+        }
+        // Everything from the peer up to its stop is data (it sent it before it stopped);
+        // its doorbells follow, and stay for the takeover's discard.
+        let mut bytes = vec![0u8; tail as usize];
+        let (got, err) = real::recv_exact(self.kfd(), &mut bytes);
+        if got < bytes.len() {
+            // The socket broke (the peer is gone): what came goes first, the takeover meets
+            // the error.
+            tracing::debug!(ch = ?self.ch, got, of = tail, ?err, "reading the tail to carry");
+        }
+        bytes.truncate(got);
+        self.tcp.received.fetch_add(got as u64, AcqRel);
+        if let Some(p) = self.plain() {
+            p.count_received(got as isize);
+        }
+        let head = cons.carry(&bytes, peer.tail).map_err(|e| {
+            tracing::warn!(ch = ?self.ch, "cannot carry: {e}");
+            libc::EIO
+        })?;
+        let _b = self.switching.bell.lock(); // no doorbell of ours after the count below
+        let left = Left {
+            tail: prod.position(),
+            head,
+            doorbells: w.doorbells_sent.load(Acquire),
+        };
+        if !me.publish(left) {
+            tracing::warn!(ch = ?self.ch, "cannot carry: our leave record was published already");
+            return Err(libc::EIO);
+        }
+        self.decision.path.store(Path::Leaving, Release);
+        tracing::debug!(ch = ?self.ch, side = ?self.side, bytes = got, ?left, peer_tail = peer.tail,
+            "carried the peer's last TCP bytes into the ring: left");
+        Ok(Some(got as u64))
     }
 
     /// Leaves both rings: one last counted doorbell (a sleeping peer wakes and notices), then

@@ -387,7 +387,7 @@ hook! {
         // SAFETY: sendmsg's contract: `msg` is null or a readable msghdr with valid control.
         let passed = unsafe { passed_fds(msg) };
         if !passed.is_empty() {
-            dispatch::before_passing(&passed);
+            dispatch::before_passing(&passed)?; // EBUSY: it must not go (nothing sent)
         }
         if flags & libc::MSG_OOB != 0 {
             dispatch::before_urgent(fd);
@@ -413,7 +413,7 @@ hook! {
         // SAFETY: sendmmsg's contract: `msgs` holds `n` readable mmsghdrs with valid control.
         let passed = unsafe { passed_fds_mmsg(msgs, n) };
         if !passed.is_empty() {
-            dispatch::before_passing(&passed);
+            dispatch::before_passing(&passed)?; // EBUSY: it must not go (nothing sent)
         }
         if table::kind(fd) != table::K_OBJ {
             return Ok(kernel());

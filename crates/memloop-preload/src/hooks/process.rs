@@ -1,7 +1,7 @@
 //! Process-wide calls: fork (`vfork`), the exec family, close_range/closefrom, the C
 //! library's `syscall`, and the library's start-up (constructor and fork handlers).
 
-use super::{fail, hook, track};
+use super::{contain, fail, hook, track};
 use crate::{dispatch, real, table};
 use libc::{c_int, c_uint};
 use std::ffi::CStr;
@@ -84,9 +84,12 @@ type Argv = *const *const libc::c_char;
 
 /// Runs an exec: inherited ring connections move to TCP unless the new image loads this
 /// library, inherited epoll sets get the program's registrations back first, and ours again
-/// if the exec fails (errno as the exec left it).
+/// if the exec fails (errno as the exec left it). A connection that cannot be handed on yet
+/// (`dispatch::demote_inheritable`) fails the exec with `EBUSY` before it is tried.
 fn exec_with(keeps_library: bool, exec: impl FnOnce() -> c_int) -> Result<c_int, c_int> {
-    track("exec", || dispatch::before_exec(keeps_library));
+    if let Some(Err(e)) = contain("exec", || dispatch::before_exec(keeps_library)) {
+        return Err(e);
+    }
     let r = exec();
     let e = real::errno();
     track("exec", dispatch::after_failed_exec);
@@ -189,7 +192,9 @@ hook! {
     real kernel = real::posix_spawn;
     on_panic kernel();
     {
-        track("spawn", dispatch::before_spawn);
+        if let Some(Err(e)) = contain("spawn", dispatch::before_spawn) {
+            return Ok(e); // (posix_spawn returns its error number)
+        }
         Ok(kernel())
     }
 }
@@ -206,7 +211,9 @@ hook! {
     real kernel = real::posix_spawnp;
     on_panic kernel();
     {
-        track("spawn", dispatch::before_spawn);
+        if let Some(Err(e)) = contain("spawn", dispatch::before_spawn) {
+            return Ok(e); // (posix_spawn returns its error number)
+        }
         Ok(kernel())
     }
 }
