@@ -218,17 +218,21 @@ impl Conn {
         }
     }
 
+    /// The switching lock: waited for, or (`wait` false) only if it is free now.
+    fn switching_guard(&self, wait: bool) -> Option<crate::forklock::ForkGuard<'_, ()>> {
+        if wait {
+            Some(self.switching.lock.lock())
+        } else {
+            self.switching.lock.try_lock()
+        }
+    }
+
     fn switch_to_tcp(&self, ask: Option<SwitchReason>, wait: bool) -> Result<(), c_int> {
         let (Some(w), Some(pw)) = (&self.share.side_words, &self.switching.peer) else {
             return Err(libc::ENOTSUP);
         };
-        let _g = if wait {
-            self.switching.lock.lock()
-        } else {
-            match self.switching.lock.try_lock() {
-                Some(g) => g,
-                None => return Ok(()), // another thread of ours is at it
-            }
+        let Some(_g) = self.switching_guard(wait) else {
+            return Ok(()); // another thread of ours is at it
         };
         if !matches!(self.path(), Path::Ring | Path::Leaving) {
             return Ok(());
@@ -284,13 +288,8 @@ impl Conn {
         let (Some(w), Some(pw)) = (&self.share.side_words, &self.switching.peer) else {
             return Err(libc::ENOTSUP);
         };
-        let _g = if wait {
-            self.switching.lock.lock()
-        } else {
-            match self.switching.lock.try_lock() {
-                Some(g) => g,
-                None => return Ok(false), // another thread of ours is at it
-            }
+        let Some(_g) = self.switching_guard(wait) else {
+            return Ok(false); // another thread of ours is at it
         };
         if self.path() != Path::Joining || w.switch.promote_requested() {
             // Back on the ring meanwhile (the program read the tail: the caller looks again),
