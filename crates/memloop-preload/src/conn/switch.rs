@@ -53,6 +53,11 @@ pub(super) struct Switching {
     pub(super) handled: AtomicBool,
     /// Adopted from another process on TCP: ask for a promotion once we hold it alone.
     pub(super) auto_promote: AtomicBool,
+    /// Taken with `pidfd_getfd`: our grab is counted in the switch word (`grab.rs`).
+    pub(super) grabbed: AtomicBool,
+    /// Taken with `pidfd_getfd` from the process of this member, whose side was moved to us:
+    /// it goes back there if we let go first (`grab.rs`).
+    pub(super) taken_from: ForkMutex<Option<memloop::registry::MemberId>>,
 }
 
 impl Switching {
@@ -63,6 +68,8 @@ impl Switching {
             peer,
             handled: AtomicBool::new(false),
             auto_promote: AtomicBool::new(false),
+            grabbed: AtomicBool::new(false),
+            taken_from: ForkMutex::new(None),
         }
     }
 }
