@@ -45,6 +45,31 @@
                        is read out of band. (flags.py `oob` checks POLLPRI, select's exceptional
                        set and recv(MSG_OOB) on a tiny stream; this one adds the mark and a
                        stream in flight.)
+  pidfd_shared         a third process (the grabber, started by the client, preloaded like it)
+                       takes the client's connected socket with pidfd_getfd (`syscall(438, ...)`
+                       through ctypes: Python has no wrapper; pidfd_owner_closes uses the C
+                       library's `pidfd_getfd`) while the client's rx ring holds an echo it has
+                       not read, and the write end of a pipe of the client's (it passes through
+                       untouched: written, closed, read by the client); then client and grabber
+                       take turns on the one connection (send a chunk, read its echo), each
+                       chunk checked; the client shuts down and reads the server's sha256 of the
+                       whole stream and EOF, the grabber then reads EOF too. It must stay on TCP
+                       while two processes hold it, one of them unaware of the other;
+  pidfd_owner_closes   the same, but after some turns the client closes its copy and the
+                       grabber carries on alone (paced over ~2 s, so that the connection, held
+                       by one process again, can come back to its ring), then shuts down and
+                       checks the sha256 and EOF;
+  pidfd_grabber_closes the same, but the grabber closes its copy after some turns and the
+                       client carries on alone (paced): promoted, its TCP phase, shared with the
+                       grabber, is counted from the kernel's stream positions.
+  pidfd_owner_stopped  as pidfd_shared, but the grabber SIGSTOPs the client first: under the
+                       preload the connection cannot leave its ring, so pidfd_getfd fails with
+                       EAGAIN within MEMLOOP_PIDFD_WAIT_US (0.3 s here; counted: `memloop
+                       status` pidfd_failed), never handing out a socket whose bytes are in a
+                       ring; after SIGCONT a new call succeeds (on kernel TCP the first does).
+  In the pidfd cases a promoter process (without the library) asks `memloop promote
+  --all` every 50 ms throughout (under the preload, with MEMLOOP_BIN), and the turns are paced
+  (~2 s in all).
 In every case the client starts streaming before the connection reaches the program that serves
 it, so bytes are in flight during the handoff; the serving image echoes everything and then the
 sha256 of what it read, the client checks both and that EOF follows the last byte promptly.
@@ -56,8 +81,10 @@ import errno
 import faulthandler
 import fcntl
 import hashlib
+import json
 import os
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -66,8 +93,8 @@ import tempfile
 import threading
 import time
 
-from semlib import (Fail, check, dial, echo_with_sha, eq, log, now, pattern, poll1, recv_exact,
-                    run, sha, wait_child, wait_until, with_thread)
+from semlib import (Fail, Lines, check, cmd, dial, echo_with_sha, eq, log, now, pattern, poll1,
+                    recv_exact, run, sha, wait_child, wait_until, with_thread)
 
 SIZE = 4 << 20
 CHUNK = 65536
@@ -613,6 +640,269 @@ def tail_client(args):
     join()
     s.close()
 
+
+# ---- pidfd_getfd: a third process takes the client's socket ----------------------------------------
+
+SYS_PIDFD_GETFD = 438
+_LIBC.syscall.restype = ctypes.c_long
+_LIBC.syscall.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long]
+_LIBC.pidfd_getfd.restype = ctypes.c_int
+_LIBC.pidfd_getfd.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint]
+# Chunks of the stream, by number: odd ones are the grabber's turns while both hold it.
+PIDFD_CHUNKS = 48
+PIDFD_SHARED_TURNS = 24
+# The chunk the client leaves unread in its rx ring while the grabber takes the socket.
+PIDFD_INFLIGHT = 256 << 10
+# Pause after each chunk: ~2 s for a whole stream (the promoter asks every 50 ms).
+PIDFD_PACE = 2.0 / PIDFD_CHUNKS
+
+
+def pidfd_chunk(i):
+    size = PIDFD_INFLIGHT if i == 0 else 1 + (i * 7919) % (96 << 10)
+    return pattern(size, 1200 + i)
+
+
+def pidfd_stream():
+    return b"".join(pidfd_chunk(i) for i in range(PIDFD_CHUNKS))
+
+
+def pidfd_turn(sock, i, who):
+    """Chunk i: sent (from a thread: the server echoes while we send), its echo read and
+    checked."""
+    data = pidfd_chunk(i)
+    join = with_thread(sock.sendall, data)
+    eq(recv_exact(sock, len(data), f"the echo of chunk {i} ({who})"), data,
+       f"the echo of chunk {i} ({who})")
+    join()
+
+
+def try_pidfd_getfd(pid, fd, wrapper=False):
+    """pidfd_getfd by its system call (as Python must), or by the C library's wrapper (glibc
+    2.36, as a C program calls it): the new fd, or -errno."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        if wrapper:
+            r = _LIBC.pidfd_getfd(pidfd, fd, 0)
+        else:
+            r = _LIBC.syscall(SYS_PIDFD_GETFD, pidfd, fd, 0)
+        return r if r >= 0 else -ctypes.get_errno()
+    finally:
+        os.close(pidfd)
+
+
+def pidfd_getfd(pid, fd, wrapper=False):
+    r = try_pidfd_getfd(pid, fd, wrapper)
+    if r < 0:
+        raise Fail(f"pidfd_getfd({pid}, {fd}) failed: {os.strerror(-r)} (errno {-r})")
+    return r
+
+
+def proc_state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def grab_from_stopped(pid, fd):
+    """The client is stopped (SIGSTOP) when the grabber takes its ring connection: under the
+    preload it cannot leave its ring, so the call fails with EAGAIN within
+    MEMLOOP_PIDFD_WAIT_US (the grabber runs with 0.3 s) and the demote stays asked; once the
+    client runs again a new call succeeds. On kernel TCP the first call succeeds."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: proc_state(pid) == "T", 5, "the client stopped")
+        t0 = now()
+        r = try_pidfd_getfd(pid, fd)
+        if preloaded():
+            eq(r, -errno.EAGAIN, "pidfd_getfd of a stopped holder's ring connection")
+            check(now() - t0 < 5, f"EAGAIN after {now() - t0:.2f} s (MEMLOOP_PIDFD_WAIT_US)")
+        else:
+            check(r >= 0, f"pidfd_getfd of a stopped process's socket: errno {-r}")
+            return r
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    got = []
+
+    def again():
+        r = try_pidfd_getfd(pid, fd)
+        check(r >= 0 or r == -errno.EAGAIN, f"pidfd_getfd after SIGCONT: errno {-r}")
+        if r >= 0:
+            got.append(r)
+        return r >= 0
+
+    wait_until(again, 10, "pidfd_getfd to succeed once the client runs again", step=0.05)
+    return got[0]
+
+
+def pidfd_failed_counted():
+    """`memloop status --json`'s refused pidfd_getfd calls (None on kernel TCP)."""
+    bin_ = os.environ.get("MEMLOOP_BIN")
+    if not bin_ or not os.environ.get("MEMLOOP_REGION") or not preloaded():
+        return None
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MEMLOOP_LOG")}
+    out = subprocess.run([bin_, "status", "--json"], env=env, capture_output=True, check=True)
+    return json.loads(out.stdout)["pidfd_failed"]
+
+
+def pidfd_finish(sock, who):
+    """Shut down our side: the server's sha256 of the whole stream, then EOF promptly."""
+    sock.shutdown(socket.SHUT_WR)
+    got = recv_exact(sock, 64, f"the server's sha256 ({who})")
+    t_last = now()
+    eq(sock.recv(100), b"", f"EOF after the sha256 ({who})")
+    check(now() - t_last <= EOF_WITHIN, f"EOF promptly after the sha256 ({who})")
+    eq(got.decode(), sha(pidfd_stream()), f"the server's sha256 of the whole stream ({who})")
+
+
+def pidfd_serve(lsock, args):
+    conn, _ = lsock.accept()
+    lsock.close()
+    conn.settimeout(30)
+    echo_with_sha(conn, CHUNK)
+    conn.close()
+
+
+def start_promoter():
+    """A process of its own, without the library (forking the client for every command would
+    mark its connection shared each time), that asks `memloop promote --all` every 50 ms until
+    its stdin closes; None on kernel TCP (no MEMLOOP_BIN or region)."""
+    if not os.environ.get("MEMLOOP_BIN") or not os.environ.get("MEMLOOP_REGION"):
+        return None
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MEMLOOP_LOG")}
+    return subprocess.Popen(helper_argv("pidfd-promoter", "-"), env=env, stdin=subprocess.PIPE)
+
+
+def stop_promoter(p):
+    if p:
+        p.stdin.close()
+        eq(wait_popen(p, "the promoter"), 0, "the promoter's exit code")
+
+
+def pidfd_promoter():
+    bin_ = os.environ["MEMLOOP_BIN"]
+    while not select.select([sys.stdin], [], [], 0.05)[0]:
+        subprocess.run([bin_, "promote", "--all", "--wait", "0"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+
+def pidfd_client(args):
+    # Promotions are asked all along: none may happen while the client (unaware of the
+    # grabber) and the grabber both hold the connection; once one holds it alone it may.
+    promoter = start_promoter()
+    try:
+        pidfd_client_with(args)
+    finally:
+        stop_promoter(promoter)
+
+
+def pidfd_client_with(args):
+    s = dial(args)
+    s.settimeout(30)
+    ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ctl.settimeout(30)
+    lines = Lines(ctl)
+    # A pipe the grabber takes too (anything else passes through untouched).
+    pipe_r, pipe_w = os.pipe()
+    env = dict(os.environ)
+    if args.case == "pidfd_owner_stopped":
+        env["MEMLOOP_PIDFD_WAIT_US"] = "300000"
+    grabber = subprocess.Popen(
+        helper_argv("pidfd-grabber", args.case, os.getpid(), s.fileno(), theirs.fileno(),
+                    pipe_w),
+        pass_fds=[theirs.fileno()], env=env)
+    theirs.close()
+    try:
+        # Chunk 0 echoed into our rx ring and left there while the grabber takes the socket.
+        s.sendall(pidfd_chunk(0))
+        wait_until(lambda: poll1(s, select.POLLIN, 0), 10, "the echo of chunk 0")
+        time.sleep(0.1)
+        eq(lines.line(), "ready", "the grabber is up")
+        cmd(ctl, "grab")
+        eq(lines.line(), "grabbed", "the grabber took the socket")
+        os.close(pipe_w)
+        eq(os.read(pipe_r, 100), b"through the pipe\n", "what the grabber wrote on our pipe")
+        eq(os.read(pipe_r, 100), b"", "EOF on our pipe (the grabber closed its copy)")
+        os.close(pipe_r)
+        eq(recv_exact(s, PIDFD_INFLIGHT, "the echo of chunk 0"), pidfd_chunk(0),
+           "the echo of chunk 0, unread while the socket was taken")
+        shared = args.case in ("pidfd_shared", "pidfd_owner_stopped")
+        last = PIDFD_CHUNKS if shared else PIDFD_SHARED_TURNS
+        for i in range(1, last):
+            if i % 2 == 0:
+                pidfd_turn(s, i, "client")
+            else:
+                cmd(ctl, f"turn {i}")
+                eq(lines.line(), f"done {i}", f"the grabber's turn {i}")
+            time.sleep(PIDFD_PACE)  # (paced: promotions are asked meanwhile)
+        if shared:
+            pidfd_finish(s, "client")
+            cmd(ctl, "eof")
+            eq(lines.line(), "eof", "the grabber read EOF too")
+        elif args.case == "pidfd_owner_closes":
+            s.close()
+            cmd(ctl, "alone")
+            eq(lines.line(), "finished", "the grabber finished alone")
+        else:
+            cmd(ctl, "close")
+            eq(lines.line(), "closed", "the grabber closed its copy")
+            for i in range(last, PIDFD_CHUNKS):
+                pidfd_turn(s, i, "client alone")
+                time.sleep(PIDFD_PACE)
+            pidfd_finish(s, "client")
+        cmd(ctl, "bye")
+    finally:
+        code = wait_popen(grabber, "the grabber")
+    eq(code, 0, "the grabber's exit code")
+
+
+def pidfd_grabber(case, pid, fd, ctl_fd, pipe_fd):
+    ctl = socket.socket(fileno=ctl_fd)
+    ctl.settimeout(30)
+    lines = Lines(ctl)
+    cmd(ctl, "ready")
+    eq(lines.line(), "grab", "the client's go")
+    if case == "pidfd_owner_stopped":
+        sock = socket.socket(fileno=grab_from_stopped(pid, fd))
+        n = pidfd_failed_counted()
+        check(n is None or n >= 1, f"refused pidfd_getfd calls counted: {n}")
+    else:
+        # (The wrapper in one case, the system call in the others.)
+        wrapper = case == "pidfd_owner_closes"
+        sock = socket.socket(fileno=pidfd_getfd(pid, fd, wrapper=wrapper))
+    sock.settimeout(30)
+    check(sock.getpeername(), "the grabbed socket is connected")
+    pipe = pidfd_getfd(pid, pipe_fd)
+    eq(os.write(pipe, b"through the pipe\n"), 17, "a write on the client's pipe")
+    os.close(pipe)
+    cmd(ctl, "grabbed")
+    while True:
+        ln = lines.line()
+        if ln is None or ln == "bye":
+            break
+        w = ln.split()
+        if w[0] == "turn":
+            pidfd_turn(sock, int(w[1]), "grabber")
+            cmd(ctl, f"done {w[1]}")
+        elif w[0] == "eof":
+            t0 = now()
+            eq(sock.recv(100), b"", "EOF in the grabber")
+            check(now() - t0 <= EOF_WITHIN, "EOF promptly in the grabber")
+            sock.close()
+            cmd(ctl, "eof")
+        elif w[0] == "alone":
+            for i in range(PIDFD_SHARED_TURNS, PIDFD_CHUNKS):
+                pidfd_turn(sock, i, "grabber alone")
+                time.sleep(PIDFD_PACE)
+            pidfd_finish(sock, "grabber")
+            sock.close()
+            cmd(ctl, "finished")
+        elif w[0] == "close":
+            sock.close()
+            cmd(ctl, "closed")
+        else:
+            raise Fail(f"unknown command {ln!r}")
+    ctl.close()
+
+
 CASES = {
     "inetd_chain": (inetd_server, inetd_client),
     "inetd_exit_no_close": (inetd_server, inetd_client),
@@ -627,6 +917,10 @@ CASES = {
     "unread_tail": (tail_server, tail_client),
     "unread_tail_no_room": (tail_server, tail_client),
     "unread_tail_operator": (tail_server, tail_client),
+    "pidfd_shared": (pidfd_serve, pidfd_client),
+    "pidfd_owner_closes": (pidfd_serve, pidfd_client),
+    "pidfd_grabber_closes": (pidfd_serve, pidfd_client),
+    "pidfd_owner_stopped": (pidfd_serve, pidfd_client),
 }
 
 HELPERS = {
@@ -636,6 +930,8 @@ HELPERS = {
     "privsep": lambda a: privsep_child(a[0], int(a[1]), a[2]),
     "exec-serve": lambda a: exec_serve(a[0], int(a[1])),
     "tail-worker": lambda a: tail_worker(a[0], int(a[1])),
+    "pidfd-grabber": lambda a: pidfd_grabber(a[0], *map(int, a[1:5])),
+    "pidfd-promoter": lambda a: pidfd_promoter(),
 }
 
 

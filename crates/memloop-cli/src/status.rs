@@ -12,7 +12,7 @@ use memloop::liveness::{Liveness, HEARTBEAT_PERIOD};
 use memloop::registry::{
     counter_name, ChannelInfo, ConnRecord, ConnTuple, EndpointInfo, FallbackReason, MemberId,
     MemberInfo, Proto, Registry, Side, SwitchReason, COUNTER_CONNS_DROPPED, COUNTER_LATE_FAILED,
-    COUNTER_RING_BYTES, COUNTER_RING_CONNS, COUNTER_SWITCH_FIRST,
+    COUNTER_PIDFD_FAILED, COUNTER_RING_BYTES, COUNTER_RING_CONNS, COUNTER_TCP_BYTES,
 };
 use memloop::ring::header::totals;
 use serde_json::{json, Value};
@@ -60,6 +60,8 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
             "switches": switches_json(&counters),
             // Late-ring attempts that left their connection on TCP.
             "late_failed": counters.get(COUNTER_LATE_FAILED),
+            // pidfd_getfd calls refused: the connection could not leave its ring in time.
+            "pidfd_failed": counters.get(COUNTER_PIDFD_FAILED),
             "conn_records_dropped": counters.get(COUNTER_CONNS_DROPPED),
             "ring_connections": counters.get(COUNTER_RING_CONNS),
             "ring_bytes": ring_bytes(reg, &counters),
@@ -328,6 +330,12 @@ fn pinned(reg: &Registry, c: &ChannelInfo) -> bool {
     !c.marker && reg.switch_word(c.id).is_ok_and(|w| w.pinned())
 }
 
+/// A process that took the socket with `pidfd_getfd` holds it too: no promotion until it lets
+/// go (or holds it alone).
+fn grabbed(reg: &Registry, c: &ChannelInfo) -> bool {
+    !c.marker && reg.switch_word(c.id).is_ok_and(|w| w.grabbed())
+}
+
 fn flags(reg: &Registry, c: &ChannelInfo) -> String {
     let (requested, _, client_tcp, server_tcp) =
         switch_state(reg, c).unwrap_or((false, None, false, false));
@@ -341,6 +349,7 @@ fn flags(reg: &Registry, c: &ChannelInfo) -> String {
         (client_tcp, "client-on-tcp"),
         (server_tcp, "server-on-tcp"),
         (pinned(reg, c), "pinned-to-tcp"),
+        (grabbed(reg, c), "held-by-pidfd-getfd"),
     ];
     let set: Vec<&str> = f.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
     if set.is_empty() {
@@ -352,11 +361,16 @@ fn flags(reg: &Registry, c: &ChannelInfo) -> String {
 
 fn print_counters(counters: &[u64]) {
     println!("\nFALLBACKS (connections left on TCP since the region was created; zeros omitted)");
-    let switch = COUNTER_SWITCH_FIRST..COUNTER_SWITCH_FIRST + SwitchReason::ALL.len();
+    // (Switches and refused grabs have their own lines; the TCP byte total is no fallback.)
+    let not_fallbacks: HashSet<usize> = SwitchReason::ALL
+        .iter()
+        .map(|r| r.counter_index())
+        .chain([COUNTER_TCP_BYTES, COUNTER_PIDFD_FAILED])
+        .collect();
     let nonzero: Vec<String> = counters
         .iter()
         .enumerate()
-        .filter(|(i, v)| **v > 0 && !switch.contains(i))
+        .filter(|(i, v)| **v > 0 && !not_fallbacks.contains(i))
         .map(|(i, v)| format!("  {}: {v}", counter_label(i)))
         .collect();
     if nonzero.is_empty() {
@@ -384,6 +398,9 @@ fn print_switches(counters: &[u64]) {
     }
     if let Some(&n @ 1..) = counters.get(COUNTER_LATE_FAILED) {
         println!("late-ring attempts that stayed on TCP: {n}");
+    }
+    if let Some(&n @ 1..) = counters.get(COUNTER_PIDFD_FAILED) {
+        println!("pidfd_getfd calls refused (the connection could not leave its ring): {n}");
     }
 }
 

@@ -606,6 +606,27 @@ pub fn before_passing(fds: &[c_int]) -> Result<(), c_int> {
     Ok(())
 }
 
+/// `pidfd_getfd` gave this process `fd` (a dup of another process's fd, which that process
+/// is not told of): `Ok(fd)` for the program, or an errno, the fd closed. A ring connection
+/// leaves its ring first and becomes ours on TCP (`conn::grab`); anything else passes.
+pub fn after_getfd(fd: c_int) -> Result<c_int, c_int> {
+    match crate::hooks::contain("pidfd_getfd", || crate::conn::after_getfd(fd)) {
+        Some(Ok(())) => Ok(fd),
+        Some(Err(e)) => {
+            table::remove(fd);
+            crate::real::close_own(fd);
+            Err(e)
+        }
+        None => {
+            // Our logic broke half-way: the fd may be a ring connection's socket, which the
+            // program must not use raw.
+            table::remove(fd);
+            crate::real::close_own(fd);
+            Err(libc::EIO)
+        }
+    }
+}
+
 /// The `exec` failed: back to our registrations.
 pub fn after_failed_exec() {
     crate::conn::take_back_exec_holds();
@@ -668,6 +689,7 @@ pub fn fork_child() {
     crate::late::release_after_fork();
     crate::late::forget_in_child();
     crate::conn::handoff::forget_in_child();
+    table::conns().iter().for_each(|c| c.forget_grab_in_child());
     crate::plain::forget_resends_in_child();
     engine::reset_in_child();
     if !table::conns().is_empty() {

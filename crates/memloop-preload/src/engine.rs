@@ -32,6 +32,9 @@ pub struct Config {
     /// Follow promotion requests (TCP → ring). On by default; `MEMLOOP_PROMOTE=0` keeps every
     /// connection that left its ring on TCP (a request is then called off).
     pub promote: bool,
+    /// How long `pidfd_getfd` of a ring connection's socket waits for the connection to
+    /// leave its ring before it fails (`EAGAIN`).
+    pub pidfd_wait: Duration,
 }
 
 /// A tunable from the environment: unset means the default; a value that does not parse is
@@ -82,6 +85,7 @@ impl Config {
             spin_vm: memloop::vm_spin_from_env(),
             ring_capacity: ring,
             promote: env_parsed::<u32>("MEMLOOP_PROMOTE") != Some(0),
+            pidfd_wait: env_us("MEMLOOP_PIDFD_WAIT_US", 2_000_000),
         }
     }
 }

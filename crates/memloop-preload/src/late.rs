@@ -21,7 +21,9 @@
 //! any item added under a sleeper. Anything that could use the socket where we cannot
 //! follow — fork, dup, `SCM_RIGHTS`, a one-shot or exclusive epoll interest, shutdown,
 //! urgent data, splice, exec — disarms it for good ([`taint`]). A peer that is not a member
-//! never gets here: its connection has no `Late` at all.
+//! never gets here: its connection has no `Late` at all. Nor may a socket another process
+//! took with `pidfd_getfd` (a dup we are not told of): that process pins the server's marker
+//! ([`taken_elsewhere`]), and neither side offers or takes a late ring for it any more.
 
 use crate::engine::Engine;
 use crate::forklock::ForkMutex;
@@ -182,9 +184,10 @@ impl Late {
         self.engine.registry()
     }
 
-    /// Server: the client signalled a late offer (one shared load).
+    /// Server: the client signalled a late offer (one shared load; bit 0 of the marker's
+    /// switch word — the pin of [`taken_elsewhere`] is bit 16).
     fn signalled(&self) -> bool {
-        matches!(&self.role, Role::Server { signal, .. } if signal.load(Relaxed) != 0)
+        matches!(&self.role, Role::Server { signal, .. } if signal.load(Relaxed) & 1 != 0)
     }
 
     /// Disarms for good; a late offer of ours is withdrawn (or, taken already, given up).
@@ -383,9 +386,20 @@ fn convert_server(fd: c_int, l: &Late) -> u8 {
         return OFF;
     };
     let Some(ch) = reg.find_late_offer(*ep, &l.tuple) else {
-        signal.store(0, Release); // withdrawn meanwhile: wait for another
+        signal.fetch_and(!1, Release); // withdrawn meanwhile: wait for another
         return IDLE;
     };
+    if memloop::registry::SwitchWord(signal.clone()).pinned() {
+        // Another process took the socket with `pidfd_getfd`: no late ring for it.
+        tracing::debug!(
+            fd,
+            ?ch,
+            "late ring declined: the socket was taken by another process"
+        );
+        let _ = reg.decline(ch);
+        signal.fetch_and(!1, Release);
+        return OFF;
+    }
     let open = reg.state() == memloop::registry::RegionState::Open;
     if !open || !allowed(&l.engine) {
         tracing::debug!(fd, ?ch, "late ring declined (paused, or not here)");
@@ -394,10 +408,10 @@ fn convert_server(fd: c_int, l: &Late) -> u8 {
     }
     if let Err(e) = reg.accept(ch, l.engine.me()) {
         tracing::debug!(fd, ?ch, %e, "late offer gone");
-        signal.store(0, Release);
+        signal.fetch_and(!1, Release);
         return IDLE;
     }
-    signal.store(0, Release);
+    signal.fetch_and(!1, Release);
     match crate::conn::Conn::late(&l.engine, ch, Side::Server, l.tuple, fd, nodelay(fd)) {
         Ok(c) => {
             install(fd, l, c);
@@ -600,6 +614,10 @@ fn offer(l: &Late) {
     else {
         return; // the server has not accepted yet (or never publishes one)
     };
+    if reg.switch_word(marker).is_ok_and(|w| w.pinned()) {
+        l.disarm("the socket was taken by another process (pidfd_getfd)");
+        return;
+    }
     let cap = l.engine.cfg.ring_capacity;
     let ch = match reg.offer_late(l.engine.me(), marker, cap, l.tuple) {
         Ok(ch) => ch,
@@ -656,6 +674,30 @@ fn follow_offer(l: &Late) {
             }
         }
         _ => l.disarm("late offer lost"),
+    }
+}
+
+/// A socket this process took with `pidfd_getfd` that is no ring connection: if it is a
+/// connection that fell back to TCP at connect, its holders may still bring it to a late ring
+/// — where our writes, which they cannot see, would follow their stop. The server's marker
+/// for its 4-tuple is pinned: neither side offers or takes a late ring under a pinned marker
+/// (a late offer already made is declined by the caller, `conn/grab.rs`). A server that has
+/// not accepted yet has no marker to pin: see `docs/design/path-switching.md`.
+pub fn taken_elsewhere(reg: &Registry, a: std::net::SocketAddr, b: std::net::SocketAddr) {
+    for (client, server) in [(a, b), (b, a)] {
+        for (marker, _) in reg
+            .markers_for_client(client)
+            .into_iter()
+            .filter(|(_, t)| t.server == server)
+        {
+            if let Ok(w) = reg.switch_word(marker) {
+                w.pin();
+                tracing::debug!(
+                    ?marker,
+                    "late ring pinned off: the socket was taken elsewhere"
+                );
+            }
+        }
     }
 }
 

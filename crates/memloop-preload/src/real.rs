@@ -98,6 +98,27 @@ real_fns! {
     recvmmsg: fn(c_int, *mut libc::mmsghdr, libc::c_uint, c_int, *mut libc::timespec) -> c_int;
 }
 
+/// `pidfd_getfd` by its system call (the C library's wrapper exists from glibc 2.36 on only;
+/// the call is the same).
+pub fn pidfd_getfd() -> unsafe extern "C" fn(c_int, c_int, libc::c_uint) -> c_int {
+    unsafe extern "C" fn call(pidfd: c_int, targetfd: c_int, flags: libc::c_uint) -> c_int {
+        // SAFETY: pidfd_getfd takes no pointers; the C library's `syscall` sets errno.
+        let r = unsafe {
+            syscall()(
+                libc::SYS_pidfd_getfd,
+                pidfd.into(),
+                targetfd.into(),
+                flags.into(),
+                0,
+                0,
+                0,
+            )
+        };
+        r as c_int
+    }
+    call
+}
+
 pub fn errno() -> c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }

@@ -146,6 +146,10 @@ fn main() -> std::process::ExitCode {
         test!(exec_through_an_image_without_the_library_pins_the_connection_to_tcp),
         test!(reexec_server_chroot_and_setuid).needs(memloop_testkit::root()),
         test!(msg_oob_mid_stream_leaves_the_ring),
+        test!(pidfd_getfd_of_a_ring_connection_shared_by_owner_and_grabber),
+        test!(pidfd_getfd_grabber_carries_on_alone_and_comes_back_to_the_ring),
+        test!(pidfd_getfd_owner_carries_on_alone_and_is_promoted_exactly),
+        test!(pidfd_getfd_of_a_stopped_holder_fails_with_eagain_then_succeeds),
         test!(xdom_echo_10mb_sha256_both_ways).needs(needs_domains()),
         test!(xdom_nonblocking_connect_pollout_so_error).needs(needs_domains()),
         test!(xdom_pollrdhup_and_pollhup_after_shutdowns).needs(needs_domains()),
@@ -1327,6 +1331,59 @@ fn reexec_server_chroot_and_setuid() {
 /// recv(MSG_OOB) on a tiny stream).
 fn msg_oob_mid_stream_leaves_the_ring() {
     check(sc("handoff", "oob").switches("oob"));
+}
+
+/// A third (preloaded) process takes the client's ring connection with `pidfd_getfd` (the raw
+/// system call, through ctypes) while the client's rx ring holds an echo it has not read:
+/// the connection leaves its ring first (switch reason `pidfd`); then client and grabber take
+/// turns on it, every chunk's echo checked; the server's sha256 of the whole stream and EOF
+/// in both. `memloop promote --all` is asked every 50 ms meanwhile: no promotion may happen
+/// while the client, unaware of the grabber, holds it too. (Without the hook the grabber's
+/// bytes went on TCP, where the server took them for doorbells: it hung.)
+fn pidfd_getfd_of_a_ring_connection_shared_by_owner_and_grabber() {
+    std::env::set_var("MEMLOOP_BIN", memloop_bin());
+    check(
+        sc("handoff", "pidfd_shared")
+            .switches("pidfd")
+            .evidence(PIDFD_CALLED_OFF),
+    );
+}
+
+/// The server's log line for a promotion it called off because a process that took the
+/// socket with `pidfd_getfd` holds it (the promoter asks every 50 ms).
+const PIDFD_CALLED_OFF: &str =
+    "promotion called off: a process that took the socket with pidfd_getfd holds it too";
+
+/// The grabber SIGSTOPs the client, then takes its ring connection: it cannot leave its ring,
+/// so `pidfd_getfd` fails with `EAGAIN` (after `MEMLOOP_PIDFD_WAIT_US`, 0.3 s here; counted
+/// as `pidfd_failed`) instead of handing out a socket whose bytes are in a ring; after
+/// SIGCONT a new call succeeds and the shared stream runs as above.
+fn pidfd_getfd_of_a_stopped_holder_fails_with_eagain_then_succeeds() {
+    std::env::set_var("MEMLOOP_BIN", memloop_bin());
+    check(sc("handoff", "pidfd_owner_stopped").switches("pidfd"));
+}
+
+/// The same; then the client closes its copy and the grabber, holding the connection alone,
+/// carries on (paced): it comes back to its ring mid-stream.
+fn pidfd_getfd_grabber_carries_on_alone_and_comes_back_to_the_ring() {
+    check(
+        sc("handoff", "pidfd_owner_closes")
+            .switches("pidfd")
+            .evidence("promoted: back on the ring"),
+    );
+}
+
+/// The same; then the grabber closes its copy and the client carries on alone while
+/// `memloop promote --all` is asked every 50 ms: the client never knew of the grabber, so its
+/// TCP phase is counted from the kernel's stream positions at the promotion (its own counts
+/// miss the grabber's bytes: it would read the server's doorbells as data).
+fn pidfd_getfd_owner_carries_on_alone_and_is_promoted_exactly() {
+    std::env::set_var("MEMLOOP_BIN", memloop_bin());
+    check(
+        sc("handoff", "pidfd_grabber_closes")
+            .switches("pidfd")
+            .evidence("promoted: back on the ring"),
+    );
 }
 
 // ---- across two domains ---------------------------------------------------------------------------

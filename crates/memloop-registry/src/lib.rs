@@ -39,7 +39,9 @@ pub use key::{ChannelId, ConnTuple, EndpointId, EndpointKey, MemberId, Proto, MA
 pub use kind::ChannelKind;
 pub use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 pub use reclaim::ReclaimReport;
-pub use switch::{SwitchReason, SwitchWord, COUNTER_LATE_FAILED, COUNTER_SWITCH_FIRST};
+pub use switch::{
+    SwitchReason, SwitchWord, COUNTER_LATE_FAILED, COUNTER_PIDFD_FAILED, COUNTER_SWITCH_FIRST,
+};
 pub use tables::channels::{ChannelInfo, ChannelRings, ChannelState, Side, SideWords};
 pub use tables::conns::{ConnRecord, ConnRecordId, RecordReason, COUNTER_TCP_BYTES};
 pub use tables::endpoints::EndpointInfo;

@@ -17,6 +17,16 @@
 //!   into an image without the library, `posix_spawn`, an fd passed and never claimed). That
 //!   program may write on the socket at any time, and a byte it writes after a promotion's
 //!   stop would be taken for a doorbell: no promotion is asked or followed, for good.
+//! - bits 17, 18 `KERNEL_COUNTS`: the client's / server's socket was taken by a process its
+//!   holders were not told of (`pidfd_getfd`): their own counts of the TCP phase miss that
+//!   process's bytes, so each holder of that side takes its counts from the kernel's stream
+//!   positions before it gets ready for a promotion. Cleared with the rest of the word when
+//!   a promotion completes (one process holds the side by then).
+//! - bits 24..40: processes holding a side that its other holders were not told of (each
+//!   took the socket with `pidfd_getfd`). While any is counted no side stops writing TCP: a
+//!   stop is a count of the bytes *this* process sent, and the unseen process may write after
+//!   it (its bytes would then read as doorbells). A grab is counted only while no side has
+//!   stopped yet, so a promotion under way can always be called off then.
 //!
 //! The word is zeroed with the rest of the slot before an offer is published and is only ever
 //! OR-ed into afterwards, so a late write after the slot was freed can only ask the slot's
@@ -55,6 +65,9 @@ pub enum SwitchReason {
     /// TCP → ring: a connection that fell back to TCP at connect (for a transient reason)
     /// came to a ring later (the "late ring").
     Late,
+    /// Another process took the connection's socket with `pidfd_getfd` (a pure dup into the
+    /// caller: the holders are not told), so both use it, on TCP.
+    Pidfd,
 }
 
 /// Header counter of the first switch reason (the ones before are fallback reasons and the
@@ -64,7 +77,7 @@ pub const COUNTER_SWITCH_FIRST: usize = COUNTER_RING_BYTES + 1;
 const _: () = assert!(COUNTER_SWITCH_FIRST + FIRST_SWITCH_REASONS <= NCOUNTERS);
 
 impl SwitchReason {
-    pub const ALL: [SwitchReason; 9] = [
+    pub const ALL: [SwitchReason; 10] = [
         Self::FdPassed,
         Self::Exec,
         Self::Spawn,
@@ -74,6 +87,7 @@ impl SwitchReason {
         Self::Region,
         Self::Promoted,
         Self::Late,
+        Self::Pidfd,
     ];
 
     /// The stable code kept in the switch word (1-based; 0 is "no reason").
@@ -89,6 +103,7 @@ impl SwitchReason {
         match self {
             // Added after the TCP byte counter: the counters before it keep their places.
             Self::Late => COUNTER_LATE,
+            Self::Pidfd => COUNTER_PIDFD,
             _ => COUNTER_SWITCH_FIRST + self.as_code() as usize - 1,
         }
     }
@@ -105,6 +120,7 @@ impl SwitchReason {
             Self::Region => "region",
             Self::Promoted => "promoted",
             Self::Late => "late",
+            Self::Pidfd => "pidfd",
         }
     }
 }
@@ -126,11 +142,23 @@ pub const COUNTER_LATE_FAILED: usize = COUNTER_LATE + 1;
 
 const _: () = assert!(COUNTER_LATE_FAILED < NCOUNTERS);
 
+/// Header counter of connections moved to TCP because another process took their socket
+/// with `pidfd_getfd`.
+pub const COUNTER_PIDFD: usize = COUNTER_LATE_FAILED + 1;
+
+/// Header counter of `pidfd_getfd` calls refused because the connection could not leave its
+/// ring in time (its holder or its peer did not follow the demote, or the peer was gone).
+pub const COUNTER_PIDFD_FAILED: usize = COUNTER_PIDFD + 1;
+
+const _: () = assert!(COUNTER_PIDFD_FAILED < NCOUNTERS);
+
 /// The name of header counter `i` if it counts switches (`switch_<reason>`).
 pub(crate) fn switch_counter_name(i: usize) -> Option<&'static str> {
     match i {
         COUNTER_LATE => return Some("switch_late"),
         COUNTER_LATE_FAILED => return Some("late_failed"),
+        COUNTER_PIDFD => return Some("switch_pidfd"),
+        COUNTER_PIDFD_FAILED => return Some("pidfd_failed"),
         _ => {}
     }
     const NAMES: [&str; 8] = [
@@ -151,6 +179,18 @@ const CLIENT_ON_TCP: u64 = 2;
 const SERVER_ON_TCP: u64 = 4;
 const REASON_SHIFT: u32 = 8;
 const PINNED: u64 = 1 << 16;
+const GRAB_SHIFT: u32 = 24;
+const GRAB_ONE: u64 = 1 << GRAB_SHIFT;
+const GRAB_MASK: u64 = 0xffff << GRAB_SHIFT;
+const CLIENT_KERNEL_COUNTS: u64 = 1 << 17;
+const SERVER_KERNEL_COUNTS: u64 = 1 << 18;
+
+fn kernel_counts_bit(side: Side) -> u64 {
+    match side {
+        Side::Client => CLIENT_KERNEL_COUNTS,
+        Side::Server => SERVER_KERNEL_COUNTS,
+    }
+}
 
 /// A channel's switch word (see the module docs).
 #[derive(Clone)]
@@ -259,23 +299,65 @@ impl SwitchWord {
         self.0.load(Acquire) & PINNED != 0
     }
 
+    /// `side`'s socket is used by a process its holders were not told of: they count their
+    /// TCP phase from the kernel's stream positions (see the module docs).
+    pub fn set_kernel_counts(&self, side: Side) {
+        self.0.fetch_or(kernel_counts_bit(side), AcqRel);
+    }
+
+    pub fn kernel_counts(&self, side: Side) -> bool {
+        self.0.load(Acquire) & kernel_counts_bit(side) != 0
+    }
+
+    /// Counts one process holding a side unseen by its other holders (see the module docs);
+    /// false, and nothing counted, if a side has stopped writing TCP already (a promotion
+    /// past its point of no return: it must complete first) or the count is full.
+    pub fn grab(&self) -> bool {
+        self.0
+            .fetch_update(AcqRel, Acquire, |cur| {
+                let stopped = cur & (CLIENT_STOPPED | SERVER_STOPPED) != 0;
+                (!stopped && cur & GRAB_MASK != GRAB_MASK).then_some(cur + GRAB_ONE)
+            })
+            .is_ok()
+    }
+
+    /// One unseen holder less (it closed, or it is its side's only holder now).
+    pub fn ungrab(&self) {
+        // (Already zero only if the slot was freed and reused: nothing to take then.)
+        let _ = self.0.fetch_update(AcqRel, Acquire, |cur| {
+            (cur & GRAB_MASK != 0).then_some(cur - GRAB_ONE)
+        });
+    }
+
+    /// Some process holds a side unseen by its other holders: no side may stop.
+    pub fn grabbed(&self) -> bool {
+        self.0.load(Acquire) & GRAB_MASK != 0
+    }
+
     pub fn promote_requested(&self) -> bool {
         self.0.load(Acquire) & PROMOTE != 0
     }
 
-    pub fn set_ready(&self, side: Side) {
-        self.0.fetch_or(ready_bit(side), AcqRel);
+    /// `side` is ready — only if the promotion is still on: a mark left behind by a promotion
+    /// called off meanwhile would let the side skip getting ready for the next one.
+    pub fn set_ready(&self, side: Side) -> bool {
+        self.0
+            .fetch_update(AcqRel, Acquire, |cur| {
+                (cur & PROMOTE != 0).then_some(cur | ready_bit(side))
+            })
+            .is_ok()
     }
 
     pub fn ready(&self, side: Side) -> bool {
         self.0.load(Acquire) & ready_bit(side) != 0
     }
 
-    /// `side` stops writing TCP — only if the promotion is still on (not cancelled).
+    /// `side` stops writing TCP — only if the promotion is still on (not cancelled) and no
+    /// unseen holder is counted ([`SwitchWord::grab`]).
     pub fn set_stopped(&self, side: Side) -> bool {
         let mut cur = self.0.load(Acquire);
         loop {
-            if cur & PROMOTE == 0 {
+            if cur & PROMOTE == 0 || cur & GRAB_MASK != 0 {
                 return false;
             }
             match self
@@ -360,6 +442,11 @@ impl Registry {
     /// Counts one late-ring attempt that left its connection on TCP.
     pub fn count_late_failed(&self) {
         self.bump_counter(COUNTER_LATE_FAILED);
+    }
+
+    /// Counts one `pidfd_getfd` refused because its connection could not leave its ring.
+    pub fn count_pidfd_failed(&self) {
+        self.bump_counter(COUNTER_PIDFD_FAILED);
     }
 
     /// The switch counters by reason.
@@ -470,6 +557,56 @@ mod tests {
     }
 
     #[test]
+    fn kernel_counts_are_marked_per_side_and_end_with_the_promotion() {
+        let (_r, _ch, w) = accepted();
+        assert!(w.request(SwitchReason::Pidfd));
+        w.set_on_tcp(Side::Client);
+        w.set_on_tcp(Side::Server);
+        w.set_kernel_counts(Side::Client);
+        assert!(w.kernel_counts(Side::Client) && !w.kernel_counts(Side::Server));
+        assert_eq!(
+            w.reason(),
+            Some(SwitchReason::Pidfd),
+            "the mark keeps the reason"
+        );
+        assert!(w.request_promote());
+        assert!(
+            w.cancel_promotion() && w.kernel_counts(Side::Client),
+            "kept when called off"
+        );
+        assert!(w.request_promote());
+        assert!(w.set_stopped(Side::Client) && w.set_stopped(Side::Server));
+        assert!(w.finish_promotion() && w.quiet() && !w.kernel_counts(Side::Client));
+    }
+
+    #[test]
+    fn no_side_stops_while_a_grab_is_counted_and_no_grab_is_counted_past_a_stop() {
+        let v = ShmSlice::new_heap(8);
+        let w = SwitchWord(v.u64_at(0).unwrap());
+        assert!(w.request(SwitchReason::Pidfd));
+        w.set_on_tcp(Side::Client);
+        w.set_on_tcp(Side::Server);
+        assert!(w.request_promote());
+        assert!(w.set_ready(Side::Client) && w.set_ready(Side::Server));
+        assert!(w.grab() && w.grab() && w.grabbed());
+        assert!(!w.set_stopped(Side::Client), "no stop while grabbed");
+        assert!(w.cancel_promotion(), "nobody stopped: it can be called off");
+        w.ungrab();
+        assert!(w.grabbed(), "one grab is still counted");
+        w.ungrab();
+        w.ungrab(); // nothing left to take: no borrow into the bits below
+        assert!(!w.grabbed() && w.on_tcp(Side::Client) && w.on_tcp(Side::Server));
+        assert_eq!(w.reason(), Some(SwitchReason::Pidfd));
+        assert!(w.request_promote());
+        assert!(w.set_stopped(Side::Server));
+        assert!(
+            !w.grab() && !w.grabbed(),
+            "past a stop the promotion completes first"
+        );
+        assert!(w.set_stopped(Side::Client) && w.finish_promotion() && w.quiet());
+    }
+
+    #[test]
     fn a_pinned_connection_is_never_asked_to_come_back() {
         let (r, ch, w) = accepted();
         assert!(w.request(SwitchReason::Exec));
@@ -495,8 +632,12 @@ mod tests {
         w.set_on_tcp(Side::Client);
         w.set_on_tcp(Side::Server);
         assert!(w.request_promote() && !w.request_promote());
-        w.set_ready(Side::Server);
+        assert!(w.set_ready(Side::Server));
         assert!(w.cancel_promotion() && !w.promote_requested() && !w.ready(Side::Server));
+        assert!(
+            !w.set_ready(Side::Server) && !w.ready(Side::Server),
+            "no mark once called off"
+        );
         assert!(!w.set_stopped(Side::Client), "no stop once called off");
         assert!(w.request_promote());
         assert!(w.set_stopped(Side::Server));

@@ -186,7 +186,7 @@ impl Conn {
         self.tcp.sent.store(sent, Release);
         self.tcp.received.store(received, Release);
         self.tcp.from_kernel.store(false, Release);
-        tracing::debug!(ch = ?self.ch, sent, received, "adopted connection: TCP phase counted");
+        tracing::debug!(ch = ?self.ch, sent, received, "TCP phase counted from the kernel");
         true
     }
 }
@@ -330,7 +330,7 @@ impl Conn {
 
     /// A connection adopted on TCP after its switch elsewhere: ours for good (sticky ring
     /// mark), switched, shared until the sender lets go, counted from the kernel.
-    fn adopted_on_tcp(&self, how: SwitchReason) {
+    pub(super) fn adopted_on_tcp(&self, how: SwitchReason) {
         self.mark_shared();
         self.on_tcp_counted_by_kernel(how);
         self.switching.auto_promote.store(true, Release);

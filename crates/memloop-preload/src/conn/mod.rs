@@ -14,6 +14,7 @@
 //! Attaching the rings and judging the peer's liveness are `memloop::channel`'s, shared with
 //! the native API; spinning and the arm/re-check/sleep loop are `memloop_ring::wait`'s.
 
+mod grab;
 pub mod handoff;
 mod io;
 mod path;
@@ -23,6 +24,7 @@ mod share;
 mod switch;
 mod waiting;
 
+pub use grab::after_getfd;
 pub use handoff::{
     adopt_after_exec, adopt_received, expire_handoffs, hand_off, hand_to_next_image,
     take_back_exec_holds,

@@ -373,6 +373,13 @@ impl Conn {
             if self.still_shared() {
                 return false; // another process writes here too: its counts are not ours
             }
+            // Held by a process this one was not told of (`pidfd_getfd`, `grab.rs`): it may
+            // write after our stop. While it takes the socket its grab is counted in the
+            // word (nobody stops: called off); its hold stays in `holders` after. (The word
+            // first: a grab seen dropped comes with the holds its process left.)
+            if self.grab_blocks_promotion(w) || w.holders.load(Acquire) > 1 {
+                return false;
+            }
             if !w.switch.ready(self.side)
                 && (self.shut_wr.load(Acquire) || self.shut_rd.load(Acquire))
             {
@@ -390,7 +397,9 @@ impl Conn {
                     self.pin_to_tcp("could not drop stale ring bytes"); // not ready: works
                     return false;
                 }
-                w.switch.set_ready(self.side);
+                if !w.switch.set_ready(self.side) {
+                    return false; // called off meanwhile
+                }
                 tracing::debug!(ch = ?self.ch, side = ?self.side, "promotion: ready");
                 // (A peer not ready yet was woken by the request; one ready first sees us
                 // ready, or we see it, and stop: that step wakes it.)

@@ -60,6 +60,13 @@ impl Conn {
         }
     }
 
+    /// In a fork child: a grab (`grab.rs`) is the parent's to drop; the child is counted
+    /// among the holders, which is what keeps an unaware holder from promoting.
+    pub fn forget_grab_in_child(&self) {
+        self.switching.grabbed.store(false, Relaxed);
+        self.switching.taken_from.lock().take();
+    }
+
     /// Shared since a fork — unless every other holder has closed its copy since: then this
     /// end goes back to the lock-free path (the indices are reloaded once, as other processes
     /// may have moved them). Decided while no fork can happen in this process, so a fork
@@ -76,6 +83,7 @@ impl Conn {
         }
         crate::table::without_fork(|| {
             if w.holders.load(Acquire) <= 1 && self.share.shared.load(Acquire) {
+                self.alone_now(); // (after `pidfd_getfd`: nobody else to be unseen by)
                 let nb = real::status_flags(self.kfd()) & libc::O_NONBLOCK != 0;
                 self.nonblock.store(nb, Relaxed);
                 self.share.resync_prod.store(true, Release);
@@ -161,6 +169,7 @@ impl Conn {
     }
 
     pub(super) fn release(&self) {
+        self.drop_grab();
         // A switched side (here, or by another process holding it) is still held in the
         // registry — its slot cannot be reused under a forked copy — but its rings are dead.
         let switched = self.side_switched();
@@ -169,10 +178,18 @@ impl Conn {
             return;
         }
         if let Some(w) = &self.share.side_words {
-            if self.share.shared.load(Acquire) {
-                let before = w.holders.fetch_sub(1, AcqRel);
-                tracing::debug!(ch = ?self.ch, holders = before - 1, "shared end closed here");
+            // A switched side may be held by a process that took its socket with
+            // `pidfd_getfd` without telling us (`grab.rs`): counted down even when this
+            // process thinks it holds it alone. (Never below zero: 0 is a side let go.)
+            if self.share.shared.load(Acquire) || switched {
+                let before = w
+                    .holders
+                    .fetch_update(AcqRel, Acquire, |n| Some(n.saturating_sub(1)))
+                    .unwrap_or(0);
+                let holders = before.saturating_sub(1);
+                tracing::debug!(ch = ?self.ch, holders, "shared end closed here");
                 if before > 1 {
+                    self.give_side_back();
                     return;
                 }
             }

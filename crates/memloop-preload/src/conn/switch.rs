@@ -66,6 +66,11 @@ pub(super) struct Switching {
     /// room, or the side is shared): it waits for the program to read it, and nothing but
     /// our own demote tries to carry again until the next promotion's stop.
     pub(super) carry_refused: AtomicBool,
+    /// Taken with `pidfd_getfd`: our grab is counted in the switch word (`grab.rs`).
+    pub(super) grabbed: AtomicBool,
+    /// Taken with `pidfd_getfd` from the process of this member, whose side was moved to us:
+    /// it goes back there if we let go first (`grab.rs`).
+    pub(super) taken_from: ForkMutex<Option<memloop::registry::MemberId>>,
 }
 
 impl Switching {
@@ -77,6 +82,8 @@ impl Switching {
             handled: AtomicBool::new(false),
             auto_promote: AtomicBool::new(false),
             carry_refused: AtomicBool::new(false),
+            grabbed: AtomicBool::new(false),
+            taken_from: ForkMutex::new(None),
         }
     }
 }

@@ -6,7 +6,8 @@
 //! - `socket`: socket, connect, listen, accept, close, dup, fcntl, ioctl, options, shutdown;
 //! - `data`: the read/write/send/recv families, sendfile, splice;
 //! - `wait`: poll, select, epoll;
-//! - `process`: fork, exec, close_range/closefrom, `syscall`, and the library's start-up.
+//! - `process`: fork, exec, close_range/closefrom, `syscall`, `pidfd_getfd`, and the
+//!   library's start-up.
 //!
 //! Panic policy, per class (see each hook's `on_panic`):
 //! - data and wait calls on ring fds fail with `EIO`: their bytes and readiness live in the
@@ -20,7 +21,9 @@
 //!   half-updated record must not outlive the number, which the kernel reuses;
 //! - connect and accept fail (`EIO`, `ECONNABORTED` after closing the accepted socket): a
 //!   connection whose agreement broke half-way could be on a ring at one end and on TCP at the
-//!   other, so it must not be handed to the program.
+//!   other, so it must not be handed to the program. So does `pidfd_getfd` (also through
+//!   `syscall`): the fd it took may be a ring connection's socket, which must not reach the
+//!   program raw — a panic in our part after the real call closes it and fails with `EIO`.
 #![allow(unsafe_code)]
 
 use crate::real::set_errno;

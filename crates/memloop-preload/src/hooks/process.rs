@@ -222,7 +222,9 @@ hook! {
 
 hook! {
     /// The C library's `syscall`: everything passes through, but `io_uring_setup` is noted (a
-    /// process with io_uring may wait on or read sockets where memloop cannot see it).
+    /// process with io_uring may wait on or read sockets where memloop cannot see it) and
+    /// `pidfd_getfd` is followed as by its own hook below (Python, and any program built
+    /// before the C library had the wrapper, call it this way).
     /// `syscall` is variadic; on these targets variadic integer arguments travel exactly like
     /// fixed ones, so the six possible arguments are taken and handed on as they came.
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -235,11 +237,38 @@ hook! {
         e: libc::c_long,
         f: libc::c_long,
     ) -> libc::c_long;
-    real kernel = real::syscall, pass if n != libc::SYS_io_uring_setup;
-    on_panic kernel();
+    real kernel = real::syscall,
+        pass if n != libc::SYS_io_uring_setup && n != libc::SYS_pidfd_getfd;
+    // (A panic outside our contained logic: before the real call, as the fd's number is
+    // only known after it.)
+    on_panic if n == libc::SYS_pidfd_getfd { fail(libc::EIO) } else { kernel() };
     {
+        if n == libc::SYS_pidfd_getfd {
+            let r = kernel();
+            if r < 0 {
+                return Ok(r); // the kernel's errno stands
+            }
+            return dispatch::after_getfd(r as c_int).map(libc::c_long::from);
+        }
         dispatch::note_io_uring();
         Ok(kernel())
+    }
+}
+
+hook! {
+    /// `pidfd_getfd` (glibc 2.36): a dup of another process's fd, of which that process hears
+    /// nothing. A ring connection's socket leaves its ring before the program gets it, and
+    /// becomes ours on TCP (`conn/grab.rs`); if it cannot in time the call fails (`EAGAIN`,
+    /// `EBUSY`, `EBADF`) and the fd is closed. Anything else passes through.
+    fn pidfd_getfd(pidfd: c_int, targetfd: c_int, flags: c_uint) -> c_int;
+    real kernel = real::pidfd_getfd;
+    on_panic fail(libc::EIO);
+    {
+        let fd = kernel();
+        if fd < 0 {
+            return Err(real::errno());
+        }
+        dispatch::after_getfd(fd)
     }
 }
 
