@@ -293,18 +293,30 @@ def recv_fd_mmsg(sock):
     return payload.raw[: m.len], [fd]
 
 
-def scm_server(lsock, args):
+def start_worker(kind, case, timeout, env):
+    """A worker process with one end of a socketpair (the other is returned): up and ready."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    ours.settimeout(20)
-    worker = subprocess.Popen(helper_argv("scm-worker", args.case, theirs.fileno()),
-                              pass_fds=[theirs.fileno()], env=worker_env(args.case))
+    ours.settimeout(timeout)
+    worker = subprocess.Popen(helper_argv(kind, case, theirs.fileno()),
+                              pass_fds=[theirs.fileno()], env=env)
     theirs.close()
+    return ours, worker
+
+
+def greeted(lsock):
+    """The client's connection, accepted (the listener closed), hello read and answered."""
+    conn, _ = lsock.accept()
+    lsock.close()
+    eq(recv_exact(conn, len(HELLO), "hello"), HELLO, "the client's hello")
+    conn.sendall(ACCEPTED)
+    return conn
+
+
+def scm_server(lsock, args):
+    ours, worker = start_worker("scm-worker", args.case, 20, worker_env(args.case))
     try:
         eq(ours.recv(6), b"ready\n", "the worker is up")
-        conn, _ = lsock.accept()
-        lsock.close()
-        eq(recv_exact(conn, len(HELLO), "hello"), HELLO, "the client's hello")
-        conn.sendall(ACCEPTED)
+        conn = greeted(lsock)
         # Let the client's stream queue up behind the hello, so the fd is passed with unread
         # bytes in it.
         wait_until(lambda: poll1(conn, select.POLLIN, 0), 5, "the client's stream")
@@ -541,17 +553,10 @@ def tail_stream(case):
 
 
 def tail_server(lsock, args):
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    ours.settimeout(30)
-    worker = subprocess.Popen(helper_argv("tail-worker", args.case, theirs.fileno()),
-                              pass_fds=[theirs.fileno()], env=dict(os.environ))
-    theirs.close()
+    ours, worker = start_worker("tail-worker", args.case, 30, dict(os.environ))
     try:
         eq(ours.recv(6), b"ready\n", "the worker is up")
-        conn, _ = lsock.accept()
-        lsock.close()
-        eq(recv_exact(conn, len(HELLO), "hello"), HELLO, "the client's hello")
-        conn.sendall(ACCEPTED)
+        conn = greeted(lsock)
         # A dispatcher: it holds the connection without reading it until the client says
         # its bytes are there (and, under the preload, the demote and promote are done).
         wait_until(lambda: os.path.exists(args.port_file + ".pass"), 25, "the client's go")
