@@ -76,6 +76,7 @@ sha256 of what it read, the client checks both and that EOF follows the last byt
 The server role prints OK only once every process that served the connection exited 0. Every
 helper image has its own watchdog; every wait is bounded."""
 
+import contextlib
 import ctypes
 import errno
 import faulthandler
@@ -293,14 +294,22 @@ def recv_fd_mmsg(sock):
     return payload.raw[: m.len], [fd]
 
 
-def start_worker(kind, case, timeout, env):
-    """A worker process with one end of a socketpair (the other is returned): up and ready."""
+@contextlib.contextmanager
+def worker_session(kind, case, timeout, env):
+    """A worker process on one end of a socketpair: the other end while the worker is up and
+    ready; then the worker's verdict ("ok") and its exit status 0."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     ours.settimeout(timeout)
     worker = subprocess.Popen(helper_argv(kind, case, theirs.fileno()),
                               pass_fds=[theirs.fileno()], env=env)
     theirs.close()
-    return ours, worker
+    try:
+        eq(ours.recv(6), b"ready\n", "the worker is up")
+        yield ours
+        eq(ours.recv(3), b"ok\n", "the worker's verdict")
+    finally:
+        code = wait_popen(worker, "the worker")
+    eq(code, 0, "the worker's exit code")
 
 
 def greeted(lsock):
@@ -313,9 +322,7 @@ def greeted(lsock):
 
 
 def scm_server(lsock, args):
-    ours, worker = start_worker("scm-worker", args.case, 20, worker_env(args.case))
-    try:
-        eq(ours.recv(6), b"ready\n", "the worker is up")
+    with worker_session("scm-worker", args.case, 20, worker_env(args.case)) as ours:
         conn = greeted(lsock)
         # Let the client's stream queue up behind the hello, so the fd is passed with unread
         # bytes in it.
@@ -326,10 +333,6 @@ def scm_server(lsock, args):
         else:
             socket.send_fds(ours, [b"fd"], [conn.fileno()])
         conn.close()  # the acceptor's copy goes at once
-        eq(ours.recv(3), b"ok\n", "the worker's verdict")
-    finally:
-        code = wait_popen(worker, "the worker")
-    eq(code, 0, "the worker's exit code")
 
 
 def scm_worker(case, fd):
@@ -553,9 +556,7 @@ def tail_stream(case):
 
 
 def tail_server(lsock, args):
-    ours, worker = start_worker("tail-worker", args.case, 30, dict(os.environ))
-    try:
-        eq(ours.recv(6), b"ready\n", "the worker is up")
+    with worker_session("tail-worker", args.case, 30, dict(os.environ)) as ours:
         conn = greeted(lsock)
         # A dispatcher: it holds the connection without reading it until the client says
         # its bytes are there (and, under the preload, the demote and promote are done).
@@ -574,10 +575,6 @@ def tail_server(lsock, args):
             socket.send_fds(ours, [PASS_HEADER.pack(b"fd", len(read))], [conn.fileno()])
         ours.sendall(read)
         conn.close()
-        eq(ours.recv(3), b"ok\n", "the worker's verdict")
-    finally:
-        code = wait_popen(worker, "the worker")
-    eq(code, 0, "the worker's exit code")
 
 
 def tail_worker(case, fd):

@@ -561,7 +561,12 @@ pub fn hold(e: &Entry) -> Hold {
 
 /// Whether `e` is armed for a late ring (poll and select must then count themselves).
 pub fn is_armed(e: &Entry) -> bool {
-    late_of(e).is_some_and(|l| l.state.load(Acquire) < DONE)
+    let armed = |l: &Late| l.state.load(Acquire) < DONE;
+    match e {
+        // (Every poll asks this of every plain fd in it: no clone on this path.)
+        Entry::Plain(p) => p.late().is_some_and(|l| armed(l)),
+        _ => late_of(e).is_some_and(|l| armed(&l)),
+    }
 }
 
 /// A disarmed server declines the offer it was signalled for (the client counts it).

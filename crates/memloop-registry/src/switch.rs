@@ -532,6 +532,12 @@ mod tests {
         assert_eq!(switch_counter_name(COUNTER_RING_BYTES), None);
     }
 
+    /// Both sides marked on TCP (switched, each for its own reason or the word's).
+    fn both_on_tcp(w: &SwitchWord) {
+        w.set_on_tcp(Side::Client);
+        w.set_on_tcp(Side::Server);
+    }
+
     /// An accepted channel and its switch word.
     fn accepted() -> (Registry, ChannelId, SwitchWord) {
         let (r, m) = crate::tables::members::test_registry_with_member("m");
@@ -547,8 +553,7 @@ mod tests {
     #[test]
     fn no_promotion_is_asked_in_a_paused_region() {
         let (r, ch, w) = accepted();
-        w.set_on_tcp(Side::Client);
-        w.set_on_tcp(Side::Server);
+        both_on_tcp(&w);
         r.set_state(crate::RegionState::Paused).unwrap();
         let e = r.request_promote(ch).unwrap_err();
         assert!(e.to_string().contains("paused"), "{e}");
@@ -560,8 +565,7 @@ mod tests {
     fn kernel_counts_are_marked_per_side_and_end_with_the_promotion() {
         let (_r, _ch, w) = accepted();
         assert!(w.request(SwitchReason::Pidfd));
-        w.set_on_tcp(Side::Client);
-        w.set_on_tcp(Side::Server);
+        both_on_tcp(&w);
         w.set_kernel_counts(Side::Client);
         assert!(w.kernel_counts(Side::Client) && !w.kernel_counts(Side::Server));
         assert_eq!(
@@ -584,8 +588,7 @@ mod tests {
         let v = ShmSlice::new_heap(8);
         let w = SwitchWord(v.u64_at(0).unwrap());
         assert!(w.request(SwitchReason::Pidfd));
-        w.set_on_tcp(Side::Client);
-        w.set_on_tcp(Side::Server);
+        both_on_tcp(&w);
         assert!(w.request_promote());
         assert!(w.set_ready(Side::Client) && w.set_ready(Side::Server));
         assert!(w.grab() && w.grab() && w.grabbed());
@@ -610,8 +613,7 @@ mod tests {
     fn a_pinned_connection_is_never_asked_to_come_back() {
         let (r, ch, w) = accepted();
         assert!(w.request(SwitchReason::Exec));
-        w.set_on_tcp(Side::Client);
-        w.set_on_tcp(Side::Server);
+        both_on_tcp(&w);
         w.pin();
         assert!(w.pinned() && !w.request_promote());
         let e = r.request_promote(ch).unwrap_err();
@@ -629,8 +631,7 @@ mod tests {
         let w = SwitchWord(v.u64_at(0).unwrap());
         assert!(w.request(SwitchReason::Operator));
         assert!(!w.request_promote(), "not both on TCP yet");
-        w.set_on_tcp(Side::Client);
-        w.set_on_tcp(Side::Server);
+        both_on_tcp(&w);
         assert!(w.request_promote() && !w.request_promote());
         assert!(w.set_ready(Side::Server));
         assert!(w.cancel_promotion() && !w.promote_requested() && !w.ready(Side::Server));
@@ -656,8 +657,7 @@ mod tests {
         let w = SwitchWord(v.u64_at(0).unwrap());
         // Both sides switched without a request of their own (e.g. each for its own reason
         // before the word was read): the word holds only their marks.
-        w.set_on_tcp(Side::Client);
-        w.set_on_tcp(Side::Server);
+        both_on_tcp(&w);
         assert!(w.request_promote());
         assert!(
             !w.request(SwitchReason::Operator),
