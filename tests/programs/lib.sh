@@ -92,16 +92,43 @@ stop_server() {
 # run_client NAME SECS CMD...: CMD in domain 1, in the foreground, at most SECS seconds; stdout in
 # $CASE_DIR/NAME.out, stderr in $CASE_DIR/NAME.err. A non-zero exit fails the case.
 run_client() {
-  local name=$1 secs=$2 rc=0
+  local name=$1 secs=$2 rc=0 snap
   shift 2
   dom_cmd 1 "$CLI_REGION"
   log "client $name: $*"
+  # A client that hangs: what every region and program looked like just before the timeout.
+  (sleep $((secs > 10 ? secs - 3 : secs)) && hang_snapshot "$CASE_DIR/$name.hang") &
+  snap=$!
   timeout -k 5 "$secs" "${DOM[@]}" "$@" >"$CASE_DIR/$name.out" 2>"$CASE_DIR/$name.err" || rc=$?
+  kill "$snap" 2>/dev/null
   if [ "$rc" != 0 ]; then
     tail -n 20 "$CASE_DIR/$name.out" "$CASE_DIR/$name.err" >&2
     [ "$rc" = 124 ] && fail "client $name timed out after ${secs}s"
     fail "client $name exited with status $rc"
   fi
+}
+
+# hang_snapshot FILE: the status of the case's regions (each connection's path and switch
+# state) and the threads' stacks of every program in the two domains, into FILE.
+hang_snapshot() {
+  local out=$1 r pid ns
+  {
+    for r in $(printf '%s\n' "$SRV_REGION" "$CLI_REGION" | sort -u); do
+      echo "== memloop status --json --region $r"
+      "$ML" status --json --region "$r" 2>&1
+    done
+    for ns in "$NS0" "$NS1"; do
+      for pid in $(ip netns pids "$ns" 2>/dev/null); do
+        echo "== $ns pid $pid: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)"
+        if command -v gdb >/dev/null; then
+          timeout 20 gdb -p "$pid" -batch -ex 'thread apply all bt 25' 2>&1 | grep -E '^(Thread|#)'
+        else
+          cat /proc/"$pid"/task/*/wchan 2>/dev/null; echo
+        fi
+      done
+    done
+  } >"$out" 2>&1
+  log "hang snapshot in $out"
 }
 
 # client_stdin NAME SECS FILE CMD...: as run_client with FILE on stdin.

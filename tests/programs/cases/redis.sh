@@ -184,6 +184,25 @@ PYEOF
 # connect because the region has no ring memory left (a filler holds it), then the filler gives
 # it back mid-run: ring variant — the connections come to their rings mid-stream (`late`
 # switches counted); either variant — zero errors, every request executed.
+# redis_commands: the server's total_commands_processed (asked from domain 1).
+redis_commands() {
+  dom_cmd 1 "$CLI_REGION"
+  "${DOM[@]}" redis-cli -h "$ADDR0" -p $REDIS_PORT INFO stats 2>/dev/null |
+    tr -d '\r' | awk -F: '$1 == "total_commands_processed" { print $2 }'
+}
+
+# wait_commands BASE N PID: until the server processed N commands past BASE (or PID ended, or
+# 60 s passed).
+wait_commands() {
+  local base=${1:-0} n=$2 pid=$3 i now
+  for ((i = 0; i < 1200; i++)); do
+    now=$(redis_commands)
+    [ "${now:-0}" -ge $((base + n)) ] && return 0
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.05
+  done
+}
+
 case_redis_late() {
   local d=$CASE_DIR i bpid rc=0 late cmds errs
   start_redis
@@ -198,7 +217,9 @@ case_redis_late() {
   # 8 keep-alive clients, SET then GET: the SET clients connect while the region is full.
   rbench late -n 150000 -c 8 -r 10000 -t set,get &
   bpid=$!
-  sleep 1.5
+  # Release once the SET clients run on TCP (not after a fixed time: on a fast machine the SET
+  # test could end before it, and the GET clients would connect to a free region).
+  wait_commands "$(redis_commands)" 2000 "$bpid"
   touch "$d/release"
   wait "$bpid" || rc=$?
   [ "$rc" = 0 ] || fail "redis-benchmark under the late ring: status $rc"
