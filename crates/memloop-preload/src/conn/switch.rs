@@ -235,11 +235,32 @@ impl Conn {
     }
 
     fn switch_to_tcp(&self, ask: Option<SwitchReason>, wait: bool) -> Result<(), c_int> {
+        let before = self.path();
+        let r = match self.switching_guard(wait) {
+            Some(_g) => self.switch_to_tcp_locked(ask, wait),
+            None => return Ok(()), // another thread of ours is at it
+        };
+        self.follow_if_moved(before);
+        r
+    }
+
+    /// The epoll sets holding the connection follow its path, if it moved from `before` — or
+    /// left its ring and came back to it (the peer was gone): a waiter may have moved its
+    /// items off the ring meanwhile (`EpollSet::settle_conn`).
+    fn follow_if_moved(&self, before: Path) {
+        let now = self.path();
+        if now != before || (now == Path::Ring && self.switching.handled.load(Acquire)) {
+            self.epoll_follow_path();
+        }
+    }
+
+    /// [`Conn::switch_to_tcp`] under the switching lock. The epoll sets follow the path only
+    /// after it: a thread in `epoll_wait` holds its set's lock while it tries ours (without
+    /// waiting), and a switch that waited for the set's lock while holding ours could keep
+    /// that thread failing — and spinning — for as long as it keeps the set's lock busy.
+    fn switch_to_tcp_locked(&self, ask: Option<SwitchReason>, wait: bool) -> Result<(), c_int> {
         let (Some(w), Some(pw)) = (&self.share.side_words, &self.switching.peer) else {
             return Err(libc::ENOTSUP);
-        };
-        let Some(_g) = self.switching_guard(wait) else {
-            return Ok(()); // another thread of ours is at it
         };
         if !matches!(self.path(), Path::Ring | Path::Leaving) {
             return Ok(());
@@ -265,7 +286,6 @@ impl Conn {
         } else {
             self.tell_peer(); // nobody here waits to nudge it later
         }
-        self.epoll_follow_path();
         if !wait && self.peer_left(pw).is_none() && !self.peer_vanished() {
             return Ok(()); // left; the takeover comes with the next call or sweep
         }
@@ -275,7 +295,6 @@ impl Conn {
             tracing::debug!(ch = ?self.ch, "peer gone during a switch: staying on the ring");
             self.switching.handled.store(true, Release);
             self.decision.path.store(Path::Ring, Release);
-            self.epoll_follow_path();
             return Err(libc::EPIPE);
         };
         let reason = w.switch.reason().unwrap_or(SwitchReason::Peer);
@@ -292,11 +311,18 @@ impl Conn {
     /// has not left yet (`wait` false), or the tail cannot be carried (no room, a shared
     /// side: `carry_refused`, the program must read it first).
     fn carry_to_tcp(&self, ask: Option<SwitchReason>, wait: bool) -> Result<bool, c_int> {
+        let before = self.path();
+        let r = match self.switching_guard(wait) {
+            Some(_g) => self.carry_to_tcp_locked(ask, wait),
+            None => return Ok(false), // another thread of ours is at it
+        };
+        self.follow_if_moved(before); // (after the lock: see `switch_to_tcp_locked`)
+        r
+    }
+
+    fn carry_to_tcp_locked(&self, ask: Option<SwitchReason>, wait: bool) -> Result<bool, c_int> {
         let (Some(w), Some(pw)) = (&self.share.side_words, &self.switching.peer) else {
             return Err(libc::ENOTSUP);
-        };
-        let Some(_g) = self.switching_guard(wait) else {
-            return Ok(false); // another thread of ours is at it
         };
         if self.path() != Path::Joining || w.switch.promote_requested() {
             // Back on the ring meanwhile (the program read the tail: the caller looks again),
@@ -360,7 +386,6 @@ impl Conn {
         let Some(tail) = self.carry(w, &me, peer)? else {
             return refuse("no room in the ring (or the side became shared)");
         };
-        self.epoll_follow_path();
         let reason = w.switch.reason().unwrap_or(SwitchReason::Peer);
         let resend = self.take_over(w, peer, reason)?;
         // (Our head as the ring has it: the published one is `tail` bytes before.)
@@ -595,8 +620,9 @@ impl Conn {
         w.tcp_base_read.store(read, Release);
     }
 
-    /// From now on a plain TCP connection: the program's TCP_NODELAY back, a record for
-    /// `memloop status`, and every epoll set holding it told.
+    /// From now on a plain TCP connection: the program's TCP_NODELAY back and a record for
+    /// `memloop status` (the caller tells the epoll sets holding it, after the switching
+    /// lock).
     fn finish_on_tcp(&self, reason: SwitchReason, carried: u64, resend: Option<Arc<Resend>>) {
         real::set_sockopt_int(
             self.kfd(),
@@ -608,7 +634,6 @@ impl Conn {
         *self.decision.plain.lock() = Some(plain);
         self.switching.handled.store(true, Release);
         self.decision.path.store(Path::Tcp, Release);
-        self.epoll_follow_path();
     }
 
     /// Every epoll set holding this connection follows its path: off its ring its socket

@@ -431,7 +431,12 @@ impl Conn {
         if self.peer.same_kernel && !self.nonblock.load(Relaxed) && left.is_none() {
             let mut b = [0u8; 1];
             return match real::peek_blocking(fd, &mut b) {
+                // Our side left its ring while we slept: the peer may have taken over and
+                // shut its TCP side down — a FIN, not a close (marking its side closed would
+                // let the channel be freed under it). The caller's look sees the switch.
+                Ok(0) | Err(libc::ECONNRESET) if self.side_switched() => Ok(()),
                 Ok(0) => {
+                    // On the ring the peer never shuts its socket down: it closed it.
                     self.set_peer_closed();
                     Ok(())
                 }
@@ -448,7 +453,9 @@ impl Conn {
                     Ok(())
                 }
                 Err(_) => {
-                    self.set_peer_closed();
+                    if !self.side_switched() {
+                        self.set_peer_closed();
+                    }
                     Ok(())
                 }
             };

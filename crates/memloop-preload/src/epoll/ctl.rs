@@ -174,34 +174,14 @@ impl EpollSet {
         let mut st = self.st.lock();
         // Read under the lock: of two threads following two path changes, the later one
         // converts last.
-        let reg = match c.path() {
-            Path::Ring => Reg::Ring,
-            Path::Pending => return,
-            _ => Reg::OffRing,
+        let Some(reg) = Reg::following(c.path()) else {
+            return;
         };
         let sleeping = st.sleepers > 0;
         let mine = |it: &Item| matches!(&it.target, Target::Conn(x) if std::ptr::eq(&**x, c));
         for (id, it) in st.items.iter_mut().filter(|(_, it)| mine(it)) {
             it.hot.set(true);
-            if it.reg == reg {
-                continue;
-            }
-            if it.armed {
-                disarm(it);
-            }
-            let op = match it.reg {
-                Reg::Dormant => libc::EPOLL_CTL_ADD,
-                _ => libc::EPOLL_CTL_MOD,
-            };
-            (it.reg, it.kicked) = (reg, false);
-            it.edge.reset();
-            if let (Some(kev), true) = (it.kernel_events(), it.fd_open) {
-                kernel::ctl_or_log("path changed", epfd, op, it.fd, kev, kernel::tag(*id));
-            }
-            if sleeping {
-                arm(it);
-                kick_if_ready(epfd, *id, it);
-            }
+            follow(epfd, *id, it, reg, sleeping);
         }
     }
 
@@ -297,5 +277,29 @@ pub(super) fn free_id(st: &mut State) -> u32 {
         if !st.items.contains_key(&id) {
             return id;
         }
+    }
+}
+
+/// Converts one item of a connection whose path changed to the registration `reg` of its new
+/// path (nothing if it has it already).
+pub(super) fn follow(epfd: c_int, id: u32, it: &mut Item, reg: Reg, sleeping: bool) {
+    if it.reg == reg {
+        return;
+    }
+    if it.armed {
+        disarm(it);
+    }
+    let op = match it.reg {
+        Reg::Dormant => libc::EPOLL_CTL_ADD,
+        _ => libc::EPOLL_CTL_MOD,
+    };
+    (it.reg, it.kicked) = (reg, false);
+    it.edge.reset();
+    if let (Some(kev), true) = (it.kernel_events(), it.fd_open) {
+        kernel::ctl_or_log("path changed", epfd, op, it.fd, kev, kernel::tag(id));
+    }
+    if sleeping {
+        arm(it);
+        kick_if_ready(epfd, id, it);
     }
 }

@@ -101,6 +101,16 @@ impl Reg {
         }
     }
 
+    /// The registration a connection's item gets when it follows the connection to `path`
+    /// (`None`: a pending connection, whose item is settled when it is decided).
+    fn following(path: Path) -> Option<Reg> {
+        match path {
+            Path::Ring => Some(Reg::Ring),
+            Path::Pending => None,
+            _ => Some(Reg::OffRing),
+        }
+    }
+
     /// The kernel events of the registration; `None` when there is none.
     fn kernel_events(self, events: u32, disabled: bool, kicked: bool) -> Option<u32> {
         let kick = if kicked { OUT } else { 0 };

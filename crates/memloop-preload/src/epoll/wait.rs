@@ -248,7 +248,20 @@ impl EpollSet {
             let it = self.remove(&mut st, id)?;
             return to_kernel_fd(epfd, it, kernel_ev);
         }
+        let sleeping = st.sleepers > 0;
         let it = st.items.get_mut(&id)?;
+        let now = c.path();
+        if it.reg == Reg::Ring && now != Path::Ring {
+            // It left its ring, and the thread that moved it has not made its items follow
+            // yet (that thread may be waiting for this very lock). Left as it is, the ring's
+            // level-triggered registration would report the peer's bytes on the socket at
+            // every wait, and this thread would spin on this lock until then.
+            if let Some(reg) = Reg::following(now) {
+                it.hot.set(true);
+                super::ctl::follow(epfd, id, it, reg, sleeping);
+                return None;
+            }
+        }
         if it.reg == Reg::OffRing {
             // An edge on its socket: the next collection looks (and filters doorbells).
             it.hot.set(true);
