@@ -117,7 +117,7 @@ pub fn waiting(view: &ShmSlice, end: End) -> bool {
         End::Producer => crate::header::OFF_PWAIT,
         End::Consumer => crate::header::OFF_CWAIT,
     };
-    view.atomic_u32(off).map_or(false, |w| w.load(Relaxed) != 0)
+    view.atomic_u32(off).is_ok_and(|w| w.load(Relaxed) != 0)
 }
 
 #[cfg(all(test, not(loom)))]
@@ -170,7 +170,7 @@ mod tests {
         fn any_word_decodes_to_a_valid_cpu(w in any::<u32>()) {
             match Presence::decode(w) {
                 Presence::Running { cpu } => prop_assert!(cpu < NO_CPU),
-                Presence::Asleep { cpu } => prop_assert!(cpu.map_or(true, |c| c < NO_CPU)),
+                Presence::Asleep { cpu } => prop_assert!(cpu.is_none_or(|c| c < NO_CPU)),
                 Presence::Unknown => {}
             }
         }
