@@ -32,5 +32,5 @@ pub use record::{RecordConsumer, RecordProducer, RecvInfo};
 pub use slots::{SlotConsumer, SlotProducer};
 pub use stream::{StreamConsumer, StreamProducer};
 pub use wait::{
-    park_until, spin_budget, Park, SpinInputs, Spinner, WaitCell, WaitPolicy, WakeMode,
+    park_until, spin_plan, Park, SpinInputs, SpinPlan, Spinner, WaitCell, WaitPolicy, WakeMode,
 };

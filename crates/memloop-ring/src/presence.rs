@@ -1,5 +1,5 @@
 //! Where each ring end's owner says whether it runs, and on which CPU, so that a waiter can
-//! tell whether spinning can pay ([`crate::wait::spin_budget`]).
+//! tell whether spinning can pay ([`crate::wait::spin_plan`]).
 //!
 //! One `u32` per ring end, on that end's own cache line (the producer's at offset 8 beside
 //! the tail, the consumer's at 72 beside the head): written only by the end's owner, read by

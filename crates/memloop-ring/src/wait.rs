@@ -19,7 +19,7 @@ use memloop_shm::ShmU32;
 use std::time::Duration;
 
 /// What a waiter knows when it decides whether spinning can pay: all hints, sampled once
-/// per wait after the first few polls ([`Spinner::try_spin_with`]), judged by [`spin_budget`].
+/// per wait after the first few polls ([`Spinner::try_spin_with`]), judged by [`spin_plan`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SpinInputs {
     /// What the peer last published about itself ([`crate::presence`]).
@@ -55,28 +55,47 @@ impl SpinInputs {
     }
 }
 
-/// How long to spin once the first few polls found nothing: the adaptive `window` (the
-/// history of this connection or set), or zero when spinning cannot pay —
-/// - the peer is asleep and nothing woke it: it produces nothing until something does;
-/// - the peer runs, or last ran before its (woken) sleep, on our CPU: it needs the very CPU
-///   we would spin on (it is preempted by us, or will be woken onto it);
-/// - the machine has more runnable threads than CPUs: whatever we wait for competes with us.
+/// What a waiter does once its first few polls found nothing ([`spin_plan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpinPlan {
+    /// Arm and sleep at once: spinning cannot pay.
+    Sleep,
+    /// The peer is runnable on our very CPU: no spinning, but hand the CPU over with a few
+    /// `sched_yield`s (checking after each) before sleeping — it can then answer without
+    /// anyone paying for a doorbell and a wake-up.
+    Yield,
+    /// Spin for this long (the adaptive window).
+    Spin(Duration),
+}
+
+/// Yields of a [`SpinPlan::Yield`] before the waiter sleeps.
+const YIELDS: u32 = 4;
+
+/// What to do once the first few polls found nothing, given the adaptive `window` (the
+/// history of this connection or set):
+/// - the peer is asleep and nothing woke it: it produces nothing until something does →
+///   [`SpinPlan::Sleep`];
+/// - the peer runs, or was woken from a sleep, on the CPU we run on: it needs that very CPU →
+///   no spinning, only [`SpinPlan::Yield`] (the CPU goes to the peer at once);
+/// - the machine has more runnable threads than CPUs: whatever we wait for competes with us
+///   → [`SpinPlan::Sleep`];
+/// - otherwise spin for `window` ([`SpinPlan::Sleep`] if it is zero).
 ///
 /// Unknown inputs (an old peer, garbage, a CPU we cannot tell) never forbid spinning.
-pub fn spin_budget(i: &SpinInputs, window: Duration) -> Duration {
+pub fn spin_plan(i: &SpinInputs, window: Duration) -> SpinPlan {
     let peer_cpu = match i.peer {
-        Presence::Asleep { .. } if i.peer_woken == Some(false) => return Duration::ZERO,
+        Presence::Asleep { .. } if i.peer_woken == Some(false) => return SpinPlan::Sleep,
         Presence::Asleep { cpu } => cpu,
         Presence::Running { cpu } => Some(cpu),
         Presence::Unknown => None,
     };
     if peer_cpu.is_some() && peer_cpu == i.our_cpu {
-        return Duration::ZERO;
+        return SpinPlan::Yield;
     }
-    if i.load.is_some_and(|(runnable, cpus)| runnable > cpus) {
-        return Duration::ZERO;
+    if i.load.is_some_and(|(runnable, cpus)| runnable > cpus) || window.is_zero() {
+        return SpinPlan::Sleep;
     }
-    window
+    SpinPlan::Spin(window)
 }
 
 /// How a waiter sleeps once its spin window is over.
@@ -331,8 +350,8 @@ impl Spinner {
     }
 
     /// [`Spinner::try_spin`] that, once the first few polls found nothing, asks `inputs` what
-    /// is known about the peer and the machine and spins only as long as [`spin_budget`]
-    /// allows. A wait cut short so does not count as a miss: the window keeps its history.
+    /// is known about the peer and the machine and spins only as long as [`spin_plan`]
+    /// allows ([`spin_plan`]). A wait cut short so does not count as a miss: the window keeps its history.
     pub fn try_spin_with<E>(
         &self,
         max: Duration,
@@ -350,10 +369,19 @@ impl Spinner {
         if history.is_zero() {
             return Ok(false);
         }
-        let window = spin_budget(&inputs(), history);
-        if window.is_zero() {
-            return Ok(false);
-        }
+        let window = match spin_plan(&inputs(), history) {
+            SpinPlan::Sleep => return Ok(false),
+            SpinPlan::Yield => {
+                for _ in 0..YIELDS {
+                    sync::yield_now();
+                    if ready()? {
+                        return Ok(true);
+                    }
+                }
+                return Ok(false);
+            }
+            SpinPlan::Spin(w) => w,
+        };
         let clock = Clock::start();
         let mut i = 0u32;
         let mut yielding = false;
@@ -491,7 +519,7 @@ impl Park for RingPark<'_> {
 }
 
 /// Waits until `ready()` is true (→ `Ok(true)`) or `timeout` passes (→ `Ok(false)`). With
-/// `who`, publishes our presence and spins only as [`spin_budget`] allows.
+/// `who`, publishes our presence and spins only as [`spin_plan`] allows.
 pub(crate) fn block_until(
     cell: &WaitCell,
     spinner: &Spinner,
@@ -545,17 +573,20 @@ mod tests {
     #[test]
     fn spins_for_a_peer_running_elsewhere() {
         let i = inputs(Presence::Running { cpu: 1 }, None, Some(0));
-        assert_eq!(spin_budget(&i, W), W, "the history decides");
-        assert_eq!(spin_budget(&i, Duration::ZERO), Duration::ZERO);
+        assert_eq!(spin_plan(&i, W), SpinPlan::Spin(W), "the history decides");
+        assert_eq!(spin_plan(&i, Duration::ZERO), SpinPlan::Sleep);
     }
 
     #[test]
     fn no_spin_for_a_peer_on_our_cpu() {
         let i = inputs(Presence::Running { cpu: 3 }, None, Some(3));
-        assert_eq!(spin_budget(&i, W), Duration::ZERO);
-        // Woken from a sleep on our CPU: it will want this CPU back.
+        assert_eq!(spin_plan(&i, W), SpinPlan::Yield);
+        // Woken from a sleep on our CPU: it will want this CPU.
         let i = inputs(Presence::Asleep { cpu: Some(3) }, Some(true), Some(3));
-        assert_eq!(spin_budget(&i, W), Duration::ZERO);
+        assert_eq!(spin_plan(&i, W), SpinPlan::Yield);
+        // Asleep on our CPU and nothing woke it: nothing to yield to.
+        let i = inputs(Presence::Asleep { cpu: Some(3) }, Some(false), Some(3));
+        assert_eq!(spin_plan(&i, W), SpinPlan::Sleep);
     }
 
     #[test]
@@ -563,7 +594,7 @@ mod tests {
         for ours in [None, Some(0)] {
             for cpu in [None, Some(1)] {
                 let i = inputs(Presence::Asleep { cpu }, Some(false), ours);
-                assert_eq!(spin_budget(&i, W), Duration::ZERO);
+                assert_eq!(spin_plan(&i, W), SpinPlan::Sleep);
             }
         }
     }
@@ -572,9 +603,9 @@ mod tests {
     fn spins_for_a_woken_peer_elsewhere_or_when_unsure() {
         for woken in [Some(true), None] {
             let i = inputs(Presence::Asleep { cpu: Some(1) }, woken, Some(0));
-            assert_eq!(spin_budget(&i, W), W);
+            assert_eq!(spin_plan(&i, W), SpinPlan::Spin(W));
             let i = inputs(Presence::Asleep { cpu: None }, woken, Some(0));
-            assert_eq!(spin_budget(&i, W), W);
+            assert_eq!(spin_plan(&i, W), SpinPlan::Spin(W));
         }
     }
 
@@ -582,33 +613,33 @@ mod tests {
     fn no_spin_on_an_oversubscribed_machine() {
         let mut i = inputs(Presence::Running { cpu: 1 }, None, Some(0));
         i.load = Some((3, 2));
-        assert_eq!(spin_budget(&i, W), Duration::ZERO);
+        assert_eq!(spin_plan(&i, W), SpinPlan::Sleep);
         i.load = Some((2, 2));
         assert_eq!(
-            spin_budget(&i, W),
-            W,
+            spin_plan(&i, W),
+            SpinPlan::Spin(W),
             "both ends running on two CPUs is fine"
         );
         i.load = None;
-        assert_eq!(spin_budget(&i, W), W);
+        assert_eq!(spin_plan(&i, W), SpinPlan::Spin(W));
     }
 
     #[test]
     fn unknown_never_forbids_spinning() {
-        assert_eq!(spin_budget(&SpinInputs::UNKNOWN, W), W);
+        assert_eq!(spin_plan(&SpinInputs::UNKNOWN, W), SpinPlan::Spin(W));
         let i = inputs(Presence::Unknown, Some(false), Some(0));
-        assert_eq!(spin_budget(&i, W), W);
+        assert_eq!(spin_plan(&i, W), SpinPlan::Spin(W));
         // Our CPU unknown: a peer's CPU is no reason to stop.
         let i = inputs(Presence::Running { cpu: 0 }, None, None);
-        assert_eq!(spin_budget(&i, W), W);
+        assert_eq!(spin_plan(&i, W), SpinPlan::Spin(W));
     }
 
     #[test]
     fn garbage_presence_is_harmless() {
         for w in [u32::MAX, 0xdead_beef, 1 << 31 | 0xffff, 3 << 30] {
             let i = inputs(Presence::decode(w), Some(false), Some(0));
-            let b = spin_budget(&i, W);
-            assert!(b == W || b.is_zero());
+            let p = spin_plan(&i, W);
+            assert!(matches!(p, SpinPlan::Spin(w) if w == W) || p != SpinPlan::Yield);
         }
     }
 
@@ -622,7 +653,14 @@ mod tests {
             load: None,
         };
         assert!(!s.spin_with(W, || stop, || false));
-        assert_eq!(s.window(), W, "not a miss");
+        assert_eq!(s.window(), W, "yielding is not a miss");
+        let asleep = SpinInputs {
+            peer: Presence::Asleep { cpu: Some(1) },
+            peer_woken: Some(false),
+            ..stop
+        };
+        assert!(!s.spin_with(W, || asleep, || false));
+        assert_eq!(s.window(), W, "not spinning is not a miss");
         assert!(!s.spin_with(W, || SpinInputs::UNKNOWN, || false));
         assert_eq!(s.window(), W / 2, "a real miss halves it");
     }

@@ -9,7 +9,7 @@ use crate::real::{self, Drain};
 use libc::c_int;
 use memloop_ring::presence::{self, End, Presence};
 use memloop_ring::{
-    park_until, spin_budget, Park, SpinInputs, Spinner, StreamConsumer, StreamProducer,
+    park_until, spin_plan, Park, SpinInputs, SpinPlan, Spinner, StreamConsumer, StreamProducer,
 };
 use std::sync::atomic::{AtomicU32, Ordering::*};
 use std::time::{Duration, Instant};
@@ -523,7 +523,7 @@ pub fn spin_inputs_of(conns: &[&Conn]) -> SpinInputs {
     let mut last = SpinInputs::UNKNOWN;
     for c in conns.iter().take(SPIN_LOOKS) {
         last = c.spin_inputs_at(our_cpu, load);
-        if !spin_budget(&last, Duration::MAX).is_zero() {
+        if spin_plan(&last, Duration::MAX) != SpinPlan::Sleep {
             break;
         }
     }
