@@ -229,8 +229,15 @@ fn spin(fds: &mut [pollfd], members: &[(usize, Watch)]) -> bool {
         Watch::OffRing(_) | Watch::Set(_) | Watch::Late(_) => None,
     });
     let Some(first) = first else { return false };
+    let rings: Vec<&Conn> = members
+        .iter()
+        .filter_map(|(_, w)| match w {
+            Watch::Ring(c) => Some(&**c),
+            _ => None,
+        })
+        .collect();
     let mut i = 0u32;
-    first.spin(|| {
+    first.spin(&rings, || {
         i += 1;
         let found = if i % 8 == 0 {
             scan(fds, members).unwrap_or(0)

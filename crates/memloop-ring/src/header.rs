@@ -9,8 +9,10 @@
 //! | offset | field |
 //! | --- | --- |
 //! | 0 | tail `u64` (producer index) |
+//! | 8 | producer presence `u32` ([`crate::presence`]: running on CPU k / asleep) |
 //! | 16 | producer futex seq `u32` |
 //! | 64 | head `u64` (consumer index) |
+//! | 72 | consumer presence `u32` |
 //! | 80 | consumer futex seq `u32` |
 //! | 128 | magic `u64`, 136 kind `u32`, 140 slot size `u32`, 144 capacity `u64` |
 //! | 192 | producer-waiting `u32`, 196 consumer-waiting `u32` |
@@ -51,6 +53,9 @@ pub const OFF_MAGIC: u64 = 128;
 pub const OFF_KIND: u64 = 136;
 pub const OFF_SLOT: u64 = 140;
 pub const OFF_CAP: u64 = 144;
+/// Presence words (hints, see [`crate::presence`]): each on its owner's index line.
+pub const OFF_PPRES: u64 = 8;
+pub const OFF_CPRES: u64 = 72;
 
 /// Total bytes a ring of `capacity` data bytes occupies (saturating on absurd capacities).
 pub fn ring_bytes(capacity: u64) -> u64 {
@@ -119,7 +124,7 @@ pub fn init_ring(
     // Every field is stored explicitly (no bulk fill: under loom each byte is a modelled access).
     view.u64_at(OFF_MAGIC)?.store(0, Release);
     for off in [
-        OFF_WFLAGS, OFF_PWAIT, OFF_PSEQ, OFF_RFLAGS, OFF_CWAIT, OFF_CSEQ,
+        OFF_WFLAGS, OFF_PWAIT, OFF_PSEQ, OFF_RFLAGS, OFF_CWAIT, OFF_CSEQ, OFF_PPRES, OFF_CPRES,
     ] {
         view.u32_at(off)?.store(0, Relaxed);
     }
@@ -142,6 +147,9 @@ pub(crate) struct Header {
     pub prod: WaitCell,
     /// The consumer sleeps here (waiting for data); the producer wakes it.
     pub cons: WaitCell,
+    /// Presence words ([`crate::presence`]) of the producer and the consumer.
+    pub ppres: ShmU32,
+    pub cpres: ShmU32,
     pub data: ShmSlice,
     pub cap: u64,
     pub slot_size: u32,
@@ -176,6 +184,8 @@ impl Header {
             rflags: view.u32_at(OFF_RFLAGS)?,
             prod: WaitCell::new(view.u32_at(OFF_PWAIT)?, view.u32_at(OFF_PSEQ)?),
             cons: WaitCell::new(view.u32_at(OFF_CWAIT)?, view.u32_at(OFF_CSEQ)?),
+            ppres: view.u32_at(OFF_PPRES)?,
+            cpres: view.u32_at(OFF_CPRES)?,
             data: view.slice(RING_HEADER_BYTES, cap)?,
             cap,
             slot_size,

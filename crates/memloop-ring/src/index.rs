@@ -6,7 +6,7 @@
 //! more than `capacity` ahead of it), and stays a multiple of the flavour's granule.
 
 use crate::header::{Header, RingKind, RFLAG_CLOSED, WFLAGS_KNOWN, WFLAG_RESET, WFLAG_SHUTDOWN};
-use crate::wait::{block_until, Spinner, WaitPolicy};
+use crate::wait::{block_until, Presences, Spinner, WaitPolicy};
 use crate::RingError;
 use memloop_shm::sync::Ordering::{Acquire, Release};
 use memloop_shm::{ShmSlice, ShmU32};
@@ -188,8 +188,13 @@ impl ProdCore {
         mut ready: impl FnMut(&mut Self) -> Result<bool, RingError>,
     ) -> Result<bool, RingError> {
         let cell = self.h.prod.clone();
+        let (ours, peer) = (self.h.ppres.clone(), self.h.cpres.clone());
         let spinner = std::mem::take(&mut self.spinner);
-        let r = block_until(&cell, &spinner, policy, timeout, || {
+        let who = Presences {
+            ours: &ours,
+            peer: &peer,
+        };
+        let r = block_until(&cell, &spinner, policy, Some(who), timeout, || {
             match self.check_open() {
                 Err(RingError::Closed) => Ok(true),
                 Err(e) => Err(e),
@@ -325,8 +330,13 @@ impl ConsCore {
         mut ready: impl FnMut(&mut Self) -> Result<bool, RingError>,
     ) -> Result<bool, RingError> {
         let cell = self.h.cons.clone();
+        let (ours, peer) = (self.h.cpres.clone(), self.h.ppres.clone());
         let spinner = std::mem::take(&mut self.spinner);
-        let r = block_until(&cell, &spinner, policy, timeout, || ready(self));
+        let who = Presences {
+            ours: &ours,
+            peer: &peer,
+        };
+        let r = block_until(&cell, &spinner, policy, Some(who), timeout, || ready(self));
         self.spinner = spinner;
         r
     }

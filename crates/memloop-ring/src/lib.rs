@@ -18,6 +18,7 @@ mod error;
 pub mod header;
 mod index;
 pub mod leave;
+pub mod presence;
 pub mod record;
 pub mod slots;
 pub mod stream;
@@ -26,7 +27,10 @@ pub mod wait;
 pub use descriptor::Descriptor;
 pub use error::RingError;
 pub use header::{init_ring, ring_bytes, RingKind, RING_HEADER_BYTES};
+pub use presence::Presence;
 pub use record::{RecordConsumer, RecordProducer, RecvInfo};
 pub use slots::{SlotConsumer, SlotProducer};
 pub use stream::{StreamConsumer, StreamProducer};
-pub use wait::{park_until, Park, Spinner, WaitCell, WaitPolicy, WakeMode};
+pub use wait::{
+    park_until, spin_plan, Park, SpinInputs, SpinPlan, Spinner, WaitCell, WaitPolicy, WakeMode,
+};

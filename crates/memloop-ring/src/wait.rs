@@ -10,11 +10,93 @@
 //! Either the waiter's re-check sees the published index or the notifier sees `waiting == 1`
 //! and bumps `seq`, which makes the futex wait return at once: no wake-up is lost.
 
+use crate::presence::{self, Presence};
 use crate::RingError;
 use memloop_shm::futex;
+use memloop_shm::sync::AtomicU32;
 use memloop_shm::sync::{self, fence, Ordering::*};
 use memloop_shm::ShmU32;
 use std::time::Duration;
+
+/// What a waiter knows when it decides whether spinning can pay: all hints, sampled once
+/// per wait after the first few polls ([`Spinner::try_spin_with`]), judged by [`spin_plan`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpinInputs {
+    /// What the peer last published about itself ([`crate::presence`]).
+    pub peer: Presence,
+    /// For a peer that says it is asleep: `Some(false)` if its waiting flags are still
+    /// armed (nothing of ours woke it: it waits for us, or for something else), `Some(true)`
+    /// if they were cleared (a publication woke it and it is on its way back), `None` if the
+    /// waiter cannot tell (a single ring sees only one of the peer's flags).
+    pub peer_woken: Option<bool>,
+    /// The CPU we run on.
+    pub our_cpu: Option<u32>,
+    /// Runnable threads on the machine and its CPUs (`memloop_shm::sched::runnable_and_cpus`).
+    pub load: Option<(u32, u32)>,
+}
+
+impl SpinInputs {
+    /// Nothing known: spin as the history says.
+    pub const UNKNOWN: SpinInputs = SpinInputs {
+        peer: Presence::Unknown,
+        peer_woken: None,
+        our_cpu: None,
+        load: None,
+    };
+
+    /// Samples our CPU and the machine's load for a peer in state `peer`.
+    pub fn sample(peer: Presence, peer_woken: Option<bool>) -> Self {
+        SpinInputs {
+            peer,
+            peer_woken,
+            our_cpu: memloop_shm::sched::current_cpu(),
+            load: memloop_shm::sched::runnable_and_cpus(),
+        }
+    }
+}
+
+/// What a waiter does once its first few polls found nothing ([`spin_plan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpinPlan {
+    /// Arm and sleep at once: spinning cannot pay.
+    Sleep,
+    /// The peer is runnable on our very CPU: no spinning, but hand the CPU over with a few
+    /// `sched_yield`s (checking after each) before sleeping — it can then answer without
+    /// anyone paying for a doorbell and a wake-up.
+    Yield,
+    /// Spin for this long (the adaptive window).
+    Spin(Duration),
+}
+
+/// Yields of a [`SpinPlan::Yield`] before the waiter sleeps.
+const YIELDS: u32 = 4;
+
+/// What to do once the first few polls found nothing, given the adaptive `window` (the
+/// history of this connection or set):
+/// - the peer is asleep and nothing woke it: it produces nothing until something does →
+///   [`SpinPlan::Sleep`];
+/// - the peer runs, or was woken from a sleep, on the CPU we run on: it needs that very CPU →
+///   no spinning, only [`SpinPlan::Yield`] (the CPU goes to the peer at once);
+/// - the machine has more runnable threads than CPUs: whatever we wait for competes with us
+///   → [`SpinPlan::Sleep`];
+/// - otherwise spin for `window` ([`SpinPlan::Sleep`] if it is zero).
+///
+/// Unknown inputs (an old peer, garbage, a CPU we cannot tell) never forbid spinning.
+pub fn spin_plan(i: &SpinInputs, window: Duration) -> SpinPlan {
+    let peer_cpu = match i.peer {
+        Presence::Asleep { .. } if i.peer_woken == Some(false) => return SpinPlan::Sleep,
+        Presence::Asleep { cpu } => cpu,
+        Presence::Running { cpu } => Some(cpu),
+        Presence::Unknown => None,
+    };
+    if peer_cpu.is_some() && peer_cpu == i.our_cpu {
+        return SpinPlan::Yield;
+    }
+    if i.load.is_some_and(|(runnable, cpus)| runnable > cpus) || window.is_zero() {
+        return SpinPlan::Sleep;
+    }
+    SpinPlan::Spin(window)
+}
 
 /// How a waiter sleeps once its spin window is over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -262,6 +344,18 @@ impl Spinner {
     pub fn try_spin<E>(
         &self,
         max: Duration,
+        ready: impl FnMut() -> Result<bool, E>,
+    ) -> Result<bool, E> {
+        self.try_spin_with(max, || SpinInputs::UNKNOWN, ready)
+    }
+
+    /// [`Spinner::try_spin`] that, once the first few polls found nothing, asks `inputs` what
+    /// is known about the peer and the machine and spins only as long as [`spin_plan`]
+    /// allows ([`spin_plan`]). A wait cut short so does not count as a miss: the window keeps its history.
+    pub fn try_spin_with<E>(
+        &self,
+        max: Duration,
+        inputs: impl FnOnce() -> SpinInputs,
         mut ready: impl FnMut() -> Result<bool, E>,
     ) -> Result<bool, E> {
         // Most waits on a busy pair end within a few polls: do those before paying for a clock.
@@ -271,10 +365,23 @@ impl Spinner {
             }
             sync::spin_hint();
         }
-        let window = self.current(max);
-        if window.is_zero() {
+        let history = self.current(max);
+        if history.is_zero() {
             return Ok(false);
         }
+        let window = match spin_plan(&inputs(), history) {
+            SpinPlan::Sleep => return Ok(false),
+            SpinPlan::Yield => {
+                for _ in 0..YIELDS {
+                    sync::yield_now();
+                    if ready()? {
+                        return Ok(true);
+                    }
+                }
+                return Ok(false);
+            }
+            SpinPlan::Spin(w) => w,
+        };
         let clock = Clock::start();
         let mut i = 0u32;
         let mut yielding = false;
@@ -302,8 +409,18 @@ impl Spinner {
     }
 
     /// [`Spinner::try_spin`] for a condition that cannot fail.
-    pub fn spin(&self, max: Duration, mut ready: impl FnMut() -> bool) -> bool {
-        match self.try_spin::<std::convert::Infallible>(max, || Ok(ready())) {
+    pub fn spin(&self, max: Duration, ready: impl FnMut() -> bool) -> bool {
+        self.spin_with(max, || SpinInputs::UNKNOWN, ready)
+    }
+
+    /// [`Spinner::try_spin_with`] for a condition that cannot fail.
+    pub fn spin_with(
+        &self,
+        max: Duration,
+        inputs: impl FnOnce() -> SpinInputs,
+        mut ready: impl FnMut() -> bool,
+    ) -> bool {
+        match self.try_spin_with::<std::convert::Infallible>(max, inputs, || Ok(ready())) {
             Ok(hit) => hit,
         }
     }
@@ -359,6 +476,13 @@ pub fn park_until<P: Park>(
     }
 }
 
+/// A ring end's presence word and its peer's, for a waiter on one ring.
+#[derive(Clone, Copy)]
+pub(crate) struct Presences<'a> {
+    pub ours: &'a AtomicU32,
+    pub peer: &'a AtomicU32,
+}
+
 /// A ring's own sleep: a futex on its sequence word (same kernel), or a bounded sleep with
 /// exponential back-off (towards another kernel, where no kernel object is shared).
 struct RingPark<'a> {
@@ -366,11 +490,17 @@ struct RingPark<'a> {
     policy: &'a WaitPolicy,
     old: u32,
     backoff: Duration,
+    /// Our presence word, said asleep while we sleep.
+    ours: Option<&'a AtomicU32>,
+    cpu: Option<u32>,
 }
 
 impl Park for RingPark<'_> {
     type Error = RingError;
     fn arm(&mut self) {
+        if let Some(w) = self.ours {
+            presence::publish_in(w, Presence::Asleep { cpu: self.cpu });
+        }
         self.old = self.cell.arm();
     }
     fn park(&mut self, left: Option<Duration>) -> Result<(), RingError> {
@@ -381,18 +511,37 @@ impl Park for RingPark<'_> {
     }
     fn disarm(&mut self) {
         self.cell.disarm();
+        if let Some(w) = self.ours {
+            self.cpu = memloop_shm::sched::current_cpu();
+            presence::publish_in(w, Presence::running(self.cpu));
+        }
     }
 }
 
-/// Waits until `ready()` is true (→ `Ok(true)`) or `timeout` passes (→ `Ok(false)`).
+/// Waits until `ready()` is true (→ `Ok(true)`) or `timeout` passes (→ `Ok(false)`). With
+/// `who`, publishes our presence and spins only as [`spin_plan`] allows.
 pub(crate) fn block_until(
     cell: &WaitCell,
     spinner: &Spinner,
     policy: &WaitPolicy,
+    who: Option<Presences<'_>>,
     timeout: Duration,
     mut ready: impl FnMut() -> Result<bool, RingError>,
 ) -> Result<bool, RingError> {
-    if !policy.spin.is_zero() && spinner.try_spin(policy.spin.min(timeout), &mut ready)? {
+    let mut cpu = None;
+    let inputs = || {
+        let Some(who) = who else {
+            return SpinInputs::UNKNOWN;
+        };
+        // One ring shows only one of the peer's waiting flags: whether it was woken is unknown.
+        let i = SpinInputs::sample(presence::read_in(who.peer), None);
+        presence::publish_in(who.ours, Presence::running(i.our_cpu));
+        cpu = i.our_cpu;
+        i
+    };
+    if !policy.spin.is_zero()
+        && spinner.try_spin_with(policy.spin.min(timeout), inputs, &mut ready)?
+    {
         return Ok(true);
     }
     let mut park = RingPark {
@@ -400,6 +549,8 @@ pub(crate) fn block_until(
         policy,
         old: 0,
         backoff: MIN_BACKOFF,
+        ours: who.map(|w| w.ours),
+        cpu,
     };
     park_until(&mut park, Some(timeout), ready)
 }
@@ -407,6 +558,112 @@ pub(crate) fn block_until(
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    const W: Duration = Duration::from_micros(40);
+
+    fn inputs(peer: Presence, woken: Option<bool>, ours: Option<u32>) -> SpinInputs {
+        SpinInputs {
+            peer,
+            peer_woken: woken,
+            our_cpu: ours,
+            load: Some((2, 2)),
+        }
+    }
+
+    #[test]
+    fn spins_for_a_peer_running_elsewhere() {
+        let i = inputs(Presence::Running { cpu: 1 }, None, Some(0));
+        assert_eq!(spin_plan(&i, W), SpinPlan::Spin(W), "the history decides");
+        assert_eq!(spin_plan(&i, Duration::ZERO), SpinPlan::Sleep);
+    }
+
+    #[test]
+    fn no_spin_for_a_peer_on_our_cpu() {
+        let i = inputs(Presence::Running { cpu: 3 }, None, Some(3));
+        assert_eq!(spin_plan(&i, W), SpinPlan::Yield);
+        // Woken from a sleep on our CPU: it will want this CPU.
+        let i = inputs(Presence::Asleep { cpu: Some(3) }, Some(true), Some(3));
+        assert_eq!(spin_plan(&i, W), SpinPlan::Yield);
+        // Asleep on our CPU and nothing woke it: nothing to yield to.
+        let i = inputs(Presence::Asleep { cpu: Some(3) }, Some(false), Some(3));
+        assert_eq!(spin_plan(&i, W), SpinPlan::Sleep);
+    }
+
+    #[test]
+    fn no_spin_for_a_sleeping_peer_nobody_woke() {
+        for ours in [None, Some(0)] {
+            for cpu in [None, Some(1)] {
+                let i = inputs(Presence::Asleep { cpu }, Some(false), ours);
+                assert_eq!(spin_plan(&i, W), SpinPlan::Sleep);
+            }
+        }
+    }
+
+    #[test]
+    fn spins_for_a_woken_peer_elsewhere_or_when_unsure() {
+        for woken in [Some(true), None] {
+            let i = inputs(Presence::Asleep { cpu: Some(1) }, woken, Some(0));
+            assert_eq!(spin_plan(&i, W), SpinPlan::Spin(W));
+            let i = inputs(Presence::Asleep { cpu: None }, woken, Some(0));
+            assert_eq!(spin_plan(&i, W), SpinPlan::Spin(W));
+        }
+    }
+
+    #[test]
+    fn no_spin_on_an_oversubscribed_machine() {
+        let mut i = inputs(Presence::Running { cpu: 1 }, None, Some(0));
+        i.load = Some((3, 2));
+        assert_eq!(spin_plan(&i, W), SpinPlan::Sleep);
+        i.load = Some((2, 2));
+        assert_eq!(
+            spin_plan(&i, W),
+            SpinPlan::Spin(W),
+            "both ends running on two CPUs is fine"
+        );
+        i.load = None;
+        assert_eq!(spin_plan(&i, W), SpinPlan::Spin(W));
+    }
+
+    #[test]
+    fn unknown_never_forbids_spinning() {
+        assert_eq!(spin_plan(&SpinInputs::UNKNOWN, W), SpinPlan::Spin(W));
+        let i = inputs(Presence::Unknown, Some(false), Some(0));
+        assert_eq!(spin_plan(&i, W), SpinPlan::Spin(W));
+        // Our CPU unknown: a peer's CPU is no reason to stop.
+        let i = inputs(Presence::Running { cpu: 0 }, None, None);
+        assert_eq!(spin_plan(&i, W), SpinPlan::Spin(W));
+    }
+
+    #[test]
+    fn garbage_presence_is_harmless() {
+        for w in [u32::MAX, 0xdead_beef, 1 << 31 | 0xffff, 3 << 30] {
+            let i = inputs(Presence::decode(w), Some(false), Some(0));
+            let p = spin_plan(&i, W);
+            assert!(matches!(p, SpinPlan::Spin(w) if w == W) || p != SpinPlan::Yield);
+        }
+    }
+
+    #[test]
+    fn a_cut_short_spin_keeps_the_history() {
+        let s = Spinner::new(W);
+        let stop = SpinInputs {
+            peer: Presence::Running { cpu: 0 },
+            peer_woken: None,
+            our_cpu: Some(0),
+            load: None,
+        };
+        assert!(!s.spin_with(W, || stop, || false));
+        assert_eq!(s.window(), W, "yielding is not a miss");
+        let asleep = SpinInputs {
+            peer: Presence::Asleep { cpu: Some(1) },
+            peer_woken: Some(false),
+            ..stop
+        };
+        assert!(!s.spin_with(W, || asleep, || false));
+        assert_eq!(s.window(), W, "not spinning is not a miss");
+        assert!(!s.spin_with(W, || SpinInputs::UNKNOWN, || false));
+        assert_eq!(s.window(), W / 2, "a real miss halves it");
+    }
 
     #[test]
     fn spin_window_adapts() {
@@ -560,7 +817,7 @@ mod loom_tests {
             let flag = v.u64_at(0).unwrap();
             let sp = Spinner::default();
             let policy = WaitPolicy::default();
-            let got = block_until(&c, &sp, &policy, Duration::from_millis(4), || {
+            let got = block_until(&c, &sp, &policy, None, Duration::from_millis(4), || {
                 Ok(flag.load(Acquire) == 1)
             });
             notifier.join().unwrap();

@@ -7,6 +7,7 @@
 //!   alignment, so code above this crate can follow offsets it read from a peer without risk of
 //!   touching memory outside the region;
 //! - [`futex`]: wait/wake on a 32-bit word in shared memory (same kernel only: an optimisation);
+//! - [`sched`]: scheduler hints for waiters (our CPU, runnable threads vs CPUs);
 //! - [`sync`]: the atomics facade that swaps std for loom under `cfg(loom)`.
 //!
 //! Under `cfg(loom)` the mapping is replaced by a heap model ([`ShmSlice::new_model`]) so that
@@ -15,6 +16,7 @@
 pub mod futex;
 #[cfg(not(loom))]
 mod mapping;
+pub mod sched;
 pub mod sync;
 mod view;
 

@@ -32,6 +32,7 @@ pub use handoff::{
 pub use memloop_ring::Spinner;
 pub use path::Path;
 pub use switch::{sweep as sweep_switches, SWITCHED};
+pub use waiting::spin_inputs_of;
 
 use crate::engine::Engine;
 use crate::forklock::ForkMutex;

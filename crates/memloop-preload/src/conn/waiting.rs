@@ -7,7 +7,10 @@ use super::io::reset_of;
 use super::{Conn, Dir};
 use crate::real::{self, Drain};
 use libc::c_int;
-use memloop_ring::{park_until, Park, Spinner, StreamConsumer, StreamProducer};
+use memloop_ring::presence::{self, End, Presence};
+use memloop_ring::{
+    park_until, spin_plan, Park, SpinInputs, SpinPlan, Spinner, StreamConsumer, StreamProducer,
+};
 use std::sync::atomic::{AtomicU32, Ordering::*};
 use std::time::{Duration, Instant};
 
@@ -356,9 +359,50 @@ impl Conn {
         self.engine.cfg.spin_for(self.peer.same_kernel)
     }
 
-    /// Spins with this connection's adaptive window (poll over several fds borrows it).
-    pub fn spin(&self, ready: impl FnMut() -> bool) -> bool {
-        self.sleepers.spinner.spin(self.spin_window(), ready)
+    /// Spins with this connection's adaptive window (poll over several fds borrows it), as
+    /// long as spinning can pay for one of `conns` (the poll's ring members; see
+    /// [`spin_inputs_of`]).
+    pub fn spin(&self, conns: &[&Conn], ready: impl FnMut() -> bool) -> bool {
+        self.sleepers
+            .spinner
+            .spin_with(self.spin_window(), || spin_inputs_of(conns), ready)
+    }
+
+    /// Publishes our presence in the words of both our ring ends (our tx ring's producer,
+    /// our rx ring's consumer) — only while the connection is on its ring and our side is
+    /// not released: a closed channel's ring memory may be reused by another channel.
+    fn publish_presence(&self, p: Presence) {
+        if self.path() != super::Path::Ring
+            || self.share.released.load(Acquire)
+            || self.share.side_closed.load(Acquire)
+        {
+            return;
+        }
+        presence::publish(&self.rings.tx_view, End::Producer, p);
+        presence::publish(&self.rings.rx_view, End::Consumer, p);
+    }
+
+    /// What the spin policy needs about this connection (at the start of a wait, on `cpu`
+    /// with the machine's `load`): the peer's published presence, whether its waiting flags
+    /// (one per ring) are still armed if it says it is asleep — and our own presence,
+    /// published on the way. Off the ring nothing is known.
+    pub fn spin_inputs_at(&self, our_cpu: Option<u32>, load: Option<(u32, u32)>) -> SpinInputs {
+        if self.path() != super::Path::Ring {
+            return SpinInputs::UNKNOWN;
+        }
+        self.publish_presence(Presence::running(our_cpu));
+        // The peer writes both its words; its rx ring's consumer word is in our tx ring.
+        let peer = presence::read(&self.rings.rx_view, End::Producer);
+        let peer_woken = matches!(peer, Presence::Asleep { .. }).then(|| {
+            !(presence::waiting(&self.rings.tx_view, End::Consumer)
+                || presence::waiting(&self.rings.rx_view, End::Producer))
+        });
+        SpinInputs {
+            peer,
+            peer_woken,
+            our_cpu,
+            load,
+        }
     }
 
     /// Blocks until `dir` is ready, the deadline passes (`EAGAIN`) or a signal arrives
@@ -373,11 +417,11 @@ impl Conn {
     }
 
     fn wait_ring(&self, dir: Dir, deadline: Option<Instant>) -> Result<(), c_int> {
-        if self
-            .sleepers
-            .spinner
-            .spin(self.spin_window(), || self.ready(dir))
-        {
+        if self.sleepers.spinner.spin_with(
+            self.spin_window(),
+            || spin_inputs_of(&[self]),
+            || self.ready(dir),
+        ) {
             return Ok(());
         }
         // Across kernels, time a death during this wait from now (the first heartbeat look).
@@ -394,8 +438,11 @@ impl Conn {
     }
 
     /// Counts a sleeper on the kernel socket (a thread, or an epoll set with a sleeping
-    /// thread), after any drain in progress has finished.
+    /// thread), after any drain in progress has finished; our presence says asleep.
     pub fn enter_wait(&self) {
+        self.publish_presence(Presence::Asleep {
+            cpu: memloop_shm::sched::current_cpu(),
+        });
         loop {
             let v = self.sleepers.waiters.load(Acquire);
             if v & DRAINING != 0 {
@@ -416,6 +463,7 @@ impl Conn {
     /// The sleeper is awake. Another one may need the doorbell byte too: the last one out
     /// drains.
     pub fn leave_wait(&self) {
+        self.publish_presence(Presence::running(memloop_shm::sched::current_cpu()));
         if self.sleepers.waiters.fetch_sub(1, AcqRel) == 1 {
             self.drain();
         }
@@ -468,6 +516,25 @@ impl Conn {
             _ => Ok(()),
         }
     }
+}
+
+/// How many ring members of a poll or epoll set are looked at for the spin decision.
+const SPIN_LOOKS: usize = 16;
+
+/// The spin inputs of a wait on several connections (one for a blocking call): spinning can
+/// pay if it can for one of (the first [`SPIN_LOOKS`] of) them. Our CPU and the machine's load
+/// are sampled once.
+pub fn spin_inputs_of(conns: &[&Conn]) -> SpinInputs {
+    let our_cpu = memloop_shm::sched::current_cpu();
+    let load = memloop_shm::sched::runnable_and_cpus();
+    let mut last = SpinInputs::UNKNOWN;
+    for c in conns.iter().take(SPIN_LOOKS) {
+        last = c.spin_inputs_at(our_cpu, load);
+        if spin_plan(&last, Duration::MAX) != SpinPlan::Sleep {
+            break;
+        }
+    }
+    last
 }
 
 /// A blocking call's sleep on a ring connection: counted as a sleeper on the kernel socket,

@@ -309,6 +309,26 @@ impl EpollSet {
             .unwrap_or(Duration::ZERO)
     }
 
+    /// The spin inputs of a wait on this set ([`crate::conn::spin_inputs_of`] over its ring
+    /// members).
+    pub(super) fn spin_inputs(&self) -> memloop_ring::SpinInputs {
+        let conns: Vec<Arc<Conn>> = self
+            .st
+            .lock()
+            .items
+            .values()
+            .filter_map(|it| match &it.target {
+                Target::Conn(c) if it.reg != Reg::OffRing && c.path() == Path::Ring => {
+                    Some(c.clone())
+                }
+                _ => None,
+            })
+            .take(16)
+            .collect();
+        let refs: Vec<&Conn> = conns.iter().map(|c| &**c).collect();
+        crate::conn::spin_inputs_of(&refs)
+    }
+
     /// A member (or a member of a nested set) is off its ring with a switch in flight: its
     /// readiness changes without anything the kernel reports, so sleeps stay short.
     pub fn in_flight(&self) -> bool {
@@ -405,15 +425,19 @@ impl Waiter<'_> {
         let window = self.set.spin_window();
         let mut i = 0u32;
         let mut got = 0;
-        self.set.spinner.spin(window, || {
-            i += 1;
-            got = if i % 8 == 0 {
-                self.harvest(out, tmp).unwrap_or(0)
-            } else {
-                self.set.collect(self.epfd, out, &mut Vec::new())
-            };
-            got > 0
-        });
+        self.set.spinner.spin_with(
+            window,
+            || self.set.spin_inputs(),
+            || {
+                i += 1;
+                got = if i % 8 == 0 {
+                    self.harvest(out, tmp).unwrap_or(0)
+                } else {
+                    self.set.collect(self.epfd, out, &mut Vec::new())
+                };
+                got > 0
+            },
+        );
         got
     }
 
