@@ -345,6 +345,9 @@ impl Conn {
 
     /// The promotion steps under the switching lock; true once the reads moved to the ring.
     fn promote_locked(&self, w: &SideWords) -> bool {
+        if self.let_go() {
+            return false;
+        }
         let other = super::switch::other(self.side);
         if self.path() == Path::Tcp {
             if !self.switching.handled.load(Acquire) {

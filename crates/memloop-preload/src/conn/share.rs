@@ -169,6 +169,10 @@ impl Conn {
     }
 
     pub(super) fn release(&self) {
+        // No switch step of ours runs while the side is let go, and none starts after (each
+        // looks at `released` under this lock): one after the channel is freed would write
+        // into the slot's next occupant, and ring a doorbell on whatever socket reuses our fd.
+        let _switching = self.switching.lock.lock();
         self.drop_grab();
         // A switched side (here, or by another process holding it) is still held in the
         // registry — its slot cannot be reused under a forked copy — but its rings are dead.

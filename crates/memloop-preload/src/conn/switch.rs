@@ -262,6 +262,9 @@ impl Conn {
         let (Some(w), Some(pw)) = (&self.share.side_words, &self.switching.peer) else {
             return Err(libc::ENOTSUP);
         };
+        if self.let_go() {
+            return Ok(());
+        }
         if !matches!(self.path(), Path::Ring | Path::Leaving) {
             return Ok(());
         }
@@ -324,6 +327,9 @@ impl Conn {
         let (Some(w), Some(pw)) = (&self.share.side_words, &self.switching.peer) else {
             return Err(libc::ENOTSUP);
         };
+        if self.let_go() {
+            return Ok(false);
+        }
         if self.path() != Path::Joining || w.switch.promote_requested() {
             // Back on the ring meanwhile (the program read the tail: the caller looks again),
             // or the peer still reads our last TCP bytes: no demote can be asked yet.
@@ -689,15 +695,35 @@ impl Conn {
 pub fn sweep() {
     super::expire_handoffs();
     for c in crate::table::conns() {
-        c.promote_when_alone();
-        if !c.region_open() {
-            c.ask_to_leave(SwitchReason::Region);
-        }
+        c.sweep_requests();
         c.settle_switch_nowait();
     }
 }
 
 impl Conn {
+    /// This process let the connection go (its last fd closed, [`Conn::release`]): its side's
+    /// words may belong to the slot's next occupant. Looked at under the switching lock,
+    /// which the release holds.
+    pub(super) fn let_go(&self) -> bool {
+        self.share.released.load(Acquire)
+    }
+
+    /// The sweep's own requests (a promotion once we hold the side alone, a demote for a
+    /// paused region), skipped while another thread switches it, and once it is let go (the
+    /// sweep's list may be older than the program's close).
+    fn sweep_requests(&self) {
+        let Some(_g) = self.switching.lock.try_lock() else {
+            return;
+        };
+        if self.let_go() {
+            return;
+        }
+        self.promote_when_alone();
+        if !self.region_open() {
+            self.ask_to_leave(SwitchReason::Region);
+        }
+    }
+
     /// The region takes ring connections (its operator has not paused it or begun to destroy
     /// it): one shared load.
     pub fn region_open(&self) -> bool {

@@ -53,7 +53,8 @@ impl Conn {
         let _b = self.switching.bell.lock();
         // (While coming back from TCP our doorbells follow our last TCP byte: allowed.)
         let rung = matches!(self.path(), super::Path::Ring | super::Path::Joining);
-        if !rung || (shared && self.side_left()) {
+        // (A closed side's fd may be closed too, and its number reused by another socket.)
+        if !rung || (shared && self.side_left()) || self.share.side_closed.load(Acquire) {
             return;
         }
         if real::ring_doorbell(self.kfd()) {
