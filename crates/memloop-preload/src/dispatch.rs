@@ -689,7 +689,10 @@ pub fn fork_child() {
     crate::late::release_after_fork();
     crate::late::forget_in_child();
     crate::conn::handoff::forget_in_child();
-    table::conns().iter().for_each(|c| c.forget_grab_in_child());
+    table::conns().iter().for_each(|c| {
+        c.forget_grab_in_child();
+        c.free_switching_in_child();
+    });
     crate::plain::forget_resends_in_child();
     engine::reset_in_child();
     if !table::conns().is_empty() {

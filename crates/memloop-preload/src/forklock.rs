@@ -82,6 +82,13 @@ impl<T> ForkMutex<T> {
         taken
     }
 
+    /// In a fork child, for a lock the fork's caller never holds at a fork: whoever holds it
+    /// is a thread of the parent, which the child does not have, so nobody would release it.
+    /// (Only for a lock whose holders keep nothing half-done in the value: `()` locks.)
+    pub fn free_in_child(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+
     /// Releases a lock taken by [`Self::acquire_for_fork`] (atfork parent and child); does
     /// nothing if it is not held for a fork (a guard's lock is its guard's to release).
     pub fn release_after_fork(&self) {

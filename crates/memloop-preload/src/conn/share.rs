@@ -67,6 +67,15 @@ impl Conn {
         self.switching.taken_from.lock().take();
     }
 
+    /// In a fork child: a switch a parent thread was making at the fork holds this
+    /// connection's switching lock, and that thread is not here to let it go (a close, which
+    /// takes the lock, and any switch step would wait for good). The switch's shared steps
+    /// are made for a side held by two processes: the child takes them up from where its copy
+    /// stands.
+    pub fn free_switching_in_child(&self) {
+        self.switching.lock.free_in_child();
+    }
+
     /// Shared since a fork — unless every other holder has closed its copy since: then this
     /// end goes back to the lock-free path (the indices are reloaded once, as other processes
     /// may have moved them). Decided while no fork can happen in this process, so a fork
