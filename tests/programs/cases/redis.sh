@@ -94,7 +94,7 @@ case_redis_benchmark() {
   # The server counted every command (plus the benchmark's own CONFIG calls).
   run_client info 30 redis-cli -h "$ADDR0" -p $REDIS_PORT INFO stats
   local cmds
-  cmds=$(tr -d '\r' <"$d/info.out" | awk -F: '$1 == "total_commands_processed" { print $2 }')
+  cmds=$(info_field total_commands_processed <"$d/info.out")
   [ "${cmds:-0}" -ge $((6 * n + 8 * n)) ] || fail "server processed ${cmds:-?} commands, expected >= $((14 * n))"
   stop_server redis
 }
@@ -167,9 +167,9 @@ PYEOF
   [ "$(cat "$d/pipecheck.out")" = 0 ] || fail "--pipe: $(cat "$d/pipecheck.out") values differ"
   # The server executed every request and answered none with an error.
   run_client info 30 redis-cli -h "$ADDR0" -p $REDIS_PORT INFO stats
-  cmds=$(tr -d '\r' <"$d/info.out" | awk -F: '$1 == "total_commands_processed" { print $2 }')
-  errs=$(tr -d '\r' <"$d/info.out" | awk -F: '$1 == "total_error_replies" { print $2 }')
-  conns=$(tr -d '\r' <"$d/info.out" | awk -F: '$1 == "total_connections_received" { print $2 }')
+  cmds=$(info_field total_commands_processed <"$d/info.out")
+  errs=$(info_field total_error_replies <"$d/info.out")
+  conns=$(info_field total_connections_received <"$d/info.out")
   [ "${cmds:-0}" -ge "$total" ] || fail "server processed ${cmds:-?} commands, expected >= $total"
   [ "${errs:-x}" = 0 ] || fail "server sent ${errs:-?} error replies"
   note "redis: $total requests, 0 errors (server: $cmds commands, $errs error replies," \
@@ -184,11 +184,16 @@ PYEOF
 # connect because the region has no ring memory left (a filler holds it), then the filler gives
 # it back mid-run: ring variant — the connections come to their rings mid-stream (`late`
 # switches counted); either variant — zero errors, every request executed.
+# info_field FIELD < INFO output: that field's value.
+info_field() {
+  tr -d '\r' | awk -F: -v f="$1" '$1 == f { print $2 }'
+}
+
 # redis_commands: the server's total_commands_processed (asked from domain 1).
 redis_commands() {
   dom_cmd 1 "$CLI_REGION"
   "${DOM[@]}" redis-cli -h "$ADDR0" -p $REDIS_PORT INFO stats 2>/dev/null |
-    tr -d '\r' | awk -F: '$1 == "total_commands_processed" { print $2 }'
+    info_field total_commands_processed
 }
 
 # wait_commands BASE N PID: until the server processed N commands past BASE (or PID ended, or
@@ -225,8 +230,8 @@ case_redis_late() {
   [ "$rc" = 0 ] || fail "redis-benchmark under the late ring: status $rc"
   grep -q released "$d/filler.out" || fail "the filler did not release: $(tail -n 3 "$d/filler.out")"
   run_client info 30 redis-cli -h "$ADDR0" -p $REDIS_PORT INFO stats
-  cmds=$(tr -d '\r' <"$d/info.out" | awk -F: '$1 == "total_commands_processed" { print $2 }')
-  errs=$(tr -d '\r' <"$d/info.out" | awk -F: '$1 == "total_error_replies" { print $2 }')
+  cmds=$(info_field total_commands_processed <"$d/info.out")
+  errs=$(info_field total_error_replies <"$d/info.out")
   [ "${cmds:-0}" -ge 300000 ] || fail "server processed ${cmds:-?} commands, expected >= 300000"
   [ "${errs:-x}" = 0 ] || fail "server sent ${errs:-?} error replies"
   if [ -n "$SRV_REGION" ] && [ "$SRV_REGION" = "$CLI_REGION" ]; then
