@@ -15,13 +15,22 @@ joined_later: the server listens before its region exists (`--extra`: the memloo
 create it); the client connects once it does, and falls back (nobody listens in the region).
 evloop_select: the same with the server's loop on epoll (level-triggered, registered after
 the accept) and the client's on select.
+forked_server: as slow_accept with a server that forks per connection (postgres): the child
+streams, the parent closes its copy at once.
+forked_shared: the parent keeps its copy open while the child streams a fixed 48 MB: the
+connection is held by two processes for as long as it runs, so it must stay on TCP.
+forked_exit: the forked child greets and calls C `exit` without closing (the kernel closes its
+fds): the server's decline marker must still be freed while the parent lives (`--extra`:
+the memloop binary, to look).
 
 Each side streams until its own connection is seen on the ring (the kernel socket stops carrying
 what it sends: TCP_INFO bytes_sent) and a while after, or until a deadline; on kernel TCP (the
 reference) a fixed amount. The harness checks the libraries' logs and `memloop status`.
 """
 
+import ctypes
 import errno
+import json
 import hashlib
 import os
 import random
@@ -41,6 +50,8 @@ PRELOADED = "LD_PRELOAD" in os.environ
 UNTIL_RING = [True]
 BLOCK = 1_000_003  # the pattern repeats after this many bytes (not a power of two)
 STREAM_DEADLINE = 20.0
+# Bytes each way when not streaming until the ring (the reference, a peer that cannot get there).
+FIXED_BYTES = [4 * MB]
 
 
 def block(seed):
@@ -70,7 +81,7 @@ def send_stream(sock, seed, errors):
     window = (kernel_bytes_sent(sock), 0)
     try:
         while True:
-            if (not PRELOADED or not UNTIL_RING[0]) and sent >= 4 * MB:
+            if (not PRELOADED or not UNTIL_RING[0]) and sent >= FIXED_BYTES[0]:
                 break
             if after_ring is not None and sent >= after_ring:
                 break
@@ -169,6 +180,77 @@ def slow_accept_client(args):
     both_ways(s, 1, 2)
 
 
+# ---- forked_server, forked_shared: a server that forks per connection --------------------------
+
+def forked(lsock, args, parent_keeps):
+    """Accepts late, forks: the child streams and exits; the parent closes its copy at once or
+    only after the child is done."""
+    accept_late(args)
+    conn, _ = lsock.accept()
+    lsock.close()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            both_ways(conn, 2, 1)
+        except BaseException as e:  # reported through the exit status
+            log(f"forked handler: {type(e).__name__}: {e}")
+            code = 1
+        os._exit(code)
+    if not parent_keeps:
+        conn.close()
+    _, status = os.waitpid(pid, 0)
+    conn.close()
+    eq(os.waitstatus_to_exitcode(status), 0, "the forked handler's exit status")
+
+
+def forked_server_server(lsock, args):
+    forked(lsock, args, parent_keeps=False)
+
+
+def forked_shared_server(lsock, args):
+    UNTIL_RING[0] = False
+    FIXED_BYTES[0] = 48 * MB
+    forked(lsock, args, parent_keeps=True)
+
+
+def forked_shared_client(args):
+    UNTIL_RING[0] = False
+    FIXED_BYTES[0] = 48 * MB
+    slow_accept_client(args)
+
+
+def region_channels(memloop):
+    out = subprocess.run([memloop, "status", "--json"], check=True, capture_output=True).stdout
+    return json.loads(out)["usage"]["channels"]
+
+
+def forked_exit_server(lsock, args):
+    accept_late(args)
+    conn, _ = lsock.accept()
+    lsock.close()
+    pid = os.fork()
+    if pid == 0:
+        conn.sendall(b"bye\n")
+        ctypes.CDLL(None).exit(0)  # C exit: atexit handlers run, no socket is closed
+    conn.close()
+    _, status = os.waitpid(pid, 0)
+    eq(os.waitstatus_to_exitcode(status), 0, "the handler's exit status")
+    if PRELOADED and args.extra:
+        # We published the marker and still live: only its holders can have freed it.
+        wait_until(lambda: region_channels(args.extra) == 0, 10, "the decline marker freed")
+
+
+def forked_exit_client(args):
+    s = dial(args)
+    connected(args)
+    got = b""
+    while chunk := s.recv(4096):
+        got += chunk
+    eq(got, b"bye\n", "the handler's greeting, then EOF")
+    s.close()
+
+
 # ---- evloop: the same streams from single-threaded event loops ---------------------------------
 
 class Frames:
@@ -183,7 +265,7 @@ class Frames:
         self.done = False
 
     def finished(self):
-        if (not PRELOADED or not UNTIL_RING[0]) and self.sent >= 4 * MB:
+        if (not PRELOADED or not UNTIL_RING[0]) and self.sent >= FIXED_BYTES[0]:
             return True
         if self.after_ring is not None and self.sent >= self.after_ring:
             return True
@@ -483,4 +565,7 @@ if __name__ == "__main__":
         "evloop_epoll": (evloop_epoll_server, evloop_epoll_client),
         "evloop_select": (evloop_select_server, evloop_select_client),
         "joined_later": (joined_later_server, joined_later_client),
+        "forked_server": (forked_server_server, slow_accept_client),
+        "forked_shared": (forked_shared_server, forked_shared_client),
+        "forked_exit": (forked_exit_server, forked_exit_client),
     })

@@ -328,5 +328,7 @@ pub fn record_plain(
         Some(ep) => Late::server(engine, tuple, reason, ep, marker),
         None => Late::client(engine, tuple, reason),
     };
+    // An armed server's marker is its late ring's to hold (`late/marker.rs`).
+    let marker = marker.filter(|_| late.is_none() || server.is_none());
     PlainTcp::record(engine, &tuple, reason, marker, late)
 }

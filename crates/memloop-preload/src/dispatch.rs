@@ -673,9 +673,9 @@ pub fn fork_parent() {
     engine::release_after_fork();
     crate::plain::release_after_fork();
     crate::conn::handoff::release_after_fork();
-    crate::late::release_after_fork();
-    // The child holds every socket too: no late ring for any of them, in either process.
-    crate::late::taint_all("fork");
+    // The child holds every socket too: no late ring for any of them, in either process,
+    // except a server's that the child was counted as a holder of.
+    crate::late::after_fork_in_parent();
 }
 
 pub fn fork_child() {
@@ -686,8 +686,7 @@ pub fn fork_child() {
     engine::release_after_fork();
     crate::plain::release_after_fork();
     crate::conn::handoff::release_after_fork();
-    crate::late::release_after_fork();
-    crate::late::forget_in_child();
+    crate::late::after_fork_in_child();
     crate::conn::handoff::forget_in_child();
     table::conns().iter().for_each(|c| {
         c.forget_grab_in_child();
@@ -695,7 +694,7 @@ pub fn fork_child() {
     });
     crate::plain::forget_resends_in_child();
     engine::reset_in_child();
-    if !table::conns().is_empty() {
+    if !table::conns().is_empty() || crate::late::any_armed() {
         engine::child_needs_heartbeat();
     }
 }

@@ -41,13 +41,28 @@ fn init_logging() {
         eprintln!("memloop: MEMLOOP_LOG is not a valid filter; logging stays off");
         return;
     };
-    // Fails only if the program installed its own global subscriber, which then gets our
-    // events: nothing is lost.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::prelude::*;
+    let lines = tracing_subscriber::fmt::layer()
         .with_writer(|| RawStderr)
         .with_ansi(false)
+        .with_filter(tracing_subscriber::filter::filter_fn(|_| {
+            LOGGING.load(std::sync::atomic::Ordering::Relaxed)
+        }));
+    // Fails only if the program installed its own global subscriber, which then gets our
+    // events: nothing is lost.
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(lines)
         .try_init();
+}
+
+/// Cleared by [`logging_off`].
+static LOGGING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// No more log lines: at `exit` the exiting thread's thread-locals (which the line formatter
+/// uses) are already destroyed.
+fn logging_off() {
+    LOGGING.store(false, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Log lines go straight to fd 2, one `write` each: std's stderr takes a lock, and the fork

@@ -124,6 +124,9 @@ fn main() -> std::process::ExitCode {
         test!(late_ring_after_a_slow_accept),
         test!(late_ring_after_the_region_was_full),
         test!(late_ring_not_tried_with_a_plain_client),
+        test!(late_ring_in_the_child_of_a_server_that_forks_per_connection),
+        test!(late_ring_not_taken_while_a_fork_shares_the_connection),
+        test!(late_ring_marker_freed_by_a_forked_handler_that_exits_without_close),
         test!(late_ring_for_16_connections_accepted_at_once),
         test!(late_ring_while_demoted_and_promoted),
         test!(late_ring_under_event_loops_epoll_and_poll),
@@ -991,6 +994,68 @@ fn late_ring_not_tried_with_a_plain_client() {
     );
 }
 
+/// A server that forks per connection (postgres): it accepts past the client's decide wait,
+/// forks, and closes its copy; the child streams. The child's connection comes to its ring
+/// once the parent let go — both processes hold the server's decline marker meanwhile.
+fn late_ring_in_the_child_of_a_server_that_forks_per_connection() {
+    late_ring(sc("late", "forked_server"), 64 << 20, "cancelled", None);
+}
+
+/// The parent keeps its copy open while the child streams: two processes hold the server's
+/// side for the whole stream, so the client's late offers are never taken (a conversion in
+/// one would leave the other writing where the ring cannot see). The data is exact.
+fn late_ring_not_taken_while_a_fork_shares_the_connection() {
+    let s = sc("late", "forked_shared");
+    let kernel = run_pair(&s, Mode::Kernel, None, None);
+    assert_passed(
+        &s,
+        &kernel,
+        "late/forked_shared on kernel TCP (the reference)",
+    );
+    let region = RegionGuard::new("sem", s.case, 64 << 20);
+    let o = run_pair(&s, Mode::Preload, Some(&region.0), None);
+    assert_passed(&s, &o, "late/forked_shared under the preload");
+    let status = status_of(&region.0);
+    let late = status["switches"]["late"].as_u64().unwrap_or(0);
+    let offered = o.client_err.contains("late ring offered");
+    let converted = o.server_err.contains("late ring: server converted");
+    assert!(
+        late == 0 && offered && !converted,
+        "{}",
+        o.report(&format!(
+            "a connection shared by a fork: late {late}, offered {offered}, converted {converted}"
+        ))
+    );
+    assert_eq!(
+        status["usage"]["channels"].as_u64(),
+        Some(0),
+        "markers left: {status}"
+    );
+}
+
+/// The forked handler greets and calls `exit` without closing (the kernel closes its fds,
+/// no `close` runs): the server's decline marker, held by the child since the fork, is still
+/// freed — the server, which published it, checks while it lives.
+fn late_ring_marker_freed_by_a_forked_handler_that_exits_without_close() {
+    let bin: &'static str = Box::leak(memloop_bin().display().to_string().into_boxed_str());
+    let s = sc("late", "forked_exit").extra(bin);
+    let kernel = run_pair(&s, Mode::Kernel, None, None);
+    assert_passed(
+        &s,
+        &kernel,
+        "late/forked_exit on kernel TCP (the reference)",
+    );
+    let region = RegionGuard::new("sem", s.case, 64 << 20);
+    let o = run_pair(&s, Mode::Preload, Some(&region.0), None);
+    assert_passed(&s, &o, "late/forked_exit under the preload");
+    assert!(
+        o.server_err
+            .contains("forked: the child follows the late ring"),
+        "{}",
+        o.report("the child did not follow the late ring (nothing was tested)")
+    );
+}
+
 /// `fallback`: the reason the client's connection fell back for at connect (counted).
 fn late_ring(s: Scenario, region_bytes: usize, fallback: &str, doms: Option<&Domains>) {
     let region = RegionGuard::new("sem", s.case, region_bytes);
@@ -1015,6 +1080,9 @@ fn late_ring_in(s: Scenario, region: &RegionGuard, fallback: &str, doms: Option<
     }
     if count("fallbacks", fallback) < 1 {
         problems.push(format!("no fallback {fallback:?} counted at connect"));
+    }
+    if count("usage", "channels") != 0 {
+        problems.push("channels or decline markers left after every process ended".into());
     }
     for (who, log) in [("server", &o.server_err), ("client", &o.client_err)] {
         if !log.contains("promoted: back on the ring") {

@@ -128,7 +128,11 @@ impl Hook {
                 .copied()
                 .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
                 .unwrap_or("(no message)");
-            tracing::error!(hook = self.name, panic = msg, "panic in a hook caught");
+            // Logging can panic too (a thread's locals destroyed at its exit): a report
+            // that fails is dropped, it must not abort the program.
+            let _ = catch_unwind(AssertUnwindSafe(|| {
+                tracing::error!(hook = self.name, panic = msg, "panic in a hook caught");
+            }));
         }
     }
 }

@@ -286,6 +286,11 @@ extern "C" fn at_fork_child() {
     track("fork child", dispatch::fork_child);
 }
 
+extern "C" fn at_exit() {
+    crate::logging_off();
+    track("exit", crate::late::at_exit);
+}
+
 extern "C" fn on_load() {
     track("load", || {
         crate::init_logging();
@@ -305,6 +310,11 @@ extern "C" fn on_load() {
             errno = r,
             "pthread_atfork failed: forked children may inherit held locks"
         );
+    }
+    // SAFETY: registers a plain function with no preconditions (run by `exit`, which a
+    // program may call from any thread: it takes only our own locks).
+    if unsafe { libc::atexit(at_exit) } != 0 {
+        tracing::warn!("atexit failed: a forked handler that exits may keep a decline marker");
     }
     track("load", crate::inherit::adopt_inherited);
 }

@@ -13,6 +13,12 @@
 //! the TCP connection closes. Its slot carries the server's tag, so reclaiming a dead server
 //! frees it, and [`Registry::sweep_markers`] frees markers whose owner is no longer live.
 //!
+//! A server that forks while it waits for a late ring shares the connection with its child:
+//! each process holding it then holds the marker too ([`Registry::hold_marker`]), counted in
+//! the server side's `holders` word (0: one holder), and the last to let go frees it
+//! ([`Registry::release_marker`]). A holder writes the count only while its own hold keeps
+//! the slot alive, so no write lands on a later occupant.
+//!
 //! A marker is a channel slot (layout in `channels.rs`, written through `ChannelSlot`) with:
 //!
 //! | field | value |
@@ -199,6 +205,40 @@ impl Registry {
         }
     }
 
+    /// The hold count of marker `ch`: processes holding its connection besides the first.
+    /// Valid while the caller holds the marker (only then may it change the count).
+    pub fn marker_holders(&self, ch: ChannelId) -> Result<memloop_shm::ShmU32, RegistryError> {
+        let (slot, w) = self.channel_entry(ch)?;
+        if !is_marker(w) {
+            return Err(RegistryError::wrong(
+                "a decline marker",
+                phase_name(c_phase(w)),
+            ));
+        }
+        Ok(slot.side(crate::Side::Server)?.holders)
+    }
+
+    /// One more process holds marker `ch` (`holders`: its [`Registry::marker_holders`]); the
+    /// caller holds it already.
+    pub fn hold_marker(&self, holders: &memloop_shm::ShmU32) {
+        holders.fetch_add(1, SeqCst);
+    }
+
+    /// One holder of marker `ch` lets go; the last frees it (true then). `server` published
+    /// it; `holders` is its count.
+    pub fn release_marker(
+        &self,
+        ch: ChannelId,
+        server: MemberId,
+        holders: &memloop_shm::ShmU32,
+    ) -> Result<bool, RegistryError> {
+        let others = holders.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
+        match others {
+            Ok(_) => Ok(false),
+            Err(_) => self.free_marker(ch, server).map(|()| true),
+        }
+    }
+
     /// Frees markers whose owner is no longer a live member (it was declared dead while
     /// publishing, after its reclaimer had scanned the table). Returns how many.
     pub fn sweep_markers(&self) -> u32 {
@@ -242,6 +282,26 @@ mod tests {
         assert_eq!(r.sweep_markers(), 1);
         assert!(matches!(r.channel(m), Err(RegistryError::Stale)));
         assert_eq!(r.usage().channels, 0);
+    }
+
+    #[test]
+    fn a_held_marker_is_freed_by_its_last_holder() {
+        let (r, s) = crate::tables::members::test_registry_with_member("s");
+        let ep = r.add_endpoint(s, &EndpointKey::Native("x".into())).unwrap();
+        let t = ConnTuple {
+            client: "10.0.0.1:1".parse().unwrap(),
+            server: "10.0.0.2:2".parse().unwrap(),
+        };
+        let m = r.mark_declined(s, ep, &t).unwrap();
+        let h = r.marker_holders(m).unwrap();
+        r.hold_marker(&h); // a fork: two holders
+        r.hold_marker(&h); // another: three
+        assert!(!r.release_marker(m, s, &h).unwrap());
+        assert!(!r.release_marker(m, s, &h).unwrap());
+        assert_eq!(r.usage().channels, 1, "one holder left");
+        assert!(r.release_marker(m, s, &h).unwrap(), "the last frees it");
+        assert_eq!(r.usage().channels, 0);
+        assert!(r.marker_holders(m).is_err(), "gone");
     }
 
     #[test]

@@ -25,13 +25,16 @@
 //! took with `pidfd_getfd` (a dup we are not told of): that process pins the server's marker
 //! ([`taken_elsewhere`]), and neither side offers or takes a late ring for it any more.
 
+mod marker;
+pub use marker::{any_armed, at_exit};
+
 use crate::engine::Engine;
 use crate::forklock::ForkMutex;
 use crate::plain::PlainTcp;
 use crate::table::{self, Entry};
 use libc::c_int;
+use marker::MarkerHold;
 use memloop::registry::{ChannelId, ChannelState, ConnTuple, Registry, Side};
-use memloop_shm::ShmU64;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering::*};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -62,11 +65,11 @@ const DRAIN_WAIT: Duration = Duration::from_millis(20);
 
 enum Role {
     Client,
-    /// The server, with its listener's endpoint and its decline marker's switch word (the
-    /// client's signal).
+    /// The server, with its listener's endpoint and its hold on its decline marker (whose
+    /// switch word carries the client's signal).
     Server {
         ep: memloop::registry::EndpointId,
-        signal: ShmU64,
+        marker: MarkerHold,
     },
 }
 
@@ -176,8 +179,8 @@ impl Late {
         if !matches!(reason, F::NoOffer | F::Cancelled) || !allowed(engine) {
             return None;
         }
-        let signal = engine.registry().switch_word(marker?).ok()?.0;
-        Some(Late::new(engine, Role::Server { ep, signal }, tuple))
+        let marker = MarkerHold::new(engine.registry(), marker?)?;
+        Some(Late::new(engine, Role::Server { ep, marker }, tuple))
     }
 
     fn reg(&self) -> &Registry {
@@ -187,11 +190,33 @@ impl Late {
     /// Server: the client signalled a late offer (one shared load; bit 0 of the marker's
     /// switch word — the pin of [`taken_elsewhere`] is bit 16).
     fn signalled(&self) -> bool {
-        matches!(&self.role, Role::Server { signal, .. } if signal.load(Relaxed) & 1 != 0)
+        matches!(&self.role, Role::Server { marker, .. } if marker.signal.load(Relaxed) & 1 != 0)
+    }
+
+    /// Server: another process holds the connection too (no conversion now).
+    fn shared(&self) -> bool {
+        matches!(&self.role, Role::Server { marker, .. } if marker.shared())
     }
 
     /// Disarms for good; a late offer of ours is withdrawn (or, taken already, given up).
     fn disarm(&self, why: &str) {
+        self.disarm_pinning(why, false);
+    }
+
+    /// [`Self::disarm`] where the socket goes where nobody could follow a conversion (so no
+    /// other holder may convert either).
+    fn disarm_and_pin(&self, why: &str) {
+        self.disarm_pinning(why, true);
+    }
+
+    /// A server lets go of its decline marker (see `marker.rs`).
+    fn let_go_marker(&self, pin: bool) {
+        if let Role::Server { marker, .. } = &self.role {
+            marker.let_go(self.reg(), self.engine.me(), pin);
+        }
+    }
+
+    fn disarm_pinning(&self, why: &str, pin: bool) {
         let mut cur = self.state.load(Acquire);
         loop {
             match cur {
@@ -213,6 +238,7 @@ impl Late {
         if let Some(ch) = self.ch.lock().take() {
             self.withdraw(ch);
         }
+        self.let_go_marker(pin);
     }
 
     /// Client: our late offer goes (taken already: its promotion is called off and our side
@@ -243,6 +269,7 @@ impl Late {
 impl Drop for Late {
     fn drop(&mut self) {
         self.unarmed();
+        self.let_go_marker(false);
         if let Some(ch) = self.ch.lock().take() {
             tracing::debug!(?ch, "connection closed before its late ring");
             self.withdraw(ch);
@@ -285,7 +312,7 @@ pub fn enter<'a>(fd: c_int, p: &'a PlainTcp) -> Enter<'a> {
         }
         _ => {}
     }
-    if (state == READY || l.signalled()) && convert(fd, l) {
+    if (state == READY || (l.signalled() && !l.shared())) && convert(fd, l) {
         return Enter::Reroute;
     }
     l.inflight.fetch_add(1, SeqCst);
@@ -379,40 +406,49 @@ fn convert_client(fd: c_int, l: &Late) -> u8 {
     }
 }
 
-/// Server, signalled: take the late offer for our tuple and become a switched connection.
+/// Server, signalled: take the late offer for our tuple and become a switched connection —
+/// if this process holds the connection alone. The hold lock is kept throughout: a fork
+/// waits for the conversion, or the conversion for the fork (and then sees the child).
 fn convert_server(fd: c_int, l: &Late) -> u8 {
-    let reg = l.reg();
-    let Role::Server { ep, signal } = &l.role else {
+    let Role::Server { ep, marker } = &l.role else {
         return OFF;
     };
+    let held = marker.held.lock();
+    if !*held {
+        return OFF;
+    }
+    if marker.shared() {
+        return IDLE; // a conversion waits until the other holders closed their copies
+    }
+    let signal = &marker.signal;
+    let reg = l.reg();
     let Some(ch) = reg.find_late_offer(*ep, &l.tuple) else {
         signal.fetch_and(!1, Release); // withdrawn meanwhile: wait for another
         return IDLE;
     };
     if memloop::registry::SwitchWord(signal.clone()).pinned() {
-        // Another process took the socket with `pidfd_getfd`: no late ring for it.
-        tracing::debug!(
-            fd,
-            ?ch,
-            "late ring declined: the socket was taken by another process"
-        );
+        // The socket reached a process that cannot follow (`pidfd_getfd`, an exec, ...).
+        tracing::debug!(fd, ?ch, "late ring declined: the socket is pinned to TCP");
         let _ = reg.decline(ch);
         signal.fetch_and(!1, Release);
         return OFF;
     }
+    // A fork child converts as the member it is (the parent's membership is the parent's).
+    let engine = crate::engine::get().unwrap_or_else(|| l.engine.clone());
     let open = reg.state() == memloop::registry::RegionState::Open;
-    if !open || !allowed(&l.engine) {
+    if !open || !allowed(&engine) {
         tracing::debug!(fd, ?ch, "late ring declined (paused, or not here)");
         let _ = reg.decline(ch);
         return IDLE; // a paused region may open again: the client retries, bounded
     }
-    if let Err(e) = reg.accept(ch, l.engine.me()) {
+    if let Err(e) = reg.accept(ch, engine.me()) {
         tracing::debug!(fd, ?ch, %e, "late offer gone");
         signal.fetch_and(!1, Release);
         return IDLE;
     }
     signal.fetch_and(!1, Release);
-    match crate::conn::Conn::late(&l.engine, ch, Side::Server, l.tuple, fd, nodelay(fd)) {
+    drop(held);
+    let next = match crate::conn::Conn::late(&engine, ch, Side::Server, l.tuple, fd, nodelay(fd)) {
         Ok(c) => {
             install(fd, l, c);
             tracing::debug!(fd, ?ch, "late ring: server converted, promotion under way");
@@ -426,7 +462,9 @@ fn convert_server(fd: c_int, l: &Late) -> u8 {
             memloop::channel::release(reg, ch, Side::Server);
             OFF
         }
-    }
+    };
+    l.let_go_marker(false); // the marker has served
+    next
 }
 
 /// The converted connection takes `fd`'s place, and its epoll registrations with it: items
@@ -767,9 +805,12 @@ pub fn taint_inheritable(why: &str) {
 }
 
 /// In a fork child: the parent's late offers are the parent's.
-pub fn forget_in_child() {
+/// `kept`: server connections the child follows (`marker.rs`).
+fn forget_in_child(kept: &[Arc<Late>]) {
     for l in armed() {
-        l.forget();
+        if !kept.iter().any(|k| Arc::ptr_eq(k, &l)) {
+            l.forget();
+        }
     }
     ARMED.lock().clear();
     UNLISTED.store(0, Release);
@@ -811,11 +852,21 @@ pub fn unlisted(
 }
 
 pub fn lock_for_fork() {
-    ARMED.acquire_for_fork(|_| {});
+    ARMED.acquire_for_fork(|armed| marker::prepare_fork(armed));
 }
 
-pub fn release_after_fork() {
+/// Parent handler: armed connections the child holds too are disarmed (unless `marker.rs`
+/// counted the child as a holder of their markers).
+pub fn after_fork_in_parent() {
     ARMED.release_after_fork();
+    marker::after_fork_in_parent();
+}
+
+/// Child handler: the parent's late offers are the parent's; server connections counted for
+/// the child stay armed here.
+pub fn after_fork_in_child() {
+    ARMED.release_after_fork();
+    marker::after_fork_in_child();
 }
 
 #[cfg(test)]
