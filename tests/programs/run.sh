@@ -42,7 +42,7 @@ ALL_CASES=(
   redis-cli redis-benchmark redis-storm redis-late
   iperf3
   sockperf-pingpong sockperf-throughput
-  postgres-psql postgres-pgbench postgres-storm
+  postgres-psql postgres-pgbench postgres-storm postgres-late
 )
 
 usage() {

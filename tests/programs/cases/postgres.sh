@@ -187,3 +187,52 @@ case_postgres_storm() {
   storm_check
   stop_server postgres
 }
+
+# postgres-late: the late ring for a server that forks a backend per connection and closes its
+# copy (the backend must follow the connection's decline marker). A filler holds the region's
+# ring memory (idle connections to a PING server in domain 0), pgbench's 4 keep-alive clients
+# connect (they fall back: `region_full`), the filler lets go once they run; the connections
+# come to their rings mid-run. 0 failed transactions, no error, the TPC-B invariants hold.
+FILL_PORT=7011
+
+case_postgres_late() {
+  local d=$CASE_DIR i bpid rc=0 late pg=$CASE_DIR/pg
+  start_postgres
+  run_client init 120 pgbench -i -s 1 -h "$ADDR0" -p $PG_PORT -U postgres postgres
+  start_server pong "$PY" "$HERE/py/filler.py" --serve "$ADDR0" $FILL_PORT
+  wait_listen pong $FILL_PORT 20
+  dom_cmd 1 "$CLI_REGION"
+  "${DOM[@]}" "$PY" "$HERE/py/filler.py" "$ADDR0" $FILL_PORT "$d" >"$d/filler.out" 2>&1 &
+  for ((i = 0; i < 600; i++)); do
+    [ -e "$d/filled" ] && break
+    sleep 0.1
+  done
+  [ -e "$d/filled" ] || fail "the filler never filled the region: $(tail -n 3 "$d/filler.out")"
+  log "filler: $(cat "$d/filler.out")"
+  (pgb late -n -c 4 -j 2 -T 12) &
+  bpid=$!
+  # Release once the 4 backends serve (over the Unix socket: no TCP connection of our own).
+  for ((i = 0; i < 100; i++)); do
+    [ "$("$(pg_bin)/psql" -X -A -t -h "$pg/sock" -p $PG_PORT -U postgres -d postgres -c \
+      "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND
+       client_addr IS NOT NULL" 2>/dev/null)" = 4 ] && break
+    sleep 0.1
+  done
+  sleep 1
+  touch "$d/release"
+  wait "$bpid" || rc=$?
+  [ "$rc" = 0 ] || fail "pgbench under the late ring failed (status $rc)"
+  grep -q released "$d/filler.out" || fail "the filler did not release: $(tail -n 3 "$d/filler.out")"
+  psql_c invariants -c "SELECT (SELECT sum(abalance) FROM pgbench_accounts) =
+      (SELECT coalesce(sum(delta), 0) FROM pgbench_history)"
+  [ "$(cat "$d/invariants.out")" = t ] || fail "balances disagree with the history"
+  if [ -n "$SRV_REGION" ] && [ "$SRV_REGION" = "$CLI_REGION" ]; then
+    late=$("$ML" status --json --region "$SRV_REGION" | jq '.switches.late // 0')
+    [ "$late" -ge 4 ] || fail "$late of pgbench's 4 connections came to their rings late"
+    note "postgres-late: $late late rings (forked backends), 0 failed transactions"
+  else
+    note "postgres-late: 0 failed transactions (no late ring across regions)"
+  fi
+  stop_server pong
+  stop_server postgres
+}

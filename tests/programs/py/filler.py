@@ -6,12 +6,15 @@ usage: filler.py HOST PORT DIR — opens connections to HOST:PORT (each sends an
 `PING`, which redis answers) until one goes through the kernel socket (no ring memory left,
 or no ring at all: the server is outside the region), writes DIR/filled with the count, waits
 for DIR/release, closes them all and exits.
+       filler.py --serve HOST PORT — a server that answers each `PING` line with `+PONG`, for
+cases whose own server speaks another protocol.
 """
 
 import os
 import socket
 import struct
 import sys
+import threading
 import time
 
 MAX = 600
@@ -23,7 +26,22 @@ def kernel_bytes_sent(sock):
     return struct.unpack_from("Q", info, 200)[0] + struct.unpack_from("I", info, 144)[0]
 
 
+def serve(host, port):
+    def pong(conn):
+        with conn:
+            while conn.recv(64):
+                conn.sendall(b"+PONG\r\n")
+
+    lsock = socket.create_server((host, port), backlog=MAX)
+    while True:
+        conn, _ = lsock.accept()
+        threading.Thread(target=pong, args=(conn,), daemon=True).start()
+
+
 def main():
+    if sys.argv[1] == "--serve":
+        serve(sys.argv[2], int(sys.argv[3]))
+        return
     host, port, d = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     socks = []
     while len(socks) < MAX:
