@@ -40,6 +40,11 @@
   unread_tail_operator as unread_tail, but `memloop demote` moves the connection to TCP before
                        the handoff, while the dispatcher is in none of its calls: its side
                        carries the tail from its heartbeat;
+  slot_reuse           the client passes connection C1 to itself with SCM_RIGHTS and claims it
+                       at once, closes it; C2 (its channel takes C1's slot) is passed the same
+                       way and stays in flight past C1's claim time (10 s), then is claimed and
+                       asked back to its ring: C1's long-claimed hold must not be given back on
+                       C2's words (that pinned C2 to TCP and took one of its holders);
   oob                  an urgent byte (MSG_OOB) between two megabyte streams: the in-band bytes
                        arrive in order around it, SIOCATMARK is set at the mark, the urgent byte
                        is read out of band. (flags.py `oob` checks POLLPRI, select's exceptional
@@ -735,6 +740,56 @@ def grab_from_stopped(pid, fd):
     return got[0]
 
 
+# ---- slot_reuse --------------------------------------------------------------------------------
+
+def slot_reuse_server(lsock, args):
+    """Echoes the client's two connections, one after the other, each until EOF."""
+    for _ in range(2):
+        conn, _ = lsock.accept()
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+
+def echo_rounds(sock, n, tag):
+    for i in range(n):
+        msg = f"{tag}-{i}".encode().ljust(64, b".")
+        sock.sendall(msg)
+        eq(recv_exact(sock, len(msg)), msg, f"echo {tag} {i}")
+
+
+def slot_reuse_client(args):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    c1 = dial(args)
+    echo_rounds(c1, 10, "c1")
+    socket.send_fds(ours, [b"fd"], [c1.fileno()])
+    _, fds, _, _ = socket.recv_fds(theirs, 16, 1)
+    os.close(fds[0])
+    c1.close()
+    time.sleep(2.0)  # both ends closed C1: its channel slot is free for C2
+    c2 = dial(args)
+    echo_rounds(c2, 10, "c2")
+    socket.send_fds(ours, [b"fd"], [c2.fileno()])
+    # C1's hold record expires ~10 s after its pass, C2's ~10 s after its own, 2 s later:
+    # claim C2 in between.
+    time.sleep(9.0)
+    _, fds, _, _ = socket.recv_fds(theirs, 16, 1)
+    c2.close()
+    s = socket.socket(fileno=fds[0])
+    promoter = start_promoter()
+    try:
+        end = time.monotonic() + 3.0
+        i = 0
+        while time.monotonic() < end:
+            echo_rounds(s, 1, f"c2-{i}")
+            i += 1
+            time.sleep(0.01)
+    finally:
+        stop_promoter(promoter)
+    echo_rounds(s, 100, "after")
+    s.close()
+
+
 def pidfd_failed_counted():
     """`memloop status --json`'s refused pidfd_getfd calls (None on kernel TCP)."""
     bin_ = os.environ.get("MEMLOOP_BIN")
@@ -916,6 +971,7 @@ CASES = {
     "exec_back_to_ring": (exec_server, exec_client),
     "exec_through_plain": (exec_server, exec_client),
     "oob": (oob_serve, oob_client),
+    "slot_reuse": (slot_reuse_server, slot_reuse_client),
     "unread_tail": (tail_server, tail_client),
     "unread_tail_no_room": (tail_server, tail_client),
     "unread_tail_operator": (tail_server, tail_client),

@@ -42,8 +42,14 @@ fn init_logging() {
         return;
     };
     use tracing_subscriber::prelude::*;
+    // MEMLOOP_LOG_FILE: lines appended to that file instead of stderr (no reader to wake on
+    // every line; what `memloop bench switch` times is then not the log's pipe).
+    let file = std::env::var_os("MEMLOOP_LOG_FILE")
+        .filter(|p| !p.is_empty())
+        .and_then(|p| std::ffi::CString::new(std::os::unix::ffi::OsStringExt::into_vec(p)).ok());
+    let to = LogTo(file.map(std::sync::Arc::new));
     let lines = tracing_subscriber::fmt::layer()
-        .with_writer(|| RawStderr)
+        .with_writer(move || to.clone())
         .with_ansi(false)
         .with_filter(tracing_subscriber::filter::filter_fn(|_| {
             LOGGING.load(std::sync::atomic::Ordering::Relaxed)
@@ -65,14 +71,19 @@ fn logging_off() {
     LOGGING.store(false, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Log lines go straight to fd 2, one `write` each: std's stderr takes a lock, and the fork
-/// child of a multithreaded program (which logs until it execs) would wait forever for a lock
-/// another thread of the parent held at the fork.
-struct RawStderr;
+/// Log lines go straight to fd 2 (or appended to `MEMLOOP_LOG_FILE`), one `write` each:
+/// std's stderr takes a lock, and the fork child of a multithreaded program (which logs until
+/// it execs) would wait forever for a lock another thread of the parent held at the fork.
+#[derive(Clone)]
+struct LogTo(Option<std::sync::Arc<std::ffi::CString>>);
 
-impl std::io::Write for RawStderr {
+impl std::io::Write for LogTo {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        real::write_stderr(b).map_err(std::io::Error::from_raw_os_error)
+        match &self.0 {
+            Some(path) => real::append_to(path, b),
+            None => real::write_stderr(b),
+        }
+        .map_err(std::io::Error::from_raw_os_error)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {

@@ -263,7 +263,9 @@ fn enter(fds: &[pollfd], members: &[(usize, Watch)]) {
                 dirs(fds[*i].events).for_each(|d| c.arm(d));
             }
             Watch::OffRing(_) | Watch::Late(_) => {}
-            Watch::Set(s) => s.sleep_enter(),
+            // (A nested set's members with a switch asked are dealt with by its own waits
+            // and the heartbeat's sweep.)
+            Watch::Set(s) => drop(s.sleep_enter()),
         }
     }
 }

@@ -166,6 +166,19 @@ pub fn write_stderr(b: &[u8]) -> Result<usize, c_int> {
     check(unsafe { write()(2, b.as_ptr().cast(), b.len()) })
 }
 
+/// Appends `b` to the file at `path` (created if missing) with one `write`; the file is open
+/// only for the call, so no fd of ours can be closed or reused under the program.
+pub fn append_to(path: &std::ffi::CStr, b: &[u8]) -> Result<usize, c_int> {
+    let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC;
+    // SAFETY: a NUL-terminated path; the mode argument is read for O_CREAT.
+    let fd = unsafe { libc::open(path.as_ptr(), flags, 0o644 as libc::c_uint) };
+    check(fd as isize)?;
+    // SAFETY: a valid buffer of `b.len()` bytes, on the fd just opened.
+    let r = check(unsafe { write()(fd, b.as_ptr().cast(), b.len()) });
+    close_own(fd);
+    r
+}
+
 /// Outcome of draining doorbells from the kernel socket.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Drain {

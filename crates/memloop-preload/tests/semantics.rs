@@ -124,6 +124,7 @@ fn main() -> std::process::ExitCode {
         test!(late_ring_after_a_slow_accept),
         test!(late_ring_after_the_region_was_full),
         test!(late_ring_not_tried_with_a_plain_client),
+        test!(a_claimed_hold_is_never_given_back_on_a_reused_channel_slot),
         test!(late_ring_in_the_child_of_a_server_that_forks_per_connection),
         test!(late_ring_not_taken_while_a_fork_shares_the_connection),
         test!(late_ring_marker_freed_by_a_forked_handler_that_exits_without_close),
@@ -992,6 +993,16 @@ fn late_ring_not_tried_with_a_plain_client() {
             "a late ring with a plain client: late {late}, failed {failed}"
         ))
     );
+}
+
+/// A connection passed to this process itself and claimed at once, then closed; the next
+/// connection takes its channel slot and is passed the same way, claimed only after the first
+/// one's claim time (10 s). The first one's hold must not be given back on the slot's new
+/// words: before, it pinned the second connection to TCP (no promotion ever) and took one of
+/// its holders. Here the second comes back to its ring.
+fn a_claimed_hold_is_never_given_back_on_a_reused_channel_slot() {
+    std::env::set_var("MEMLOOP_BIN", memloop_bin());
+    check(sc("handoff", "slot_reuse").evidence("promoted: back on the ring"));
 }
 
 /// A server that forks per connection (postgres): it accepts past the client's decide wait,

@@ -120,6 +120,13 @@ impl StreamProducer {
         self.core.take_doorbell()
     }
 
+    /// Wakes a reader asleep on this ring as a publication would (a reader that re-checks
+    /// after arming sees what the caller published before this call); true if it sleeps
+    /// behind a doorbell, which the caller must then ring.
+    pub fn wake_reader(&self) -> bool {
+        self.core.h.cons.notify()
+    }
+
     /// Reloads the indices from shared memory (another process shares this end).
     pub fn resync(&mut self) -> Result<(), RingError> {
         self.core.resync()
@@ -268,6 +275,12 @@ impl StreamConsumer {
     /// Whether a release since the last call found the writer asleep behind a doorbell.
     pub fn take_doorbell(&mut self) -> bool {
         self.core.take_doorbell()
+    }
+
+    /// Wakes a writer asleep on this ring (waiting for room) as a release would; true if it
+    /// sleeps behind a doorbell, which the caller must then ring.
+    pub fn wake_writer(&self) -> bool {
+        self.core.h.prod.notify()
     }
 
     /// Reloads the indices from shared memory (another process shares this end).

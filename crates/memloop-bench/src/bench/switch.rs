@@ -13,10 +13,12 @@
 //! promotion (`Registry::request_promote`, what `memloop promote` does); then round trips
 //! again (the ring).
 //! Measured per repetition:
-//! - trigger → return: the `sendmsg`, i.e. this side's switch;
+//! - trigger → return: the `sendmsg`, i.e. this side's switch (the client does not log its
+//!   demote: a log line costs a few µs here, the first after a pause ~35 µs);
 //! - trigger → peer on TCP: the server's "switched to TCP" line of the preload's log
-//!   (`MEMLOOP_LOG=…conn::switch=debug,…conn::promote=debug`, wall clock, µs), and its "left
-//!   the ring" (the peer noticed);
+//!   (`MEMLOOP_LOG=…conn::switch=debug,…conn::promote=debug`, wall clock, µs, appended to a
+//!   file in /dev/shm: a pipe would wake our reader on every line), and its "left the ring"
+//!   (the peer noticed);
 //! - promotion: trigger → each side's "promoted: back on the ring", and → the switch word
 //!   quiet again as this process polls it (every 100 µs);
 //! - busy: the largest gap between consecutive reads that returned data, in the window after
@@ -41,7 +43,7 @@ use super::tcp::{check_preloaded, preload_status, MEMLOOP, MEMLOOP_LO, TCP_LO, V
 use crate::error::{fail, CliResult, Context};
 use crate::units::{fmt_size, parse_size};
 use figures::{figures, slower_rtt, table, targets, Samples};
-use logs::{Events, LOG_FILTER, LOG_TARGET};
+use logs::{Events, LOG_FILTER, LOG_FILTER_CLIENT, LOG_TARGET};
 use peer::{Outcome, PromoteAsk, Rep};
 use promote::Promoter;
 use serde_json::json;
@@ -232,17 +234,28 @@ fn start(bed: &Testbed, def: &PathDef, cfg: &Config, region: &str) -> CliResult<
         (0, "127.0.0.1:0".into())
     };
     let region = def.preload.then_some(region);
-    let env: &[(&str, &str)] = if def.preload {
-        &[("MEMLOOP_LOG", LOG_FILTER)]
-    } else {
-        &[]
-    };
     let args = |role: &str, addr: &str| -> Vec<String> {
         ["--role", role, "--addr", addr].map(String::from).into()
     };
+    // The preload logs to a file each: a line costs one `write` to tmpfs, where a pipe would
+    // wake our reader on every line — inside the very switch being timed.
     let spawn = |role: &str, domain: u8, cpu: Option<usize>, addr: &str| {
         let argv = bed.command_of("switch-peer", domain, cpu, region, &args(role, addr));
-        Proc::spawn_with(format!("{} {role}", def.name), &argv, env, Some(LOG_TARGET))
+        let what = format!("{} {role}", def.name);
+        if !def.preload {
+            return Proc::spawn_with(what, &argv, &[], None);
+        }
+        let log = log_file(&what)?;
+        let filter = if role == "client" {
+            LOG_FILTER_CLIENT
+        } else {
+            LOG_FILTER
+        };
+        let env = [
+            ("MEMLOOP_LOG", filter),
+            ("MEMLOOP_LOG_FILE", log.to_str().unwrap_or_default()),
+        ];
+        Ok(Proc::spawn_with(what, &argv, &env, Some(LOG_TARGET))?.with_log_file(log))
     };
     let mut server = spawn("server", 0, cfg.cpus.map(|c| c.1), &listen)?;
     let ready = server.ready()?;
@@ -257,6 +270,18 @@ fn start(bed: &Testbed, def: &PathDef, cfg: &Config, region: &str) -> CliResult<
         check_preloaded(&client)?;
     }
     Ok((server, client))
+}
+
+/// A fresh, empty log file for the peer `what` (in /dev/shm: a write there is a memory copy).
+fn log_file(what: &str) -> CliResult<PathBuf> {
+    let name = format!(
+        "memloop-bench-switch-{}-{}.log",
+        std::process::id(),
+        what.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+    );
+    let path = std::path::Path::new("/dev/shm").join(name);
+    std::fs::write(&path, b"").context(format!("creating {}", path.display()))?;
+    Ok(path)
 }
 
 /// How long the driver waits for a promotion to finish before it lets the client go on (its

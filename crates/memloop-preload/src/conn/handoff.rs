@@ -77,6 +77,14 @@ pub fn take_back_exec_holds() {
     }
 }
 
+/// A hold of ours claimed by this process itself: nothing left to give back for it.
+fn claimed_here(c: &Arc<Conn>) {
+    let mut v = IN_FLIGHT.lock();
+    if let Some(i) = v.iter().position(|(x, _)| Arc::ptr_eq(x, c)) {
+        v.remove(i);
+    }
+}
+
 /// Gives back the holds of fds nobody claimed in time (heartbeat).
 pub fn expire_handoffs() {
     let now = Instant::now();
@@ -119,6 +127,14 @@ impl Conn {
         let Some(w) = &self.share.side_words else {
             return;
         };
+        // Claimed elsewhere and closed since, the channel may be freed and its slot reused:
+        // its words are another connection's then (a take here pinned that connection and
+        // took one of its holders). (A slot freed between this look and the take below, ten
+        // seconds after the send, is not excluded: see the design doc.)
+        let ours = self.engine.registry().channel_state(self.ch);
+        if !matches!(ours, Ok(ChannelState::Accepted)) {
+            return;
+        }
         if !take_one(&w.handoffs) {
             return; // claimed
         }
@@ -232,6 +248,7 @@ fn adopt(fd: c_int, how: SwitchReason) {
             table::duplicate(c.kfd(), fd);
             if take_one(&w.handoffs) {
                 w.holders.fetch_sub(1, AcqRel); // ours is still held by `c`
+                claimed_here(&c);
             }
         }
         return;

@@ -3,7 +3,8 @@
 //! (`docs/design/path-switching.md`; the protocol's core is `memloop_ring::leave`).
 //!
 //! Either side (or `memloop demote`) sets the channel's switch word; each side then *leaves*
-//! both rings — one last counted doorbell, then its `Left {tail, head, doorbells sent}` — and
+//! both rings — a last counted doorbell if the peer sleeps on its socket, then its
+//! `Left {tail, head, doorbells sent}` — and
 //! waits for the peer's. Once both have left, each side throws away the peer's doorbells it
 //! never read, re-sends over TCP what the peer never consumed of its tx ring, and from then on
 //! the connection is a plain TCP one. A side notices a request in its data calls, in its
@@ -460,8 +461,8 @@ impl Conn {
         Ok(Some(got as u64))
     }
 
-    /// Leaves both rings: one last counted doorbell (a sleeping peer wakes and notices), then
-    /// our `Left`. Another process holding this side may have left already: then only our
+    /// Leaves both rings: a last counted doorbell if the peer sleeps on its socket (it wakes
+    /// and notices), then our `Left`. Another process holding this side may have left already: then only our
     /// path changes.
     fn leave(&self, w: &SideWords) -> Result<(), c_int> {
         let cell = LeaveCell::new(&w.leave, 0).map_err(|_| libc::EIO)?;
@@ -476,7 +477,15 @@ impl Conn {
                 cons.resync().map_err(|_| libc::EIO)?;
             }
             if cell.read().map_err(|_| libc::EIO)?.is_none() {
-                self.ring_doorbell_locked(lock.is_some());
+                // A peer asleep on its socket, armed for our data or for room in our rx
+                // ring, wakes as for a publication (the doorbell is counted). A peer not
+                // armed now sees the request, set before any leave, when it re-checks after
+                // arming (`loom_leave_wake.rs`); one in none of our calls is kicked by
+                // `await_peer`. (Before, every leave rang: the follower's doorbell cost the
+                // initiator, asleep on the switch bell, a TCP send and a discard.)
+                if prod.wake_reader() | cons.wake_writer() {
+                    self.ring_doorbell_locked(lock.is_some());
+                }
                 let _b = self.switching.bell.lock();
                 let left = Left {
                     tail: prod.position(),
@@ -511,6 +520,9 @@ impl Conn {
     /// or a ring wait notices at once): its heartbeat is woken.
     fn await_peer(&self, pw: &SideWords) -> Result<Option<Left>, c_int> {
         let cell = LeaveCell::new(&pw.leave, 0).map_err(|_| libc::EIO)?;
+        if let Some(l) = self.spin_for_peer(&cell) {
+            return Ok(Some(l));
+        }
         let mut pause = Duration::from_micros(1);
         let kick_at = std::time::Instant::now() + PEER_KICK_AFTER;
         let mut kicked = false;
@@ -535,6 +547,24 @@ impl Conn {
             channel::wait_switch_bell(&pw.bell, seen, pause);
             pause = (pause * 2).min(PEER_POLL_MAX);
         }
+    }
+
+    /// The peer's `Left`, if it comes within a data wait's spin window and spinning can pay
+    /// (the load leaves the peer a CPU): a peer woken by our leave answers within about one
+    /// wake-up, which our own sleep on the bell would cost again.
+    fn spin_for_peer(&self, cell: &LeaveCell) -> Option<Left> {
+        let inputs = || memloop_ring::SpinInputs {
+            our_cpu: memloop_shm::sched::current_cpu(),
+            load: memloop_shm::sched::runnable_and_cpus(),
+            ..memloop_ring::SpinInputs::UNKNOWN
+        };
+        let window = self.spin_window();
+        let mut left = None;
+        memloop_ring::Spinner::new(window).spin_with(window, inputs, || {
+            left = cell.read().ok().flatten();
+            left.is_some()
+        });
+        left
     }
 
     /// We took a step of a switch the peer may be waiting for: its waits wake (the bell), and

@@ -20,7 +20,7 @@ pub(super) fn arm(it: &mut Item) {
             }
         }
         Target::Conn(_) => return,
-        Target::Set(s) => s.sleep_enter(),
+        Target::Set(s) => drop(s.sleep_enter()),
     }
     it.armed = true;
 }

@@ -6,17 +6,27 @@ use super::*;
 
 impl EpollSet {
     /// A thread is about to sleep on this set (or on a set or poll containing it): arm every
-    /// ring member, re-arm those armed already (a doorbell cleared their flag).
-    pub fn sleep_enter(&self) {
+    /// ring member, re-arm those armed already (a doorbell cleared their flag). Returns the
+    /// ring members whose switch word is not quiet, looked at after arming: a leave rings its
+    /// doorbell only for a peer armed when it looks, so a sleeper that armed just after must
+    /// see the switch here (`Waiter::block` deals with them).
+    pub fn sleep_enter(&self) -> Vec<Arc<Conn>> {
         let mut st = self.st.lock();
         st.sleepers += 1;
+        let mut switching = Vec::new();
         for it in st.items.values_mut() {
             if it.armed {
                 rearm(it);
             } else {
                 arm(it);
             }
+            if let Target::Conn(c) = &it.target {
+                if it.armed && !c.switch_quiet() {
+                    switching.push(c.clone());
+                }
+            }
         }
+        switching
     }
 
     /// The sleeper is awake; the last one disarms.
@@ -481,9 +491,12 @@ impl Waiter<'_> {
     ) -> Result<usize, c_int> {
         let set = self.set;
         let mut reported = Vec::new();
-        set.sleep_enter();
+        let switching = set.sleep_enter();
         let n = set.collect(self.epfd, out, &mut reported);
-        let left = match set.in_flight() {
+        // A switch asked of an armed member: dealt with now (never waiting for the peer), and
+        // the sleep kept short while one is under way, as for a call in flight.
+        switching.iter().for_each(|c| c.settle_switch_nowait());
+        let left = match set.in_flight() || !switching.is_empty() {
             true => left.min(crate::pollsel::IN_FLIGHT),
             false => left,
         };

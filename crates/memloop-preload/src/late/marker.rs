@@ -10,8 +10,10 @@
 //!
 //! A conversion needs the connection to itself (the calls in flight that it waits for are
 //! this process's only): it is made only while the count says one holder. A holder that
-//! hands the socket on where we cannot follow (exec, `SCM_RIGHTS`, dup, a fork not counted)
-//! pins the marker first, so no other holder converts ever after.
+//! disarms while it keeps the socket (it hands it on where we cannot follow — exec,
+//! `SCM_RIGHTS`, dup, a fork not counted — or simply gives up waiting) pins the marker first,
+//! so no other holder converts ever after: its own calls on the socket are not counted
+//! anywhere. Only a holder that stops holding (close, exit) lets go without a pin.
 //!
 //! Every write to the marker (signal cleared, pin, count) is made under [`MarkerHold::held`]
 //! while it is true: this process's hold is counted, so the slot is still the marker.
@@ -108,7 +110,7 @@ pub(super) fn after_fork_in_parent() {
     let kept = counted_for_child(release_forking());
     for l in super::armed() {
         if !kept.iter().any(|k| Arc::ptr_eq(k, &l)) {
-            l.disarm_and_pin("fork");
+            l.disarm("fork");
         }
     }
 }
@@ -161,6 +163,6 @@ pub fn any_armed() -> bool {
 /// forked handler that exits does not keep its parent's marker.
 pub fn at_exit() {
     for l in super::armed() {
-        l.disarm("exit");
+        l.disarm_leaving("exit");
     }
 }

@@ -198,15 +198,18 @@ impl Late {
         matches!(&self.role, Role::Server { marker, .. } if marker.shared())
     }
 
-    /// Disarms for good; a late offer of ours is withdrawn (or, taken already, given up).
+    /// Disarms for good; a late offer of ours is withdrawn (or, taken already, given up). A
+    /// server pins its marker: this process keeps the socket and goes on using it where a
+    /// conversion elsewhere could not follow, so no other holder (after a fork) may convert
+    /// either.
     fn disarm(&self, why: &str) {
-        self.disarm_pinning(why, false);
+        self.disarm_pinning(why, true);
     }
 
-    /// [`Self::disarm`] where the socket goes where nobody could follow a conversion (so no
-    /// other holder may convert either).
-    fn disarm_and_pin(&self, why: &str) {
-        self.disarm_pinning(why, true);
+    /// [`Self::disarm`] of a process that stops holding the socket (it exits): the other
+    /// holders may still convert once they are alone.
+    fn disarm_leaving(&self, why: &str) {
+        self.disarm_pinning(why, false);
     }
 
     /// A server lets go of its decline marker (see `marker.rs`).

@@ -31,6 +31,8 @@ pub struct Proc {
     pid: Option<u32>,
     /// Stderr lines kept apart (see [`Self::spawn_with`]), oldest first.
     kept: Arc<Mutex<Vec<String>>>,
+    /// A log file the peer appends to (its `MEMLOOP_LOG_FILE`), with the bytes read so far.
+    log_file: Option<(PathBuf, Mutex<u64>)>,
 }
 
 impl Proc {
@@ -87,12 +89,33 @@ impl Proc {
             diag,
             pid: None,
             kept,
+            log_file: None,
         })
     }
 
-    /// The stderr lines kept apart since the last call.
+    /// The peer logs to `path` (its `MEMLOOP_LOG_FILE`): [`Self::take_kept`] reads it too.
+    pub fn with_log_file(mut self, path: PathBuf) -> Proc {
+        self.log_file = Some((path, Mutex::new(0)));
+        self
+    }
+
+    /// The stderr lines kept apart since the last call, and the log file's new whole lines.
     pub fn take_kept(&self) -> Vec<String> {
-        std::mem::take(&mut *self.kept.lock().unwrap_or_else(|e| e.into_inner()))
+        let mut lines = std::mem::take(&mut *self.kept.lock().unwrap_or_else(|e| e.into_inner()));
+        if let Some((path, read)) = &self.log_file {
+            let mut read = read.lock().unwrap_or_else(|e| e.into_inner());
+            let text = std::fs::read(path).unwrap_or_default();
+            let new = text.get(*read as usize..).unwrap_or_default();
+            // Only whole lines: the peer may be writing the next one.
+            let whole = new.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            lines.extend(
+                String::from_utf8_lossy(&new[..whole])
+                    .lines()
+                    .map(String::from),
+            );
+            *read += whole as u64;
+        }
+        lines
     }
 
     pub fn what(&self) -> &str {
@@ -207,17 +230,20 @@ impl Drop for Proc {
     /// Closing stdin makes the peer exit; a peer that does not is killed by its pid.
     fn drop(&mut self) {
         drop(self.stdin.take());
-        if self.wait_exit(Duration::from_secs(3)).is_some() {
-            return;
+        if self.wait_exit(Duration::from_secs(3)).is_none() {
+            if let Some(pid) = self
+                .pid
+                .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+            {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
-        if let Some(pid) = self
-            .pid
-            .and_then(|p| rustix::process::Pid::from_raw(p as i32))
-        {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        // (Once it exited: a line it wrote later would make the file again.)
+        if let Some((path, _)) = &self.log_file {
+            let _ = std::fs::remove_file(path);
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
