@@ -325,7 +325,7 @@ pub fn before_close(fd: c_int) {
         return;
     };
     // (Waits for a conversion under way: then the converted connection is closed.)
-    if crate::late::taint_entry(&e, "closed") {
+    if crate::late::closing(&e) {
         match table::get(fd) {
             Some(now) => e = now,
             None => {

@@ -761,12 +761,23 @@ pub fn taint(fd: c_int, why: &str) {
 /// armed.
 /// True if `e` had a late ring (a conversion may have replaced the fd's entry meanwhile).
 pub fn taint_entry(e: &Entry, why: &str) -> bool {
+    disarm_entry(e, |l| l.disarm(why))
+}
+
+/// Before the close of `e`'s fd: disarmed, without pinning the marker (this process stops
+/// holding the socket; a forked holder may still convert once alone). True as for
+/// [`taint_entry`].
+pub fn closing(e: &Entry) -> bool {
+    disarm_entry(e, |l| l.disarm_leaving("closed"))
+}
+
+fn disarm_entry(e: &Entry, disarm: impl FnOnce(&Late)) -> bool {
     if let Entry::Conn(c) = e {
         c.no_late_ring();
     }
     let late = late_of(e);
     if let Some(l) = &late {
-        l.disarm(why);
+        disarm(l);
     }
     late.is_some()
 }
