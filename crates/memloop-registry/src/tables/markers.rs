@@ -218,8 +218,8 @@ impl Registry {
         Ok(slot.side(crate::Side::Server)?.holders)
     }
 
-    /// One more process holds marker `ch` (`holders`: its [`Registry::marker_holders`]); the
-    /// caller holds it already.
+    /// One more process holds a marker (`holders`: its [`Registry::marker_holders`]); the
+    /// caller holds it already, so the slot is still that marker.
     pub fn hold_marker(&self, holders: &memloop_shm::ShmU32) {
         holders.fetch_add(1, SeqCst);
     }
