@@ -369,3 +369,27 @@ storm_check() {
     [ "$prom" = 0 ] || fail "storm: $prom promotions although no connection was on a ring"
   fi
 }
+
+# fill_region PORT: a filler in domain 1 (py/filler.py, under the client's region) opens idle
+# connections to domain 0's PORT until one falls back to TCP (no ring memory left), then waits
+# for $CASE_DIR/release; fails the case if the region never filled. Its output:
+# $CASE_DIR/filler.out.
+fill_region() {
+  local d=$CASE_DIR i
+  dom_cmd 1 "$CLI_REGION"
+  "${DOM[@]}" "$PY" "$HERE/py/filler.py" "$ADDR0" "$1" "$d" >"$d/filler.out" 2>&1 &
+  for ((i = 0; i < 600; i++)); do
+    [ -e "$d/filled" ] && break
+    sleep 0.1
+  done
+  [ -e "$d/filled" ] || fail "the filler never filled the region: $(tail -n 3 "$d/filler.out")"
+  log "filler: $(cat "$d/filler.out")"
+}
+
+# late_rings: how many connections of the server's region came to their rings late, or nothing
+# when the ends are in different regions (no late ring is possible there).
+late_rings() {
+  if [ -n "$SRV_REGION" ] && [ "$SRV_REGION" = "$CLI_REGION" ]; then
+    "$ML" status --json --region "$SRV_REGION" | jq '.switches.late // 0'
+  fi
+}

@@ -7,46 +7,13 @@
 //! as data. A control model without the discard shows the check can fail.
 //! Run: RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom \
 //!      cargo test -p memloop-ring --release --test loom_leave
-use loom::sync::{Arc, Mutex};
+mod loom_pair;
+
 use loom::thread;
-use memloop_ring::leave::{doorbells_to_discard, LeaveCell, Left, LEAVE_CELL_BYTES};
-use memloop_ring::{init_ring, ring_bytes, RingKind, StreamConsumer, StreamProducer};
-use memloop_shm::ShmSlice;
-use std::collections::VecDeque;
-
-/// A doorbell byte: on the wire it is indistinguishable from data; only the counts tell.
-const DB: u8 = 0xdb;
-
-type Wire = Arc<Mutex<VecDeque<u8>>>;
-
-struct Side {
-    tx: StreamProducer,
-    rx: StreamConsumer,
-    me: LeaveCell,
-    peer: LeaveCell,
-    out: Wire,
-    inq: Wire,
-    sent: u64,
-    read: u64,
-}
+use loom_pair::{pair, Side, DB};
+use memloop_ring::leave::{doorbells_to_discard, Left};
 
 impl Side {
-    fn doorbell(&mut self) {
-        self.out.lock().unwrap().push_back(DB);
-        self.sent += 1;
-    }
-
-    /// Pops `n` bytes from the wire, waiting for them.
-    fn pop(&self, n: usize, into: &mut Vec<u8>) {
-        while into.len() < n {
-            let b = self.inq.lock().unwrap().pop_front();
-            match b {
-                Some(b) => into.push(b),
-                None => thread::yield_now(),
-            }
-        }
-    }
-
     /// One side's life: `pre` over the ring, a drain, a leave, `post` over TCP. Returns what it
     /// received from the peer (`expect` bytes).
     fn run(mut self, pre: &[u8], post: &[u8], expect: usize, discard: bool) -> Vec<u8> {
@@ -66,16 +33,10 @@ impl Side {
             head: self.rx.position(),
             doorbells: self.sent,
         }));
-        let peer = loop {
-            if let Some(p) = self.peer.read().unwrap() {
-                break p;
-            }
-            thread::yield_now();
-        };
+        let peer = self.await_peer();
         if discard {
             let n = doorbells_to_discard(&peer, self.read).unwrap() as usize;
-            let mut skip = Vec::new();
-            self.pop(n, &mut skip);
+            let skip = self.pop(n);
             assert!(skip.iter().all(|&b| b == DB), "discarded data: {skip:?}");
         }
         let mut resend = Vec::new();
@@ -85,45 +46,14 @@ impl Side {
             w.extend(resend);
             w.extend(post.iter().copied());
         }
-        let mut rest = Vec::new();
-        self.pop(expect - got.len(), &mut rest);
-        got.extend(rest);
+        got.extend(self.pop(expect - got.len()));
         got
     }
 }
 
-fn ring() -> ShmSlice {
-    let v = ShmSlice::new_model(ring_bytes(64) as usize);
-    init_ring(&v, RingKind::Stream, 64, 0).unwrap();
-    v
-}
-
 fn model(discard: bool) {
     loom::model(move || {
-        let (xy, yx) = (ring(), ring());
-        let cells = ShmSlice::new_model(2 * LEAVE_CELL_BYTES as usize);
-        let cell = |i: u64| LeaveCell::new(&cells, i * LEAVE_CELL_BYTES).unwrap();
-        let (w_xy, w_yx): (Wire, Wire) = Default::default();
-        let x = Side {
-            tx: StreamProducer::attach(xy.clone()).unwrap(),
-            rx: StreamConsumer::attach(yx.clone()).unwrap(),
-            me: cell(0),
-            peer: cell(1),
-            out: w_xy.clone(),
-            inq: w_yx.clone(),
-            sent: 0,
-            read: 0,
-        };
-        let y = Side {
-            tx: StreamProducer::attach(yx).unwrap(),
-            rx: StreamConsumer::attach(xy).unwrap(),
-            me: cell(1),
-            peer: cell(0),
-            out: w_yx,
-            inq: w_xy,
-            sent: 0,
-            read: 0,
-        };
+        let (x, y) = pair();
         let ty = thread::spawn(move || y.run(&[9], &[8, 7], 3, discard));
         let got_x = x.run(&[1, 2], &[3], 3, discard);
         let got_y = ty.join().unwrap();

@@ -10,32 +10,17 @@
 //! order. A control model that never rings the leave's doorbell strands the sleeper.
 //! Run: RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom \
 //!      cargo test -p memloop-ring --release --test loom_leave_wake
-use loom::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use loom::sync::{Arc, Mutex};
-use loom::thread;
-use memloop_ring::leave::{doorbells_to_discard, LeaveCell, Left, LEAVE_CELL_BYTES};
-use memloop_ring::{init_ring, ring_bytes, RingKind, StreamConsumer, StreamProducer};
-use memloop_shm::ShmSlice;
-use std::collections::VecDeque;
+mod loom_pair;
 
-const DB: u8 = 0xdb;
+use loom::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use loom::sync::Arc;
+use loom::thread;
+use loom_pair::{pair, Side, DB};
+use memloop_ring::leave::{doorbells_to_discard, Left};
 
 /// Executions in which the follower slept and the leave's doorbell woke it (the model must
 /// reach that case, not only the ones where the follower saw the request in time).
 static LEAVE_WAKES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-type Wire = Arc<Mutex<VecDeque<u8>>>;
-
-struct Side {
-    tx: StreamProducer,
-    rx: StreamConsumer,
-    me: LeaveCell,
-    peer: LeaveCell,
-    out: Wire,
-    inq: Wire,
-    sent: u64,
-    read: u64,
-}
 
 /// What both sides share besides rings and wires: the channel's switch request, and (model
 /// only) "the initiator's leave has looked at the arms".
@@ -46,11 +31,6 @@ struct Shared {
 }
 
 impl Side {
-    fn doorbell(&mut self) {
-        self.out.lock().unwrap().push_back(DB);
-        self.sent += 1;
-    }
-
     /// The leave: a doorbell only for a peer armed on either ring (`ring` false: the control,
     /// which rings none), then our `Left`.
     fn leave(&mut self, ring: bool) {
@@ -62,15 +42,6 @@ impl Side {
             head: self.rx.position(),
             doorbells: self.sent,
         }));
-    }
-
-    fn await_peer(&self) -> Left {
-        loop {
-            if let Some(p) = self.peer.read().unwrap() {
-                return p;
-            }
-            thread::yield_now();
-        }
     }
 
     /// Discards the peer's unread doorbells, re-sends what it never consumed, then `post`;
@@ -88,18 +59,6 @@ impl Side {
         }
         got = self.pop(n);
         got
-    }
-
-    fn pop(&self, n: usize) -> Vec<u8> {
-        let mut into = Vec::new();
-        while into.len() < n {
-            let b = self.inq.lock().unwrap().pop_front();
-            match b {
-                Some(b) => into.push(b),
-                None => thread::yield_now(),
-            }
-        }
-        into
     }
 
     /// The initiator: writes `pre` to its ring (a doorbell if the peer armed for it), asks
@@ -168,39 +127,10 @@ impl Side {
     }
 }
 
-fn ring() -> ShmSlice {
-    let v = ShmSlice::new_model(ring_bytes(64) as usize);
-    init_ring(&v, RingKind::Stream, 64, 0).unwrap();
-    v
-}
-
 fn model(ring_the_leave: bool) {
     loom::model(move || {
-        let (xy, yx) = (ring(), ring());
-        let cells = ShmSlice::new_model(2 * LEAVE_CELL_BYTES as usize);
-        let cell = |i: u64| LeaveCell::new(&cells, i * LEAVE_CELL_BYTES).unwrap();
-        let (w_xy, w_yx): (Wire, Wire) = Default::default();
+        let (x, y) = pair();
         let s = Shared::default();
-        let x = Side {
-            tx: StreamProducer::attach(xy.clone()).unwrap(),
-            rx: StreamConsumer::attach(yx.clone()).unwrap(),
-            me: cell(0),
-            peer: cell(1),
-            out: w_xy.clone(),
-            inq: w_yx.clone(),
-            sent: 0,
-            read: 0,
-        };
-        let y = Side {
-            tx: StreamProducer::attach(yx).unwrap(),
-            rx: StreamConsumer::attach(xy).unwrap(),
-            me: cell(1),
-            peer: cell(0),
-            out: w_yx,
-            inq: w_xy,
-            sent: 0,
-            read: 0,
-        };
         let sy = s.clone();
         let ty = thread::spawn(move || y.follow(sy));
         let got_x = x.initiate(s, &[1, 2], ring_the_leave);

@@ -201,14 +201,7 @@ case_postgres_late() {
   run_client init 120 pgbench -i -s 1 -h "$ADDR0" -p $PG_PORT -U postgres postgres
   start_server pong "$PY" "$HERE/py/filler.py" --serve "$ADDR0" $FILL_PORT
   wait_listen pong $FILL_PORT 20
-  dom_cmd 1 "$CLI_REGION"
-  "${DOM[@]}" "$PY" "$HERE/py/filler.py" "$ADDR0" $FILL_PORT "$d" >"$d/filler.out" 2>&1 &
-  for ((i = 0; i < 600; i++)); do
-    [ -e "$d/filled" ] && break
-    sleep 0.1
-  done
-  [ -e "$d/filled" ] || fail "the filler never filled the region: $(tail -n 3 "$d/filler.out")"
-  log "filler: $(cat "$d/filler.out")"
+  fill_region $FILL_PORT
   (pgb late -n -c 4 -j 2 -T 12) &
   bpid=$!
   # Release once the 4 backends serve (over the Unix socket: no TCP connection of our own).
@@ -226,13 +219,9 @@ case_postgres_late() {
   psql_c invariants -c "SELECT (SELECT sum(abalance) FROM pgbench_accounts) =
       (SELECT coalesce(sum(delta), 0) FROM pgbench_history)"
   [ "$(cat "$d/invariants.out")" = t ] || fail "balances disagree with the history"
-  if [ -n "$SRV_REGION" ] && [ "$SRV_REGION" = "$CLI_REGION" ]; then
-    late=$("$ML" status --json --region "$SRV_REGION" | jq '.switches.late // 0')
-    [ "$late" -ge 4 ] || fail "$late of pgbench's 4 connections came to their rings late"
-    note "postgres-late: $late late rings (forked backends), 0 failed transactions"
-  else
-    note "postgres-late: 0 failed transactions (no late ring across regions)"
-  fi
+  late=$(late_rings)
+  [ -z "$late" ] || [ "$late" -ge 4 ] || fail "$late of pgbench's 4 connections came to their rings late"
+  note "postgres-late: ${late:-no (across regions)} late rings (forked backends), 0 failed transactions"
   stop_server pong
   stop_server postgres
 }

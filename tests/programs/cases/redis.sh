@@ -211,14 +211,7 @@ wait_commands() {
 case_redis_late() {
   local d=$CASE_DIR i bpid rc=0 late cmds errs
   start_redis
-  dom_cmd 1 "$CLI_REGION"
-  "${DOM[@]}" "$PY" "$HERE/py/filler.py" "$ADDR0" $REDIS_PORT "$d" >"$d/filler.out" 2>&1 &
-  for ((i = 0; i < 600; i++)); do
-    [ -e "$d/filled" ] && break
-    sleep 0.1
-  done
-  [ -e "$d/filled" ] || fail "the filler never filled the region: $(tail -n 3 "$d/filler.out")"
-  log "filler: $(cat "$d/filler.out")"
+  fill_region $REDIS_PORT
   # 8 keep-alive clients, SET then GET: the SET clients connect while the region is full.
   rbench late -n 150000 -c 8 -r 10000 -t set,get &
   bpid=$!
@@ -234,12 +227,8 @@ case_redis_late() {
   errs=$(info_field total_error_replies <"$d/info.out")
   [ "${cmds:-0}" -ge 300000 ] || fail "server processed ${cmds:-?} commands, expected >= 300000"
   [ "${errs:-x}" = 0 ] || fail "server sent ${errs:-?} error replies"
-  if [ -n "$SRV_REGION" ] && [ "$SRV_REGION" = "$CLI_REGION" ]; then
-    late=$("$ML" status --json --region "$SRV_REGION" | jq '.switches.late // 0')
-    [ "$late" -ge 1 ] || fail "no connection came to its ring late (switches.late = $late)"
-    note "redis-late: $late late rings, $cmds commands, 0 errors"
-  else
-    note "redis-late: $cmds commands, 0 errors (no late ring across regions)"
-  fi
+  late=$(late_rings)
+  [ -z "$late" ] || [ "$late" -ge 1 ] || fail "no connection came to its ring late (switches.late = $late)"
+  note "redis-late: ${late:-no (across regions)} late rings, $cmds commands, 0 errors"
   stop_server redis
 }

@@ -7,7 +7,7 @@ use super::*;
 impl EpollSet {
     /// A thread is about to sleep on this set (or on a set or poll containing it): arm every
     /// ring member, re-arm those armed already (a doorbell cleared their flag). Returns the
-    /// ring members whose switch word is not quiet, looked at after arming: a leave rings its
+    /// ring members with a switch to deal with, looked at after arming: a leave rings its
     /// doorbell only for a peer armed when it looks, so a sleeper that armed just after must
     /// see the switch here (`Waiter::block` deals with them).
     pub fn sleep_enter(&self) -> Vec<Arc<Conn>> {
@@ -21,7 +21,8 @@ impl EpollSet {
                 arm(it);
             }
             if let Target::Conn(c) = &it.target {
-                if it.armed && !c.switch_quiet() {
+                // (One shared load while the word is quiet; a connection on TCP never counts.)
+                if it.armed && c.switch_pending() {
                     switching.push(c.clone());
                 }
             }

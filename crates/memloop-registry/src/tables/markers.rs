@@ -264,8 +264,8 @@ mod tests {
     use crate::tables::members::M_FREE;
     use crate::EndpointKey;
 
-    #[test]
-    fn markers_of_an_owner_declared_dead_meanwhile_are_swept() {
+    /// A registry with member `s` that published one decline marker.
+    fn one_marker() -> (Registry, MemberId, ChannelId) {
         let (r, s) = crate::tables::members::test_registry_with_member("s");
         let ep = r.add_endpoint(s, &EndpointKey::Native("x".into())).unwrap();
         let t = ConnTuple {
@@ -273,6 +273,12 @@ mod tests {
             server: "10.0.0.2:2".parse().unwrap(),
         };
         let m = r.mark_declined(s, ep, &t).unwrap();
+        (r, s, m)
+    }
+
+    #[test]
+    fn markers_of_an_owner_declared_dead_meanwhile_are_swept() {
+        let (r, s, m) = one_marker();
         assert_eq!(r.sweep_markers(), 0, "owner is live");
         // reclaimed (slot FREE, generation + 1) before the marker was published
         let slot = r.member_slot(s.idx).unwrap();
@@ -286,13 +292,7 @@ mod tests {
 
     #[test]
     fn a_held_marker_is_freed_by_its_last_holder() {
-        let (r, s) = crate::tables::members::test_registry_with_member("s");
-        let ep = r.add_endpoint(s, &EndpointKey::Native("x".into())).unwrap();
-        let t = ConnTuple {
-            client: "10.0.0.1:1".parse().unwrap(),
-            server: "10.0.0.2:2".parse().unwrap(),
-        };
-        let m = r.mark_declined(s, ep, &t).unwrap();
+        let (r, s, m) = one_marker();
         let h = r.marker_holders(m).unwrap();
         r.hold_marker(&h); // a fork: two holders
         r.hold_marker(&h); // another: three
