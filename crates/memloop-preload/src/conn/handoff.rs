@@ -48,7 +48,7 @@ pub fn hand_off(c: &Arc<Conn>) {
     }
     c.mark_shared();
     w.holders.fetch_add(1, AcqRel);
-    w.handoffs.fetch_add(1, AcqRel);
+    add_one(&w.handoffs, c.ch);
     IN_FLIGHT.lock().push((c.clone(), Instant::now()));
     tracing::debug!(ch = ?c.ch, side = ?c.side, "fd in flight: side held for its receiver");
 }
@@ -63,7 +63,7 @@ pub fn hand_to_next_image(c: &Arc<Conn>) {
         return;
     }
     c.mark_shared();
-    w.handoffs.fetch_add(1, AcqRel);
+    add_one(&w.handoffs, c.ch);
     EXEC_HOLDS.lock().push(c.clone());
     tracing::debug!(ch = ?c.ch, side = ?c.side, "switched connection handed to the next image");
 }
@@ -72,7 +72,7 @@ pub fn hand_to_next_image(c: &Arc<Conn>) {
 pub fn take_back_exec_holds() {
     for c in EXEC_HOLDS.lock().drain(..) {
         if let Some(w) = &c.share.side_words {
-            take_one(&w.handoffs);
+            take_one(&w.handoffs, c.ch);
         }
     }
 }
@@ -115,10 +115,36 @@ pub fn release_after_fork() {
     IN_FLIGHT.release_after_fork();
 }
 
-/// One less of `n` if `n > 0`; whether it took one.
-fn take_one(n: &memloop::registry::ShmU32) -> bool {
-    n.fetch_update(AcqRel, Acquire, |v| v.checked_sub(1))
-        .is_ok()
+/// The in-flight holds word (`SideWords::handoffs`): their count in the low 16 bits, tagged
+/// with the low 16 bits of the channel's generation in the high ones. The slot's words are
+/// zeroed for each new channel, and a take by a process that still knows a former channel of
+/// the slot (its record outlived that channel) finds another tag and takes nothing.
+const COUNT_MASK: u32 = 0xffff;
+
+fn tag_of(ch: ChannelId) -> u32 {
+    ch.gen << 16
+}
+
+/// One more hold in flight for channel `ch`.
+fn add_one(n: &memloop::registry::ShmU32, ch: ChannelId) {
+    let tag = tag_of(ch);
+    let _ = n.fetch_update(AcqRel, Acquire, |v| {
+        let count = if v & !COUNT_MASK == tag {
+            v & COUNT_MASK
+        } else {
+            0
+        };
+        Some(tag | (count + 1).min(COUNT_MASK))
+    });
+}
+
+/// One hold in flight for channel `ch` less, if it has one; whether it took one.
+fn take_one(n: &memloop::registry::ShmU32, ch: ChannelId) -> bool {
+    let tag = tag_of(ch);
+    n.fetch_update(AcqRel, Acquire, |v| {
+        (v & !COUNT_MASK == tag && v & COUNT_MASK > 0).then(|| v - 1)
+    })
+    .is_ok()
 }
 
 impl Conn {
@@ -129,13 +155,9 @@ impl Conn {
         };
         // Claimed elsewhere and closed since, the channel may be freed and its slot reused:
         // its words are another connection's then (a take here pinned that connection and
-        // took one of its holders). (A slot freed between this look and the take below, ten
-        // seconds after the send, is not excluded: see the design doc.)
-        let ours = self.engine.registry().channel_state(self.ch);
-        if !matches!(ours, Ok(ChannelState::Accepted)) {
-            return;
-        }
-        if !take_one(&w.handoffs) {
+        // took one of its holders). The tagged take fails there; once it succeeded, our own
+        // holder count keeps the side (and the slot) ours.
+        if !take_one(&w.handoffs, self.ch) {
             return; // claimed
         }
         // Nobody preloaded took it: a program we cannot see may hold the socket now.
@@ -246,14 +268,14 @@ fn adopt(fd: c_int, how: SwitchReason) {
         // Sent to ourselves (or back to us): one more fd for a connection we hold already.
         if c.kfd() >= 0 {
             table::duplicate(c.kfd(), fd);
-            if take_one(&w.handoffs) {
+            if take_one(&w.handoffs, ch) {
                 w.holders.fetch_sub(1, AcqRel); // ours is still held by `c`
                 claimed_here(&c);
             }
         }
         return;
     }
-    if !take_one(&w.handoffs) {
+    if !take_one(&w.handoffs, ch) {
         return; // no fd of this side in flight: not ours to take
     }
     if let Err(e) = reg.transfer_side(ch, side, owner, engine.me()) {
@@ -351,5 +373,32 @@ impl Conn {
         self.mark_shared();
         self.on_tcp_counted_by_kernel(how);
         self.switching.auto_promote.store(true, Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_take_for_a_former_channel_of_the_slot_takes_nothing() {
+        let mem = memloop_shm::ShmSlice::new_heap(8);
+        let n = mem.u32_at(0).unwrap();
+        let (old, new) = (ChannelId { idx: 3, gen: 5 }, ChannelId { idx: 3, gen: 6 });
+        add_one(&n, old);
+        assert!(take_one(&n, old));
+        assert!(!take_one(&n, old), "none left");
+        n.store(0, Relaxed); // the slot's words, zeroed for its next channel
+        add_one(&n, new);
+        assert!(
+            !take_one(&n, old),
+            "the former channel's record took the new one's hold"
+        );
+        assert!(take_one(&n, new));
+        // A word left by a former channel does not count for the new one.
+        add_one(&n, old);
+        add_one(&n, new);
+        assert!(take_one(&n, new));
+        assert!(!take_one(&n, new));
     }
 }
