@@ -7,6 +7,11 @@
   fork_exec_inherit   fork, then execv in the child (inetd style); the parent closes its copy;
   spawn_inherit       subprocess.Popen(pass_fds=...) (vfork/posix_spawn); the parent closes;
   fork_shared_nonblock  O_NONBLOCK set by a forked child is seen by the parent (one open file).
+  fork_amid_epolls    the client forks 1000 times while two other threads create and close
+                      epoll sets without pause and a third streams on its ring connection;
+                      each child closes the inherited epoll fd and connection and exits: none
+                      may hang (a child that inherits a lock a parent thread held at the fork
+                      spins for good);
 The server role prints OK only once the process that served the connection succeeded.
 With --extra one_cpu the forking server pins itself to one CPU first, so after fork the parent
 runs on (and closes its copy) before the child has run at all."""
@@ -230,7 +235,61 @@ def commands(conn, args):
     command_server(conn)
 
 
+# ---- fork_amid_epolls ---------------------------------------------------------------------------------
+
+def epoll_churn(stop):
+    import select
+    while not stop.is_set():
+        select.epoll().close()
+
+
+def stream_out(sock, stop):
+    chunk = b"x" * 65536
+    while not stop.is_set():
+        sock.sendall(chunk)
+
+
+def fork_amid_epolls_client(args):
+    import select
+    import threading
+    s = dial(args)  # under the preload: the process joins its region, epoll sets are tracked
+    inherited = select.epoll()
+    stop = threading.Event()
+    busy = [threading.Thread(target=epoll_churn, args=(stop,)) for _ in range(2)]
+    busy.append(threading.Thread(target=stream_out, args=(s, stop)))
+    for t in busy:
+        t.start()
+    try:
+        for i in range(1000):
+            pid = os.fork()
+            if pid == 0:
+                # As a subprocess child does before its exec: close what it inherited.
+                inherited.close()
+                os.close(s.fileno())
+                os._exit(0)
+            deadline = time.monotonic() + 10
+            while os.waitpid(pid, os.WNOHANG) == (0, 0):
+                if time.monotonic() > deadline:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    raise Fail(f"fork {i}: the child hung closing what it inherited")
+                time.sleep(0.001)
+    finally:
+        stop.set()
+        for t in busy:
+            t.join()
+    s.shutdown(socket.SHUT_WR)
+    s.close()
+
+
+def sink(conn, args):
+    while conn.recv(1 << 20):
+        pass
+    conn.close()
+
+
 CASES = {
+    "fork_amid_epolls": (serve_one(sink), fork_amid_epolls_client),
     "fork_shared_nonblock": (serve_one(commands), shared_nonblock_client),
     "fork_child_serves": (fork_serve_server, fork_serve_client),
     "fork_both_write": (both_server, both_client),

@@ -654,16 +654,19 @@ pub fn fork_prepare() {
     table::lock_for_fork(|c| {
         c.prepare_fork();
         c.hold_bell_for_fork();
+        c.hold_fds_for_fork();
     });
     crate::epoll::hold_for_fork(table::epoll_sets());
+    table::hold_epoll_list_for_fork();
 }
 
 /// The connections whose doorbell locks `fork_prepare` holds (the table's change lock is
 /// still held, so the set is the one prepared).
 fn release_bells() {
-    table::conns()
-        .iter()
-        .for_each(|c| c.release_bell_after_fork());
+    table::conns().iter().for_each(|c| {
+        c.release_bell_after_fork();
+        c.release_fds_after_fork();
+    });
 }
 
 pub fn fork_parent() {
@@ -689,8 +692,8 @@ pub fn fork_child() {
     crate::late::after_fork_in_child();
     crate::conn::handoff::forget_in_child();
     table::conns().iter().for_each(|c| {
+        c.free_locks_in_child(); // first: forgetting the grab takes one of them
         c.forget_grab_in_child();
-        c.free_switching_in_child();
     });
     crate::plain::forget_resends_in_child();
     engine::reset_in_child();

@@ -84,7 +84,8 @@ impl<T> ForkMutex<T> {
 
     /// In a fork child, for a lock the fork's caller never holds at a fork: whoever holds it
     /// is a thread of the parent, which the child does not have, so nobody would release it.
-    /// (Only for a lock whose holders keep nothing half-done in the value: `()` locks.)
+    /// (Only for a lock whose holders keep nothing half-done in the value that the child
+    /// could trip on: `()` locks, single words, state reloaded before use.)
     pub fn free_in_child(&self) {
         self.locked.store(false, Ordering::Release);
     }

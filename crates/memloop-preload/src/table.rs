@@ -211,6 +211,16 @@ pub fn without_fork<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// atfork prepare, once the epoll sets are held: the list of epoll fds too. It is read
+/// without the change lock (`epoll_sets`, `epoll_fds_of`), so a parent thread may hold it at
+/// the fork, and a child that inherited it held would spin for good at its first close of an
+/// epoll fd (Python's `subprocess` child closes the inherited fds before its exec). Writers
+/// take it under the change lock, which is held already: the same order.
+pub fn hold_epoll_list_for_fork() {
+    EPOLLS.acquire_for_fork(|_| {});
+}
+
 pub fn release_after_fork() {
+    EPOLLS.release_after_fork();
     CHANGES.release_after_fork();
 }

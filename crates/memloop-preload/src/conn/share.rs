@@ -67,13 +67,37 @@ impl Conn {
         self.switching.taken_from.lock().take();
     }
 
-    /// In a fork child: a switch a parent thread was making at the fork holds this
-    /// connection's switching lock, and that thread is not here to let it go (a close, which
-    /// takes the lock, and any switch step would wait for good). The switch's shared steps
-    /// are made for a side held by two processes: the child takes them up from where its copy
-    /// stands.
-    pub fn free_switching_in_child(&self) {
+    /// In a fork child: locks of this connection that a parent thread held at the fork —
+    /// a thread that is not in the child, so nobody would let them go, and the child's first
+    /// call (or its close before an exec) would wait for good. Each is free to take:
+    /// - the switching lock: a switch's shared steps are made for a side held by two
+    ///   processes, and the child takes them up from where its copy stands;
+    /// - the ring ends: the child holds a shared end, whose every operation reloads the
+    ///   indices from shared memory under the cross-process side lock (which the parent
+    ///   thread, still running in the parent, lets go);
+    /// - the resolve, send and read gates: the state they order is in shared memory and the
+    ///   kernel, looked at again by the next holder;
+    /// - the fallback record and the grab's owner: single-word values.
+    ///
+    /// (The fd list is held across the fork instead: a `Vec` may be half-grown.)
+    pub fn free_locks_in_child(&self) {
         self.switching.lock.free_in_child();
+        self.switching.taken_from.free_in_child();
+        self.rings.prod.free_in_child();
+        self.rings.cons.free_in_child();
+        self.decision.resolving.free_in_child();
+        self.decision.plain.free_in_child();
+        self.tcp.gate.free_in_child();
+        self.tcp.read_gate.free_in_child();
+    }
+
+    /// About to fork (the table's change lock held): the fd list, held across the fork.
+    pub fn hold_fds_for_fork(&self) {
+        self.fds.acquire_for_fork(|_| {});
+    }
+
+    pub fn release_fds_after_fork(&self) {
+        self.fds.release_after_fork();
     }
 
     /// Shared since a fork — unless every other holder has closed its copy since: then this
