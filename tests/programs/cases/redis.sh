@@ -209,7 +209,7 @@ wait_commands() {
 }
 
 case_redis_late() {
-  local d=$CASE_DIR i bpid rc=0 late cmds errs
+  local d=$CASE_DIR bpid rc=0 late cmds errs
   start_redis
   fill_region $REDIS_PORT
   # 8 keep-alive clients, SET then GET: the SET clients connect while the region is full.

@@ -19,8 +19,9 @@
 //! from before the fallback) move into our epoll sets at the conversion, so an event loop
 //! keeps watching it; a thread asleep in `epoll_wait` meanwhile is armed and kicked like for
 //! any item added under a sleeper. Anything that could use the socket where we cannot
-//! follow — fork, dup, `SCM_RIGHTS`, a one-shot or exclusive epoll interest, shutdown,
-//! urgent data, splice, exec — disarms it for good ([`taint`]). A peer that is not a member
+//! follow — dup, `SCM_RIGHTS`, a one-shot or exclusive epoll interest, shutdown, urgent data,
+//! splice, exec, a fork the child is not counted for — disarms it for good ([`taint`]); a
+//! server's fork child that is counted follows it (`marker.rs`). A peer that is not a member
 //! never gets here: its connection has no `Late` at all. Nor may a socket another process
 //! took with `pidfd_getfd` (a dup we are not told of): that process pins the server's marker
 //! ([`taken_elsewhere`]), and neither side offers or takes a late ring for it any more.
