@@ -180,12 +180,13 @@ impl Conn {
             self.switching.auto_promote.store(false, Release);
             return;
         }
-        if real::queued(self.kfd()) != Some(0) {
+        if real::queued(self.kfd()) != Some(0) && !self.reading_since_last_look() {
             // Unread bytes: a program that holds the connection without reading it (a
             // dispatcher passing it on) would leave the promotion half-way (our reads on TCP
             // up to the peer's stop), where a handoff must carry those bytes through the
             // ring — and fails (EBUSY) when they do not fit. Not worth it for a promotion
-            // nobody asked for: asked once it reads.
+            // nobody asked for: asked once it reads (a busy reader may never find its
+            // socket empty at a heartbeat, so reading since the last look is enough).
             return;
         }
         self.switching.auto_promote.store(false, Release);
@@ -195,6 +196,14 @@ impl Conn {
                 self.tell_peer();
             }
         }
+    }
+
+    /// Whether this process received on the connection since the sweep last found unread
+    /// bytes on it.
+    fn reading_since_last_look(&self) -> bool {
+        let now = self.tcp.received.load(Acquire);
+        let before = self.switching.auto_promote_seen.swap(now, AcqRel);
+        before != u64::MAX && before != now
     }
 
     /// The TCP phase of an adopted connection, from the kernel's positions (under both TCP

@@ -31,7 +31,7 @@ use libc::c_int;
 use memloop::channel;
 use memloop::registry::{Side, SideWords, SwitchReason};
 use memloop_ring::leave::{begin_carry, doorbells_to_discard, CarryStep, LeaveCell, Left};
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,6 +63,8 @@ pub(super) struct Switching {
     pub(super) handled: AtomicBool,
     /// Adopted from another process on TCP: ask for a promotion once we hold it alone.
     pub(super) auto_promote: AtomicBool,
+    /// Bytes received on TCP when the sweep last found unread bytes (`u64::MAX`: never).
+    pub(super) auto_promote_seen: AtomicU64,
     /// A demote asked while coming back to the ring (`Joining`) could not carry the tail (no
     /// room, or the side is shared): it waits for the program to read it, and nothing but
     /// our own demote tries to carry again until the next promotion's stop.
@@ -82,6 +84,7 @@ impl Switching {
             peer,
             handled: AtomicBool::new(false),
             auto_promote: AtomicBool::new(false),
+            auto_promote_seen: AtomicU64::new(u64::MAX),
             carry_refused: AtomicBool::new(false),
             grabbed: AtomicBool::new(false),
             taken_from: ForkMutex::new(None),
