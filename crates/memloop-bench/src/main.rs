@@ -3,7 +3,8 @@
 //! indicatif. The peers it starts are this binary again (hidden commands below), including
 //! `domains exec` and `run`, shared with `memloop` through its library: the benchmark works
 //! without the `memloop` binary.
-// Unsafe code only in `bench::switch::fdpass` (libc's sendmsg with SCM_RIGHTS), which allows it.
+// Unsafe code only in `bench::switch::fdpass` (libc's sendmsg with SCM_RIGHTS) and
+// `bench::process::forking` (libc's fork, exit, waitpid), which allow it.
 #![deny(unsafe_code)]
 
 mod bench;
@@ -41,6 +42,9 @@ enum Cmd {
     /// An end of `switch`.
     #[command(hide = true)]
     SwitchPeer(bench::switch::peer::PeerArgs),
+    /// A process of `process` (fork loops, echo servers, short connections).
+    #[command(hide = true)]
+    ProcPeer(bench::process::peer::PeerArgs),
     /// `memloop domains`, for the peers' domains.
     #[command(hide = true, subcommand)]
     Domains(domains::DomainsCmd),
@@ -59,6 +63,7 @@ fn main() -> ExitCode {
         Cmd::Peer(a) => peer::run(&a),
         Cmd::TcpPeer(a) => bench::tcp::peer::run(&a),
         Cmd::SwitchPeer(a) => bench::switch::peer::run(&a),
+        Cmd::ProcPeer(a) => bench::process::peer::run(&a),
         Cmd::Domains(c) => domains::run(c),
         Cmd::Run(a) => run::run(&a),
         Cmd::Region(c) => region_cmd::run(c),

@@ -75,15 +75,29 @@ fn prepare(a: &RunArgs) -> CliResult<RunEnv> {
         Region::open_or_create(&spec, &CreateRegion::default())
             .context(format!("opening region {}", spec.path().display()))?
     };
-    let region = region_env_value(region.spec())?;
-    let ld_preload = prepend_preload(&lib, std::env::var_os("LD_PRELOAD").as_deref())?;
+    let (region, ld_preload) = preload_env(
+        &lib,
+        region.spec(),
+        std::env::var_os("LD_PRELOAD").as_deref(),
+    )?;
     Ok(RunEnv { region, ld_preload })
+}
+
+/// The values of `MEMLOOP_REGION` and `LD_PRELOAD` that run a program with library `lib` (from
+/// [`find_library`]) in region `spec`: what `memloop run` sets. `existing` is the `LD_PRELOAD`
+/// to keep after the library (`None` for the library alone).
+pub fn preload_env(
+    lib: &Path,
+    spec: &RegionSpec,
+    existing: Option<&std::ffi::OsStr>,
+) -> CliResult<(OsString, OsString)> {
+    Ok((region_env_value(spec)?, prepend_preload(lib, existing)?))
 }
 
 /// `$MEMLOOP_PRELOAD_LIB` (which must exist), else the library next to this executable, else
 /// in `../lib/` or `../lib/memloop/` from it (installed layouts). Always an absolute, canonical
 /// path.
-fn find_library() -> CliResult<PathBuf> {
+pub fn find_library() -> CliResult<PathBuf> {
     if let Some(p) = std::env::var_os(PRELOAD_LIB_ENV).filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         return p.canonicalize().map_err(|e| {

@@ -227,11 +227,18 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
         if let Some(ch) = reg.find_offer_by_tuple(ep, &tuple) {
             break Some(ch);
         }
+        // A member client announces its connect on the endpoint before the real connect and
+        // withdraws only once its offer is out: nobody announced and no offer means the peer
+        // is no member (or its offer came in between: the late offer below takes it). So a
+        // non-member's connection does not wait; only when the word cannot be read does the
+        // short wait stand in for it. While some client is announced, wait for its offer (it
+        // may just be descheduled), up to the long bound.
         let waited = start.elapsed();
-        // Past the short wait, keep waiting only while some client announced a connect that
-        // has not produced its offer yet (it may just be descheduled), up to the long bound.
-        let announced = connecting.as_ref().is_some_and(|w| w.load(SeqCst) > 0);
-        if waited >= engine.cfg.server_wait && (!announced || waited >= wait_max) {
+        let announced = match &connecting {
+            Some(w) => w.load(SeqCst) > 0,
+            None => waited < engine.cfg.server_wait,
+        };
+        if !announced || waited >= wait_max {
             break None;
         }
         std::thread::yield_now();

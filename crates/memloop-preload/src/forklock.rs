@@ -3,9 +3,41 @@
 //! vanished thread was holding. `std::sync::Mutex` cannot be released without its guard.
 #![allow(unsafe_code)]
 
+use memloop_shm::forkgate::{ForkGate, ForkPlan};
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Open once any of our locks has been taken in this process: until then the fork handlers
+/// have nothing to release or reset, and skip (`memloop_shm::forkgate`).
+static GATE: ForkGate = ForkGate::new();
+
+/// A fork's prepare: whether its handlers run ([`ForkPlan::Full`]) or are skipped. Its parent
+/// and child handlers tell which from [`active`] (it cannot change in between).
+pub fn fork_plan() -> ForkPlan {
+    // (The real getpid: the cached one is forgotten only by handlers that may be skipped.)
+    // SAFETY: getpid has no preconditions.
+    GATE.prepare(unsafe { libc::getpid() } as u32)
+}
+
+/// The parent handler of a skipped fork.
+pub fn end_skipped_fork() {
+    GATE.end_skip();
+}
+
+/// Whether this process ever took one of our locks (else the fork and exit handlers have
+/// nothing to do).
+pub fn active() -> bool {
+    GATE.is_active()
+}
+
+#[inline]
+fn open_gate() {
+    if !GATE.is_active() {
+        // SAFETY: getpid has no preconditions.
+        GATE.activate(unsafe { libc::getpid() } as u32);
+    }
+}
 
 pub struct ForkMutex<T> {
     locked: AtomicBool,
@@ -35,6 +67,7 @@ impl<T> ForkMutex<T> {
     }
 
     fn acquire(&self) {
+        open_gate();
         let mut spins = 0u32;
         while self
             .locked
@@ -52,6 +85,7 @@ impl<T> ForkMutex<T> {
 
     /// The lock if it is free now.
     pub fn try_lock(&self) -> Option<ForkGuard<'_, T>> {
+        open_gate();
         // (`then`, not `then_some`: a guard built and dropped on failure would unlock the
         // holder's lock.)
         self.locked
@@ -72,6 +106,7 @@ impl<T> ForkMutex<T> {
 
     /// Like [`Self::acquire_for_fork`] without waiting: false if another thread holds it.
     pub fn try_acquire_for_fork(&self) -> bool {
+        open_gate();
         let taken = self
             .locked
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)

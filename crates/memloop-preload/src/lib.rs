@@ -54,6 +54,7 @@ fn init_logging() {
         .with_filter(tracing_subscriber::filter::filter_fn(|_| {
             LOGGING.load(std::sync::atomic::Ordering::Relaxed)
         }));
+    LOGGING.store(true, std::sync::atomic::Ordering::Relaxed);
     // Fails only if the program installed its own global subscriber, which then gets our
     // events: nothing is lost.
     let _ = tracing_subscriber::registry()
@@ -62,13 +63,16 @@ fn init_logging() {
         .try_init();
 }
 
-/// Cleared by [`logging_off`].
-static LOGGING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+/// Set once our log layer is installed, cleared by [`logging_off`].
+static LOGGING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// No more log lines: at `exit` the exiting thread's thread-locals (which the line formatter
 /// uses) are already destroyed.
 fn logging_off() {
-    LOGGING.store(false, std::sync::atomic::Ordering::Relaxed);
+    // (A write only when needed: an exiting fork child spares a copy-on-write fault.)
+    if LOGGING.load(std::sync::atomic::Ordering::Relaxed) {
+        LOGGING.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Log lines go straight to fd 2 (or appended to `MEMLOOP_LOG_FILE`), one `write` each:

@@ -484,7 +484,10 @@ pub fn getpid() -> u32 {
 }
 
 pub fn forget_pid() {
-    PID.store(0, Ordering::Relaxed);
+    // (Read first: a write the child can spare spares it a copy-on-write fault.)
+    if PID.load(Ordering::Relaxed) != 0 {
+        PID.store(0, Ordering::Relaxed);
+    }
 }
 
 /// A blocking `MSG_PEEK` receive: sleeps until a doorbell, FIN or signal. The kernel applies

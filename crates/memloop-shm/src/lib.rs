@@ -8,11 +8,13 @@
 //!   touching memory outside the region;
 //! - [`futex`]: wait/wake on a 32-bit word in shared memory (same kernel only: an optimisation);
 //! - [`sched`]: scheduler hints for waiters (our CPU, runnable threads vs CPUs);
+//! - [`forkgate`]: lets a process with no state skip its fork handlers;
 //! - [`sync`]: the atomics facade that swaps std for loom under `cfg(loom)`.
 //!
 //! Under `cfg(loom)` the mapping is replaced by a heap model ([`ShmSlice::new_model`]) so that
 //! the algorithms built on it can be model-checked.
 
+pub mod forkgate;
 pub mod futex;
 #[cfg(not(loom))]
 mod mapping;

@@ -3,6 +3,7 @@
 mod baselines;
 mod native;
 mod pingpong;
+pub mod process;
 pub mod proto;
 mod remote;
 mod report;
@@ -33,6 +34,9 @@ pub enum BenchCmd {
     /// What a live demote (ring → TCP) costs: this side, the peer, the stream's stall, in
     /// round trips of the slower path; busy and idle connections, loopback and two domains.
     Switch(switch::SwitchArgs),
+    /// What the preload library costs on fork, exit, short connections and fresh processes:
+    /// each figure with and without the library, interleaved rounds, medians.
+    Process(process::ProcessArgs),
     /// The residency study on every path: report.md, results.json and one SVG per experiment.
     Study(study::StudyArgs),
     /// The server end of one measurement, started by hand (e.g. in another VM).
@@ -75,6 +79,7 @@ pub fn run(cmd: BenchCmd) -> CliResult<()> {
         BenchCmd::Native(a) => run_native(&a),
         BenchCmd::Tcp(a) => tcp::run(&a),
         BenchCmd::Switch(a) => switch::run(&a),
+        BenchCmd::Process(a) => process::run(&a),
         BenchCmd::Study(a) => study::run(&a),
         BenchCmd::Serve(a) => remote::serve(&a),
         BenchCmd::Probe(a) => remote::probe(&a),

@@ -2,8 +2,10 @@
 //! library's `syscall`, and the library's start-up (constructor and fork handlers).
 
 use super::{contain, fail, hook, track};
+use crate::forklock;
 use crate::{dispatch, real, table};
 use libc::{c_int, c_uint};
+use memloop_shm::forkgate::ForkPlan;
 use std::ffi::CStr;
 
 /// `close_range` and `closefrom` close many fds at once: ours among them get the bookkeeping
@@ -276,19 +278,33 @@ hook! {
 // Called by the C library, so a panic must not unwind out of them either; there is no error
 // to return, so it is logged and the handler ends.
 
+// A process that never took one of our locks skips them (`forklock::fork_plan`): each page
+// they touch after the fork costs a copy-on-write or first-touch fault.
 extern "C" fn at_fork_prepare() {
-    track("fork prepare", dispatch::fork_prepare);
+    if forklock::fork_plan() == ForkPlan::Full {
+        track("fork prepare", dispatch::fork_prepare);
+    }
 }
 extern "C" fn at_fork_parent() {
-    track("fork parent", dispatch::fork_parent);
+    if forklock::active() {
+        track("fork parent", dispatch::fork_parent);
+    } else {
+        forklock::end_skipped_fork();
+    }
 }
 extern "C" fn at_fork_child() {
-    track("fork child", dispatch::fork_child);
+    if forklock::active() {
+        track("fork child", dispatch::fork_child);
+    } else {
+        crate::real::forget_pid();
+    }
 }
 
 extern "C" fn at_exit() {
     crate::logging_off();
-    track("exit", crate::late::at_exit);
+    if forklock::active() {
+        track("exit", crate::late::at_exit);
+    }
 }
 
 extern "C" fn on_load() {

@@ -663,7 +663,12 @@ impl Registry {
         if is_marker(w) {
             self.markers_gone(1);
         }
-        let segs = self.release_segments(id);
+        // (A marker never has ring memory: no scan of the heap's tags for it.)
+        let segs = if is_marker(w) {
+            0
+        } else {
+            self.release_segments(id)
+        };
         tracing::trace!(?id, segs, "channel freed");
         Ok(true)
     }
