@@ -72,8 +72,12 @@ const H_CONNS_OFF: u64 = H_CONNS + 8;
 pub(crate) const H_MARKERS: u64 = H_CONNS + 16;
 /// The region's [`RegionState`] (0 in regions made before it existed: open).
 const H_STATE: u64 = H_MARKERS + 8;
-const _: () = assert!(H_STATE + 8 <= HEADER_BYTES);
-const _: () = assert!(H_STATE + 8 <= H_COUNTERS2);
+/// Offers currently OFFERED, to any endpoint: lets a server skip its offer scans when there
+/// are none (the Dekker argument of `H_MARKERS`, the other way round). Zero in regions made
+/// before it: a server there misses offers of clients built before it (they fall back).
+pub(crate) const H_OFFERS: u64 = H_STATE + 8;
+const _: () = assert!(H_OFFERS + 8 <= HEADER_BYTES);
+const _: () = assert!(H_OFFERS + 8 <= H_COUNTERS2);
 const _: () = assert!(cfg!(loom) || H_COUNTERS2 + 8 * COUNTER_BLOCK as u64 <= HEADER_BYTES);
 /// Kick lanes: a futex word per lane, bumped to wake a member's heartbeat early (zero and
 /// unused in regions made before them: a member there only beats on its period).

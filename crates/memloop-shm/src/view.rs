@@ -368,11 +368,19 @@ impl ShmSlice {
     /// A sub-view `[off, off+len)`; fails if it does not fit. Sub-views keep 8-byte alignment
     /// only if `off` is a multiple of 8, which atomics accessors re-check relative to the view.
     pub fn slice(&self, off: u64, len: u64) -> Result<ShmSlice, OutOfBounds> {
+        self.check_slice(off, len)?;
+        self.with_range(off, len)
+    }
+
+    /// What [`ShmSlice::slice`] checks, without making the view (a view holds a reference
+    /// count on the mapping: taking one per slot would cost a table scan more than its reads).
+    #[inline]
+    pub fn check_slice(&self, off: u64, len: u64) -> Result<(), OutOfBounds> {
         self.check(off, len)?;
         if off % 8 != 0 {
             return Err(OutOfBounds::Misaligned { off, align: 8 });
         }
-        self.with_range(off, len)
+        Ok(())
     }
 
     pub fn is_empty(&self) -> bool {

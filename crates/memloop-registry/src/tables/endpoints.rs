@@ -359,7 +359,10 @@ impl Registry {
     }
 
     /// Adjusts the backlog of the endpoint packed in `ep` if it is still that incarnation.
+    /// Every move into or out of OFFERED comes through here, which keeps the region's count
+    /// of offers too (whatever became of the endpoint).
     pub(crate) fn backlog_add(&self, ep: u64, up: bool) {
+        self.offers_add(up);
         let Some((idx, gen)) = unpack_id(ep, self.ep_cap()) else {
             return;
         };

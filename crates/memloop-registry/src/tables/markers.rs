@@ -134,11 +134,39 @@ impl Registry {
         }
     }
 
+    fn offers_word(&self) -> Result<memloop_shm::ShmU64, RegistryError> {
+        Ok(self.view.u64_at(crate::header::H_OFFERS)?)
+    }
+
+    /// One more offer, before its CAS to OFFERED (`up`), or one less, after its CAS out of it
+    /// (saturating: a count that stays too high only costs scans).
+    pub(crate) fn offers_add(&self, up: bool) {
+        if let Ok(w) = self.offers_word() {
+            let _ = w.fetch_update(SeqCst, Relaxed, |v| {
+                Some(if up {
+                    v.saturating_add(1)
+                } else {
+                    v.saturating_sub(1)
+                })
+            });
+        }
+    }
+
+    /// No offer is OFFERED anywhere in the region (read after the caller's SeqCst fence: an
+    /// offer counted after this read is published after it, and its client's marker scan,
+    /// after its CAS, sees the marker the caller published before).
+    pub(crate) fn no_offers(&self) -> bool {
+        self.offers_word().is_ok_and(|w| w.load(SeqCst) == 0)
+    }
+
     /// Offers (OFFERED, not yet accepted) from `client`. The server uses it after publishing a
     /// marker to find a late offer for its exact tuple, and to decline offers whose server half
     /// differs from the address it accepted on (NAT or port mapping).
     pub fn offers_from_client(&self, client: SocketAddr) -> Vec<(ChannelId, ConnTuple)> {
         fence(SeqCst); // Dekker: our marker's CAS before, the offers' words after
+        if self.no_offers() {
+            return Vec::new();
+        }
         let mut offers = self.scan_tuples(client, |w| !is_marker(w) && c_phase(w) == C_OFFERED);
         // A late-ring offer is for a connection that exists already, not a new one.
         offers.retain(|(id, _)| {

@@ -93,7 +93,7 @@ impl<'a> Slot<'a> {
         }
         let base = t.off + idx as u64 * t.slot_bytes;
         // The whole slot must lie in the region: checked here, once.
-        region.slice(base, t.slot_bytes)?;
+        region.check_slice(base, t.slot_bytes)?;
         Ok(Slot {
             region,
             base,

@@ -789,6 +789,9 @@ impl Registry {
         tuple: &ConnTuple,
     ) -> Option<ChannelId> {
         fence(SeqCst);
+        if self.no_offers() {
+            return None;
+        }
         let want = encode_tuple(tuple);
         self.offers_to(server_ep)
             .into_iter()
