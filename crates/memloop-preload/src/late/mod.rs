@@ -131,7 +131,13 @@ impl Late {
             forgotten: AtomicBool::new(false),
             unlisted: AtomicBool::new(false),
         });
-        ARMED.lock().push(Arc::downgrade(&l));
+        let mut armed = ARMED.lock();
+        // Pruned here too, not only by the heartbeat: a forking server accepts thousands of
+        // connections between two beats, and every entry left would cost each fork child a
+        // copy-on-write fault (its weak count is written when the child forgets the list).
+        prune(&mut armed);
+        armed.push(Arc::downgrade(&l));
+        drop(armed);
         l
     }
 
@@ -625,7 +631,7 @@ fn decline_signalled(l: &Late) {
 pub fn tick() {
     let armed: Vec<Arc<Late>> = {
         let mut v = ARMED.lock();
-        v.retain(|w| w.upgrade().is_some_and(|l| l.state.load(Acquire) < DONE));
+        prune(&mut v);
         v.iter().filter_map(Weak::upgrade).collect()
     };
     for l in armed {
@@ -798,6 +804,11 @@ fn late_of(e: &Entry) -> Option<Arc<Late>> {
 
 /// The connections armed in this process (the work list: a fork or an exec looks at these,
 /// not at every fd).
+/// Drops the entries of connections gone or no longer armed.
+fn prune(armed: &mut Vec<Weak<Late>>) {
+    armed.retain(|w| w.upgrade().is_some_and(|l| l.state.load(Acquire) < DONE));
+}
+
 fn armed() -> Vec<Arc<Late>> {
     ARMED.lock().iter().filter_map(Weak::upgrade).collect()
 }

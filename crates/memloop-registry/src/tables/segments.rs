@@ -21,8 +21,9 @@ use crate::Registry;
 use memloop_shm::sync::Ordering::{Relaxed, SeqCst};
 
 impl Registry {
-    fn tag_word(&self, seg: u64) -> Result<memloop_shm::ShmU64, RegistryError> {
-        Ok(self.view.u64_at(self.layout.tags_off + 8 * seg)?)
+    /// Borrowed, not a view of its own: allocation and the orphan sweep visit every tag.
+    fn tag_word(&self, seg: u64) -> Result<&memloop_shm::sync::AtomicU64, RegistryError> {
+        Ok(self.view.atomic_u64(self.layout.tags_off + 8 * seg)?)
     }
 
     fn tag(&self, seg: u64) -> u64 {
