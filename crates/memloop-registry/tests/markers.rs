@@ -218,3 +218,29 @@ fn offer_vs_marker_race_always_agrees() {
     }
     assert_eq!(ring + tcp, 400);
 }
+
+#[test]
+fn the_offers_count_follows_every_move_in_and_out_of_offered() {
+    let r = fresh(MIB);
+    let (c, s, ep) = pair(&r);
+    let t = |port: u16| tuple(&format!("10.0.0.1:{port}"), "10.0.0.2:80");
+    assert_eq!(r.offers_outstanding(), 0);
+    let a = r.offer(c, ep, CAP, Some(t(1))).unwrap();
+    let b = r.offer(c, ep, CAP, Some(t(2))).unwrap();
+    let d = r.offer(c, ep, CAP, Some(t(3))).unwrap();
+    assert_eq!(r.offers_outstanding(), 3);
+    assert_eq!(r.find_offer_by_tuple(ep, &t(1)), Some(a));
+    r.accept(a, s).unwrap();
+    r.decline(b).unwrap();
+    r.cancel(d, c).unwrap();
+    assert_eq!(r.offers_outstanding(), 0);
+    // With none out, both of the server's scans end at once — and find nothing.
+    assert_eq!(r.find_offer_by_tuple(ep, &t(2)), None);
+    assert!(r.offers_from_client(t(2).client).is_empty());
+    // An offer freed by the reclaim of its dead client is uncounted too.
+    let e = r.offer(c, ep, CAP, Some(t(4))).unwrap();
+    assert_eq!(r.offers_outstanding(), 1);
+    r.reclaim(c, s).unwrap();
+    assert!(r.channel(e).is_err() || r.channel_state(e).unwrap() != ChannelState::Offered);
+    assert_eq!(r.offers_outstanding(), 0);
+}

@@ -189,13 +189,18 @@ impl Conn {
             // socket empty at a heartbeat, so reading since the last look is enough).
             return;
         }
-        self.switching.auto_promote.store(false, Release);
-        if let Some(w) = &self.share.side_words {
-            if w.switch.request_promote() {
-                tracing::debug!(ch = ?self.ch, "adopted connection: promotion asked");
-                self.tell_peer();
-            }
+        let Some(w) = &self.share.side_words else {
+            return;
+        };
+        if w.switch.request_promote() {
+            self.switching.auto_promote.store(false, Release);
+            tracing::debug!(ch = ?self.ch, "adopted connection: promotion asked");
+            self.tell_peer();
+        } else if w.switch.promote_requested() {
+            self.switching.auto_promote.store(false, Release); // someone asked already
         }
+        // Otherwise the peer's side is not on TCP yet (its own switch for the handoff is
+        // still under way: a kicked sweep can come that soon): asked at a later sweep.
     }
 
     /// Whether this process received on the connection since the sweep last found unread

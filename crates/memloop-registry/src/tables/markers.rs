@@ -152,6 +152,11 @@ impl Registry {
         }
     }
 
+    /// How many offers are OFFERED in the region now (a hint: saturating, see `offers_add`).
+    pub fn offers_outstanding(&self) -> u64 {
+        self.offers_word().map_or(0, |w| w.load(SeqCst))
+    }
+
     /// No offer is OFFERED anywhere in the region (read after the caller's SeqCst fence: an
     /// offer counted after this read is published after it, and its client's marker scan,
     /// after its CAS, sees the marker the caller published before).
