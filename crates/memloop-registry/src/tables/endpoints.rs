@@ -25,7 +25,7 @@ use crate::key::{
 use crate::state_word::StateWord;
 use crate::Registry;
 use memloop_shm::sync::fence;
-use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release};
 use memloop_shm::{ShmU32, ShmU64};
 
 pub(crate) const E_EMPTY: u8 = 0;
@@ -370,13 +370,7 @@ impl Registry {
             return;
         };
         if let Ok(w) = slot.backlog() {
-            let _ = w.fetch_update(SeqCst, Relaxed, |v| {
-                Some(if up {
-                    v.saturating_add(1)
-                } else {
-                    v.saturating_sub(1)
-                })
-            });
+            super::step_count(&w, up);
         }
     }
 

@@ -142,13 +142,7 @@ impl Registry {
     /// (saturating: a count that stays too high only costs scans).
     pub(crate) fn offers_add(&self, up: bool) {
         if let Ok(w) = self.offers_word() {
-            let _ = w.fetch_update(SeqCst, Relaxed, |v| {
-                Some(if up {
-                    v.saturating_add(1)
-                } else {
-                    v.saturating_sub(1)
-                })
-            });
+            super::step_count(&w, up);
         }
     }
 

@@ -154,3 +154,15 @@ impl<'a> Slot<'a> {
         Ok(self.region.write(self.at(off, b.len() as u64)?, b)?)
     }
 }
+
+/// One up or down on a count word kept as a hint (saturating: a count that stays too high
+/// only costs scans, one that wrapped below zero would skip them wrongly).
+pub(crate) fn step_count(w: &ShmU64, up: bool) {
+    let _ = w.fetch_update(SeqCst, Relaxed, |v| {
+        Some(if up {
+            v.saturating_add(1)
+        } else {
+            v.saturating_sub(1)
+        })
+    });
+}
