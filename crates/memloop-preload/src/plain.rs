@@ -22,6 +22,12 @@ pub struct PlainTcp {
     /// Armed for a late ring (`crate::late`): only if the peer is a member and the reason
     /// for TCP may pass.
     late: Option<Arc<Late>>,
+    /// The process that made the record and the marker: only it counts into the record and
+    /// frees both. A fork child holds a copy of this object, but the parent may close first
+    /// and free the record, whose slot the next connection then takes: the child's counts
+    /// would land on that one (they are left out: `memloop status` under-reports a forked
+    /// handler's TCP bytes rather than give them to another connection).
+    pid: u32,
 }
 
 /// Bytes the peer never consumed from our ring, re-sent over TCP after a switch. What the
@@ -157,6 +163,7 @@ impl PlainTcp {
             marker,
             resend: None,
             late,
+            pid: crate::real::getpid(),
         })
     }
 
@@ -186,6 +193,7 @@ impl PlainTcp {
             marker: None,
             resend,
             late: None,
+            pid: crate::real::getpid(),
         })
     }
 
@@ -217,24 +225,37 @@ impl PlainTcp {
             marker,
             resend: None,
             late,
+            pid: crate::real::getpid(),
         })
     }
 
     pub fn count_sent(&self, n: isize) {
-        if let (Some((_, s, _)), true) = (&self.record, n > 0) {
+        if let (Some((_, s, _)), true) = (self.own_record(), n > 0) {
             s.fetch_add(n as u64, Relaxed);
         }
     }
 
     pub fn count_received(&self, n: isize) {
-        if let (Some((_, _, r)), true) = (&self.record, n > 0) {
+        if let (Some((_, _, r)), true) = (self.own_record(), n > 0) {
             r.fetch_add(n as u64, Relaxed);
         }
+    }
+
+    /// The record, in the process that made it (see `pid`).
+    fn own_record(&self) -> Option<&(ConnRecordId, ShmU64, ShmU64)> {
+        self.record.as_ref().filter(|_| self.made_here())
+    }
+
+    fn made_here(&self) -> bool {
+        self.pid == crate::real::getpid()
     }
 }
 
 impl Drop for PlainTcp {
     fn drop(&mut self) {
+        if !self.made_here() {
+            return; // the record and the marker are the parent's to free
+        }
         let reg = self.engine.registry();
         // Best effort in a destructor: a failure means the slot was reclaimed or reused.
         if let Some((id, _, _)) = self.record {
