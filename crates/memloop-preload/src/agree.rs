@@ -118,12 +118,17 @@ pub fn client_offer(
         server: canonical(dst),
     };
     let reg = engine.registry();
-    let ch = reg
-        .offer(engine.me(), ep.id, engine.cfg.ring_capacity, Some(tuple))
-        .map_err(|e| {
-            tracing::debug!("cannot offer a channel: {e}");
-            FallbackReason::from_registry(&e)
-        })?;
+    let offer = || reg.offer(engine.me(), ep.id, engine.cfg.ring_capacity, Some(tuple));
+    // A full region may be full of dead members' rings: reclaimed here, at once (a joining
+    // process leaves that sweep to its heartbeat, off its first connection's path).
+    let ch = match offer() {
+        Err(RegistryError::RegionFull { .. }) if engine.node.reclaim_dead() > 0 => offer(),
+        r => r,
+    }
+    .map_err(|e| {
+        tracing::debug!("cannot offer a channel: {e}");
+        FallbackReason::from_registry(&e)
+    })?;
     let marked = reg
         .markers_for_client(tuple.client)
         .iter()
