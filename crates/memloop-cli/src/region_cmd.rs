@@ -94,8 +94,9 @@ pub fn run(cmd: RegionCmd) -> CliResult<()> {
 fn reclaim(spec: &RegionSpec) -> CliResult<()> {
     let region = open(spec)?;
     let before = region.registry().members().len();
-    // Joining reclaims those /proc proves dead; a heartbeat must stand still for its timeout.
+    // Those /proc proves dead go now; a heartbeat must stand still for its timeout.
     let node = memloop::Node::join(region, "reclaim").context("joining the region")?;
+    node.reclaim_dead();
     let reg = node.region().registry();
     let remote = reg
         .members()
