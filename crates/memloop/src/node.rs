@@ -61,10 +61,10 @@ impl Node {
             vm_spin: vm_spin_from_env(),
             on_beat: std::sync::OnceLock::new(),
         });
-        // The dead are reclaimed by the heartbeat's first sweep, not here: a short-lived
-        // process would otherwise pay, before its first connection, the reclaim of the one
-        // before it (processes that exit without leaving are the common case). An offer that
-        // finds the region full reclaims at once.
+        // Here, before the process publishes anything: a listener restarted on the key of a
+        // dead one must find that endpoint gone (a heartbeat's later sweep would remove it
+        // from under the new listener, which took it for a live sibling's).
+        inner.reclaim_dead();
         spawn_heartbeat(Arc::downgrade(&inner));
         tracing::debug!(?id, "joined region");
         Ok(Node { inner })
@@ -136,9 +136,6 @@ fn spawn_heartbeat(node: Weak<NodeInner>) {
             let lane = node
                 .upgrade()
                 .and_then(|n| n.region.registry().kick_lane(n.id.idx));
-            if let Some(n) = node.upgrade() {
-                n.reclaim_dead();
-            }
             let mut next = Instant::now() + HEARTBEAT_PERIOD;
             let mut beats = 0u64;
             let mut seen = lane.as_ref().map(|l| l.load(SeqCst));
