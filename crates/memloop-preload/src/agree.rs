@@ -119,8 +119,8 @@ pub fn client_offer(
     };
     let reg = engine.registry();
     let offer = || reg.offer(engine.me(), ep.id, engine.cfg.ring_capacity, Some(tuple));
-    // A full region may be full of dead members' rings: reclaimed here, at once (a joining
-    // process leaves that sweep to its heartbeat, off its first connection's path).
+    // A full region may be full of dead members' rings: reclaimed at once, as the native
+    // API does (the heartbeats' sweeps come up to a second later).
     let ch = match offer() {
         Err(RegistryError::RegionFull { .. }) if engine.node.reclaim_dead() > 0 => offer(),
         r => r,

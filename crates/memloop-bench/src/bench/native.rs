@@ -7,17 +7,17 @@ use crate::error::{CliResult, Context};
 use memloop::{CreateRegion, Error, Listener, Node, Region, RegionSpec, Stream};
 use std::time::Duration;
 
-/// The bench's region; destroyed on drop if the bench created it for itself.
-pub struct BenchRegion {
-    spec: RegionSpec,
-    arg: String,
+/// A bench's region: `--region` if given (left in place afterwards), else a fresh
+/// `bench-<pid>`, destroyed on drop.
+pub struct OwnedRegion {
+    pub region: Region,
+    /// The name as given to peers (`--region`, `MEMLOOP_REGION`).
+    pub arg: String,
     temporary: bool,
-    node: Node,
 }
 
-impl BenchRegion {
-    /// `--region` if given (left in place afterwards), else a fresh `bench-<pid>`.
-    pub fn open(region: Option<&str>) -> CliResult<BenchRegion> {
+impl OwnedRegion {
+    pub fn open(region: Option<&str>) -> CliResult<OwnedRegion> {
         let (arg, temporary) = match region {
             Some(r) => (r.to_string(), false),
             None => (format!("bench-{}", std::process::id()), true),
@@ -25,22 +25,42 @@ impl BenchRegion {
         let spec = RegionSpec::parse(&arg);
         let region = Region::open_or_create(&spec, &CreateRegion::default())
             .context(format!("opening bench region {}", spec.path().display()))?;
-        let node = Node::join(region, "memloop-bench");
-        let node = match node {
-            Ok(n) => n,
-            Err(e) => {
-                if temporary {
-                    let _ = Region::destroy(&spec);
-                }
-                return Err(e).context("joining the bench region");
-            }
-        };
-        Ok(BenchRegion {
-            spec,
+        Ok(OwnedRegion {
+            region,
             arg,
             temporary,
-            node,
         })
+    }
+}
+
+impl Drop for OwnedRegion {
+    fn drop(&mut self) {
+        if self.temporary {
+            let spec = self.region.spec();
+            if let Err(e) = Region::destroy(spec) {
+                eprintln!(
+                    "memloop: could not remove bench region {}: {e}",
+                    spec.path().display()
+                );
+            }
+        }
+    }
+}
+
+/// The native bench's region, joined (its listener lives here).
+pub struct BenchRegion {
+    node: Node,
+    /// After the node: the region is destroyed once we have left it.
+    owned: OwnedRegion,
+}
+
+impl BenchRegion {
+    /// `--region` if given (left in place afterwards), else a fresh `bench-<pid>`.
+    pub fn open(region: Option<&str>) -> CliResult<BenchRegion> {
+        let owned = OwnedRegion::open(region)?;
+        let node = Node::join(owned.region.clone(), "memloop-bench")
+            .context("joining the bench region")?;
+        Ok(BenchRegion { node, owned })
     }
 
     /// Binds a service, starts the peer and accepts its connection.
@@ -48,7 +68,12 @@ impl BenchRegion {
         let service = format!("bench-{}", std::process::id());
         let listener = Listener::bind(&self.node, &service).context("binding the bench service")?;
         let mut args: Vec<String> = [
-            "--path", "memloop", "--addr", &service, "--region", &self.arg,
+            "--path",
+            "memloop",
+            "--addr",
+            &service,
+            "--region",
+            &self.owned.arg,
         ]
         .map(String::from)
         .into();
@@ -63,19 +88,6 @@ impl BenchRegion {
             Err(e) => Err(e.into()),
         })?;
         Ok(Link::new("memloop", Box::new(stream), peer))
-    }
-}
-
-impl Drop for BenchRegion {
-    fn drop(&mut self) {
-        if self.temporary {
-            if let Err(e) = Region::destroy(&self.spec) {
-                eprintln!(
-                    "memloop: could not remove bench region {}: {e}",
-                    self.spec.path().display()
-                );
-            }
-        }
     }
 }
 

@@ -28,10 +28,11 @@ mod forking;
 pub mod peer;
 mod report;
 
+use super::native::OwnedRegion;
 use crate::error::{fail, CliResult, Context};
 use crate::run as preload;
 use figures::{fig_index, median, Group, Variant, FIGS, GROUPS};
-use memloop::{CreateRegion, Region, RegionSpec};
+use memloop::RegionSpec;
 use report::{report, Results};
 use serde_json::Value;
 use std::ffi::OsString;
@@ -201,26 +202,24 @@ impl Drop for Server {
     }
 }
 
-/// The bench's region; destroyed on drop if the bench created it for itself.
+/// The bench's region (destroyed on drop if the bench made it), and what it counted.
 struct BenchRegion {
-    region: Region,
-    temporary: bool,
+    owned: OwnedRegion,
 }
 
 impl BenchRegion {
     fn open(name: Option<&str>) -> CliResult<BenchRegion> {
-        let (arg, temporary) = match name {
-            Some(r) => (r.to_string(), false),
-            None => (format!("bench-{}", std::process::id()), true),
-        };
-        let spec = RegionSpec::parse(&arg);
-        let region = Region::open_or_create(&spec, &CreateRegion::default())
-            .context(format!("opening bench region {}", spec.path().display()))?;
-        Ok(BenchRegion { region, temporary })
+        Ok(BenchRegion {
+            owned: OwnedRegion::open(name)?,
+        })
+    }
+
+    fn spec(&self) -> &RegionSpec {
+        self.owned.region.spec()
     }
 
     fn counters(&self) -> Vec<u64> {
-        self.region.registry().counters()
+        self.owned.region.registry().counters()
     }
 
     /// The counters once they stop moving: a server frees the channel of a connection (adding
@@ -236,20 +235,6 @@ impl BenchRegion {
             last = now;
         }
         last
-    }
-}
-
-impl Drop for BenchRegion {
-    fn drop(&mut self) {
-        if self.temporary {
-            let spec = self.region.spec();
-            if let Err(e) = Region::destroy(spec) {
-                eprintln!(
-                    "memloop: could not remove bench region {}: {e}",
-                    spec.path().display()
-                );
-            }
-        }
     }
 }
 
@@ -404,7 +389,7 @@ pub fn run(a: &ProcessArgs) -> CliResult<()> {
     let cfg = Config::from_args(a);
     let lib = preload::find_library()?;
     let region = BenchRegion::open(a.region.as_deref())?;
-    let (region_val, ld_preload) = preload::preload_env(&lib, region.region.spec(), None)?;
+    let (region_val, ld_preload) = preload::preload_env(&lib, region.spec(), None)?;
     let env = Env {
         exe: std::env::current_exe().context("locating the memloop-bench binary")?,
         region: region_val,
@@ -470,7 +455,7 @@ pub fn run(a: &ProcessArgs) -> CliResult<()> {
     } = bench;
     // Servers first, then the region.
     drop((iterative, forking));
-    let region_name = region.region.spec().path().display().to_string();
+    let region_name = region.spec().path().display().to_string();
     drop(region);
     report(&res, &cfg, a, &region_name, elapsed)
 }

@@ -36,7 +36,7 @@ use crate::table::{self, Entry};
 use libc::c_int;
 use marker::MarkerHold;
 use memloop::registry::{ChannelId, ChannelState, ConnTuple, Registry, Side};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -108,6 +108,9 @@ const SERVER_TICKS: u32 = MARKER_TICKS + MAX_OFFERS * ACCEPT_TICKS;
 
 /// Connections armed in this process (the heartbeat's work list).
 static ARMED: ForkMutex<Vec<Weak<Late>>> = ForkMutex::new(Vec::new());
+/// `ARMED`'s length at which the next arm prunes it (see `Late::new`).
+static PRUNE_AT: AtomicUsize = AtomicUsize::new(PRUNE_MIN);
+const PRUNE_MIN: usize = 16;
 
 /// Whether a late ring may be tried in this process at all.
 fn allowed(engine: &Engine) -> bool {
@@ -135,7 +138,12 @@ impl Late {
         // Pruned here too, not only by the heartbeat: a forking server accepts thousands of
         // connections between two beats, and every entry left would cost each fork child a
         // copy-on-write fault (its weak count is written when the child forgets the list).
-        prune(&mut armed);
+        // Only once the list has doubled since the last prune: amortised O(1) per arm, and
+        // never more dead entries than live ones (plus a few).
+        if armed.len() >= PRUNE_AT.load(Relaxed) {
+            prune(&mut armed);
+            PRUNE_AT.store((2 * armed.len()).max(PRUNE_MIN), Relaxed);
+        }
         armed.push(Arc::downgrade(&l));
         drop(armed);
         l
