@@ -6,7 +6,7 @@
 
 use crate::header::RingKind;
 use crate::index::{copy_in, copy_out, ConsCore, ProdCore};
-use crate::wait::WaitPolicy;
+use crate::wait::{WaitCell, WaitPolicy};
 use crate::RingError;
 use memloop_shm::ShmSlice;
 use std::io::{IoSlice, IoSliceMut};
@@ -113,6 +113,11 @@ impl StreamProducer {
     /// Disarms; true if a doorbell was rung since the last arm.
     pub fn disarm_doorbell(&self) -> bool {
         self.core.h.prod.disarm_doorbell()
+    }
+
+    /// This end's waiting flag and futex word (a writer waiting for room sleeps on it).
+    pub fn wait_cell(&self) -> &WaitCell {
+        &self.core.h.prod
     }
 
     /// Whether a publication since the last call found the reader asleep behind a doorbell.
@@ -270,6 +275,11 @@ impl StreamConsumer {
     /// See [`StreamProducer::disarm_doorbell`].
     pub fn disarm_doorbell(&self) -> bool {
         self.core.h.cons.disarm_doorbell()
+    }
+
+    /// This end's waiting flag and futex word (a reader waiting for data sleeps on it).
+    pub fn wait_cell(&self) -> &WaitCell {
+        &self.core.h.cons
     }
 
     /// Whether a release since the last call found the writer asleep behind a doorbell.

@@ -165,13 +165,41 @@ impl WaitCell {
             return false;
         }
         self.seq.fetch_add(1, SeqCst);
-        if old == WAIT_DOORBELL {
-            return true;
+        // Any value but a lone doorbell (futex sleepers, both kinds, or garbage from a buggy
+        // peer) gets the futex wake: waking too often is harmless, missing a wake is not.
+        if old != WAIT_DOORBELL {
+            futex::wake(&self.seq, u32::MAX);
         }
-        // Any other non-zero value (including garbage from a buggy peer) gets the futex wake:
-        // waking too often is harmless, missing a wake is not.
+        old & WAIT_DOORBELL != 0
+    }
+
+    /// The sequence value now: read by a futex sleeper *before* it sets its flag bit, and
+    /// slept on after its re-check ([`WaitCell::sleep_untimed`]).
+    pub fn seq_now(&self) -> u32 {
+        self.seq.load(SeqCst)
+    }
+
+    /// Sets the flag to `bits` (the union of [`WAIT_FUTEX`] and [`WAIT_DOORBELL`] over the
+    /// sleepers one owner keeps count of) and returns what it held: 0 after a notifier
+    /// cleared it (a wake-up was sent, and a doorbell if the cleared value had that bit).
+    pub fn set_flag(&self, bits: u32) -> u32 {
+        let old = self.waiting.swap(bits, SeqCst);
+        fence(SeqCst);
+        old
+    }
+
+    /// Sleeps on the futex until the sequence word moves off `old`, with no time limit — so
+    /// the kernel restarts it after a signal handler installed with `SA_RESTART` and ends it
+    /// with `EINTR` otherwise, exactly as it does a blocking `recv`.
+    pub fn sleep_untimed(&self, old: u32) -> futex::Woken {
+        futex::wait_untimed(&self.seq, old)
+    }
+
+    /// Wakes every futex sleeper without a publication: they re-check and sleep again (a
+    /// liveness look found something their peer will never publish, such as its death).
+    pub fn wake_sleepers(&self) {
+        self.seq.fetch_add(1, SeqCst);
         futex::wake(&self.seq, u32::MAX);
-        false
     }
 
     /// Arms the flag for a waiter that sleeps outside the ring (poll/epoll on a socket) and
@@ -185,7 +213,7 @@ impl WaitCell {
     /// then sleep on the returned sequence value.
     pub fn arm(&self) -> u32 {
         let old = self.seq.load(SeqCst);
-        self.waiting.store(1, SeqCst);
+        self.waiting.store(WAIT_FUTEX, SeqCst);
         fence(SeqCst);
         old
     }
@@ -228,7 +256,10 @@ impl WaitCell {
     }
 }
 
-/// Value of a waiting flag armed by a waiter that needs an external doorbell (1 = futex).
+/// Waiting-flag bit: a thread sleeps on the cell's futex (the notifier wakes it itself).
+pub const WAIT_FUTEX: u32 = 1;
+/// Waiting-flag bit: a waiter sleeps outside the ring and needs an external doorbell (the
+/// notifier's caller rings it). Both bits may be set at once.
 pub const WAIT_DOORBELL: u32 = 2;
 
 /// First polling sleep towards another kernel.

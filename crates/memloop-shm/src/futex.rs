@@ -34,6 +34,38 @@ pub fn try_wait(word: &AtomicU32, expected: u32, timeout: Duration) -> bool {
     )
 }
 
+/// How an untimed futex sleep ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Woken {
+    /// Woken, or the word had already moved (or a spurious wake-up): re-check.
+    Woken,
+    /// A signal handler ran and the kernel did not restart the sleep (no `SA_RESTART`).
+    Interrupted,
+    /// The kernel cannot futex on this memory (a device mapping): sleep some other way.
+    Unsupported,
+}
+
+/// Sleeps while `*word == expected`, with no time limit. Without a timeout the kernel
+/// restarts the sleep after a handler installed with `SA_RESTART` (and reports `EINTR`
+/// otherwise), as it does for a blocking socket call.
+#[cfg(not(loom))]
+pub fn wait_untimed(word: &AtomicU32, expected: u32) -> Woken {
+    use rustix::thread::futex;
+    match futex::wait(word, futex::Flags::empty(), expected, None) {
+        Err(rustix::io::Errno::INTR) => Woken::Interrupted,
+        Err(rustix::io::Errno::FAULT | rustix::io::Errno::NOSYS | rustix::io::Errno::INVAL) => {
+            Woken::Unsupported
+        }
+        _ => Woken::Woken,
+    }
+}
+
+#[cfg(loom)]
+pub fn wait_untimed(_word: &AtomicU32, _expected: u32) -> Woken {
+    loom::thread::yield_now();
+    Woken::Woken
+}
+
 /// The sleep that stands in for a futex wait the kernel refused.
 #[cfg(not(loom))]
 const FALLBACK_SLEEP: Duration = Duration::from_millis(1);

@@ -7,7 +7,7 @@ use crate::real;
 use libc::c_int;
 use memloop::channel::StreamEnds;
 use memloop_ring::header::{probe_attached, Probe};
-use memloop_ring::{StreamConsumer, StreamProducer};
+use memloop_ring::{StreamConsumer, StreamProducer, WaitCell};
 use memloop_shm::ShmSlice;
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::Ordering::*;
@@ -20,12 +20,17 @@ pub(super) struct Rings {
     pub(super) rx_view: ShmSlice,
     /// Ring capacities (rx, tx) as validated at attach.
     pub(super) caps: (u64, u64),
+    /// Our ends' waiting cells (rx: our reader's, tx: our writer's), for waking our own
+    /// futex sleepers without taking the ends' locks.
+    pub(super) own_cells: [WaitCell; 2],
 }
 
 impl Rings {
     pub(super) fn new(e: StreamEnds) -> Self {
         let caps = (e.rx.capacity(), e.tx.capacity());
+        let own_cells = [e.rx.wait_cell().clone(), e.tx.wait_cell().clone()];
         Rings {
+            own_cells,
             prod: ForkMutex::new(e.tx),
             cons: ForkMutex::new(e.rx),
             tx_view: e.tx_view,

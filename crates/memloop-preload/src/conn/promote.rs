@@ -450,12 +450,10 @@ impl Conn {
             tracing::debug!(ch = ?self.ch, "dropping stale ring bytes: {e}");
             return Err(libc::EIO);
         }
-        for (i, end) in [
-            (0usize, &*cons as &dyn super::waiting::DoorbellFlag),
-            (1, &*prod),
-        ] {
-            if self.sleepers.arms[i].swap(0, AcqRel) > 0 {
-                end.disarm();
+        for (i, cell) in [(0usize, cons.wait_cell()), (1, prod.wait_cell())] {
+            let s = &self.sleepers;
+            if s.arms[i].swap(0, AcqRel) + s.futex_arms[i].swap(0, AcqRel) > 0 {
+                cell.set_flag(0);
             }
         }
         self.sleepers.owed.store(0, Release);

@@ -728,6 +728,7 @@ impl Conn {
 pub fn sweep() {
     super::expire_handoffs();
     for c in crate::table::conns() {
+        c.look_after_futex_sleepers();
         c.sweep_requests();
         c.settle_switch_nowait();
     }

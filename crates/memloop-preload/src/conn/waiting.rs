@@ -8,10 +8,10 @@ use super::{Conn, Dir};
 use crate::real::{self, Drain};
 use libc::c_int;
 use memloop_ring::presence::{self, End, Presence};
-use memloop_ring::{
-    park_until, spin_plan, Park, SpinInputs, SpinPlan, Spinner, StreamConsumer, StreamProducer,
-};
-use std::sync::atomic::{AtomicU32, Ordering::*};
+use memloop_ring::wait::{WAIT_DOORBELL, WAIT_FUTEX};
+use memloop_ring::{park_until, spin_plan, Park, SpinInputs, SpinPlan, Spinner, WaitCell};
+use memloop_shm::futex::Woken;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 use std::time::{Duration, Instant};
 
 /// `waiters` bit: a thread is draining doorbells; nobody may start sleeping meanwhile.
@@ -23,6 +23,13 @@ pub(super) struct Sleepers {
     /// Doorbell arms per direction (read, write): several waiters of this process may sleep
     /// on one ring end; its flag is cleared only when the last of them disarms.
     pub(super) arms: [AtomicU32; 2],
+    /// Futex arms per direction: threads blocked alone in a call, asleep on the ring end's
+    /// futex word (the flag's [`WAIT_FUTEX`] bit).
+    pub(super) futex_arms: [AtomicU32; 2],
+    /// Threads asleep on a futex (any direction): the heartbeat looks after them.
+    pub(super) futex_sleeping: AtomicU32,
+    /// The kernel futexes this connection's ring memory (not a device mapping).
+    pub(super) futex_ok: AtomicBool,
     /// Doorbells the peer rang for our arms that no drain has read yet.
     pub(super) owed: AtomicU32,
     pub(super) spinner: Spinner,
@@ -33,9 +40,52 @@ impl Sleepers {
         Sleepers {
             waiters: AtomicU32::new(0),
             arms: [AtomicU32::new(0), AtomicU32::new(0)],
+            futex_arms: [AtomicU32::new(0), AtomicU32::new(0)],
+            futex_sleeping: AtomicU32::new(0),
+            futex_ok: AtomicBool::new(true),
             owed: AtomicU32::new(0),
             spinner: Spinner::new(spin),
         }
+    }
+}
+
+/// The flag value this process's sleepers on one ring end need.
+fn flag_bits(doorbell_arms: u32, futex_arms: u32) -> u32 {
+    let mut bits = 0;
+    if doorbell_arms > 0 {
+        bits |= WAIT_DOORBELL;
+    }
+    if futex_arms > 0 {
+        bits |= WAIT_FUTEX;
+    }
+    bits
+}
+
+/// One ring end's sleeper counts and flag, under that end's lock.
+struct EndFlag<'a> {
+    doorbell: &'a AtomicU32,
+    futex: &'a AtomicU32,
+    cell: &'a WaitCell,
+}
+
+impl EndFlag<'_> {
+    /// Applies `change` to the (doorbell, futex) counts and sets the flag to match if `store`
+    /// says so (given the counts before and after). True if the flag was found cleared while
+    /// doorbell sleepers were counted: the peer rang a doorbell for them, one more owed.
+    fn update(
+        &self,
+        change: impl FnOnce(u32, u32) -> (u32, u32),
+        store: impl FnOnce(u32, u32) -> bool,
+    ) -> bool {
+        let (d0, f0) = (self.doorbell.load(Relaxed), self.futex.load(Relaxed));
+        let (d1, f1) = change(d0, f0);
+        self.doorbell.store(d1, Relaxed);
+        self.futex.store(f1, Relaxed);
+        if !store(flag_bits(d0, f0), flag_bits(d1, f1)) {
+            return false;
+        }
+        let old = self.cell.set_flag(flag_bits(d1, f1));
+        old == 0 && d0 > 0
     }
 }
 
@@ -295,32 +345,49 @@ impl Conn {
     /// doorbell byte. Counted: the flag stays armed until every arm is matched by a disarm.
     /// The caller re-checks readiness afterwards.
     pub fn arm(&self, dir: Dir) {
-        self.with_flag(dir, |arms, flag| {
-            if arms.fetch_add(1, Relaxed) == 0 {
-                flag.arm();
-            } else if flag.rearm() {
-                self.sleepers.owed.fetch_add(1, Relaxed);
-            }
+        self.with_flag(dir, |f| {
+            self.owe_if(f.update(|d, f| (d + 1, f), |_, _| true));
         });
     }
 
     /// Arms `dir` again for a waiter that already holds an arm: a doorbell the peer sent
     /// cleared the flag, and this waiter is about to sleep once more.
     pub fn rearm(&self, dir: Dir) {
-        self.with_flag(dir, |arms, flag| {
-            if arms.load(Relaxed) > 0 && flag.rearm() {
-                self.sleepers.owed.fetch_add(1, Relaxed);
-            }
+        self.with_flag(dir, |f| {
+            self.owe_if(f.update(|d, f| (d, f), |before, _| before & WAIT_DOORBELL != 0));
         });
     }
 
     pub fn disarm(&self, dir: Dir) {
-        self.with_flag(dir, |arms, flag| {
-            let left = arms.load(Relaxed).saturating_sub(1);
-            arms.store(left, Relaxed);
-            if left == 0 && flag.disarm() {
-                self.sleepers.owed.fetch_add(1, Relaxed);
-            }
+        self.with_flag(dir, |f| {
+            let cleared = f.update(|d, f| (d.saturating_sub(1), f), |b, a| b != a);
+            self.owe_if(cleared);
+        });
+    }
+
+    fn owe_if(&self, cleared: bool) {
+        if cleared {
+            self.sleepers.owed.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Arms `dir`'s futex bit for a thread about to sleep on the ring end's futex word;
+    /// returns the word's cell and its value before the arm (the thread re-checks, then
+    /// sleeps while the word holds it). None once the connection left its ring.
+    fn arm_futex(&self, dir: Dir) -> Option<(WaitCell, u32)> {
+        let mut armed = None;
+        self.with_flag(dir, |f| {
+            let seq = f.cell.seq_now();
+            self.owe_if(f.update(|d, f| (d, f + 1), |_, _| true));
+            armed = Some((f.cell.clone(), seq));
+        });
+        armed
+    }
+
+    fn disarm_futex(&self, dir: Dir) {
+        self.with_flag(dir, |f| {
+            let cleared = f.update(|d, f| (d, f.saturating_sub(1)), |b, a| b != a);
+            self.owe_if(cleared);
         });
     }
 
@@ -333,24 +400,69 @@ impl Conn {
         }
     }
 
-    /// Runs `f` on `dir`'s arm count and ring flag under that ring end's lock, so an arm and
-    /// the last disarm of another thread cannot interleave between count and flag.
+    /// Runs `f` on `dir`'s sleeper counts and ring flag under that ring end's lock, so an
+    /// arm and the last disarm of another thread cannot interleave between count and flag.
     ///
     /// Not once the connection left its ring: the leave holds both locks when it changes the
     /// path, and after a switch the channel (and its ring memory) may be freed and reused.
-    fn with_flag(&self, dir: Dir, f: impl FnOnce(&AtomicU32, &dyn DoorbellFlag)) {
+    fn with_flag(&self, dir: Dir, f: impl FnOnce(&EndFlag<'_>)) {
+        let s = &self.sleepers;
         match dir {
             Dir::Read => {
                 let end = self.rings.cons.lock();
                 if self.path() == super::Path::Ring {
-                    f(&self.sleepers.arms[0], &*end);
+                    f(&EndFlag {
+                        doorbell: &s.arms[0],
+                        futex: &s.futex_arms[0],
+                        cell: end.wait_cell(),
+                    });
                 }
             }
             Dir::Write => {
                 let end = self.rings.prod.lock();
                 if matches!(self.path(), super::Path::Ring | super::Path::Joining) {
-                    f(&self.sleepers.arms[1], &*end);
+                    f(&EndFlag {
+                        doorbell: &s.arms[1],
+                        futex: &s.futex_arms[1],
+                        cell: end.wait_cell(),
+                    });
                 }
+            }
+        }
+    }
+
+    /// Whether a blocking call's sleep on `dir` may be a futex sleep: a peer in our kernel,
+    /// no time limit (the kernel's `EINTR` rule for timed socket waits is not the futex's),
+    /// a ring end this process holds alone (another process's arms share its flag), memory
+    /// the kernel can futex on.
+    fn futex_sleep_allowed(&self, deadline: Option<Instant>) -> bool {
+        self.engine.cfg.futex_wake
+            && self.peer.same_kernel
+            && deadline.is_none()
+            && !self.nonblock.load(Relaxed)
+            && !self.share.shared.load(Acquire)
+            && self.sleepers.futex_ok.load(Relaxed)
+    }
+
+    /// For the heartbeat: a thread asleep on this connection's futex is woken when nothing
+    /// the peer publishes can wake it — the peer died (no FIN reaches a futex), or another
+    /// process now shares the ring end (its arms may have overwritten our flag bit).
+    pub(super) fn look_after_futex_sleepers(&self) {
+        if self.sleepers.futex_sleeping.load(Acquire) == 0 {
+            return;
+        }
+        // (Off the ring the channel's sides may be closed by the switch, or the channel
+        // freed: its words say nothing of the peer then. A sleeper still counted there wakes
+        // anyway: it was woken by the leave and is on its way out, or missed it.)
+        let on_ring = self.path() == super::Path::Ring;
+        let dead = on_ring && self.peer.watch.dead();
+        if dead {
+            self.set_peer_closed();
+        }
+        if dead || !on_ring || self.share.shared.load(Acquire) {
+            tracing::debug!(ch = ?self.ch, dead, "waking futex sleepers");
+            for cell in &self.rings.own_cells {
+                cell.wake_sleepers();
             }
         }
     }
@@ -430,7 +542,12 @@ impl Conn {
             self.check_peer();
         }
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        let mut park = ConnPark { conn: self, dir };
+        let mut park = ConnPark {
+            conn: self,
+            dir,
+            futex_allowed: self.futex_sleep_allowed(deadline),
+            futex: None,
+        };
         match park_until(&mut park, timeout, || Ok(self.ready(dir))) {
             Ok(true) => Ok(()),
             Ok(false) => Err(libc::EAGAIN),
@@ -538,20 +655,46 @@ pub fn spin_inputs_of(conns: &[&Conn]) -> SpinInputs {
     last
 }
 
-/// A blocking call's sleep on a ring connection: counted as a sleeper on the kernel socket,
-/// with `dir`'s doorbell armed.
+/// A blocking call's sleep on a ring connection: on the ring end's futex when that is
+/// allowed ([`Conn::futex_sleep_allowed`]), otherwise counted as a sleeper on the kernel
+/// socket with `dir`'s doorbell armed.
 struct ConnPark<'a> {
     conn: &'a Conn,
     dir: Dir,
+    futex_allowed: bool,
+    /// Armed on the futex: its cell and the sequence value to sleep on.
+    futex: Option<(WaitCell, u32)>,
 }
 
 impl Park for ConnPark<'_> {
     type Error = c_int;
     fn arm(&mut self) {
-        self.conn.enter_wait();
-        self.conn.arm(self.dir);
+        let c = self.conn;
+        c.publish_presence(Presence::Asleep {
+            cpu: memloop_shm::sched::current_cpu(),
+        });
+        if self.futex_allowed && c.sleepers.futex_ok.load(Relaxed) {
+            self.futex = c.arm_futex(self.dir);
+            if self.futex.is_some() {
+                c.sleepers.futex_sleeping.fetch_add(1, AcqRel);
+                return;
+            }
+        }
+        c.enter_wait();
+        c.arm(self.dir);
     }
     fn park(&mut self, left: Option<Duration>) -> Result<(), c_int> {
+        if let Some((cell, seq)) = &self.futex {
+            return match cell.sleep_untimed(*seq) {
+                Woken::Woken => Ok(()),
+                Woken::Interrupted => Err(libc::EINTR),
+                Woken::Unsupported => {
+                    // A device mapping: sleep on the socket from the next round on.
+                    self.conn.sleepers.futex_ok.store(false, Relaxed);
+                    Ok(())
+                }
+            };
+        }
         match self.conn.sleep(left) {
             // SO_RCVTIMEO cut a write's sleep (a peek) short: not the write's timeout.
             Err(libc::EAGAIN) if self.dir == Dir::Write => Ok(()),
@@ -559,37 +702,19 @@ impl Park for ConnPark<'_> {
         }
     }
     fn disarm(&mut self) {
-        self.conn.disarm(self.dir);
-        self.conn.leave_wait();
+        let c = self.conn;
+        if self.futex.take().is_some() {
+            c.disarm_futex(self.dir);
+            c.sleepers.futex_sleeping.fetch_sub(1, AcqRel);
+            c.publish_presence(Presence::running(memloop_shm::sched::current_cpu()));
+            c.drain_owed();
+            return;
+        }
+        c.disarm(self.dir);
+        c.leave_wait();
     }
     fn after_sleep(&mut self) -> Result<(), c_int> {
         self.conn.check_peer();
         Ok(())
     }
 }
-
-/// A ring end's doorbell flag, as both ring ends expose it. `rearm` and `disarm` say whether
-/// the peer had cleared the flag, i.e. rang a doorbell.
-pub(super) trait DoorbellFlag {
-    fn arm(&self);
-    fn rearm(&self) -> bool;
-    fn disarm(&self) -> bool;
-}
-
-macro_rules! doorbell_flag {
-    ($($end:ty),*) => {$(
-        impl DoorbellFlag for $end {
-            fn arm(&self) {
-                self.arm_doorbell();
-            }
-            fn rearm(&self) -> bool {
-                self.rearm_doorbell()
-            }
-            fn disarm(&self) -> bool {
-                self.disarm_doorbell()
-            }
-        }
-    )*};
-}
-
-doorbell_flag!(StreamConsumer, StreamProducer);
