@@ -13,6 +13,7 @@ use memloop::registry::{
     counter_name, ChannelInfo, ConnRecord, ConnTuple, EndpointInfo, FallbackReason, MemberId,
     MemberInfo, Proto, Registry, Side, SwitchReason, COUNTER_CONNS_DROPPED, COUNTER_LATE_FAILED,
     COUNTER_PIDFD_FAILED, COUNTER_RING_BYTES, COUNTER_RING_CONNS, COUNTER_TCP_BYTES,
+    COUNTER_WAKE_FALLBACK,
 };
 use memloop::ring::header::totals;
 use serde_json::{json, Value};
@@ -62,6 +63,8 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
             "late_failed": counters.get(COUNTER_LATE_FAILED),
             // pidfd_getfd calls refused: the connection could not leave its ring in time.
             "pidfd_failed": counters.get(COUNTER_PIDFD_FAILED),
+            // Wake-ups that went over TCP: the sleeper's wake socket was out of reach.
+            "wake_fallback": counters.get(COUNTER_WAKE_FALLBACK),
             "conn_records_dropped": counters.get(COUNTER_CONNS_DROPPED),
             "ring_connections": counters.get(COUNTER_RING_CONNS),
             "ring_bytes": ring_bytes(reg, &counters),
@@ -365,7 +368,11 @@ fn print_counters(counters: &[u64]) {
     let not_fallbacks: HashSet<usize> = SwitchReason::ALL
         .iter()
         .map(|r| r.counter_index())
-        .chain([COUNTER_TCP_BYTES, COUNTER_PIDFD_FAILED])
+        .chain([
+            COUNTER_TCP_BYTES,
+            COUNTER_PIDFD_FAILED,
+            COUNTER_WAKE_FALLBACK,
+        ])
         .collect();
     let nonzero: Vec<String> = counters
         .iter()
@@ -401,6 +408,9 @@ fn print_switches(counters: &[u64]) {
     }
     if let Some(&n @ 1..) = counters.get(COUNTER_PIDFD_FAILED) {
         println!("pidfd_getfd calls refused (the connection could not leave its ring): {n}");
+    }
+    if let Some(&n @ 1..) = counters.get(COUNTER_WAKE_FALLBACK) {
+        println!("wake-ups sent over TCP (the sleeper's wake socket was out of reach): {n}");
     }
 }
 

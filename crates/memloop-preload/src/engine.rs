@@ -35,9 +35,11 @@ pub struct Config {
     /// How long `pidfd_getfd` of a ring connection's socket waits for the connection to
     /// leave its ring before it fails (`EAGAIN`).
     pub pidfd_wait: Duration,
-    /// A thread blocked alone on a ring connection sleeps on the ring's futex (peer in our
-    /// kernel); `MEMLOOP_WAKE=doorbell` makes it sleep on the kernel socket as poll does.
-    pub futex_wake: bool,
+    /// Wake-ups skip the network stack where they can (peer in our kernel): a thread blocked
+    /// alone on a ring connection sleeps on the ring's futex, a poll or epoll sleeper is woken
+    /// through its wake socket (`crate::wake`). `MEMLOOP_WAKE=doorbell` sends every wake-up
+    /// as a doorbell byte over TCP instead (the previous behaviour, for comparisons).
+    pub direct_wake: bool,
 }
 
 /// A tunable from the environment: unset means the default; a value that does not parse is
@@ -89,7 +91,7 @@ impl Config {
             ring_capacity: ring,
             promote: env_parsed::<u32>("MEMLOOP_PROMOTE") != Some(0),
             pidfd_wait: env_us("MEMLOOP_PIDFD_WAIT_US", 2_000_000),
-            futex_wake: std::env::var("MEMLOOP_WAKE").map_or(true, |v| v != "doorbell"),
+            direct_wake: std::env::var("MEMLOOP_WAKE").map_or(true, |v| v != "doorbell"),
         }
     }
 }

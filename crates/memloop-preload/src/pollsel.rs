@@ -255,12 +255,15 @@ fn dirs(events: i16) -> impl Iterator<Item = Dir> {
     r.into_iter().chain(w)
 }
 
-fn enter(fds: &[pollfd], members: &[(usize, Watch)]) {
+/// Arms the members for a sleep that also listens on wake target `target`; returns which
+/// ring arms named it (per member and direction, for [`leave`]).
+fn enter(fds: &[pollfd], members: &[(usize, Watch)], target: Option<u32>) -> Vec<bool> {
+    let mut targeted = Vec::new();
     for (i, w) in members {
         match w {
             Watch::Ring(c) => {
                 c.enter_wait();
-                dirs(fds[*i].events).for_each(|d| c.arm(d));
+                dirs(fds[*i].events).for_each(|d| targeted.push(c.arm_for(d, target)));
             }
             Watch::OffRing(_) | Watch::Late(_) => {}
             // (A nested set's members with a switch asked are dealt with by its own waits
@@ -268,19 +271,47 @@ fn enter(fds: &[pollfd], members: &[(usize, Watch)]) {
             Watch::Set(s) => drop(s.sleep_enter()),
         }
     }
+    targeted
 }
 
-fn leave(fds: &[pollfd], members: &[(usize, Watch)]) {
+fn leave(fds: &[pollfd], members: &[(usize, Watch)], targeted: &[bool]) {
+    let mut t = targeted.iter();
     for (i, w) in members {
         match w {
             Watch::Ring(c) => {
-                dirs(fds[*i].events).for_each(|d| c.disarm(d));
+                dirs(fds[*i].events)
+                    .for_each(|d| c.disarm_for(d, t.next().copied().unwrap_or(false)));
                 c.leave_wait();
             }
             Watch::OffRing(_) | Watch::Late(_) => {}
             Watch::Set(s) => s.sleep_leave(),
         }
     }
+}
+
+thread_local! {
+    /// This thread's wake socket for its poll and select sleeps (made at its first sleep on
+    /// a ring; none where it cannot be). A fork child makes its own: its parent's threads
+    /// may sleep on the inherited one.
+    static WAKE: std::cell::RefCell<Option<(u32, Option<crate::wake::WakeSocket>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with this thread's wake socket's fd and target, if it has one.
+fn with_wake<R>(f: impl FnOnce(Option<(c_int, u32)>) -> R) -> R {
+    let me = real::getpid();
+    let got = WAKE.try_with(|w| {
+        let mut w = w.borrow_mut();
+        if !matches!(&*w, Some((pid, _)) if *pid == me) {
+            // (A parent's socket: our copy of its fd closes, its name stays the parent's.)
+            drop(w.take());
+            *w = Some((me, crate::wake::WakeSocket::create()));
+        }
+        w.as_ref()
+            .and_then(|(_, s)| s.as_ref())
+            .map(|s| (s.fd(), s.target()))
+    });
+    f(got.ok().flatten())
 }
 
 /// Arms the rings and sets, re-checks, and sleeps in the kernel on everything at once.
@@ -290,7 +321,22 @@ fn block(
     left: Duration,
     sigmask: *const libc::sigset_t,
 ) -> Result<(), c_int> {
-    enter(fds, members);
+    let rings = members.iter().any(|(_, w)| matches!(w, Watch::Ring(_)));
+    if !rings {
+        return block_with(fds, members, left, sigmask, None);
+    }
+    with_wake(|wake| block_with(fds, members, left, sigmask, wake))
+}
+
+/// [`block`], listening on the wake socket `wake` (fd, target) too, if any.
+fn block_with(
+    fds: &[pollfd],
+    members: &[(usize, Watch)],
+    left: Duration,
+    sigmask: *const libc::sigset_t,
+    wake: Option<(c_int, u32)>,
+) -> Result<(), c_int> {
+    let targeted = enter(fds, members, wake.map(|(_, t)| t));
     let ready = any_own(fds, members) > 0 || stale(members);
     let mut left = left;
     if members
@@ -326,11 +372,23 @@ fn block(
             },
         })
         .collect();
+    if let Some((fd, _)) = wake {
+        set.push(pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
     let r = if ready {
         Ok(0)
     } else {
         real::ppoll_raw(&mut set, Some(left), sigmask)
     };
-    leave(fds, members);
+    if let (Some((fd, _)), Some(p)) = (wake, set.last()) {
+        if p.revents != 0 {
+            real::drain_own(fd); // (the caller's scan of the rings comes after)
+        }
+    }
+    leave(fds, members, &targeted);
     r.map(|_| ())
 }

@@ -796,3 +796,75 @@ mod tests {
         assert_eq!(super::tcp_positions(a.as_raw_fd()).unwrap().1 - r0, 700);
     }
 }
+
+/// A `sockaddr_un` for `path` (None if it does not fit).
+fn unix_addr(path: &std::ffi::CStr) -> Option<(libc::sockaddr_un, socklen_t)> {
+    // SAFETY: all-zero bytes are a valid sockaddr_un.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.to_bytes();
+    if bytes.len() >= a.sun_path.len() {
+        return None;
+    }
+    for (d, s) in a.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    Some((a, len as socklen_t))
+}
+
+/// A non-blocking, close-on-exec Unix datagram socket of the library's own.
+pub fn unix_dgram() -> Result<c_int, c_int> {
+    let ty = libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+    // SAFETY: plain socket creation.
+    check(unsafe { socket()(libc::AF_UNIX, ty, 0) } as isize).map(|fd| fd as c_int)
+}
+
+/// Binds `fd` to `path`, readable and writable by every user (a waker may run as another).
+pub fn bind_unix(fd: c_int, path: &std::ffi::CStr) -> Result<(), c_int> {
+    let (a, len) = unix_addr(path).ok_or(libc::ENAMETOOLONG)?;
+    // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
+    check(unsafe { libc::bind(fd, (&a as *const libc::sockaddr_un).cast(), len) } as isize)?;
+    // SAFETY: a NUL-terminated path. (A failure leaves the umask's mode: senders may fail.)
+    unsafe { libc::chmod(path.as_ptr(), 0o666) };
+    Ok(())
+}
+
+/// Sends one byte to the datagram socket bound at `path`, never blocking or raising SIGPIPE.
+pub fn send_unix(fd: c_int, path: &std::ffi::CStr) -> Result<(), c_int> {
+    let (a, len) = unix_addr(path).ok_or(libc::ENAMETOOLONG)?;
+    let b = [1u8];
+    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+    // SAFETY: a one-byte buffer and a valid sockaddr_un of `len` bytes.
+    let r = unsafe {
+        sendto()(
+            fd,
+            b.as_ptr().cast(),
+            1,
+            flags,
+            (&a as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    };
+    check(r).map(|_| ())
+}
+
+/// Reads everything queued on a non-blocking socket of the library's own; the bytes read.
+pub fn drain_own(fd: c_int) -> usize {
+    let mut buf = [0u8; 64];
+    let mut n = 0;
+    loop {
+        // SAFETY: valid buffer of the given length.
+        match check(unsafe { recv()(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) }) {
+            Ok(k) if k > 0 => n += k,
+            Err(libc::EINTR) => {}
+            _ => return n,
+        }
+    }
+}
+
+/// Removes a file of the library's own (a wake socket's name); a missing one is fine.
+pub fn unlink_own(path: &std::ffi::CStr) {
+    // SAFETY: a NUL-terminated path.
+    unsafe { libc::unlink(path.as_ptr()) };
+}

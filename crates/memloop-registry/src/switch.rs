@@ -152,6 +152,12 @@ pub const COUNTER_PIDFD_FAILED: usize = COUNTER_PIDFD + 1;
 
 const _: () = assert!(COUNTER_PIDFD_FAILED < NCOUNTERS);
 
+/// Header counter of wake-ups that had to go over TCP (a doorbell byte) because the
+/// sleeper's wake socket could not be reached (not shared with the waker, permissions).
+pub const COUNTER_WAKE_FALLBACK: usize = COUNTER_PIDFD_FAILED + 1;
+
+const _: () = assert!(COUNTER_WAKE_FALLBACK < NCOUNTERS);
+
 /// The name of header counter `i` if it counts switches (`switch_<reason>`).
 pub(crate) fn switch_counter_name(i: usize) -> Option<&'static str> {
     match i {
@@ -159,6 +165,7 @@ pub(crate) fn switch_counter_name(i: usize) -> Option<&'static str> {
         COUNTER_LATE_FAILED => return Some("late_failed"),
         COUNTER_PIDFD => return Some("switch_pidfd"),
         COUNTER_PIDFD_FAILED => return Some("pidfd_failed"),
+        COUNTER_WAKE_FALLBACK => return Some("wake_fallback"),
         _ => {}
     }
     const NAMES: [&str; 8] = [

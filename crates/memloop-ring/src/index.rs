@@ -6,7 +6,7 @@
 //! more than `capacity` ahead of it), and stays a multiple of the flavour's granule.
 
 use crate::header::{Header, RingKind, RFLAG_CLOSED, WFLAGS_KNOWN, WFLAG_RESET, WFLAG_SHUTDOWN};
-use crate::wait::{block_until, Presences, Spinner, WaitPolicy};
+use crate::wait::{block_until, merge_wakes, Presences, Spinner, WaitPolicy};
 use crate::RingError;
 use memloop_shm::sync::Ordering::{Acquire, Release};
 use memloop_shm::{ShmSlice, ShmU32};
@@ -70,8 +70,8 @@ pub(crate) struct ProdCore {
     head_cache: u64,
     granule: u64,
     spinner: Spinner,
-    /// The consumer asked for an external doorbell since the last `take_doorbell`.
-    doorbell: bool,
+    /// What the consumer asked for to be woken outside the ring since the last `take_wake`.
+    wake: u32,
 }
 
 impl ProdCore {
@@ -88,7 +88,7 @@ impl ProdCore {
             head_cache: head,
             granule,
             spinner: Spinner::default(),
-            doorbell: false,
+            wake: 0,
         })
     }
 
@@ -128,7 +128,7 @@ impl ProdCore {
     pub fn publish(&mut self, n: u64) {
         self.tail = self.tail.wrapping_add(n);
         self.h.tail.store(self.tail, Release);
-        self.doorbell |= self.h.cons.notify();
+        self.wake = merge_wakes(self.wake, self.h.cons.notify());
     }
 
     /// `Err(Closed)` if the reader is gone, `Corrupt` on garbage flags.
@@ -146,13 +146,13 @@ impl ProdCore {
 
     pub fn shutdown(&mut self) {
         self.h.wflags.fetch_or(WFLAG_SHUTDOWN, Release);
-        self.doorbell |= self.h.cons.notify();
+        self.wake = merge_wakes(self.wake, self.h.cons.notify());
     }
 
     /// The writer aborts (a TCP reset): the consumer reads what was published, then an error.
     pub fn reset(&mut self) {
         self.h.wflags.fetch_or(WFLAG_RESET, Release);
-        self.doorbell |= self.h.cons.notify();
+        self.wake = merge_wakes(self.wake, self.h.cons.notify());
     }
 
     /// Re-reads this side's own index from shared memory, for a producer shared between
@@ -166,8 +166,8 @@ impl ProdCore {
         Ok(())
     }
 
-    pub fn take_doorbell(&mut self) -> bool {
-        std::mem::take(&mut self.doorbell)
+    pub fn take_wake(&mut self) -> u32 {
+        std::mem::take(&mut self.wake)
     }
 
     /// Waits until at least `bytes` are free or the reader closed.
@@ -213,8 +213,8 @@ pub(crate) struct ConsCore {
     tail_cache: u64,
     granule: u64,
     spinner: Spinner,
-    /// The producer asked for an external doorbell since the last `take_doorbell`.
-    doorbell: bool,
+    /// What the producer asked for to be woken outside the ring since the last `take_wake`.
+    wake: u32,
 }
 
 impl ConsCore {
@@ -231,7 +231,7 @@ impl ConsCore {
             tail_cache: tail,
             granule,
             spinner: Spinner::default(),
-            doorbell: false,
+            wake: 0,
         })
     }
 
@@ -274,7 +274,7 @@ impl ConsCore {
     pub fn consume(&mut self, n: u64) {
         self.head = self.head.wrapping_add(n);
         self.h.head.store(self.head, Release);
-        self.doorbell |= self.h.prod.notify();
+        self.wake = merge_wakes(self.wake, self.h.prod.notify());
     }
 
     /// See [`ProdCore::resync`].
@@ -287,8 +287,8 @@ impl ConsCore {
         Ok(())
     }
 
-    pub fn take_doorbell(&mut self) -> bool {
-        std::mem::take(&mut self.doorbell)
+    pub fn take_wake(&mut self) -> u32 {
+        std::mem::take(&mut self.wake)
     }
 
     /// Whether the writer shut down (load before re-reading the tail: acquire makes every
@@ -319,7 +319,7 @@ impl ConsCore {
 
     pub fn close(&mut self) {
         self.h.rflags.fetch_or(RFLAG_CLOSED, Release);
-        self.doorbell |= self.h.prod.notify();
+        self.wake = merge_wakes(self.wake, self.h.prod.notify());
     }
 
     /// Blocks until `ready(self)`.

@@ -120,15 +120,16 @@ impl StreamProducer {
         &self.core.h.prod
     }
 
-    /// Whether a publication since the last call found the reader asleep behind a doorbell.
-    pub fn take_doorbell(&mut self) -> bool {
-        self.core.take_doorbell()
+    /// What the publications since the last call found the reader asleep behind (a
+    /// doorbell and/or a wake target: [`crate::wait::WaitCell::notify`]), 0 for nothing.
+    pub fn take_wake(&mut self) -> u32 {
+        self.core.take_wake()
     }
 
     /// Wakes a reader asleep on this ring as a publication would (a reader that re-checks
     /// after arming sees what the caller published before this call); true if it sleeps
-    /// behind a doorbell, which the caller must then ring.
-    pub fn wake_reader(&self) -> bool {
+    /// behind a doorbell or a wake target, which the caller must then ring (non-zero).
+    pub fn wake_reader(&self) -> u32 {
         self.core.h.cons.notify()
     }
 
@@ -282,14 +283,14 @@ impl StreamConsumer {
         &self.core.h.cons
     }
 
-    /// Whether a release since the last call found the writer asleep behind a doorbell.
-    pub fn take_doorbell(&mut self) -> bool {
-        self.core.take_doorbell()
+    /// What the releases since the last call found the writer asleep behind, 0 for nothing.
+    pub fn take_wake(&mut self) -> u32 {
+        self.core.take_wake()
     }
 
     /// Wakes a writer asleep on this ring (waiting for room) as a release would; true if it
-    /// sleeps behind a doorbell, which the caller must then ring.
-    pub fn wake_writer(&self) -> bool {
+    /// sleeps behind a doorbell or a wake target, which the caller must then ring.
+    pub fn wake_writer(&self) -> u32 {
         self.core.h.prod.notify()
     }
 

@@ -153,24 +153,23 @@ impl WaitCell {
     }
 
     /// Notifier side, called after publishing: wake the waiter only if it armed its flag.
-    /// Returns true when the waiter sleeps somewhere only the caller can reach (it armed with
-    /// [`WAIT_DOORBELL`]): the caller must then ring its external doorbell.
-    pub fn notify(&self) -> bool {
+    /// Futex sleepers are woken here; returns what the caller must do for waiters asleep
+    /// outside the ring: the cleared flag without its futex bit ([`WAIT_DOORBELL`] and/or a
+    /// wake target, see [`flag_target`]), 0 for nothing.
+    pub fn notify(&self) -> u32 {
         fence(SeqCst);
         if self.waiting.load(Relaxed) == 0 {
-            return false;
+            return 0;
         }
         let old = self.waiting.swap(0, SeqCst);
         if old == 0 {
-            return false;
+            return 0;
         }
         self.seq.fetch_add(1, SeqCst);
-        // Any value but a lone doorbell (futex sleepers, both kinds, or garbage from a buggy
-        // peer) gets the futex wake: waking too often is harmless, missing a wake is not.
-        if old != WAIT_DOORBELL {
+        if old & WAIT_FUTEX != 0 {
             futex::wake(&self.seq, u32::MAX);
         }
-        old & WAIT_DOORBELL != 0
+        old & !WAIT_FUTEX
     }
 
     /// The sequence value now: read by a futex sleeper *before* it sets its flag bit, and
@@ -261,6 +260,30 @@ pub const WAIT_FUTEX: u32 = 1;
 /// Waiting-flag bit: a waiter sleeps outside the ring and needs an external doorbell (the
 /// notifier's caller rings it). Both bits may be set at once.
 pub const WAIT_DOORBELL: u32 = 2;
+/// Bits from here on name a wake target: an fd the sleepers of one wait set listen on,
+/// which the notifier's caller knows how to reach (0: none).
+pub const TARGET_SHIFT: u32 = 2;
+
+/// The wake target in a flag value (0: none).
+pub fn flag_target(v: u32) -> u32 {
+    v >> TARGET_SHIFT
+}
+
+/// The flag value of wake target `t` (`t` must fit in 30 bits).
+pub fn target_bits(t: u32) -> u32 {
+    t << TARGET_SHIFT
+}
+
+/// Two wake requests found by one notifier's caller (the flag cleared twice before it acted),
+/// as one: two different targets cannot be named at once, so they become the doorbell, which
+/// reaches every sleeper (the connection's socket stays in every wait set).
+pub fn merge_wakes(a: u32, b: u32) -> u32 {
+    let (ta, tb) = (flag_target(a), flag_target(b));
+    if ta != 0 && tb != 0 && ta != tb {
+        return (a | b | WAIT_DOORBELL) & (WAIT_FUTEX | WAIT_DOORBELL);
+    }
+    a | b
+}
 
 /// First polling sleep towards another kernel.
 pub const MIN_BACKOFF: Duration = Duration::from_micros(20);
@@ -768,7 +791,7 @@ mod loom_tests {
             let vp = v.clone();
             let notifier = thread::spawn(move || {
                 vp.u64_at(0).unwrap().store(1, Release);
-                cell(&vp).notify()
+                cell(&vp).notify() != 0
             });
             let c = cell(&v);
             c.arm_doorbell();
@@ -792,7 +815,7 @@ mod loom_tests {
             c.arm_doorbell();
             let notifier = thread::spawn(move || {
                 vp.u64_at(0).unwrap().store(1, Release);
-                cell(&vp).notify()
+                cell(&vp).notify() != 0
             });
             let seen_at_rearm = c.rearm_doorbell();
             let ready = v.u64_at(0).unwrap().load(Acquire) == 1;

@@ -34,7 +34,7 @@ impl Side {
     /// The leave: a doorbell only for a peer armed on either ring (`ring` false: the control,
     /// which rings none), then our `Left`.
     fn leave(&mut self, ring: bool) {
-        if ring && (self.tx.wake_reader() | self.rx.wake_writer()) {
+        if ring && (self.tx.wake_reader() | self.rx.wake_writer()) != 0 {
             self.doorbell();
         }
         assert!(self.me.publish(Left {
@@ -65,7 +65,7 @@ impl Side {
     /// for the switch, leaves, waits for the peer, takes over.
     fn initiate(mut self, s: Shared, pre: &[u8], ring: bool) -> Vec<u8> {
         assert_eq!(self.tx.write(pre).unwrap(), pre.len());
-        if self.tx.take_doorbell() {
+        if self.tx.take_wake() != 0 {
             self.doorbell();
         }
         s.requested.store(true, SeqCst);

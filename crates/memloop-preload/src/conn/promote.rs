@@ -452,7 +452,10 @@ impl Conn {
         }
         for (i, cell) in [(0usize, cons.wait_cell()), (1, prod.wait_cell())] {
             let s = &self.sleepers;
-            if s.arms[i].swap(0, AcqRel) + s.futex_arms[i].swap(0, AcqRel) > 0 {
+            let armed = s.arms[i].swap(0, AcqRel)
+                + s.futex_arms[i].swap(0, AcqRel)
+                + s.target_arms[i].swap(0, AcqRel);
+            if armed > 0 {
                 cell.set_flag(0);
             }
         }

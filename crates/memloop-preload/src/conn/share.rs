@@ -185,12 +185,10 @@ impl Conn {
                 e.resync().map_err(|_| libc::EIO)?;
             }
             let r = f(&mut e);
-            (r, e.take_doorbell())
+            (r, e.take_wake())
         };
         // Rung after the locks are dropped: the doorbell takes the side lock itself.
-        if bell {
-            self.ring_doorbell();
-        }
+        self.wake_peer(bell);
         Ok(r)
     }
 
@@ -302,7 +300,7 @@ fn process_alive(pid: u32) -> bool {
 /// What [`Conn::with_end`] needs of a ring end, as both ends of a stream ring provide it.
 trait RingEnd {
     fn resync(&mut self) -> Result<(), memloop_ring::RingError>;
-    fn take_doorbell(&mut self) -> bool;
+    fn take_wake(&mut self) -> u32;
 }
 
 macro_rules! ring_end {
@@ -311,8 +309,8 @@ macro_rules! ring_end {
             fn resync(&mut self) -> Result<(), memloop_ring::RingError> {
                 <$end>::resync(self)
             }
-            fn take_doorbell(&mut self) -> bool {
-                <$end>::take_doorbell(self)
+            fn take_wake(&mut self) -> u32 {
+                <$end>::take_wake(self)
             }
         }
     )*};

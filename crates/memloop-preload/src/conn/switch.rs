@@ -31,6 +31,7 @@ use libc::c_int;
 use memloop::channel;
 use memloop::registry::{Side, SideWords, SwitchReason};
 use memloop_ring::leave::{begin_carry, doorbells_to_discard, CarryStep, LeaveCell, Left};
+use memloop_ring::wait::merge_wakes;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::Duration;
@@ -486,9 +487,8 @@ impl Conn {
                 // arming (`loom_leave_wake.rs`); one in none of our calls is kicked by
                 // `await_peer`. (Before, every leave rang: the follower's doorbell cost the
                 // initiator, asleep on the switch bell, a TCP send and a discard.)
-                if prod.wake_reader() | cons.wake_writer() {
-                    self.ring_doorbell_locked(lock.is_some());
-                }
+                let wake = merge_wakes(prod.wake_reader(), cons.wake_writer());
+                self.wake_peer_locked(wake, lock.is_some());
                 let _b = self.switching.bell.lock();
                 let left = Left {
                     tail: prod.position(),

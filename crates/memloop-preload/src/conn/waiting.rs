@@ -8,7 +8,7 @@ use super::{Conn, Dir};
 use crate::real::{self, Drain};
 use libc::c_int;
 use memloop_ring::presence::{self, End, Presence};
-use memloop_ring::wait::{WAIT_DOORBELL, WAIT_FUTEX};
+use memloop_ring::wait::{flag_target, target_bits, WAIT_DOORBELL, WAIT_FUTEX};
 use memloop_ring::{park_until, spin_plan, Park, SpinInputs, SpinPlan, Spinner, WaitCell};
 use memloop_shm::futex::Woken;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
@@ -26,6 +26,11 @@ pub(super) struct Sleepers {
     /// Futex arms per direction: threads blocked alone in a call, asleep on the ring end's
     /// futex word (the flag's [`WAIT_FUTEX`] bit).
     pub(super) futex_arms: [AtomicU32; 2],
+    /// Doorbell arms per direction that name a wake target (a wait set's socket,
+    /// `crate::wake`) instead: all of one target; an arm for another target is a plain
+    /// doorbell arm.
+    pub(super) target_arms: [AtomicU32; 2],
+    pub(super) target: [AtomicU32; 2],
     /// Threads asleep on a futex (any direction): the heartbeat looks after them.
     pub(super) futex_sleeping: AtomicU32,
     /// The kernel futexes this connection's ring memory (not a device mapping).
@@ -41,6 +46,8 @@ impl Sleepers {
             waiters: AtomicU32::new(0),
             arms: [AtomicU32::new(0), AtomicU32::new(0)],
             futex_arms: [AtomicU32::new(0), AtomicU32::new(0)],
+            target_arms: [AtomicU32::new(0), AtomicU32::new(0)],
+            target: [AtomicU32::new(0), AtomicU32::new(0)],
             futex_sleeping: AtomicU32::new(0),
             futex_ok: AtomicBool::new(true),
             owed: AtomicU32::new(0),
@@ -49,47 +56,98 @@ impl Sleepers {
     }
 }
 
-/// The flag value this process's sleepers on one ring end need.
-fn flag_bits(doorbell_arms: u32, futex_arms: u32) -> u32 {
-    let mut bits = 0;
-    if doorbell_arms > 0 {
-        bits |= WAIT_DOORBELL;
+/// One ring end's sleeper counts (this process's): doorbell, futex and targeted arms, and
+/// the target of the latter.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    doorbell: u32,
+    futex: u32,
+    targeted: u32,
+    target: u32,
+}
+
+impl Counts {
+    /// The flag value these sleepers need.
+    fn bits(self) -> u32 {
+        let mut bits = 0;
+        if self.doorbell > 0 {
+            bits |= WAIT_DOORBELL;
+        }
+        if self.futex > 0 {
+            bits |= WAIT_FUTEX;
+        }
+        if self.targeted > 0 {
+            bits |= target_bits(self.target);
+        }
+        bits
     }
-    if futex_arms > 0 {
-        bits |= WAIT_FUTEX;
-    }
-    bits
 }
 
 /// One ring end's sleeper counts and flag, under that end's lock.
 struct EndFlag<'a> {
     doorbell: &'a AtomicU32,
     futex: &'a AtomicU32,
+    targeted: &'a AtomicU32,
+    target: &'a AtomicU32,
     cell: &'a WaitCell,
 }
 
 impl EndFlag<'_> {
-    /// Applies `change` to the (doorbell, futex) counts and sets the flag to match if `store`
-    /// says so (given the counts before and after). True if the flag was found cleared while
-    /// doorbell sleepers were counted: the peer rang a doorbell for them, one more owed.
+    fn counts(&self) -> Counts {
+        Counts {
+            doorbell: self.doorbell.load(Relaxed),
+            futex: self.futex.load(Relaxed),
+            targeted: self.targeted.load(Relaxed),
+            target: self.target.load(Relaxed),
+        }
+    }
+
+    /// Applies `change` to the counts and sets the flag to match if `store` says so (given
+    /// the flag values before and after). True if the flag was found cleared while it asked
+    /// for a doorbell: the peer rang one for our sleepers, one more byte owed.
     fn update(
         &self,
-        change: impl FnOnce(u32, u32) -> (u32, u32),
+        change: impl FnOnce(&mut Counts),
         store: impl FnOnce(u32, u32) -> bool,
     ) -> bool {
-        let (d0, f0) = (self.doorbell.load(Relaxed), self.futex.load(Relaxed));
-        let (d1, f1) = change(d0, f0);
-        self.doorbell.store(d1, Relaxed);
-        self.futex.store(f1, Relaxed);
-        if !store(flag_bits(d0, f0), flag_bits(d1, f1)) {
+        let before = self.counts();
+        let mut after = before;
+        change(&mut after);
+        self.doorbell.store(after.doorbell, Relaxed);
+        self.futex.store(after.futex, Relaxed);
+        self.targeted.store(after.targeted, Relaxed);
+        self.target.store(after.target, Relaxed);
+        if !store(before.bits(), after.bits()) {
             return false;
         }
-        let old = self.cell.set_flag(flag_bits(d1, f1));
-        old == 0 && d0 > 0
+        let old = self.cell.set_flag(after.bits());
+        old == 0 && before.bits() & WAIT_DOORBELL != 0
     }
 }
 
 impl Conn {
+    /// Wakes the peer's sleepers outside the ring as `wake` (what the ring's notifications
+    /// returned) asks: a datagram to its wake target, a doorbell byte over TCP — the latter
+    /// also when the datagram cannot go.
+    pub(super) fn wake_peer(&self, wake: u32) {
+        if wake != 0 {
+            let shared = self.side_lock();
+            self.wake_peer_locked(wake, shared.is_some());
+        }
+    }
+
+    /// [`Conn::wake_peer`] with the side lock already held when `shared`.
+    pub(super) fn wake_peer_locked(&self, wake: u32, shared: bool) {
+        let target = flag_target(wake);
+        let mut doorbell = wake & WAIT_DOORBELL != 0;
+        if target != 0 && !crate::wake::send(target) {
+            doorbell = true;
+        }
+        if doorbell {
+            self.ring_doorbell_locked(shared);
+        }
+    }
+
     /// Sends one doorbell byte to the peer, counted where every process holding this side
     /// sees it (a switch to TCP discards exactly the peer's unread ones). None once this side
     /// left its ring: the count is published then, and TCP may carry data from then on.
@@ -345,22 +403,55 @@ impl Conn {
     /// doorbell byte. Counted: the flag stays armed until every arm is matched by a disarm.
     /// The caller re-checks readiness afterwards.
     pub fn arm(&self, dir: Dir) {
+        self.arm_for(dir, None);
+    }
+
+    /// [`Conn::arm`] for a sleeper that also listens on wake target `target`: the peer wakes
+    /// it there instead of over TCP when it can (a peer in our kernel, an end no other process
+    /// holds, no other target armed on it). Returns whether the arm is a targeted one (its
+    /// disarm must say so).
+    pub fn arm_for(&self, dir: Dir, target: Option<u32>) -> bool {
+        let target = target.filter(|_| self.peer.same_kernel && !self.share.shared.load(Acquire));
+        let mut targeted = false;
         self.with_flag(dir, |f| {
-            self.owe_if(f.update(|d, f| (d + 1, f), |_, _| true));
+            let cleared = f.update(
+                |c| match target {
+                    Some(t) if c.targeted == 0 || c.target == t => {
+                        c.targeted += 1;
+                        c.target = t;
+                        targeted = true;
+                    }
+                    _ => c.doorbell += 1,
+                },
+                |_, _| true,
+            );
+            self.owe_if(cleared);
         });
+        targeted
     }
 
     /// Arms `dir` again for a waiter that already holds an arm: a doorbell the peer sent
     /// cleared the flag, and this waiter is about to sleep once more.
     pub fn rearm(&self, dir: Dir) {
         self.with_flag(dir, |f| {
-            self.owe_if(f.update(|d, f| (d, f), |before, _| before & WAIT_DOORBELL != 0));
+            self.owe_if(f.update(|_| {}, |before, _| before & !WAIT_FUTEX != 0));
         });
     }
 
     pub fn disarm(&self, dir: Dir) {
+        self.disarm_for(dir, false);
+    }
+
+    /// Withdraws an arm made by [`Conn::arm_for`] (`targeted`: what it returned).
+    pub fn disarm_for(&self, dir: Dir, targeted: bool) {
         self.with_flag(dir, |f| {
-            let cleared = f.update(|d, f| (d.saturating_sub(1), f), |b, a| b != a);
+            let cleared = f.update(
+                |c| match targeted {
+                    true => c.targeted = c.targeted.saturating_sub(1),
+                    false => c.doorbell = c.doorbell.saturating_sub(1),
+                },
+                |b, a| b != a,
+            );
             self.owe_if(cleared);
         });
     }
@@ -378,7 +469,7 @@ impl Conn {
         let mut armed = None;
         self.with_flag(dir, |f| {
             let seq = f.cell.seq_now();
-            self.owe_if(f.update(|d, f| (d, f + 1), |_, _| true));
+            self.owe_if(f.update(|c| c.futex += 1, |_, _| true));
             armed = Some((f.cell.clone(), seq));
         });
         armed
@@ -386,7 +477,7 @@ impl Conn {
 
     fn disarm_futex(&self, dir: Dir) {
         self.with_flag(dir, |f| {
-            let cleared = f.update(|d, f| (d, f.saturating_sub(1)), |b, a| b != a);
+            let cleared = f.update(|c| c.futex = c.futex.saturating_sub(1), |b, a| b != a);
             self.owe_if(cleared);
         });
     }
@@ -407,25 +498,24 @@ impl Conn {
     /// path, and after a switch the channel (and its ring memory) may be freed and reused.
     fn with_flag(&self, dir: Dir, f: impl FnOnce(&EndFlag<'_>)) {
         let s = &self.sleepers;
+        let flag = |i: usize, cell| EndFlag {
+            doorbell: &s.arms[i],
+            futex: &s.futex_arms[i],
+            targeted: &s.target_arms[i],
+            target: &s.target[i],
+            cell,
+        };
         match dir {
             Dir::Read => {
                 let end = self.rings.cons.lock();
                 if self.path() == super::Path::Ring {
-                    f(&EndFlag {
-                        doorbell: &s.arms[0],
-                        futex: &s.futex_arms[0],
-                        cell: end.wait_cell(),
-                    });
+                    f(&flag(0, end.wait_cell()));
                 }
             }
             Dir::Write => {
                 let end = self.rings.prod.lock();
                 if matches!(self.path(), super::Path::Ring | super::Path::Joining) {
-                    f(&EndFlag {
-                        doorbell: &s.arms[1],
-                        futex: &s.futex_arms[1],
-                        cell: end.wait_cell(),
-                    });
+                    f(&flag(1, end.wait_cell()));
                 }
             }
         }
@@ -436,12 +526,13 @@ impl Conn {
     /// a ring end this process holds alone (another process's arms share its flag), memory
     /// the kernel can futex on.
     fn futex_sleep_allowed(&self, deadline: Option<Instant>) -> bool {
-        self.engine.cfg.futex_wake
+        self.engine.cfg.direct_wake
             && self.peer.same_kernel
             && deadline.is_none()
             && !self.nonblock.load(Relaxed)
             && !self.share.shared.load(Acquire)
             && self.sleepers.futex_ok.load(Relaxed)
+            && self.engine.node.region().futex_usable()
     }
 
     /// For the heartbeat: a thread asleep on this connection's futex is woken when nothing

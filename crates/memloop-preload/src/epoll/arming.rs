@@ -12,11 +12,13 @@ pub(super) fn arm(it: &mut Item) {
         Target::Conn(c) if c.path() == Path::Ring => {
             c.enter_wait();
             let (r, w) = rules::wants(it.events);
+            let target = (it.wake != 0).then_some(it.wake);
+            it.targeted = [false; 2];
             if r {
-                c.arm(Dir::Read);
+                it.targeted[0] = c.arm_for(Dir::Read, target);
             }
             if w {
-                c.arm(Dir::Write);
+                it.targeted[1] = c.arm_for(Dir::Write, target);
             }
         }
         Target::Conn(_) => return,
@@ -49,11 +51,12 @@ pub(super) fn disarm(it: &mut Item) {
         Target::Conn(c) => {
             let (r, w) = rules::wants(it.events);
             if r {
-                c.disarm(Dir::Read);
+                c.disarm_for(Dir::Read, it.targeted[0]);
             }
             if w {
-                c.disarm(Dir::Write);
+                c.disarm_for(Dir::Write, it.targeted[1]);
             }
+            it.targeted = [false; 2];
             c.leave_wait();
         }
         Target::Set(s) => s.sleep_leave(),

@@ -67,6 +67,8 @@ impl EpollSet {
             kicked: false,
             hot: Cell::new(true),
             edges: 0,
+            wake: st.wake_target(),
+            targeted: [false; 2],
         };
         let kev = it.kernel_events().unwrap_or(IN);
         kernel::ctl(epfd, op, fd, kev, kernel::tag(id))?;
@@ -274,7 +276,7 @@ pub(super) fn free_id(st: &mut State) -> u32 {
         let id = st.next;
         st.next = st.next.wrapping_add(1);
         st.wrapped |= st.next == 0;
-        if !st.items.contains_key(&id) {
+        if id != WAKE_ID && !st.items.contains_key(&id) {
             return id;
         }
     }

@@ -148,6 +148,10 @@ struct Item {
     hot: Cell<bool>,
     /// `OffRing`: kernel edges seen (new bytes or room): part of the edge signature.
     edges: u64,
+    /// The set's wake target (`crate::wake`), 0 while it has none: arms name it.
+    wake: u32,
+    /// Which directions' arms named it (read, write): their disarms must say so.
+    targeted: [bool; 2],
 }
 
 impl Item {
@@ -211,6 +215,26 @@ struct State {
     sleepers: u32,
     /// Where the next collection starts (ready members take turns, as in the kernel).
     cursor: u32,
+    /// The set's wake socket, registered in its kernel set under [`WAKE_ID`]; made at the
+    /// first wait on the set with ring members (`wake_tried`), if it can be.
+    wake: Option<Arc<crate::wake::WakeSocket>>,
+    wake_tried: bool,
+}
+
+/// The item id of the set's wake socket's registration (never issued to an item).
+const WAKE_ID: u32 = u32::MAX;
+
+impl State {
+    fn wake_target(&self) -> u32 {
+        self.wake.as_ref().map_or(0, |w| w.target())
+    }
+
+    /// Reads the wake-ups queued for this set (before its members are looked at again).
+    fn drain_wake(&self) {
+        if let Some(w) = &self.wake {
+            w.drain();
+        }
+    }
 }
 
 pub struct EpollSet {

@@ -30,13 +30,41 @@ impl EpollSet {
         switching
     }
 
-    /// The sleeper is awake; the last one disarms.
+    /// The sleeper is awake; the last one disarms, and reads the set's wake-ups (before
+    /// anyone looks at the members again: a wake-up read is never one that goes unseen).
     pub fn sleep_leave(&self) {
         let mut st = self.st.lock();
         st.sleepers = st.sleepers.saturating_sub(1);
         if st.sleepers == 0 {
             st.items.values_mut().filter(|it| it.armed).for_each(disarm);
+            st.drain_wake();
         }
+    }
+
+    /// Gives the set its wake socket at its first wait with ring members, registered in
+    /// the kernel set `epfd` (whose waits, and those of any set or poll containing it, it
+    /// then wakes). Without one the members' arms ring doorbells.
+    fn ensure_wake(&self, epfd: c_int) {
+        let mut st = self.st.lock();
+        if st.wake_tried
+            || !st
+                .items
+                .values()
+                .any(|it| matches!(it.target, Target::Conn(_)))
+        {
+            return;
+        }
+        st.wake_tried = true;
+        let Some(w) = crate::wake::WakeSocket::create() else {
+            return;
+        };
+        if let Err(e) = kernel::ctl(epfd, libc::EPOLL_CTL_ADD, w.fd(), IN, kernel::tag(WAKE_ID)) {
+            tracing::debug!(errno = e, "wake socket not registered: doorbells instead");
+            return;
+        }
+        let t = w.target();
+        st.wake = Some(Arc::new(w));
+        st.items.values_mut().for_each(|it| it.wake = t);
     }
 
     /// Whether some member would be reported now, with a signature of what is ready (for a
@@ -63,6 +91,9 @@ impl EpollSet {
     ) -> Result<usize, c_int> {
         self.set_fd(epfd);
         crate::engine::ensure_heartbeat();
+        if self.has_targets() {
+            self.ensure_wake(epfd);
+        }
         let deadline = timeout.map(|t| Instant::now() + t);
         if !self.has_targets() {
             let w = Waiter {
@@ -197,6 +228,10 @@ impl EpollSet {
     pub(super) fn settle(&self, epfd: c_int, id: u32, kernel_ev: u32) -> Settled {
         let target = {
             let mut st = self.st.lock();
+            if id == WAKE_ID && st.wake.is_some() {
+                st.drain_wake(); // (the collection that follows looks at the members)
+                return Settled::Ours(None);
+            }
             if !st.wrapped && id >= st.next {
                 return Settled::NotOurs;
             }

@@ -1,0 +1,195 @@
+//! Wake targets: how a peer wakes a poll, select or epoll sleeper of ours without the
+//! network stack.
+//!
+//! A wait set that sleeps on ring connections (an epoll set, or one thread's poll/select
+//! calls) owns a Unix datagram socket bound under the region's wake directory
+//! (`<region file>.wake/<member>.<slot>`) and puts it in its own kernel wait beside the
+//! connections' sockets. It arms its ring flags with the socket's *target* (member and slot,
+//! 30 bits of the flag); the peer's publication that clears such a flag sends one datagram to
+//! that path. The sockets stay in the sets, so the TCP doorbell still reaches every sleeper:
+//! it is what a waker falls back to when the datagram cannot go (the directory is not shared
+//! with it, permissions, the set is gone), counted as `wake_fallback`.
+//!
+//! Sleepers drain their socket *before* they look at their rings again, so a datagram drained
+//! by one thread of a set never hides from that set what it announced.
+
+use crate::real;
+use libc::c_int;
+use std::ffi::CString;
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering::*};
+
+const SLOT_BITS: u32 = 18;
+const MEMBER_BITS: u32 = 12;
+
+/// The target of member slot `member`'s wait set number `slot` (never 0).
+fn target_of(member: u32, slot: u32) -> Option<u32> {
+    (member < 1 << MEMBER_BITS && slot != 0 && slot < 1 << SLOT_BITS)
+        .then_some(member << SLOT_BITS | slot)
+}
+
+/// The directory of a region's wake sockets.
+fn dir_of(region: &std::path::Path) -> Option<String> {
+    Some(format!("{}.wake", region.to_str()?))
+}
+
+fn path_of(dir: &str, target: u32) -> Option<CString> {
+    let (member, slot) = (target >> SLOT_BITS, target & ((1 << SLOT_BITS) - 1));
+    CString::new(format!("{dir}/{member}.{slot}")).ok()
+}
+
+/// This process's region's wake directory (looked up once: the region does not change).
+fn wake_dir() -> Option<&'static str> {
+    static DIR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if let Some(d) = DIR.get() {
+        return Some(d);
+    }
+    let e = crate::engine::get()?;
+    Some(DIR.get_or_init(|| dir_of(e.node.region().path()).unwrap_or_default()))
+        .filter(|d| !d.is_empty())
+        .map(|d| d.as_str())
+}
+
+/// Makes the wake directory (once per region: usually it exists), open to every user as
+/// `/tmp` is: members may run as different users.
+fn make_dir(dir: &str) {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if std::fs::DirBuilder::new().mode(0o1777).create(dir).is_ok() {
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
+    }
+}
+
+/// Slots of this process's wake sockets (a fork child that creates its own gets new ones:
+/// its member slot differs from the parent's).
+static NEXT_SLOT: AtomicU32 = AtomicU32::new(1);
+
+fn next_slot() -> u32 {
+    loop {
+        let s = NEXT_SLOT.fetch_add(1, Relaxed) & ((1 << SLOT_BITS) - 1);
+        if s != 0 {
+            return s;
+        }
+    }
+}
+
+/// A wait set's wake socket: unlinked and closed when the set goes (by the process that
+/// made it; a fork child's copy leaves the name to its maker).
+pub struct WakeSocket {
+    fd: c_int,
+    target: u32,
+    path: CString,
+    maker: u32,
+}
+
+impl WakeSocket {
+    /// A new wake socket, or None where none can be made (no region, no writable wake
+    /// directory): the set then arms doorbells as before.
+    pub fn create() -> Option<Self> {
+        let e = crate::engine::get()?;
+        if !e.cfg.direct_wake || !e.node.region().futex_usable() {
+            return None; // a device mapping: peers in other kernels share no socket name
+        }
+        let dir = wake_dir()?;
+        let target = target_of(e.me().idx, next_slot())?;
+        let path = path_of(dir, target)?;
+        make_dir(dir);
+        let fd = real::unix_dgram().ok()?;
+        let bound = real::bind_unix(fd, &path).or_else(|e| {
+            if e != libc::EADDRINUSE {
+                return Err(e);
+            }
+            // A name left by a dead process that had our member slot.
+            real::unlink_own(&path);
+            real::bind_unix(fd, &path)
+        });
+        if let Err(e) = bound {
+            tracing::debug!(errno = e, ?path, "no wake socket: doorbells instead");
+            real::close_own(fd);
+            return None;
+        }
+        Some(WakeSocket {
+            fd,
+            target,
+            path,
+            maker: real::getpid(),
+        })
+    }
+
+    pub fn fd(&self) -> c_int {
+        self.fd
+    }
+
+    pub fn target(&self) -> u32 {
+        self.target
+    }
+
+    /// Reads the wake-ups queued (call before looking at the rings again).
+    pub fn drain(&self) {
+        real::drain_own(self.fd);
+    }
+}
+
+impl Drop for WakeSocket {
+    fn drop(&mut self) {
+        if real::getpid() == self.maker {
+            real::unlink_own(&self.path);
+        }
+        real::close_own(self.fd);
+    }
+}
+
+/// This process's socket for sending wake-ups (made once; a fork child shares it).
+static SENDER: AtomicI32 = AtomicI32::new(-1);
+
+fn sender() -> Option<c_int> {
+    let fd = SENDER.load(Acquire);
+    if fd >= 0 {
+        return Some(fd);
+    }
+    let new = real::unix_dgram().ok()?;
+    match SENDER.compare_exchange(-1, new, AcqRel, Acquire) {
+        Ok(_) => Some(new),
+        Err(other) => {
+            real::close_own(new);
+            Some(other)
+        }
+    }
+}
+
+/// Sends a wake-up to `target`; false if it cannot go (the caller rings the doorbell).
+/// A full socket (`EAGAIN`) is a sleeper with wake-ups unread: awake already.
+pub fn send(target: u32) -> bool {
+    let sent = (|| {
+        let path = path_of(wake_dir()?, target)?;
+        match real::send_unix(sender()?, &path) {
+            Ok(()) | Err(libc::EAGAIN) => Some(()),
+            Err(e) => {
+                tracing::debug!(errno = e, ?path, "wake-up not sent: doorbell instead");
+                None
+            }
+        }
+    })()
+    .is_some();
+    if !sent {
+        if let Some(e) = crate::engine::get() {
+            e.registry()
+                .bump_counter(memloop::registry::COUNTER_WAKE_FALLBACK);
+        }
+    }
+    sent
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_name_member_and_slot_and_never_zero() {
+        assert_eq!(target_of(0, 0), None);
+        assert_eq!(target_of(1 << MEMBER_BITS, 1), None);
+        assert_eq!(target_of(0, 1 << SLOT_BITS), None);
+        let t = target_of(5, 7).unwrap();
+        assert_ne!(t, 0);
+        assert!(t < 1 << 30, "a target fits the flag's 30 bits");
+        assert_eq!(path_of("/d", t).unwrap().to_str().unwrap(), "/d/5.7");
+    }
+}
