@@ -11,9 +11,9 @@ use crate::units::fmt_size;
 use memloop::liveness::{Liveness, HEARTBEAT_PERIOD};
 use memloop::registry::{
     counter_name, ChannelInfo, ConnRecord, ConnTuple, EndpointInfo, FallbackReason, MemberId,
-    MemberInfo, Proto, Registry, Side, SwitchReason, COUNTER_CONNS_DROPPED, COUNTER_LATE_FAILED,
-    COUNTER_PIDFD_FAILED, COUNTER_RING_BYTES, COUNTER_RING_CONNS, COUNTER_TCP_BYTES,
-    COUNTER_WAKE_FALLBACK,
+    MemberInfo, Proto, Registry, Side, SwitchReason, COUNTER_CONNS_DROPPED, COUNTER_DOORBELLS,
+    COUNTER_LATE_FAILED, COUNTER_PIDFD_FAILED, COUNTER_RING_BYTES, COUNTER_RING_CONNS,
+    COUNTER_TCP_BYTES, COUNTER_WAKE_FALLBACK,
 };
 use memloop::ring::header::totals;
 use serde_json::{json, Value};
@@ -65,6 +65,8 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
             "pidfd_failed": counters.get(COUNTER_PIDFD_FAILED),
             // Wake-ups that went over TCP: the sleeper's wake socket was out of reach.
             "wake_fallback": counters.get(COUNTER_WAKE_FALLBACK),
+            // Doorbell bytes sent over TCP to wake sleeping peers.
+            "doorbells": counters.get(COUNTER_DOORBELLS),
             "conn_records_dropped": counters.get(COUNTER_CONNS_DROPPED),
             "ring_connections": counters.get(COUNTER_RING_CONNS),
             "ring_bytes": ring_bytes(reg, &counters),
@@ -408,6 +410,9 @@ fn print_switches(counters: &[u64]) {
     }
     if let Some(&n @ 1..) = counters.get(COUNTER_PIDFD_FAILED) {
         println!("pidfd_getfd calls refused (the connection could not leave its ring): {n}");
+    }
+    if let Some(&n @ 1..) = counters.get(COUNTER_DOORBELLS) {
+        println!("doorbells sent over TCP to wake sleeping peers: {n}");
     }
     if let Some(&n @ 1..) = counters.get(COUNTER_WAKE_FALLBACK) {
         println!("wake-ups sent over TCP (the sleeper's wake socket was out of reach): {n}");

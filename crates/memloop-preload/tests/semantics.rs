@@ -81,6 +81,9 @@ fn main() -> std::process::ExitCode {
         test!(abortive_close_linger0_is_a_reset),
         test!(close_with_unread_data_is_a_reset),
         test!(poll_select_epoll_readable_and_writable),
+        test!(sleepers_in_every_kind_of_wait_are_woken_without_tcp),
+        test!(a_timed_blocking_recv_is_woken_by_doorbells),
+        test!(signals_interrupt_a_futex_sleep_as_they_do_a_recv),
         test!(writable_only_when_there_is_space),
         test!(pollrdhup_and_pollhup_after_shutdowns),
         test!(pollrdhup_after_peer_close),
@@ -678,6 +681,78 @@ fn abortive_close_linger0_is_a_reset() {
 
 fn close_with_unread_data_is_a_reset() {
     check(sc("resets", "close_unread"));
+}
+
+// ---- wake-ups -----------------------------------------------------------------------------------
+
+/// Runs `wakes/<case>` with `extra` under the preload (after the kernel reference) and
+/// returns the region's TCP doorbell and wake-fallback counts.
+fn wake_counts(case: &'static str, extra: &'static str) -> (u64, u64) {
+    let s = sc("wakes", case).extra(extra);
+    let kernel = run_pair(&s, Mode::Kernel, None, None);
+    assert_passed(&s, &kernel, &format!("wakes/{case} {extra} on kernel TCP"));
+    let region = RegionGuard::new("sem", case, 64 << 20);
+    let o = run_pair(&s, Mode::Preload, Some(&region.0), None);
+    let what = format!("wakes/{case} {extra} under the preload");
+    assert_passed(&s, &o, &what);
+    assert_ring_used(&s, &o, &what);
+    let r = memloop::Region::open(&memloop::RegionSpec::parse(&region.0)).expect("region");
+    let c = r.registry().counters();
+    let get = |i: usize| c.get(i).copied().unwrap_or(0);
+    (
+        get(memloop::registry::COUNTER_DOORBELLS),
+        get(memloop::registry::COUNTER_WAKE_FALLBACK),
+    )
+}
+
+/// The scenario's rounds: each one wakes the server at least once.
+const WAKE_ROUNDS: u64 = 40;
+
+/// The server sleeps (and the client often does) in a blocking recv, poll, select and epoll
+/// (level, edge, one-shot; with and without timeouts) before each of 40 messages: every
+/// wake-up comes by futex or wake socket — a handful of doorbells at most (the accept's, a
+/// shutdown's), none fallen back.
+fn sleepers_in_every_kind_of_wait_are_woken_without_tcp() {
+    for kind in [
+        "recv",
+        "poll",
+        "poll:5",
+        "select",
+        "select:5",
+        "epoll_lt",
+        "epoll_lt:5",
+        "epoll_et",
+        "epoll_oneshot",
+        "epoll_oneshot:5",
+    ] {
+        let (doorbells, fallback) = wake_counts("echo", kind);
+        assert!(
+            doorbells < WAKE_ROUNDS / 4 && fallback == 0,
+            "{kind}: {doorbells} doorbells over TCP and {fallback} fallen-back wake-ups for \
+             {WAKE_ROUNDS} sleeps"
+        );
+    }
+}
+
+/// The control: a blocking recv with SO_RCVTIMEO keeps sleeping on its socket (the kernel's
+/// EINTR rule for timed waits is not the futex's), so its wake-ups are doorbells — the count
+/// the test above relies on does see them.
+fn a_timed_blocking_recv_is_woken_by_doorbells() {
+    let (doorbells, _) = wake_counts("echo", "recv_timeout");
+    assert!(
+        doorbells >= WAKE_ROUNDS / 2,
+        "{doorbells} doorbells for {WAKE_ROUNDS} timed sleeps: the doorbell count misses them"
+    );
+}
+
+/// A blocking recv asleep on the futex: a handler with SA_RESTART lets it go on, one without
+/// ends it with EINTR — as on TCP (the kernel reference runs the same script).
+fn signals_interrupt_a_futex_sleep_as_they_do_a_recv() {
+    let (doorbells, fallback) = wake_counts("signals", "");
+    assert!(
+        doorbells < WAKE_ROUNDS / 4 && fallback == 0,
+        "{doorbells} doorbells, {fallback} fallen back: the sleeps were not on the futex"
+    );
 }
 
 // ---- readiness ----------------------------------------------------------------------------------

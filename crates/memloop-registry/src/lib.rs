@@ -40,8 +40,8 @@ pub use kind::ChannelKind;
 pub use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 pub use reclaim::ReclaimReport;
 pub use switch::{
-    SwitchReason, SwitchWord, COUNTER_LATE_FAILED, COUNTER_PIDFD_FAILED, COUNTER_SWITCH_FIRST,
-    COUNTER_WAKE_FALLBACK,
+    SwitchReason, SwitchWord, COUNTER_DOORBELLS, COUNTER_LATE_FAILED, COUNTER_PIDFD_FAILED,
+    COUNTER_SWITCH_FIRST, COUNTER_WAKE_FALLBACK,
 };
 pub use tables::channels::{ChannelInfo, ChannelRings, ChannelState, Side, SideWords};
 pub use tables::conns::{ConnRecord, ConnRecordId, RecordReason, COUNTER_TCP_BYTES};

@@ -158,6 +158,13 @@ pub const COUNTER_WAKE_FALLBACK: usize = COUNTER_PIDFD_FAILED + 1;
 
 const _: () = assert!(COUNTER_WAKE_FALLBACK < NCOUNTERS);
 
+/// Header counter of doorbell bytes sent over TCP to wake a sleeping peer (every wake-up
+/// towards another kernel, the fallbacks above, and sleeps that need the socket: timed
+/// blocking calls, sides shared between processes).
+pub const COUNTER_DOORBELLS: usize = COUNTER_WAKE_FALLBACK + 1;
+
+const _: () = assert!(COUNTER_DOORBELLS < NCOUNTERS);
+
 /// The name of header counter `i` if it counts switches (`switch_<reason>`).
 pub(crate) fn switch_counter_name(i: usize) -> Option<&'static str> {
     match i {
@@ -166,6 +173,7 @@ pub(crate) fn switch_counter_name(i: usize) -> Option<&'static str> {
         COUNTER_PIDFD => return Some("switch_pidfd"),
         COUNTER_PIDFD_FAILED => return Some("pidfd_failed"),
         COUNTER_WAKE_FALLBACK => return Some("wake_fallback"),
+        COUNTER_DOORBELLS => return Some("doorbells"),
         _ => {}
     }
     const NAMES: [&str; 8] = [

@@ -750,6 +750,33 @@ mod tests {
     }
 }
 
+#[cfg(all(test, not(loom)))]
+mod flag_tests {
+    use super::*;
+
+    #[test]
+    fn two_targets_merge_into_the_doorbell_and_one_target_stays() {
+        let (a, b) = (target_bits(3), target_bits(4));
+        assert_eq!(merge_wakes(a, a), a);
+        assert_eq!(merge_wakes(0, a), a);
+        assert_eq!(merge_wakes(a, WAIT_DOORBELL), a | WAIT_DOORBELL);
+        let m = merge_wakes(a, b);
+        assert_eq!((flag_target(m), m & WAIT_DOORBELL), (0, WAIT_DOORBELL));
+    }
+
+    #[test]
+    fn notify_returns_what_sleeps_outside_and_clears_the_flag() {
+        let v = memloop_shm::ShmSlice::new_heap(64);
+        let c = WaitCell::new(v.u32_at(8).unwrap(), v.u32_at(12).unwrap());
+        assert_eq!(c.notify(), 0, "nobody armed");
+        let seq = c.seq_now();
+        c.set_flag(WAIT_FUTEX | target_bits(9));
+        assert_eq!(c.notify(), target_bits(9), "the target, not the futex bit");
+        assert_ne!(c.seq_now(), seq, "the futex sleeper's word moved");
+        assert_eq!(c.set_flag(0), 0, "cleared");
+    }
+}
+
 /// Loom models of the sleep/wake handshake (run with `RUSTFLAGS="--cfg loom"`).
 #[cfg(all(test, loom))]
 mod loom_tests {
@@ -855,6 +882,74 @@ mod loom_tests {
                 assert_ne!(v.u32_at(12).unwrap().load(Relaxed), old, "lost wake-up");
             }
         });
+    }
+
+    /// One process's sleepers on one ring end as the transparent layer keeps them: counts
+    /// under a lock, the flag set to the union of their bits. A futex sleeper reads the
+    /// sequence word *before* its bit goes up (`late_seq`: after its re-check, the control).
+    fn mixed_sleepers(late_seq: bool) {
+        const T: u32 = 5; // a wake target
+        loom::model(move || {
+            let v = ShmSlice::new_model(64);
+            let counts = std::sync::Arc::new(loom::sync::Mutex::new((0u32, 0u32)));
+            let bits = |c: &(u32, u32)| {
+                (if c.0 > 0 { WAIT_FUTEX } else { 0 }) | (if c.1 > 0 { target_bits(T) } else { 0 })
+            };
+            let (vt, ct) = (v.clone(), counts.clone());
+            let targeted = thread::spawn(move || {
+                let c = cell(&vt);
+                {
+                    let mut n = ct.lock().unwrap();
+                    n.1 += 1;
+                    c.set_flag(bits(&n));
+                }
+                vt.u64_at(0).unwrap().load(Acquire) == 1
+            });
+            let vn = v.clone();
+            let notifier = thread::spawn(move || {
+                vn.u64_at(0).unwrap().store(1, Release);
+                cell(&vn).notify()
+            });
+            let c = cell(&v);
+            let mut seq = c.seq_now();
+            {
+                let mut n = counts.lock().unwrap();
+                n.0 += 1;
+                c.set_flag(bits(&n));
+            }
+            let ready = v.u64_at(0).unwrap().load(Acquire) == 1;
+            if late_seq {
+                seq = c.seq_now();
+            }
+            let t_ready = targeted.join().unwrap();
+            let wake = notifier.join().unwrap();
+            assert!(
+                t_ready || flag_target(wake) == T || wake & WAIT_DOORBELL != 0,
+                "lost wake-up: the targeted sleeper is never sent one"
+            );
+            if !ready {
+                assert_ne!(
+                    c.seq(),
+                    seq,
+                    "lost wake-up: the futex sleeper sleeps for ever"
+                );
+            }
+        });
+    }
+
+    /// A futex sleeper and a wake-target sleeper of one process share a ring end's flag: the
+    /// notifier wakes both (the futex itself, the target through its caller).
+    #[test]
+    fn futex_and_target_sleepers_share_a_flag() {
+        mixed_sleepers(false);
+    }
+
+    /// The control: a futex sleeper that reads the sequence word after its re-check sleeps
+    /// on a value the notifier already moved past.
+    #[test]
+    #[should_panic(expected = "lost wake-up")]
+    fn futex_sleeper_reading_seq_late_loses_wakeups() {
+        mixed_sleepers(true);
     }
 
     /// The full blocking path: a bounded waiter (virtual clock) sees the published value.

@@ -225,7 +225,12 @@ impl Region {
         std::fs::remove_file(spec.path()).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Error::NoRegion(spec.path()),
             _ => Error::Io(e),
-        })
+        })?;
+        // The members' wake sockets (`<region>.wake/`), if any were made: names only.
+        let mut wake = spec.path().into_os_string();
+        wake.push(".wake");
+        let _ = std::fs::remove_dir_all(wake);
+        Ok(())
     }
 
     pub fn registry(&self) -> &Registry {

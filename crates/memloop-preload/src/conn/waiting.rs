@@ -169,6 +169,10 @@ impl Conn {
             if let Some(w) = self.counting() {
                 w.doorbells_sent.fetch_add(1, Relaxed);
             }
+            // (A doorbell costs a TCP send: one more shared add is nothing beside it.)
+            self.engine
+                .registry()
+                .bump_counter(memloop::registry::COUNTER_DOORBELLS);
         }
     }
 

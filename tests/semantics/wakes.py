@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Wake-ups: a side that sleeps in each kind of wait is woken when its peer writes.
+
+Every case is an echo of ROUNDS small messages; the client pauses PAUSE seconds before each
+one, so the server is asleep (past any spin) when it comes, and the client then sleeps in the
+same kind of wait for the echo. Kinds: a blocking recv (no timeout, SO_RCVTIMEO), poll,
+select, epoll level-triggered, edge-triggered and one-shot (each with and without a timeout),
+and a blocking recv interrupted by signals (a handler with SA_RESTART: the recv goes on; one
+without: EINTR, as on TCP). Under the preload the harness also checks which wake-up path was
+taken (the region's doorbell counters)."""
+
+import os
+import select
+import signal
+import socket
+import struct
+import threading
+import time
+
+from semlib import Fail, dial, eq, recv_exact, run, serve_one
+
+ROUNDS = 40
+PAUSE = 0.004
+MSG = 48
+
+
+def wait_readable(sock, kind, timeout):
+    """Sleeps until `sock` is readable, in wait `kind`; returns when it is."""
+    fd = sock.fileno()
+    t = None if timeout is None else timeout
+    if kind == "poll":
+        p = select.poll()
+        p.register(fd, select.POLLIN)
+        while not p.poll(None if t is None else int(t * 1000)):
+            pass
+    elif kind == "select":
+        while not select.select([sock], [], [], t)[0]:
+            pass
+    elif kind.startswith("epoll"):
+        flags = {"epoll_lt": 0, "epoll_et": select.EPOLLET,
+                 "epoll_oneshot": select.EPOLLONESHOT}[kind]
+        ep = WAITSETS.setdefault(fd, select.epoll())
+        if fd not in REGISTERED:
+            ep.register(fd, select.EPOLLIN | flags)
+            REGISTERED.add(fd)
+        elif kind == "epoll_oneshot":
+            ep.modify(fd, select.EPOLLIN | flags)
+        while not ep.poll(-1 if t is None else t):
+            pass
+    else:
+        raise Fail(f"unknown wait kind {kind}")
+
+
+WAITSETS = {}
+REGISTERED = set()
+
+
+def read_msg(sock, kind, timeout):
+    """One message, waiting in `kind` first (`recv`: the blocking call itself)."""
+    if kind in ("recv", "recv_timeout"):
+        return recv_exact(sock, MSG, "a message")
+    got = b""
+    while len(got) < MSG:
+        wait_readable(sock, kind, timeout)
+        try:
+            b = sock.recv(MSG - len(got), socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            continue  # (edge-triggered: another look finds it)
+        if not b:
+            raise Fail("EOF in the middle of the echo")
+        got += b
+    return got
+
+
+def parse(args):
+    kind, _, timeout = (args.extra or "recv").partition(":")
+    return kind, (float(timeout) if timeout else None)
+
+
+def prepare(sock, kind):
+    if kind == "recv_timeout":
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 5, 0))
+
+
+def echo_server(conn, args):
+    kind, timeout = parse(args)
+    prepare(conn, kind)
+    for _ in range(ROUNDS):
+        conn.sendall(read_msg(conn, kind, timeout))
+    conn.close()
+
+
+def echo_client(args):
+    kind, timeout = parse(args)
+    s = dial(args)
+    prepare(s, kind)
+    for i in range(ROUNDS):
+        time.sleep(PAUSE)
+        m = bytes([i % 251]) * MSG
+        s.sendall(m)
+        eq(read_msg(s, kind, timeout), m, f"echo {i} ({kind})")
+    s.close()
+
+
+# ---- signals: a blocking recv on the ring, interrupted --------------------------------------------
+
+def signal_server(conn, args):
+    """Waits for each request in a blocking recv while a timer interrupts it with SIGALRM,
+    first with SA_RESTART (the recv goes on, as on TCP), then without (EINTR)."""
+    hits = []
+    signal.signal(signal.SIGALRM, lambda *_: hits.append(1))
+    signal.siginterrupt(signal.SIGALRM, False)  # SA_RESTART
+    signal.setitimer(signal.ITIMER_REAL, 0.002, 0.002)
+    try:
+        for _ in range(ROUNDS // 2):
+            conn.sendall(recv_exact(conn, MSG, "a message (SA_RESTART)"))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+    if not hits:
+        raise Fail("the timer never fired during the SA_RESTART half")
+    # Without SA_RESTART: the kernel ends a blocking recv with EINTR; Python's own recv retries
+    # after running the handler (PEP 475), so the raw call is made with ctypes' libc.
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    signal.siginterrupt(signal.SIGALRM, True)
+    signal.setitimer(signal.ITIMER_REAL, 0.05)
+    buf = ctypes.create_string_buffer(MSG)
+    r = libc.recv(conn.fileno(), buf, MSG, 0)
+    err = ctypes.get_errno()
+    eq((r, err), (-1, 4), "a blocking recv interrupted without SA_RESTART: EINTR")
+    conn.sendall(b"!")
+    for _ in range(ROUNDS // 2):
+        conn.sendall(recv_exact(conn, MSG, "a message (after EINTR)"))
+    conn.close()
+
+
+def signal_client(args):
+    s = dial(args)
+    for i in range(ROUNDS // 2):
+        time.sleep(PAUSE * 3)  # several timer ticks while the server sleeps
+        m = bytes([i]) * MSG
+        s.sendall(m)
+        eq(recv_exact(s, MSG, "an echo"), m, f"echo {i} (SA_RESTART)")
+    eq(recv_exact(s, 1, "the EINTR mark"), b"!", "the server saw EINTR")
+    for i in range(ROUNDS // 2):
+        time.sleep(PAUSE)
+        m = bytes([100 + i]) * MSG
+        s.sendall(m)
+        eq(recv_exact(s, MSG, "an echo"), m, f"echo {i} (after EINTR)")
+    s.close()
+
+
+CASES = {
+    "echo": (serve_one(echo_server), echo_client),
+    "signals": (serve_one(signal_server), signal_client),
+}
+
+if __name__ == "__main__":
+    run(CASES)
