@@ -31,7 +31,7 @@ pub const SEEDS: (u32, &str, &str) = (
      in the setting.",
 );
 
-pub const ALL: [Exp; 9] = [
+pub const ALL: [Exp; 10] = [
     Exp {
         id: 1,
         slug: "sizes",
@@ -59,8 +59,10 @@ pub const ALL: [Exp; 9] = [
         about: "CPU time both ends spent (each process's own accounting, utime + stime in \
                 /proc/PID/stat, as getrusage reports it; 10 ms ticks, runs of at least 0.5 s) \
                 divided by the bytes \
-                streamed (64 KB messages), the 64-byte round trips, or the short connections made.",
-        steps: |_| (Kind::MAIN.len() * 3) as u64,
+                streamed (64 KB messages), the 64-byte round trips (back to back, and with the \
+                client pausing 1 ms before each: the server sleeps), or the short connections \
+                made.",
+        steps: |_| (Kind::MAIN.len() * 4) as u64,
         run: exp6,
         figures: fig6,
     },
@@ -108,6 +110,18 @@ pub const ALL: [Exp; 9] = [
         steps: |_| (MIXES * 2) as u64,
         run: exp2,
         figures: fig2,
+    },
+    Exp {
+        id: 11,
+        slug: "oversubscribed",
+        title: "Oversubscribed: more request/response flows than CPUs",
+        about: "Four times as many 64-byte request/response flows as CPUs at once (one client \
+                process per flow, domain 1 to domain 0 — or over 127.0.0.1 and a Unix socket — \
+                one server thread per flow), ends not pinned: waiters compete with the peers \
+                they wait for, so every exchange pays a wake-up. Aggregate transactions/s.",
+        steps: |_| Kind::MAIN.len() as u64,
+        run: exp11,
+        figures: fig11,
     },
     Exp {
         id: 8,
@@ -432,6 +446,7 @@ fn exp6(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
         let cases = [
             (Test::Stream, 64 * KB, "stream", "CPU ns/KB"),
             (Test::Rr, 64, "rr", "CPU µs/transaction"),
+            (Test::SleepRr, 64, "sleep-rr", "CPU µs/transaction"),
             (Test::Crr, 1, "crr", "CPU µs/connection"),
         ];
         for (test, size, label, unit) in cases {
@@ -481,6 +496,11 @@ fn fig6(r: &[Rec]) -> Vec<Figure> {
         panel(
             "rr",
             "6. CPU per 64-byte transaction, each end",
+            "CPU µs/transaction",
+        ),
+        panel(
+            "sleep-rr",
+            "6. CPU per 64-byte transaction, client pausing 1 ms, each end",
             "CPU µs/transaction",
         ),
         panel(
@@ -799,6 +819,72 @@ fn concurrent(l: &Lab, clients: &mut [&mut Proc]) -> CliResult<f64> {
     let window = t0.elapsed().saturating_sub(l.warmup).as_secs_f64();
     let bytes: u64 = results.into_iter().sum::<CliResult<u64>>()?;
     Ok(bytes as f64 * 8.0 / window / 1e9)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 11: oversubscribed.
+
+/// Transactions per second of `clients` running 64-byte request/response flows at once
+/// (their counts over the window from the end of the warm-up to the last flow's end).
+fn concurrent_rr(l: &Lab, clients: &mut [Proc]) -> CliResult<f64> {
+    let req = l.request(Test::Rr, 64, l.dur, l.warmup);
+    let timeout = l.dur + l.warmup + Duration::from_secs(30);
+    let t0 = std::time::Instant::now();
+    let counts: Vec<CliResult<u64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = clients
+            .iter_mut()
+            .map(|c| s.spawn(|| c.ask(&req, timeout).map(|r| r.count)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(fail("a flow panicked"))))
+            .collect()
+    });
+    let window = t0.elapsed().saturating_sub(l.warmup).as_secs_f64();
+    let n: u64 = counts.into_iter().sum::<CliResult<u64>>()?;
+    Ok(n as f64 / window)
+}
+
+fn exp11(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
+    let o = Opts {
+        unpinned: true,
+        ..Opts::default()
+    };
+    let flows = 4 * std::thread::available_parallelism().map_or(2, |n| n.get());
+    for kind in Kind::MAIN {
+        bar.set_message(format!("11. {flows} flows over {}", kind.name()));
+        if !l.usable(kind) {
+            bar.inc(1);
+            continue;
+        }
+        let run = |l: &mut Lab| -> CliResult<f64> {
+            let (_server, addr) = l.server(kind, &o)?;
+            let mut clients = (0..flows)
+                .map(|_| l.client(kind, &addr, &o))
+                .collect::<CliResult<Vec<_>>>()?;
+            concurrent_rr(l, &mut clients)
+        };
+        match run(l) {
+            Ok(v) => out.push(
+                Rec::new(11, "rr", kind.name(), 64, "transactions/s", v)
+                    .variant(format!("{flows} flows")),
+            ),
+            Err(e) if kind == Kind::Memloop => l.notes.push(("memloop", format!("experiment 11: {e}"))),
+            Err(e) => return Err(e),
+        }
+        bar.inc(1);
+    }
+    Ok(())
+}
+
+fn fig11(r: &[Rec]) -> Vec<Figure> {
+    vec![bars(
+        "11. Aggregate 64-byte transactions/s, 4 flows per CPU, ends not pinned",
+        "transactions/s",
+        r,
+        |_| true,
+        |x| x.variant.clone().unwrap_or_default(),
+        |x| x.path.clone(),
+    )]
 }
 
 fn exp2(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {

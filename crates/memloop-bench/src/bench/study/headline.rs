@@ -167,6 +167,62 @@ fn vms(r: &[Rec], out: &mut Vec<Line>) {
     }
 }
 
+/// Experiment 6: CPU per transaction of both ends (lower is better: the baseline's over ours).
+fn cpu_cost(r: &[Rec], out: &mut Vec<Line>) {
+    let both = |path: &str, test: &str| {
+        r.iter()
+            .find(|x| {
+                x.experiment == 6
+                    && x.test == test
+                    && x.path == path
+                    && x.variant.as_deref() == Some("both ends")
+            })
+            .map(|x| x.value)
+    };
+    for (test, what) in [
+        ("rr", "CPU per 64 B transaction"),
+        ("sleep-rr", "CPU per 64 B transaction, one end sleeping"),
+    ] {
+        let Some(m) = both("memloop", test).filter(|m| *m > 0.0) else {
+            continue;
+        };
+        for base in ["tcp-loopback", "veth+bridge"] {
+            if let Some(b) = both(base, test) {
+                out.push(Line {
+                    figure: format!("{what} vs {base}"),
+                    ratio: b / m,
+                    detail: format!("{} vs {} µs", fmt(m), fmt(b)),
+                });
+            }
+        }
+    }
+}
+
+/// Experiment 11: memloop's aggregate over each baseline's.
+fn oversubscribed(r: &[Rec], out: &mut Vec<Line>) {
+    let Some(m) = r
+        .iter()
+        .find(|x| x.experiment == 11 && x.path == "memloop")
+    else {
+        return;
+    };
+    for base in ["tcp-loopback", "veth+bridge"] {
+        let b = r
+            .iter()
+            .find(|x| x.experiment == 11 && x.path == base && x.value > 0.0);
+        if let Some(b) = b {
+            out.push(Line {
+                figure: format!(
+                    "oversubscribed 64 B request/response ({}) vs {base}",
+                    m.variant.as_deref().unwrap_or("")
+                ),
+                ratio: m.value / b.value,
+                detail: format!("{} vs {} transactions/s", fmt(m.value), fmt(b.value)),
+            });
+        }
+    }
+}
+
 /// Experiment 8's ratio records.
 fn programs(r: &[Rec], out: &mut Vec<Line>) {
     for x in r.iter().filter(|x| x.experiment == 8 && x.unit == "ratio") {
@@ -185,6 +241,8 @@ pub fn lines(r: &[Rec]) -> Vec<Line> {
     remote_cost(r, &mut out);
     mixes(r, &mut out);
     placement(r, &mut out);
+    oversubscribed(r, &mut out);
+    cpu_cost(r, &mut out);
     versus(r, 7, "crr", None, "connection setup rate", &mut out);
     programs(r, &mut out);
     vms(r, &mut out);

@@ -340,8 +340,13 @@ impl Lab {
     /// Runs `test` at `size` on `pair` (warm-up included unless `cold`), with CPU accounting.
     pub fn measure(&self, pair: &mut Pair, test: Test, size: usize, cold: bool) -> CliResult<Meas> {
         // CPU accounting counts 10 ms ticks: cold runs (the CPU-cost ones) last at least 0.5 s.
+        // A sleeping exchange uses little CPU per second (the accounting has 10 ms ticks): longer.
+        let least = match test {
+            Test::SleepRr => Duration::from_secs(5),
+            _ => Duration::from_millis(500),
+        };
         let (warmup, dur) = if cold {
-            (Duration::ZERO, self.dur.max(Duration::from_millis(500)))
+            (Duration::ZERO, self.dur.max(least))
         } else {
             (self.warmup, self.dur)
         };
