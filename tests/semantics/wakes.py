@@ -150,7 +150,61 @@ def signal_client(args):
     s.close()
 
 
+# ---- the program closes the library's wake socket's number and reuses it ----------------------
+
+def foreign_fd(mine):
+    """The highest-numbered socket fd the program did not open (the library's wake socket)."""
+    best = None
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:") and fd not in mine and (best is None or fd > best):
+            best = fd
+    return best
+
+
+def reuse_server(conn, args):
+    """Sleeps in poll (the library makes its wake socket), then closes the highest socket fd it
+    did not open and puts a pipe with one byte in it at that number: the polls that follow
+    must still be woken, and the library must never read the program's pipe."""
+    for _ in range(4):
+        conn.sendall(read_msg(conn, "poll", None))
+    lsock_fd = int(args.extra_fds)
+    ours = foreign_fd({conn.fileno(), lsock_fd})
+    r, w = os.pipe()
+    if ours is not None:
+        os.close(ours)
+        os.dup2(r, ours)
+        os.write(w, b"P")
+    for _ in range(ROUNDS - 4):
+        conn.sendall(read_msg(conn, "poll", None))
+    if ours is not None:
+        os.set_blocking(ours, False)
+        eq(os.read(ours, 10), b"P", "the program's pipe at the reused number kept its byte")
+    conn.close()
+
+
+def reuse_client(args):
+    s = dial(args)
+    for i in range(ROUNDS):
+        time.sleep(PAUSE)
+        m = bytes([i]) * MSG
+        s.sendall(m)
+        eq(read_msg(s, "recv", None), m, f"echo {i}")
+    s.close()
+
+
+def serve_reuse(lsock, args):
+    conn, _ = lsock.accept()
+    args.extra_fds = str(lsock.fileno())
+    reuse_server(conn, args)
+
+
 CASES = {
+    "reuse": (serve_reuse, reuse_client),
     "echo": (serve_one(echo_server), echo_client),
     "signals": (serve_one(signal_server), signal_client),
 }

@@ -302,7 +302,8 @@ fn with_wake<R>(f: impl FnOnce(Option<(c_int, u32)>) -> R) -> R {
     let me = real::getpid();
     let got = WAKE.try_with(|w| {
         let mut w = w.borrow_mut();
-        if !matches!(&*w, Some((pid, _)) if *pid == me) {
+        let usable = |s: &Option<crate::wake::WakeSocket>| s.as_ref().is_none_or(|s| s.alive());
+        if !matches!(&*w, Some((pid, s)) if *pid == me && usable(s)) {
             // (A parent's socket: our copy of its fd closes, its name stays the parent's.)
             drop(w.take());
             *w = Some((me, crate::wake::WakeSocket::create()));

@@ -793,6 +793,29 @@ pub fn unix_dgram() -> Result<c_int, c_int> {
     check(unsafe { socket()(libc::AF_UNIX, ty, 0) } as isize).map(|fd| fd as c_int)
 }
 
+/// Moves a library fd out of the way of the program's numbers (which come lowest-first): to
+/// the upper half of the soft fd limit (within what the fd table tracks), close-on-exec. The
+/// fd itself if it cannot move.
+pub fn move_high(fd: c_int, max: usize) -> c_int {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid rlimit to fill.
+    let soft = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } {
+        0 => lim.rlim_cur as usize,
+        _ => 1024,
+    };
+    let floor = (soft / 2).clamp(64, max.saturating_sub(1)) as libc::c_ulong;
+    // SAFETY: F_DUPFD_CLOEXEC on an fd this crate owns.
+    let moved = unsafe { fcntl()(fd, libc::F_DUPFD_CLOEXEC, floor) };
+    if moved < 0 {
+        return fd;
+    }
+    close_own(fd);
+    moved
+}
+
 /// Binds `fd` to `path`, readable and writable by every user (a waker may run as another).
 pub fn bind_unix(fd: c_int, path: &std::ffi::CStr) -> Result<(), c_int> {
     let (a, len) = unix_addr(path).ok_or(libc::ENAMETOOLONG)?;

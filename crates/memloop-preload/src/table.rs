@@ -19,6 +19,9 @@ pub const K_NONE: u8 = 0;
 pub const K_TCP: u8 = 1;
 /// Has an [`Entry`].
 pub const K_OBJ: u8 = 2;
+/// The library's own (a wake socket): a close, `dup2` over it or `closefrom` by the program
+/// turns it back to [`K_NONE`], and the library stops using the number.
+pub const K_OWN: u8 = 3;
 
 static KIND: [AtomicU8; MAX_FD] = [const { AtomicU8::new(K_NONE) }; MAX_FD];
 static SLOTS: [ArcSwapOption<Entry>; MAX_FD] = [const { ArcSwapOption::const_empty() }; MAX_FD];
@@ -59,6 +62,20 @@ pub fn mark_tcp(fd: i32) {
     if let Some(i) = index(fd) {
         KIND[i].store(K_TCP, Relaxed);
         HIGH.fetch_max(i + 1, Relaxed);
+    }
+}
+
+pub fn mark_own(fd: i32) {
+    if let Some(i) = index(fd) {
+        KIND[i].store(K_OWN, Relaxed);
+        HIGH.fetch_max(i + 1, Relaxed);
+    }
+}
+
+/// Gives up a library-owned fd (before the library closes it itself).
+pub fn unmark_own(fd: i32) {
+    if let Some(i) = index(fd) {
+        let _ = KIND[i].compare_exchange(K_OWN, K_NONE, Relaxed, Relaxed);
     }
 }
 

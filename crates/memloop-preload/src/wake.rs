@@ -92,7 +92,7 @@ impl WakeSocket {
         let target = target_of(e.me().idx, next_slot())?;
         let path = path_of(dir, target)?;
         make_dir(dir);
-        let fd = real::unix_dgram().ok()?;
+        let fd = real::move_high(real::unix_dgram().ok()?, crate::table::MAX_FD);
         let bound = real::bind_unix(fd, &path).or_else(|e| {
             if e != libc::EADDRINUSE {
                 return Err(e);
@@ -106,6 +106,7 @@ impl WakeSocket {
             real::close_own(fd);
             return None;
         }
+        crate::table::mark_own(fd);
         Some(WakeSocket {
             fd,
             target,
@@ -114,17 +115,30 @@ impl WakeSocket {
         })
     }
 
+    /// Still ours: the program has not closed the number (`closefrom`, a `dup2` over it).
+    /// Once it has, the library never touches that number again (it may be the program's).
+    pub fn alive(&self) -> bool {
+        crate::table::kind(self.fd) == crate::table::K_OWN
+    }
+
     pub fn fd(&self) -> c_int {
         self.fd
     }
 
+    /// The target its sleepers arm with, 0 once it is no longer ours.
     pub fn target(&self) -> u32 {
-        self.target
+        if self.alive() {
+            self.target
+        } else {
+            0
+        }
     }
 
     /// Reads the wake-ups queued (call before looking at the rings again).
     pub fn drain(&self) {
-        real::drain_own(self.fd);
+        if self.alive() {
+            real::drain_own(self.fd);
+        }
     }
 }
 
@@ -133,7 +147,10 @@ impl Drop for WakeSocket {
         if real::getpid() == self.maker {
             real::unlink_own(&self.path);
         }
-        real::close_own(self.fd);
+        if self.alive() {
+            crate::table::unmark_own(self.fd);
+            real::close_own(self.fd);
+        }
     }
 }
 

@@ -84,6 +84,7 @@ fn main() -> std::process::ExitCode {
         test!(sleepers_in_every_kind_of_wait_are_woken_without_tcp),
         test!(a_timed_blocking_recv_is_woken_by_doorbells),
         test!(signals_interrupt_a_futex_sleep_as_they_do_a_recv),
+        test!(a_program_that_closes_the_wake_socket_and_reuses_its_number),
         test!(writable_only_when_there_is_space),
         test!(pollrdhup_and_pollhup_after_shutdowns),
         test!(pollrdhup_after_peer_close),
@@ -752,6 +753,16 @@ fn signals_interrupt_a_futex_sleep_as_they_do_a_recv() {
     assert!(
         doorbells < WAKE_ROUNDS / 4 && fallback == 0,
         "{doorbells} doorbells, {fallback} fallen back: the sleeps were not on the futex"
+    );
+}
+
+/// The program closes the library's wake socket (as `closefrom` does) and puts its own pipe
+/// at that number: its polls are still woken, and the pipe's byte is left alone.
+fn a_program_that_closes_the_wake_socket_and_reuses_its_number() {
+    let (_, fallback) = wake_counts("reuse", "");
+    assert_eq!(
+        fallback, 0,
+        "a new wake socket takes over: no wake-up falls back"
     );
 }
 

@@ -868,7 +868,9 @@ fn exp11(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
                 Rec::new(11, "rr", kind.name(), 64, "transactions/s", v)
                     .variant(format!("{flows} flows")),
             ),
-            Err(e) if kind == Kind::Memloop => l.notes.push(("memloop", format!("experiment 11: {e}"))),
+            Err(e) if kind == Kind::Memloop => {
+                l.notes.push(("memloop", format!("experiment 11: {e}")))
+            }
             Err(e) => return Err(e),
         }
         bar.inc(1);

@@ -200,10 +200,7 @@ fn cpu_cost(r: &[Rec], out: &mut Vec<Line>) {
 
 /// Experiment 11: memloop's aggregate over each baseline's.
 fn oversubscribed(r: &[Rec], out: &mut Vec<Line>) {
-    let Some(m) = r
-        .iter()
-        .find(|x| x.experiment == 11 && x.path == "memloop")
-    else {
+    let Some(m) = r.iter().find(|x| x.experiment == 11 && x.path == "memloop") else {
         return;
     };
     for base in ["tcp-loopback", "veth+bridge"] {
