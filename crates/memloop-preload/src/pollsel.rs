@@ -302,7 +302,7 @@ fn with_wake<R>(f: impl FnOnce(Option<(c_int, u32)>) -> R) -> R {
     let me = real::getpid();
     let got = WAKE.try_with(|w| {
         let mut w = w.borrow_mut();
-        let usable = |s: &Option<crate::wake::WakeSocket>| s.as_ref().is_none_or(|s| s.alive());
+        let usable = |s: &Option<crate::wake::WakeSocket>| s.as_ref().map_or(true, |s| s.alive());
         if !matches!(&*w, Some((pid, s)) if *pid == me && usable(s)) {
             // (A parent's socket: our copy of its fd closes, its name stays the parent's.)
             drop(w.take());
