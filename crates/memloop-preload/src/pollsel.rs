@@ -279,8 +279,9 @@ fn leave(fds: &[pollfd], members: &[(usize, Watch)], targeted: &[bool]) {
     for (i, w) in members {
         match w {
             Watch::Ring(c) => {
-                dirs(fds[*i].events)
-                    .for_each(|d| c.disarm_for(d, t.next().copied().unwrap_or(false)));
+                for d in dirs(fds[*i].events) {
+                    c.disarm_for(d, t.next().copied().unwrap_or(false));
+                }
                 c.leave_wait();
             }
             Watch::OffRing(_) | Watch::Late(_) => {}
@@ -388,6 +389,15 @@ fn block_with(
     if let (Some((fd, _)), Some(p)) = (wake, set.last()) {
         if p.revents != 0 {
             real::drain_own(fd); // (the caller's scan of the rings comes after)
+        }
+    }
+    // A ring's socket the kernel found readable holds a doorbell or the peer's FIN: read by
+    // the last sleeper out (`leave_wait`).
+    for (i, w) in members {
+        if let (Watch::Ring(c), Some(p)) = (w, set.get(*i)) {
+            if p.revents != 0 {
+                c.note_socket_ready();
+            }
         }
     }
     leave(fds, members, &targeted);

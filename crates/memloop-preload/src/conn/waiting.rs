@@ -37,6 +37,8 @@ pub(super) struct Sleepers {
     pub(super) futex_ok: AtomicBool,
     /// Doorbells the peer rang for our arms that no drain has read yet.
     pub(super) owed: AtomicU32,
+    /// The socket may hold a doorbell nobody counted ([`Conn::note_socket_ready`]).
+    pub(super) maybe_bell: AtomicBool,
     pub(super) spinner: Spinner,
 }
 
@@ -51,6 +53,7 @@ impl Sleepers {
             futex_sleeping: AtomicU32::new(0),
             futex_ok: AtomicBool::new(true),
             owed: AtomicU32::new(0),
+            maybe_bell: AtomicBool::new(false),
             spinner: Spinner::new(spin),
         }
     }
@@ -90,6 +93,8 @@ struct EndFlag<'a> {
     targeted: &'a AtomicU32,
     target: &'a AtomicU32,
     cell: &'a WaitCell,
+    /// Set when an update found the flag cleared while it named a target.
+    woke_target: std::cell::Cell<bool>,
 }
 
 impl EndFlag<'_> {
@@ -121,7 +126,12 @@ impl EndFlag<'_> {
             return false;
         }
         let old = self.cell.set_flag(after.bits());
-        old == 0 && before.bits() & WAIT_DOORBELL != 0
+        let cleared = old == 0 && before.bits() != 0;
+        if cleared && flag_target(before.bits()) != 0 {
+            // A wake-up went to the target — or, if it could not, a doorbell to the socket.
+            self.woke_target.set(true);
+        }
+        cleared && before.bits() & WAIT_DOORBELL != 0
     }
 }
 
@@ -446,8 +456,10 @@ impl Conn {
         self.disarm_for(dir, false);
     }
 
-    /// Withdraws an arm made by [`Conn::arm_for`] (`targeted`: what it returned).
-    pub fn disarm_for(&self, dir: Dir, targeted: bool) {
+    /// Withdraws an arm made by [`Conn::arm_for`] (`targeted`: what it returned). True if
+    /// the peer woke the target meanwhile (a wake-up is queued on the target's socket).
+    pub fn disarm_for(&self, dir: Dir, targeted: bool) -> bool {
+        let mut woke = false;
         self.with_flag(dir, |f| {
             let cleared = f.update(
                 |c| match targeted {
@@ -457,7 +469,17 @@ impl Conn {
                 |b, a| b != a,
             );
             self.owe_if(cleared);
+            woke = f.woke_target.get();
         });
+        // (A wake-up that fell back to a doorbell leaves a byte the kernel reports: the set's
+        // or poll's look at the socket then has it read.)
+        woke
+    }
+
+    /// The connection's socket may hold a doorbell no arm counted (a wake-up that fell back,
+    /// a socket the kernel reported readable): the last sleeper out reads it.
+    pub fn note_socket_ready(&self) {
+        self.sleepers.maybe_bell.store(true, Relaxed);
     }
 
     fn owe_if(&self, cleared: bool) {
@@ -508,6 +530,7 @@ impl Conn {
             targeted: &s.target_arms[i],
             target: &s.target[i],
             cell,
+            woke_target: std::cell::Cell::new(false),
         };
         match dir {
             Dir::Read => {
@@ -677,7 +700,12 @@ impl Conn {
     /// drains.
     pub fn leave_wait(&self) {
         self.publish_presence(Presence::running(memloop_shm::sched::current_cpu()));
-        if self.sleepers.waiters.fetch_sub(1, AcqRel) == 1 {
+        if self.sleepers.waiters.fetch_sub(1, AcqRel) == 1
+            && (self.sleepers.owed.load(Relaxed) > 0
+                || self.sleepers.maybe_bell.swap(false, Relaxed))
+        {
+            // (Only then: with wake-ups off the socket, a look at it would mostly find nothing
+            // and cost a system call per sleep.)
             self.drain();
         }
     }
@@ -701,7 +729,10 @@ impl Conn {
                     self.set_peer_closed();
                     Ok(())
                 }
-                Ok(_) => Ok(()),
+                Ok(_) => {
+                    self.note_socket_ready();
+                    Ok(())
+                }
                 Err(e) if e == libc::EINTR || e == libc::EAGAIN => Err(e),
                 Err(libc::ECONNRESET) => {
                     self.peer.peer_reset.store(true, Release);
@@ -726,6 +757,10 @@ impl Conn {
         });
         match real::wait_fd(fd, libc::POLLIN, Some(slice)) {
             Err(libc::EINTR) => Err(libc::EINTR),
+            Ok(ev) if ev != 0 => {
+                self.note_socket_ready();
+                Ok(())
+            }
             _ => Ok(()),
         }
     }

@@ -42,24 +42,30 @@ pub(super) fn rearm(it: &mut Item) {
     }
 }
 
-pub(super) fn disarm(it: &mut Item) {
+/// Disarms an item; true if the peer sent its wake-up to the set's wake socket meanwhile.
+pub(super) fn disarm(it: &mut Item) -> bool {
     if !it.armed {
-        return;
+        return false;
     }
     it.armed = false;
     match &it.target {
         Target::Conn(c) => {
             let (r, w) = rules::wants(it.events);
+            let mut woke = false;
             if r {
-                c.disarm_for(Dir::Read, it.targeted[0]);
+                woke |= c.disarm_for(Dir::Read, it.targeted[0]);
             }
             if w {
-                c.disarm_for(Dir::Write, it.targeted[1]);
+                woke |= c.disarm_for(Dir::Write, it.targeted[1]);
             }
             it.targeted = [false; 2];
             c.leave_wait();
+            woke
         }
-        Target::Set(s) => s.sleep_leave(),
+        Target::Set(s) => {
+            s.sleep_leave();
+            false
+        }
     }
 }
 

@@ -219,6 +219,9 @@ struct State {
     /// first wait on the set with ring members (`wake_tried`), if it can be.
     wake: Option<Arc<crate::wake::WakeSocket>>,
     wake_tried: bool,
+    /// The last sleeper out just read the wake socket: the kernel's report of it that the
+    /// same wait returned needs no second read.
+    wake_drained: bool,
 }
 
 /// The item id of the set's wake socket's registration (never issued to an item).

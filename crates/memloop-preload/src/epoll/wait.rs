@@ -13,6 +13,7 @@ impl EpollSet {
     pub fn sleep_enter(&self) -> Vec<Arc<Conn>> {
         let mut st = self.st.lock();
         st.sleepers += 1;
+        st.wake_drained = false;
         let mut switching = Vec::new();
         for it in st.items.values_mut() {
             if it.armed {
@@ -36,8 +37,15 @@ impl EpollSet {
         let mut st = self.st.lock();
         st.sleepers = st.sleepers.saturating_sub(1);
         if st.sleepers == 0 {
-            st.items.values_mut().filter(|it| it.armed).for_each(disarm);
-            st.drain_wake();
+            let woke = st
+                .items
+                .values_mut()
+                .filter(|it| it.armed)
+                .fold(false, |woke, it| disarm(it) | woke);
+            if woke {
+                st.drain_wake();
+                st.wake_drained = true;
+            }
         }
     }
 
@@ -229,7 +237,10 @@ impl EpollSet {
         let target = {
             let mut st = self.st.lock();
             if id == WAKE_ID && st.wake.is_some() {
-                st.drain_wake(); // (the collection that follows looks at the members)
+                // (The collection that follows looks at the members.)
+                if !std::mem::take(&mut st.wake_drained) {
+                    st.drain_wake();
+                }
                 return Settled::Ours(None);
             }
             if !st.wrapped && id >= st.next {
@@ -476,7 +487,9 @@ impl Waiter<'_> {
             || self.set.spin_inputs(),
             || {
                 i += 1;
-                got = if i % 8 == 0 {
+                // (The kernel's fds are looked at every 32 rounds — a few µs: none during the
+                // first polls, which mostly end the wait or lead to a sleep at once.)
+                got = if i % 32 == 0 {
                     self.harvest(out, tmp).unwrap_or(0)
                 } else {
                     self.set.collect(self.epfd, out, &mut Vec::new())
