@@ -203,7 +203,64 @@ def serve_reuse(lsock, args):
     reuse_server(conn, args)
 
 
+# ---- a writer asleep on a full ring ---------------------------------------------------------------
+
+FILL = 8 << 20
+
+
+def fill_server(conn, args):
+    """Writes FILL bytes in blocking sends (the ring fills: the writer sleeps for room), in
+    the wait kind of --extra for writability when it is not a blocking send."""
+    kind, timeout = parse(args)
+    chunk = bytes(range(256)) * 256
+    sent = 0
+    while sent < FILL:
+        if kind == "send":
+            conn.sendall(chunk)
+            sent += len(chunk)
+            continue
+        conn.setblocking(False)
+        try:
+            sent += conn.send(chunk[:FILL - sent])
+        except BlockingIOError:
+            wait_writable(conn, kind, timeout)
+    conn.setblocking(True)
+    conn.shutdown(socket.SHUT_WR)
+    eq(conn.recv(1), b"k", "the reader's ack")
+    conn.close()
+
+
+def wait_writable(sock, kind, timeout):
+    if kind == "poll":
+        p = select.poll()
+        p.register(sock.fileno(), select.POLLOUT)
+        p.poll(None if timeout is None else int(timeout * 1000))
+    elif kind == "select":
+        select.select([], [sock], [], timeout)
+    else:
+        ep = WAITSETS.setdefault(sock.fileno(), select.epoll())
+        if sock.fileno() not in REGISTERED:
+            ep.register(sock.fileno(), select.EPOLLOUT)
+            REGISTERED.add(sock.fileno())
+        ep.poll(-1 if timeout is None else timeout)
+
+
+def fill_client(args):
+    s = dial(args)
+    got = 0
+    while True:
+        time.sleep(0.002)  # the writer fills the ring meanwhile and sleeps
+        b = s.recv(256 << 10)
+        if not b:
+            break
+        got += len(b)
+    eq(got, FILL, "bytes received")
+    s.sendall(b"k")
+    s.close()
+
+
 CASES = {
+    "fill": (serve_one(fill_server), fill_client),
     "reuse": (serve_reuse, reuse_client),
     "echo": (serve_one(echo_server), echo_client),
     "signals": (serve_one(signal_server), signal_client),

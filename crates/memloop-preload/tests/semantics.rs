@@ -83,6 +83,7 @@ fn main() -> std::process::ExitCode {
         test!(poll_select_epoll_readable_and_writable),
         test!(sleepers_in_every_kind_of_wait_are_woken_without_tcp),
         test!(a_timed_blocking_recv_is_woken_by_doorbells),
+        test!(writers_asleep_on_a_full_ring_are_woken_without_tcp),
         test!(signals_interrupt_a_futex_sleep_as_they_do_a_recv),
         test!(a_program_that_closes_the_wake_socket_and_reuses_its_number),
         test!(writable_only_when_there_is_space),
@@ -731,6 +732,19 @@ fn sleepers_in_every_kind_of_wait_are_woken_without_tcp() {
             doorbells < WAKE_ROUNDS / 4 && fallback == 0,
             "{kind}: {doorbells} doorbells over TCP and {fallback} fallen-back wake-ups for \
              {WAKE_ROUNDS} sleeps"
+        );
+    }
+}
+
+/// A writer that fills the ring sleeps for room — in a blocking send (the futex of the
+/// ring's producer end), poll, select or epoll — and the reader's releases wake it.
+fn writers_asleep_on_a_full_ring_are_woken_without_tcp() {
+    for kind in ["send", "poll", "select", "epoll_lt"] {
+        let (doorbells, fallback) = wake_counts("fill", kind);
+        assert!(
+            doorbells < WAKE_ROUNDS / 4 && fallback == 0,
+            "{kind}: {doorbells} doorbells over TCP and {fallback} fallen-back wake-ups for a \
+             writer that slept for room"
         );
     }
 }
