@@ -420,8 +420,13 @@ impl Spinner {
         inputs: impl FnOnce() -> SpinInputs,
         mut ready: impl FnMut() -> Result<bool, E>,
     ) -> Result<bool, E> {
-        // Most waits on a busy pair end within a few polls: do those before paying for a clock.
-        for _ in 0..FAST_POLLS {
+        // Most waits on a busy pair end within a few polls: do those before paying for a clock
+        // (only a couple on an oversubscribed machine, where the plan below is to sleep).
+        let fast = match memloop_shm::sched::oversubscribed_hint() {
+            true => FAST_POLLS.min(2),
+            false => FAST_POLLS,
+        };
+        for _ in 0..fast {
             if ready()? {
                 return Ok(true);
             }

@@ -32,6 +32,18 @@ pub fn runnable_and_cpus() -> Option<(u32, u32)> {
     None
 }
 
+/// Whether the last load sample (taken by [`runnable_and_cpus`], at most a few ms old) saw
+/// more runnable threads than CPUs: two loads, no clock, no refresh.
+#[cfg(not(loom))]
+pub fn oversubscribed_hint() -> bool {
+    load::oversubscribed()
+}
+
+#[cfg(loom)]
+pub fn oversubscribed_hint() -> bool {
+    false
+}
+
 /// Parses the runnable count of `/proc/loadavg` ("0.12 0.30 0.41 3/612 12345": 3).
 pub fn parse_loadavg_running(text: &[u8]) -> Option<u32> {
     let field = text.split(|b| *b == b' ').nth(3)?;
@@ -93,6 +105,14 @@ mod load {
         }
         let runnable = if prev == 0 { last } else { prev.min(last) };
         Some((runnable, cpus))
+    }
+
+    pub(super) fn oversubscribed() -> bool {
+        let s = SAMPLES.load(Relaxed);
+        let (prev, last) = ((s >> 32) as u32, s as u32);
+        let runnable = if prev == 0 { last } else { prev.min(last) };
+        let cpus = CPUS.load(Relaxed);
+        cpus != 0 && runnable > cpus
     }
 
     fn refresh() {
