@@ -826,6 +826,23 @@ pub fn bind_unix(fd: c_int, path: &std::ffi::CStr) -> Result<(), c_int> {
     Ok(())
 }
 
+/// Connects a datagram socket of the library's own to the socket bound at `path`.
+pub fn connect_unix(fd: c_int, path: &std::ffi::CStr) -> Result<(), c_int> {
+    let (a, len) = unix_addr(path).ok_or(libc::ENAMETOOLONG)?;
+    // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
+    check(unsafe { connect()(fd, (&a as *const libc::sockaddr_un).cast(), len) } as isize)
+        .map(|_| ())
+}
+
+/// Sends one byte on a connected socket of the library's own, never blocking or raising
+/// SIGPIPE.
+pub fn send_byte(fd: c_int) -> Result<(), c_int> {
+    let b = [1u8];
+    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+    // SAFETY: a one-byte buffer.
+    check(unsafe { send()(fd, b.as_ptr().cast(), 1, flags) }).map(|_| ())
+}
+
 /// Sends one byte to the datagram socket bound at `path`, never blocking or raising SIGPIPE.
 pub fn send_unix(fd: c_int, path: &std::ffi::CStr) -> Result<(), c_int> {
     let (a, len) = unix_addr(path).ok_or(libc::ENAMETOOLONG)?;

@@ -13,6 +13,7 @@
 //! Sleepers drain their socket *before* they look at their rings again, so a datagram drained
 //! by one thread of a set never hides from that set what it announced.
 
+use crate::forklock::ForkMutex;
 use crate::real;
 use libc::c_int;
 use std::ffi::CString;
@@ -154,7 +155,61 @@ impl Drop for WakeSocket {
     }
 }
 
-/// This process's socket for sending wake-ups (made once; a fork child shares it).
+/// Sockets connected to the targets woken most recently (most recent last): a send on one
+/// skips the path lookup a send by name makes each time (a few % of a busy server's CPU).
+static CONNECTED: ForkMutex<Vec<(u32, c_int)>> = ForkMutex::new(Vec::new());
+/// How many targets keep a connected socket (each one fd of the library's, at a high number).
+const CONNECTED_MAX: usize = 8;
+
+/// Sends on the connected socket kept for `target`, if there is one and it still works.
+fn send_cached(target: u32) -> bool {
+    let mut list = CONNECTED.lock();
+    // (A socket the program closed is forgotten, never closed: its number may be reused.)
+    list.retain(|&(_, fd)| crate::table::kind(fd) == crate::table::K_OWN);
+    let Some(i) = list.iter().position(|&(t, _)| t == target) else {
+        return false;
+    };
+    let (t, fd) = list.remove(i);
+    match real::send_byte(fd) {
+        Ok(()) | Err(libc::EAGAIN) => {
+            list.push((t, fd));
+            true
+        }
+        // The target's socket is gone (its set closed, its name taken again).
+        Err(_) => {
+            close_connected(fd);
+            false
+        }
+    }
+}
+
+/// Connects a socket to `target` at `path` (the least recently used one goes) and sends on
+/// it; None if that cannot be done (the caller sends by name).
+fn connect_and_send(target: u32, path: &std::ffi::CStr) -> Option<()> {
+    let fd = real::move_high(real::unix_dgram().ok()?, crate::table::MAX_FD);
+    crate::table::mark_own(fd);
+    if real::connect_unix(fd, path).is_err() {
+        close_connected(fd);
+        return None;
+    }
+    let mut list = CONNECTED.lock();
+    if list.len() >= CONNECTED_MAX {
+        let (_, old) = list.remove(0);
+        close_connected(old);
+    }
+    list.push((target, fd));
+    match real::send_byte(fd) {
+        Ok(()) | Err(libc::EAGAIN) => Some(()),
+        Err(_) => None,
+    }
+}
+
+fn close_connected(fd: c_int) {
+    crate::table::unmark_own(fd);
+    real::close_own(fd);
+}
+
+/// This process's socket for sending wake-ups by name (made once; a fork child shares it).
 static SENDER: AtomicI32 = AtomicI32::new(-1);
 
 fn sender() -> Option<c_int> {
@@ -176,7 +231,13 @@ fn sender() -> Option<c_int> {
 /// A full socket (`EAGAIN`) is a sleeper with wake-ups unread: awake already.
 pub fn send(target: u32) -> bool {
     let sent = (|| {
+        if send_cached(target) {
+            return Some(());
+        }
         let path = path_of(wake_dir()?, target)?;
+        if connect_and_send(target, &path).is_some() {
+            return Some(());
+        }
         match real::send_unix(sender()?, &path) {
             Ok(()) | Err(libc::EAGAIN) => Some(()),
             Err(e) => {
