@@ -259,7 +259,34 @@ def fill_client(args):
     s.close()
 
 
+# ---- shutdown(SHUT_RD) by another thread ends a blocked recv ------------------------------------
+
+def shut_server(conn, args):
+    got = {}
+
+    def reader():
+        got["data"] = conn.recv(100)  # nothing comes: only the shutdown ends it
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    time.sleep(0.3)  # the reader is asleep by now (past any spin)
+    conn.shutdown(socket.SHUT_RD)
+    t.join(5)
+    if t.is_alive():
+        raise Fail("a recv blocked in another thread outlived shutdown(SHUT_RD)")
+    eq(got.get("data"), b"", "the blocked recv after shutdown(SHUT_RD)")
+    conn.sendall(b"d")
+    conn.close()
+
+
+def shut_client(args):
+    s = dial(args)
+    eq(recv_exact(s, 1, "the server's done"), b"d", "done")
+    s.close()
+
+
 CASES = {
+    "shut_rd": (serve_one(shut_server), shut_client),
     "fill": (serve_one(fill_server), fill_client),
     "reuse": (serve_reuse, reuse_client),
     "echo": (serve_one(echo_server), echo_client),

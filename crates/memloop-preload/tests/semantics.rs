@@ -86,6 +86,7 @@ fn main() -> std::process::ExitCode {
         test!(writers_asleep_on_a_full_ring_are_woken_without_tcp),
         test!(signals_interrupt_a_futex_sleep_as_they_do_a_recv),
         test!(a_program_that_closes_the_wake_socket_and_reuses_its_number),
+        test!(shutdown_rd_ends_a_recv_blocked_in_another_thread),
         test!(writable_only_when_there_is_space),
         test!(pollrdhup_and_pollhup_after_shutdowns),
         test!(pollrdhup_after_peer_close),
@@ -778,6 +779,12 @@ fn a_program_that_closes_the_wake_socket_and_reuses_its_number() {
         fallback, 0,
         "a new wake socket takes over: no wake-up falls back"
     );
+}
+
+/// `shutdown(SHUT_RD)` ends a `recv` another thread is blocked in, as the kernel's does (the
+/// sleeper on the ring's futex is woken by it).
+fn shutdown_rd_ends_a_recv_blocked_in_another_thread() {
+    wake_counts("shut_rd", "");
 }
 
 // ---- readiness ----------------------------------------------------------------------------------

@@ -60,12 +60,14 @@ impl Conn {
         }
         let peek = flags & libc::MSG_PEEK != 0;
         let waitall = flags & libc::MSG_WAITALL != 0;
-        // After our own SHUT_RD the kernel still hands out what was queued, then EOF.
-        let shut_rd = self.shut_rd.load(Acquire);
-        let dontwait = shut_rd || flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
-        let deadline = deadline(dontwait, &self.rcvtimeo_us);
+        let nowait = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
+        let deadline = deadline(nowait, &self.rcvtimeo_us);
         let mut got = 0usize;
         loop {
+            // After our own SHUT_RD (this thread's or, while it waited, another's) the kernel
+            // still hands out what was queued, then EOF.
+            let shut_rd = self.shut_rd.load(Acquire);
+            let dontwait = nowait || shut_rd;
             // MSG_PEEK|MSG_WAITALL: wait until the whole length is there, then peek it.
             let enough = !(peek && waitall) || self.readable_bytes() >= want;
             if enough {
@@ -218,11 +220,15 @@ impl Conn {
     }
 
     pub fn shutdown(&self, how: c_int) -> Result<(), c_int> {
+        // A thread of ours blocked in a call on this connection returns at once, as the
+        // kernel's shutdown wakes it (a futex sleeper hears nothing else of it).
         if how == libc::SHUT_RD || how == libc::SHUT_RDWR {
             self.shut_rd.store(true, Release);
+            self.rings.own_cells[0].wake_sleepers();
         }
         if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
             self.shut_wr.store(true, Release);
+            self.rings.own_cells[1].wake_sleepers();
             self.with_prod(|p| p.shutdown())?;
             // The peer may sleep in epoll without having armed for this end: always ring.
             self.ring_doorbell();

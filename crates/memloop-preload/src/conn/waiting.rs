@@ -407,9 +407,12 @@ impl Conn {
                         .rx_probe()
                         .map_or(true, |p| p.used > 0 || p.writer_shut)
             }
-            Dir::Write => self
-                .tx_probe()
-                .map_or(true, |p| p.free() > 0 || p.reader_closed),
+            Dir::Write => {
+                self.shut_wr.load(Relaxed)
+                    || self
+                        .tx_probe()
+                        .map_or(true, |p| p.free() > 0 || p.reader_closed)
+            }
         }
     }
 
