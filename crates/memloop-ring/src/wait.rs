@@ -355,15 +355,25 @@ impl Clock {
 #[derive(Debug)]
 pub struct Spinner {
     window_ns: std::sync::atomic::AtomicU64,
+    /// Spins in a row that ended in a sleep ([`MISS_STREAK`] or more: spin on one wait in
+    /// [`PROBE_EVERY`] only).
+    misses: std::sync::atomic::AtomicU32,
 }
 
 impl Default for Spinner {
     fn default() -> Self {
         Spinner {
             window_ns: std::sync::atomic::AtomicU64::new(u64::MAX),
+            misses: std::sync::atomic::AtomicU32::new(0),
         }
     }
 }
+
+/// After this many spins in a row that found nothing, a waiter spins only on one wait in
+/// [`PROBE_EVERY`] (to notice when spinning pays again): a peer that answers only after long
+/// pauses (a client thinking between requests) otherwise costs a spin window per request.
+const MISS_STREAK: u32 = 8;
+const PROBE_EVERY: u32 = 8;
 
 impl Spinner {
     fn current(&self, max: Duration) -> Duration {
@@ -380,12 +390,36 @@ impl Spinner {
     fn hit(&self, max: Duration) {
         let next = self.current(max).saturating_mul(2);
         self.store(next.max(Duration::from_micros(1)).min(max));
+        self.misses.store(0, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn miss(&self, max: Duration) {
         // Never below a quarter of the maximum: a futex sleep costs ~35 µs here, so a waiter
         // that gives up after a few µs turns every medium-sized exchange into a sleep.
         self.store((self.current(max) / 2).max(max / 4));
+        self.misses
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A wait ended at once: the peer is busy, so any streak of misses is over (a load, and
+    /// a store only when there was one).
+    fn no_streak(&self) {
+        if self.misses.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+            self.misses.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Whether this wait skips spinning: the last [`MISS_STREAK`] spins all missed, and this
+    /// is not the one in [`PROBE_EVERY`] that tries again.
+    fn resting(&self) -> bool {
+        let m = self.misses.load(std::sync::atomic::Ordering::Relaxed);
+        if m < MISS_STREAK {
+            return false;
+        }
+        // (Counts the waits skipped too, so the probe comes round.)
+        self.misses
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (m - MISS_STREAK) % PROBE_EVERY != PROBE_EVERY - 1
     }
 
     #[cfg(all(test, not(loom)))]
@@ -428,6 +462,7 @@ impl Spinner {
         };
         for _ in 0..fast {
             if ready()? {
+                self.no_streak();
                 return Ok(true);
             }
             sync::spin_hint();
@@ -438,6 +473,7 @@ impl Spinner {
         }
         let window = match spin_plan(&inputs(), history) {
             SpinPlan::Sleep => return Ok(false),
+            SpinPlan::Spin(_) if self.resting() => return Ok(false),
             SpinPlan::Yield => {
                 for _ in 0..YIELDS {
                     sync::yield_now();
@@ -674,6 +710,27 @@ mod tests {
             let i = inputs(Presence::Asleep { cpu }, None, Some(0));
             assert_eq!(spin_plan(&i, W), SpinPlan::Spin(W));
         }
+    }
+
+    #[test]
+    fn a_waiter_that_keeps_missing_spins_on_one_wait_in_eight_until_a_hit() {
+        let s = Spinner::new(Duration::from_micros(2));
+        let max = Duration::from_micros(2);
+        let spun = |s: &Spinner| {
+            let mut polls = 0u32;
+            s.spin(max, || {
+                polls += 1;
+                false
+            });
+            polls > FAST_POLLS
+        };
+        for _ in 0..MISS_STREAK {
+            assert!(spun(&s), "spins while the streak is short");
+        }
+        let tries: Vec<bool> = (0..2 * PROBE_EVERY).map(|_| spun(&s)).collect();
+        assert_eq!(tries.iter().filter(|t| **t).count(), 2, "{tries:?}");
+        assert!(s.spin(max, || true), "a hit");
+        assert!(spun(&s), "spins again after a hit");
     }
 
     #[test]
