@@ -68,9 +68,6 @@ pub enum SpinPlan {
     Spin(Duration),
 }
 
-/// The longest spin for a peer we just woke (see [`spin_plan`]).
-const WOKEN_SPIN: Duration = Duration::from_micros(5);
-
 /// Yields of a [`SpinPlan::Yield`] before the waiter sleeps.
 const YIELDS: u32 = 4;
 
@@ -97,11 +94,6 @@ pub fn spin_plan(i: &SpinInputs, window: Duration) -> SpinPlan {
     }
     if i.load.is_some_and(|(runnable, cpus)| runnable > cpus) || window.is_zero() {
         return SpinPlan::Sleep;
-    }
-    if matches!(i.peer, Presence::Asleep { .. }) && i.peer_woken == Some(true) {
-        // Woken by us and on its way: its answer takes a kernel wake-up first (tens of µs
-        // on a VM). Spinning through that costs more CPU than our own sleep and wake-up.
-        return SpinPlan::Spin(window.min(WOKEN_SPIN));
     }
     SpinPlan::Spin(window)
 }
@@ -703,11 +695,11 @@ mod tests {
     }
 
     #[test]
-    fn spins_briefly_for_a_woken_peer_elsewhere_and_fully_when_unsure() {
-        for cpu in [Some(1), None] {
-            let i = inputs(Presence::Asleep { cpu }, Some(true), Some(0));
-            assert_eq!(spin_plan(&i, W), SpinPlan::Spin(WOKEN_SPIN));
-            let i = inputs(Presence::Asleep { cpu }, None, Some(0));
+    fn spins_for_a_woken_peer_elsewhere_or_when_unsure() {
+        for woken in [Some(true), None] {
+            let i = inputs(Presence::Asleep { cpu: Some(1) }, woken, Some(0));
+            assert_eq!(spin_plan(&i, W), SpinPlan::Spin(W));
+            let i = inputs(Presence::Asleep { cpu: None }, woken, Some(0));
             assert_eq!(spin_plan(&i, W), SpinPlan::Spin(W));
         }
     }
