@@ -5,7 +5,7 @@ use super::lab::{Kind, Lab, Meas, Opts, Pair};
 use super::plot::{Figure, Series, XAxis};
 use super::Rec;
 use crate::bench::tcp::procs::Proc;
-use crate::bench::tcp::wire::Test;
+use crate::bench::tcp::wire::{Reply, Request, Test};
 use crate::error::{fail, CliResult};
 use crate::units::fmt_size;
 use indicatif::ProgressBar;
@@ -792,11 +792,15 @@ fn fig4(r: &[Rec]) -> Vec<Figure> {
 // ---------------------------------------------------------------------------------------------
 // 2: mixes.
 
-/// Runs a 1 KB stream on every client at once; the aggregate Gbit/s: all flows' measured bytes
-/// over the time from the end of the warm-up to the last reply (the flows' own windows need not
-/// coincide, so summing their rates could count the same second twice).
-fn concurrent(l: &Lab, clients: &mut [&mut Proc]) -> CliResult<f64> {
-    let req = l.request(Test::Stream, KB, l.dur, l.warmup);
+/// Sends `req` to every client at once; the sum of `amount` over their replies (each checked
+/// non-empty), and the window from the end of the warm-up to the last reply (the flows' own
+/// windows need not coincide, so summing their rates could count the same second twice).
+fn concurrent_sum(
+    l: &Lab,
+    clients: &mut [&mut Proc],
+    req: &Request,
+    amount: fn(&Reply) -> u64,
+) -> CliResult<(u64, f64)> {
     let timeout = l.dur + l.warmup + Duration::from_secs(30);
     let t0 = std::time::Instant::now();
     let results: Vec<CliResult<u64>> = std::thread::scope(|s| {
@@ -804,11 +808,11 @@ fn concurrent(l: &Lab, clients: &mut [&mut Proc]) -> CliResult<f64> {
             .iter_mut()
             .map(|c| {
                 s.spawn(move || {
-                    let r = c.ask(&req, timeout)?;
-                    if r.bytes == 0 || r.elapsed_s <= 0.0 {
+                    let r = c.ask(req, timeout)?;
+                    if amount(&r) == 0 || r.elapsed_s <= 0.0 {
                         return Err(fail(format!("{}: empty measurement", c.what())));
                     }
-                    Ok(r.bytes)
+                    Ok(amount(&r))
                 })
             })
             .collect();
@@ -817,30 +821,23 @@ fn concurrent(l: &Lab, clients: &mut [&mut Proc]) -> CliResult<f64> {
             .collect()
     });
     let window = t0.elapsed().saturating_sub(l.warmup).as_secs_f64();
-    let bytes: u64 = results.into_iter().sum::<CliResult<u64>>()?;
+    Ok((results.into_iter().sum::<CliResult<u64>>()?, window))
+}
+
+/// Runs a 1 KB stream on every client at once; the aggregate Gbit/s.
+fn concurrent(l: &Lab, clients: &mut [&mut Proc]) -> CliResult<f64> {
+    let req = l.request(Test::Stream, KB, l.dur, l.warmup);
+    let (bytes, window) = concurrent_sum(l, clients, &req, |r| r.bytes)?;
     Ok(bytes as f64 * 8.0 / window / 1e9)
 }
 
 // ---------------------------------------------------------------------------------------------
 // 11: oversubscribed.
 
-/// Transactions per second of `clients` running 64-byte request/response flows at once
-/// (their counts over the window from the end of the warm-up to the last flow's end).
-fn concurrent_rr(l: &Lab, clients: &mut [Proc]) -> CliResult<f64> {
+/// Transactions per second of `clients` running 64-byte request/response flows at once.
+fn concurrent_rr(l: &Lab, clients: &mut [&mut Proc]) -> CliResult<f64> {
     let req = l.request(Test::Rr, 64, l.dur, l.warmup);
-    let timeout = l.dur + l.warmup + Duration::from_secs(30);
-    let t0 = std::time::Instant::now();
-    let counts: Vec<CliResult<u64>> = std::thread::scope(|s| {
-        let hs: Vec<_> = clients
-            .iter_mut()
-            .map(|c| s.spawn(|| c.ask(&req, timeout).map(|r| r.count)))
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(fail("a flow panicked"))))
-            .collect()
-    });
-    let window = t0.elapsed().saturating_sub(l.warmup).as_secs_f64();
-    let n: u64 = counts.into_iter().sum::<CliResult<u64>>()?;
+    let (n, window) = concurrent_sum(l, clients, &req, |r| r.count)?;
     Ok(n as f64 / window)
 }
 
@@ -861,7 +858,8 @@ fn exp11(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
             let mut clients = (0..flows)
                 .map(|_| l.client(kind, &addr, &o))
                 .collect::<CliResult<Vec<_>>>()?;
-            concurrent_rr(l, &mut clients)
+            let mut all: Vec<&mut Proc> = clients.iter_mut().collect();
+            concurrent_rr(l, &mut all)
         };
         match run(l) {
             Ok(v) => out.push(
