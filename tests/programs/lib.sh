@@ -376,6 +376,10 @@ storm_check() {
 # $CASE_DIR/filler.out.
 fill_region() {
   local d=$CASE_DIR i
+  # Exited processes of the case (pgbench -i, psql) may still hold ring memory until a sweep
+  # reclaims them; a client that finds the region full reclaims them itself and gets a ring —
+  # then "full" was not full of live connections. Reclaim first.
+  [ -z "$CLI_REGION" ] || "$ML" region reclaim --region "$CLI_REGION" >/dev/null 2>&1 || true
   dom_cmd 1 "$CLI_REGION"
   "${DOM[@]}" "$PY" "$HERE/py/filler.py" "$ADDR0" "$1" "$d" >"$d/filler.out" 2>&1 &
   for ((i = 0; i < 600; i++)); do
