@@ -380,8 +380,12 @@ fill_region() {
   # reclaims them; a client that finds the region full reclaims them itself and gets a ring —
   # then "full" was not full of live connections. Reclaim first.
   [ -z "$CLI_REGION" ] || "$ML" region reclaim --region "$CLI_REGION" >/dev/null 2>&1 || true
+  # With both ends in one region, the filler tells "full" from a transient fallback by the
+  # region's region_full counter.
+  local look=()
+  [ -z "$CLI_REGION" ] || [ "$SRV_REGION" != "$CLI_REGION" ] || look=("$ML" "$CLI_REGION")
   dom_cmd 1 "$CLI_REGION"
-  "${DOM[@]}" "$PY" "$HERE/py/filler.py" "$ADDR0" "$1" "$d" >"$d/filler.out" 2>&1 &
+  "${DOM[@]}" "$PY" "$HERE/py/filler.py" "$ADDR0" "$1" "$d" "${look[@]}" >"$d/filler.out" 2>&1 &
   for ((i = 0; i < 600; i++)); do
     [ -e "$d/filled" ] && break
     sleep 0.1
