@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::os::unix::fs::MetadataExt;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -39,7 +39,8 @@ pub enum DomainsCmd {
         #[arg(long, default_value = "10.77.0.0/24")]
         subnet: String,
     },
-    /// Run CMD inside domain I; its exit code becomes ours.
+    /// Run CMD inside domain I: CMD replaces this process (signals reach it, its exit status
+    /// is ours).
     Exec {
         /// Domain index.
         i: u32,
@@ -422,20 +423,14 @@ fn exec(prefix: &str, i: u32, cmd: &[String]) -> CliResult<()> {
         )));
     }
     preflight("exec")?;
-    let status = Command::new("ip")
+    // `ip netns exec` enters the namespace and execs CMD in its own place: with us replaced
+    // too, CMD is this very process — a signal sent to it (a terminal's ^C, a supervisor's
+    // TERM) reaches CMD, and its exit status is ours, with nothing in between to forward.
+    let e = Command::new("ip")
         .args(["netns", "exec", &ns])
         .args(cmd)
-        .status()
-        .map_err(|e| ip_spawn_error(&e))?;
-    // A signal becomes 128 + signal, as in a shell.
-    let code = status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(1);
-    if code != 0 {
-        std::process::exit(code);
-    }
-    Ok(())
+        .exec();
+    Err(ip_spawn_error(&e))
 }
 
 // ---------------------------------------------------------------------------------------------

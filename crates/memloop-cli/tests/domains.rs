@@ -53,6 +53,7 @@ fn main() -> std::process::ExitCode {
     memloop_testkit::run(vec![
         test!(domains_up_connect_isolate_list_down).needs(needs()),
         test!(domains_exec_in_unknown_domain_is_a_clear_error).needs(needs()),
+        test!(domains_exec_becomes_the_command_signals_and_status_included).needs(needs()),
         test!(domains_reject_bad_plans_before_touching_anything),
         test!(domains_down_with_nothing_there_is_fine).needs(needs()),
     ])
@@ -77,11 +78,19 @@ struct Domains {
 
 impl Domains {
     fn up(n: u32) -> Self {
+        Self::up_as(n, 0)
+    }
+
+    /// [`Domains::up`] for test number `k` of this process (tests run at once: each its own
+    /// prefix and subnet).
+    fn up_as(n: u32, k: u32) -> Self {
         let pid = std::process::id();
-        // "t<pid>-br0" is at most 12 bytes: within the 15-byte interface name limit.
-        let net = format!("10.{}.{}.", 100 + pid % 100, (pid / 100) % 256);
+        // "t<pid>-br0" is at most 12 bytes, 13 with a test number: within the 15-byte
+        // interface name limit.
+        let net = format!("10.{}.{}.", 100 + pid % 100, (pid / 100 + k) % 256);
+        let tag = if k == 0 { String::new() } else { k.to_string() };
         let d = Domains {
-            prefix: format!("t{pid}"),
+            prefix: format!("t{pid}{tag}"),
             subnet: format!("{net}0/24"),
             net,
         };
@@ -255,6 +264,34 @@ fn domains_exec_in_unknown_domain_is_a_clear_error() {
         "{}",
         text(&o.stderr)
     );
+}
+
+/// `domains exec` is CMD itself: a signal sent to the pid it was started as reaches CMD (no
+/// process left behind), and CMD's exit status is what its caller sees.
+fn domains_exec_becomes_the_command_signals_and_status_included() {
+    let d = Domains::up_as(1, 1);
+    let o = d.run(&["exec", "0", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(o.status.code(), Some(7), "{}", text(&o.stderr));
+
+    let mut child = Command::new(BIN)
+        .args(d.argv(&["exec", "0", "--", "sleep", "30"]))
+        .spawn()
+        .expect("spawning memloop domains exec");
+    let comm = format!("/proc/{}/comm", child.id());
+    let t0 = std::time::Instant::now();
+    while std::fs::read_to_string(&comm).unwrap_or_default().trim() != "sleep" {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "the started pid never became the command"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a child's pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("kill -TERM");
+    let status = child.wait().expect("waiting for it");
+    use std::os::unix::process::ExitStatusExt;
+    let term = rustix::process::Signal::TERM.as_raw();
+    assert_eq!(status.signal(), Some(term), "{status:?}");
 }
 
 fn domains_reject_bad_plans_before_touching_anything() {
