@@ -6,8 +6,12 @@
 //! library to `LD_PRELOAD` (keeping what was there), then replaces itself with CMD. Everything
 //! else in the environment passes through: `MEMLOOP_DISABLE=1` is read by the library itself.
 //!
+//! Never in the way: when the library or the region cannot be used (not found, no permission,
+//! `/dev/shm` full, a region of another layout), it says why in one line on stderr and runs
+//! CMD untouched, on the kernel path. `--strict` fails instead.
+//!
 //! Exit codes, as `env` and `timeout` do: CMD's own once it runs, 125 if memloop fails before
-//! that (no library, no region), 127 if CMD cannot be executed.
+//! that under `--strict`, 127 if CMD cannot be executed.
 
 use crate::error::{fail, CliResult, Context};
 use crate::region_cmd::{self, RegionArg};
@@ -30,9 +34,14 @@ const EXIT_EXEC_FAILED: i32 = 127;
 pub struct RunArgs {
     #[command(flatten)]
     region: RegionArg,
-    /// Fail if the region does not exist instead of creating it (with default parameters).
+    /// Do not create the region if it does not exist (CMD then runs without memloop, or
+    /// fails with --strict).
     #[arg(long)]
     no_create: bool,
+    /// Fail (exit 125) when the library or the region cannot be used, instead of running
+    /// CMD without memloop.
+    #[arg(long)]
+    strict: bool,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true)]
     cmd: Vec<OsString>,
@@ -40,18 +49,20 @@ pub struct RunArgs {
 
 /// Never returns on success: the process becomes CMD.
 pub fn run(a: &RunArgs) -> CliResult<()> {
-    let env = match prepare(a) {
-        Ok(env) => env,
-        Err(e) => {
+    let mut cmd = Command::new(&a.cmd[0]);
+    cmd.args(&a.cmd[1..]);
+    match prepare(a) {
+        Ok(env) => {
+            cmd.env("MEMLOOP_REGION", &env.region)
+                .env("LD_PRELOAD", &env.ld_preload);
+        }
+        Err(e) if a.strict => {
             eprintln!("memloop: error: {e}");
             std::process::exit(EXIT_SETUP_FAILED);
         }
-    };
-    let e = Command::new(&a.cmd[0])
-        .args(&a.cmd[1..])
-        .env("MEMLOOP_REGION", &env.region)
-        .env("LD_PRELOAD", &env.ld_preload)
-        .exec();
+        Err(e) => eprintln!("memloop: {e}; running the command without memloop (kernel path)"),
+    }
+    let e = cmd.exec();
     eprintln!(
         "memloop: error: cannot execute {}: {e}",
         Path::new(&a.cmd[0]).display()
