@@ -81,7 +81,7 @@ trap 'exit 130' INT TERM
 run_redis() {
   local mode=$1 wrap=() ready=0 channels=0 bench n
   if [ "$mode" = memloop ]; then
-    wrap=("$ml" run --region "$region" --)
+    wrap=("$ml" run --strict --region "$region" --)
   fi
   rm -f "$pidfile"
   "$ml" domains exec 0 --prefix "$prefix" -- "${wrap[@]}" \

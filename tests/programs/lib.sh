@@ -25,7 +25,7 @@ dom_cmd() {
   local i=$1 region=$2
   DOM=("$ML" domains exec "$i" --prefix "$PREFIX" --)
   if [ -n "$region" ]; then
-    DOM+=("$ML" run --no-create --region "$region" --)
+    DOM+=("$ML" run --strict --no-create --region "$region" --)
   fi
 }
 

@@ -136,7 +136,7 @@ export PREFIX RUN_DIR
 
 if [ "${variants[0]}" != plain ]; then
   probe=$PREFIX-probe
-  if ! out=$("$ML" run --region "$probe" -- true 2>&1); then
+  if ! out=$("$ML" run --strict --region "$probe" -- true 2>&1); then
     region_destroy "$probe"
     echo "run.sh: \`memloop run\` cannot start programs: $out" >&2
     echo "run.sh: (ML_NO_PRELOAD=1 runs the suite without the library, over plain TCP)" >&2

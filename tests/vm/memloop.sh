@@ -50,10 +50,10 @@ baseline=$(usage)
 
 job_host='
 memloop bench serve --addr memloop:host-echo &
-memloop run -- memloop bench serve --addr 0.0.0.0:7100 &
+memloop run --strict -- memloop bench serve --addr 0.0.0.0:7100 &
 # A server outside the region: a preloaded client must reach it over TCP.
 memloop bench serve --addr 0.0.0.0:7101 &
-memloop run -- socat -u TCP-LISTEN:7102,reuseaddr - | sha256sum | sed "s/ .*//; s/^/host tcp sha256 /" &
+memloop run --strict -- socat -u TCP-LISTEN:7102,reuseaddr - | sha256sum | sed "s/ .*//; s/^/host tcp sha256 /" &
 tcp_sum=$!
 memloop cat --listen host-sink | sha256sum | sed "s/ .*//; s/^/host native sha256 /"
 wait $tcp_sum
@@ -61,9 +61,9 @@ wait $tcp_sum
 
 job_a='set -e
 memloop bench serve --addr memloop:a-echo &
-memloop run -- memloop bench serve --addr 0.0.0.0:7000 &
+memloop run --strict -- memloop bench serve --addr 0.0.0.0:7000 &
 memloop bench serve --addr 0.0.0.0:7001 &
-memloop run -- socat -u TCP-LISTEN:7002,reuseaddr - | sha256sum | sed "s/ .*//; s/^/a tcp sha256 /" &
+memloop run --strict -- socat -u TCP-LISTEN:7002,reuseaddr - | sha256sum | sed "s/ .*//; s/^/a tcp sha256 /" &
 tcp_sum=$!
 memloop cat --listen a-sink | sha256sum | sed "s/ .*//; s/^/a native sha256 /"
 wait $tcp_sum
@@ -76,8 +76,8 @@ head -c 8000000 /dev/urandom > /tmp/data
 echo "b data sha256 $(sha256sum < /tmp/data | sed "s/ .*//")"
 memloop cat --connect a-sink < /tmp/data
 memloop cat --connect host-sink < /tmp/data
-memloop run -- socat -u FILE:/tmp/data TCP:10.77.0.2:7002,retry=100,interval=0.1
-memloop run -- socat -u FILE:/tmp/data TCP:10.77.0.1:7102,retry=100,interval=0.1
+memloop run --strict -- socat -u FILE:/tmp/data TCP:10.77.0.2:7002,retry=100,interval=0.1
+memloop run --strict -- socat -u FILE:/tmp/data TCP:10.77.0.1:7102,retry=100,interval=0.1
 probe() { # NAME ADDR TEST SIZE [memloop run]
   name=$1 addr=$2 test=$3 size=$4; shift 4
   echo "RESULT $name $test $size $("$@" memloop bench probe --addr "$addr" --test "$test" --size "$size" --secs 1)"
@@ -187,7 +187,7 @@ job_host='
 memloop cat --listen host-sink >/dev/null 2>"$MEMLOOP_VM_LOG_DIR/host-cat.err" &
 cat_pid=$!
 # A transparent (preloaded) stream from b too: socat must fail, not wait for TCP to give up.
-memloop run -- socat -d -u TCP-LISTEN:7103,reuseaddr OPEN:/dev/null 2>"$MEMLOOP_VM_LOG_DIR/host-socat.err" &
+memloop run --strict -- socat -d -u TCP-LISTEN:7103,reuseaddr OPEN:/dev/null 2>"$MEMLOOP_VM_LOG_DIR/host-socat.err" &
 # (A powered-off peer sends no FIN: on plain TCP this read would wait for the TCP timeout.)
 socat_pid=$!
 # When b announces its streams, note the time (b is SIGKILLed right after, within ~50 ms).
@@ -212,7 +212,7 @@ echo "a: cat failed: $(cat /tmp/err)"'
 job_b='
 memloop cat --connect a-sink < /dev/zero &
 memloop cat --connect host-sink < /dev/zero &
-memloop run -- socat -u /dev/zero TCP:10.77.0.1:7103,retry=100,interval=0.1 &
+memloop run --strict -- socat -u /dev/zero TCP:10.77.0.1:7103,retry=100,interval=0.1 &
 sleep 2
 memloop status | grep "ring .*10.77.0.1:7103" >/dev/null && echo "b: socat to the host is on a ring"
 echo STREAMING-NOW
@@ -410,7 +410,7 @@ logpat="accepted on a ring|offered a ring|left the ring|switched to TCP|kept its
 job_a="$job_pace"'
 ( sleep 80; echo "a: WATCHDOG: stream not done after 80 s"; watchdog_log a; kill $(pidof socat) ) &
 dog=$!
-pace 8000000 32768 | { MEMLOOP_LOG=debug MEMLOOP_PROMOTE=1 memloop run -- socat -t 60 TCP-LISTEN:7200,reuseaddr - 2>/tmp/socat.log; echo "$?" > /tmp/socat.rc; } |
+pace 8000000 32768 | { MEMLOOP_LOG=debug MEMLOOP_PROMOTE=1 memloop run --strict -- socat -t 60 TCP-LISTEN:7200,reuseaddr - 2>/tmp/socat.log; echo "$?" > /tmp/socat.rc; } |
   sha256sum | sed "s/ .*//; s/^/a got sha256 /"
 kill $dog 2>/dev/null
 echo "a sends sha256 $(sha256sum < /tmp/sent | sed "s/ .*//") ($(wc -c < /tmp/sent) B)"
@@ -425,7 +425,7 @@ dog=$!
 # Not before the listener of a is in the region: a connect that finds no member behind the
 # address stays on TCP, and socat would retry as soon as a listens, maybe before that.
 until memloop status --json 2>/dev/null | grep -q "tcp 0.0.0.0:7200"; do sleep 0.1; done
-pace 0 65536 | { MEMLOOP_LOG=debug MEMLOOP_PROMOTE=1 memloop run -- socat -t 60 - TCP:10.77.0.2:7200,retry=100,interval=0.1 2>/tmp/socat.log; echo "$?" > /tmp/socat.rc; } |
+pace 0 65536 | { MEMLOOP_LOG=debug MEMLOOP_PROMOTE=1 memloop run --strict -- socat -t 60 - TCP:10.77.0.2:7200,retry=100,interval=0.1 2>/tmp/socat.log; echo "$?" > /tmp/socat.rc; } |
   late | sed "s/ .*//; s/^/b got sha256 /"
 kill $dog 2>/dev/null
 echo "b sends sha256 $(sha256sum < /tmp/sent | sed "s/ .*//") ($(wc -c < /tmp/sent) B)"

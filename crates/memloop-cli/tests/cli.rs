@@ -30,7 +30,14 @@ fn main() -> std::process::ExitCode {
         test!(destroy_moves_live_connections_to_tcp_before_the_region_goes).needs(preloaded()),
         test!(the_heartbeat_demotes_ring_connections_of_a_paused_region).needs(preloaded()),
         test!(status_shows_switched_records_and_switch_counts),
+        test!(a_region_on_a_full_file_system_falls_back_instead_of_crashing).needs(
+            memloop_testkit::all([preloaded(), memloop_testkit::root(), mount_tool()]),
+        ),
     ])
+}
+
+fn mount_tool() -> memloop_testkit::Need {
+    memloop_testkit::tool("mount", &["--version"])
 }
 
 fn memloop(args: &[&str]) -> Output {
@@ -923,3 +930,100 @@ fn the_heartbeat_demotes_ring_connections_of_a_paused_region() {
     );
     pair.finish();
 }
+
+/// Eight connections streaming 4 MiB each through a region whose file system (a tmpfs of
+/// 8 MiB under a 64 MiB region: a container's small `/dev/shm`) runs out of memory: before,
+/// the first write to a ring page the file system had no room for killed the program with
+/// SIGBUS. Now ring memory is reserved when a connection's rings are made: the connections
+/// that found no room fall back to TCP (`region_full`), every byte arrives, and creating a
+/// region where even its tables do not fit is a clear error that leaves no file behind.
+fn a_region_on_a_full_file_system_falls_back_instead_of_crashing() {
+    let dir = std::env::temp_dir().join(format!("memloop-fullfs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&dir)
+        .status()
+        .expect("mount");
+    assert!(mounted.success(), "mounting a tmpfs at {}", dir.display());
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let _u = Unmount(dir.clone());
+    let region = dir.join("r").display().to_string();
+    let o = memloop(&["region", "create", "--region", &region, "--size", "64M"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = Command::new(BIN)
+        .args([
+            "run", "--strict", "--region", &region, "--", "python3", "-c", BULK_PY,
+        ])
+        .output()
+        .expect("running the streams");
+    assert!(
+        o.status.success(),
+        "the program did not survive the full file system ({:?}): {}",
+        o.status,
+        stderr(&o)
+    );
+    assert_eq!(stdout(&o).trim(), "OK 8", "{}", stderr(&o));
+    let v = status_json(&region);
+    let full = v["fallbacks"]["region_full"].as_u64().unwrap_or(0);
+    assert!(full >= 1, "no connection found the region full: {v}");
+    assert!(
+        v["ring_bytes"].as_u64().unwrap_or(0) > 0,
+        "no ring used: {v}"
+    );
+
+    let tiny = dir.join("tiny");
+    std::fs::create_dir_all(&tiny).unwrap();
+    let _ = std::fs::remove_file(&region); // give the space back; now fill all but ~64 KiB
+    let fill = dir.join("fill");
+    let filled = Command::new("dd")
+        .args(["if=/dev/zero", "bs=64K", "count=127"])
+        .arg(format!("of={}", fill.display()))
+        .output()
+        .expect("dd");
+    assert!(filled.status.success(), "{}", stderr(&filled));
+    let cramped = tiny.join("r").display().to_string();
+    let o = memloop(&["region", "create", "--region", &cramped, "--size", "64M"]);
+    assert!(
+        !o.status.success(),
+        "a region whose tables do not fit was created"
+    );
+    assert!(stderr(&o).contains("file system"), "{}", stderr(&o));
+    assert!(
+        !tiny.join("r").exists(),
+        "the half-made region file was left behind"
+    );
+}
+
+/// Eight connections to a server in the same process, 4 MiB each way in, every byte counted.
+const BULK_PY: &str = r#"
+import socket, threading
+N, CHUNK, CHUNKS = 8, 1 << 16, 64
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(N)
+got = [0] * N
+def drain(i, c):
+    while (b := c.recv(1 << 20)):
+        got[i] += len(b)
+def accept():
+    for i in range(N):
+        c, _ = ls.accept()
+        threading.Thread(target=drain, args=(i, c)).start()
+t = threading.Thread(target=accept); t.start()
+cs = [socket.create_connection(ls.getsockname()) for _ in range(N)]
+for c in cs:
+    for _ in range(CHUNKS):
+        c.sendall(b"x" * CHUNK)
+    c.close()
+t.join()
+for th in threading.enumerate():
+    if th is not threading.current_thread():
+        th.join()
+assert got == [CHUNK * CHUNKS] * N, got
+print("OK", N)
+"#;

@@ -163,7 +163,7 @@ fn run_finds_the_library_next_to_the_executable_or_in_lib() {
     std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
     std::fs::copy(BIN, &bin).unwrap();
 
-    let o = run(&bin, &["--region", &region, "--", "true"], &[]);
+    let o = run(&bin, &["--strict", "--region", &region, "--", "true"], &[]);
     assert_eq!(o.status.code(), Some(125), "no library anywhere");
     let err = text(&o.stderr);
     assert!(
@@ -194,20 +194,23 @@ fn run_failures_are_clear_and_have_distinct_exit_codes() {
     let lib_s = lib.to_str().unwrap();
     let region = s.region("fail");
 
-    // The library named by MEMLOOP_PRELOAD_LIB does not exist: 125, nothing runs.
+    // The library named by MEMLOOP_PRELOAD_LIB does not exist: under --strict 125, nothing
+    // runs.
     let o = run(
         Path::new(BIN),
-        &["--region", &region, "--", "sh", "-c", "echo ran"],
+        &[
+            "--strict", "--region", &region, "--", "sh", "-c", "echo ran",
+        ],
         &[("MEMLOOP_PRELOAD_LIB", "/nonexistent/libmemloop_preload.so")],
     );
     assert_eq!(o.status.code(), Some(125));
     assert!(text(&o.stderr).contains("/nonexistent/libmemloop_preload.so"));
     assert!(text(&o.stdout).is_empty());
 
-    // --no-create and no region: 125 with the usual hint; the region is not created.
+    // --strict --no-create and no region: 125 with the usual hint; the region is not created.
     let o = run(
         Path::new(BIN),
-        &["--region", &region, "--no-create", "--", "true"],
+        &["--strict", "--region", &region, "--no-create", "--", "true"],
         &[("MEMLOOP_PRELOAD_LIB", lib_s)],
     );
     assert_eq!(o.status.code(), Some(125));
@@ -239,4 +242,47 @@ fn run_failures_are_clear_and_have_distinct_exit_codes() {
     // No command at all is a usage error.
     let o = run(Path::new(BIN), &["--region", &region], &[]);
     assert!(!o.status.success());
+}
+
+/// Without `--strict`, nothing memloop needs stops the program: the library missing, the region
+/// missing under `--no-create`, a file at the region's path that is no region. Each time one
+/// line on stderr says why, CMD runs untouched (no `LD_PRELOAD`, no `MEMLOOP_REGION` added)
+/// and its exit status is ours.
+#[test]
+fn run_steps_aside_when_memloop_cannot_be_used() {
+    let mut s = Scratch::new("aside");
+    let lib = s.fake_lib("libmemloop_preload.so");
+    let lib_s = lib.to_str().unwrap();
+    let region = s.region("aside");
+    let show = "echo \"${LD_PRELOAD:-none}|${MEMLOOP_REGION:-none}\"; exit 3";
+    let garbage = s.dir.join("not-a-region");
+    std::fs::write(&garbage, vec![0x5a; 1 << 16]).unwrap();
+    let garbage = garbage.to_str().unwrap().to_owned();
+    let cases: [(&str, Vec<&str>, (&str, &str)); 3] = [
+        (
+            "no library",
+            vec!["--region", &region],
+            ("MEMLOOP_PRELOAD_LIB", "/nonexistent/libmemloop_preload.so"),
+        ),
+        (
+            "no region",
+            vec!["--region", &region, "--no-create"],
+            ("MEMLOOP_PRELOAD_LIB", lib_s),
+        ),
+        (
+            "not a region",
+            vec!["--region", &garbage],
+            ("MEMLOOP_PRELOAD_LIB", lib_s),
+        ),
+    ];
+    for (what, mut args, env) in cases {
+        args.extend(["--", "sh", "-c", show]);
+        let o = run(Path::new(BIN), &args, &[env]);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(3), "{what}: {err}");
+        assert_eq!(text(&o.stdout).trim(), "none|none", "{what}");
+        assert_eq!(err.lines().count(), 1, "{what}: one line, got {err}");
+        assert!(err.contains("without memloop"), "{what}: {err}");
+    }
+    assert!(Region::open(&RegionSpec::parse(&region)).is_err());
 }

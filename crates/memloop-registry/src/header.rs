@@ -291,6 +291,16 @@ impl Layout {
     }
 }
 
+/// [`ShmSlice::commit`]'s error as ours: no room is a full region.
+pub(crate) fn no_room(e: memloop_shm::CommitError) -> RegistryError {
+    match e {
+        memloop_shm::CommitError::OutOfBounds(e) => RegistryError::Shm(e),
+        memloop_shm::CommitError::NoRoom(_) => RegistryError::RegionFull {
+            what: "memory in the file system behind the region",
+        },
+    }
+}
+
 impl Registry {
     /// Lays out a fresh region in `view` (zeroed memory, or a region being re-initialised: the
     /// tables are cleared and the generation bumped). The magic is written last, with release,
@@ -304,6 +314,8 @@ impl Registry {
                 actual,
             });
         }
+        // The tables' memory first (a sparse file on a full file system would SIGBUS below).
+        view.commit(0, layout.heap_off).map_err(no_room)?;
         let magic = view.u64_at(H_MAGIC)?;
         let old_gen = if magic.load(Acquire) == MAGIC {
             view.u64_at(H_GEN)?.load(Relaxed)

@@ -24,7 +24,7 @@ mod view;
 
 #[cfg(not(loom))]
 pub use mapping::{Backend, CreateOptions, Mapping, MappingError};
-pub use view::{OutOfBounds, ShmSlice, ShmU32, ShmU64};
+pub use view::{CommitError, NoRoom, OutOfBounds, ShmSlice, ShmU32, ShmU64};
 
 /// Cache line size used to separate producer and consumer state.
 pub const CACHE_LINE: usize = 64;

@@ -177,10 +177,40 @@ impl Mapping {
     /// A view of the whole mapping that keeps it alive.
     pub fn view(self: &Arc<Self>) -> ShmSlice {
         let ptr = NonNull::new(self.raw.as_mut_ptr()).expect("mmap never returns null");
-        let keep: Arc<dyn Send + Sync> = self.clone();
+        let keep: Arc<dyn crate::view::Backing> = self.clone();
         // SAFETY: the mapping covers `len` bytes, is page aligned, is writable iff `writable`,
         // and stays mapped while `keep` (an Arc of the mapping) lives.
         unsafe { ShmSlice::from_raw(ptr, self.len(), self.writable, keep) }
+    }
+}
+
+/// Backing memory is reserved with `fallocate`: a file system without room says so
+/// (`ENOSPC`) instead of a later `SIGBUS`. One that cannot reserve (a device such as an ivshmem
+/// BAR, which is all memory already) is taken at its word.
+impl crate::view::Backing for Mapping {
+    fn commit(&self, at: *const u8, len: usize) -> Result<(), crate::view::NoRoom> {
+        let off = (at as usize).wrapping_sub(self.raw.as_ptr() as usize) as u64;
+        let no_room = crate::view::NoRoom { len: len as u64 };
+        if off
+            .checked_add(len as u64)
+            .map_or(true, |end| end > self.len() as u64)
+        {
+            return Err(no_room); // never from a checked view; refuse rather than guess
+        }
+        loop {
+            let r = rustix::fs::fallocate(
+                &self.file,
+                rustix::fs::FallocateFlags::empty(),
+                off,
+                len as u64,
+            );
+            return match r {
+                Ok(()) => Ok(()),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::NOSPC) => Err(no_room),
+                Err(_) => Ok(()),
+            };
+        }
     }
 }
 

@@ -21,13 +21,33 @@ pub enum OutOfBounds {
     ReadOnly,
 }
 
+/// The file system behind a mapping has no room left for memory a view was to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no memory left in the file system behind the region ({len} bytes asked)")]
+pub struct NoRoom {
+    pub len: u64,
+}
+
+/// What keeps the memory behind a view mapped, and can make sure that memory exists.
+#[cfg(not(loom))]
+pub(crate) trait Backing: Send + Sync {
+    /// Makes sure memory backs the `len` bytes at `at` (inside the mapping), so that touching
+    /// them cannot fault for want of it (a sparse file on a full tmpfs raises `SIGBUS`).
+    fn commit(&self, _at: *const u8, _len: usize) -> Result<(), NoRoom> {
+        Ok(())
+    }
+}
+
 #[cfg(not(loom))]
 mod imp {
     use super::*;
     use std::ptr::NonNull;
 
     /// Whatever keeps the memory behind a view mapped.
-    pub(crate) type Keep = Arc<dyn Send + Sync>;
+    pub(crate) type Keep = Arc<dyn Backing>;
+
+    /// Heap memory exists once allocated.
+    impl Backing for Arc<[AtomicU64]> {}
 
     #[derive(Clone)]
     pub struct ShmSlice {
@@ -90,6 +110,17 @@ mod imp {
         }
         pub fn len(&self) -> usize {
             self.len
+        }
+        /// Makes sure memory backs `[off, off+len)` of the view before it is first touched: a
+        /// region is a sparse file, and on a full file system (a container's small
+        /// `/dev/shm`) a write to a page never written kills the program with `SIGBUS`. An
+        /// error instead lets the caller give up (a connection falls back to TCP, counted).
+        pub fn commit(&self, off: u64, len: u64) -> Result<(), CommitError> {
+            let o = self.check(off, len)?;
+            // SAFETY: `check` proved `o + len <= self.len`: the pointer stays inside the view.
+            let at = unsafe { self.ptr.as_ptr().add(o) };
+            self._keep.commit(at, len as usize)?;
+            Ok(())
         }
         pub fn is_writable(&self) -> bool {
             self.writable
@@ -252,6 +283,11 @@ mod imp {
         pub fn len(&self) -> usize {
             self.len
         }
+        /// Model memory always exists.
+        pub fn commit(&self, off: u64, len: u64) -> Result<(), CommitError> {
+            self.check(off, len)?;
+            Ok(())
+        }
         pub fn is_writable(&self) -> bool {
             self.writable
         }
@@ -386,6 +422,15 @@ impl ShmSlice {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Why [`ShmSlice::commit`] failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CommitError {
+    #[error(transparent)]
+    OutOfBounds(#[from] OutOfBounds),
+    #[error(transparent)]
+    NoRoom(#[from] NoRoom),
 }
 
 #[cfg(all(test, not(loom)))]

@@ -156,7 +156,10 @@ impl Region {
         };
         match Mapping::create_new(&path, spec.backend(), &copts) {
             Ok(mapping) => {
-                let registry = init_locked(&mapping, &opts.params)?;
+                let registry = init_locked(&mapping, &opts.params).inspect_err(|_| {
+                    // Ours alone (made exclusively, still locked): nobody may find it half-made.
+                    let _ = std::fs::remove_file(&path);
+                })?;
                 tracing::debug!(path = %path.display(), "created region");
                 Ok(Self {
                     spec: spec.clone(),

@@ -205,7 +205,8 @@ impl Lab {
         ];
         v.extend(["--prefix".into(), self.prefix.clone(), "--".into()]);
         if let Some(r) = region {
-            v.extend([exe, "run".into(), "--no-create".into(), "--region".into()]);
+            v.extend([exe, "run".into(), "--strict".into(), "--no-create".into()]);
+            v.push("--region".into());
             v.extend([r.into(), "--".into()]);
         }
         v.extend_from_slice(cmd);

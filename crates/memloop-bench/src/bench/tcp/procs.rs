@@ -361,6 +361,7 @@ impl Testbed {
             v.extend([
                 exe.clone(),
                 "run".into(),
+                "--strict".into(),
                 "--region".into(),
                 r.into(),
                 "--".into(),
