@@ -146,6 +146,7 @@ fn settings() -> &'static Settings {
 /// Reads the settings now (called from the library's constructor).
 pub fn capture_settings() {
     settings();
+    crate::testpoint::capture();
 }
 
 pub fn disabled() -> bool {

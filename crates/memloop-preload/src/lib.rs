@@ -30,6 +30,7 @@ mod plain;
 mod pollsel;
 mod real;
 mod table;
+mod testpoint;
 mod wake;
 
 /// Logging is off unless `MEMLOOP_LOG` holds a filter (e.g. `debug`).

@@ -152,6 +152,7 @@ fn main() -> std::process::ExitCode {
         test!(scm_rights_handoff_of_a_promoted_connection_with_unread_bytes),
         test!(scm_rights_handoff_with_unread_bytes_and_a_full_ring_fails_until_they_are_read),
         test!(demote_of_a_promoted_connection_with_unread_bytes_by_the_operator),
+        test!(a_paused_sweep_holding_a_closed_connection_leaves_its_successor_alone),
         test!(exec_adopts_a_switched_connection_and_brings_it_back_to_its_ring),
         test!(scm_rights_by_sendmmsg_and_recvmmsg_comes_back_to_its_ring),
         test!(exec_through_an_image_without_the_library_pins_the_connection_to_tcp),
@@ -288,7 +289,7 @@ struct Scenario {
     host: Option<&'static str>,
     /// Passed to both roles as `--extra`.
     extra: Option<&'static str>,
-    /// A line the server's debug log must contain under the preload.
+    /// What the server's debug log must contain under the preload (several: ` && `).
     evidence: Option<&'static str>,
     /// Under the preload the connection is expected to leave its ring for its TCP socket, for
     /// this reason (`fd_passed`, `exec`, `oob`, ...): a log (server or client) must have a
@@ -297,6 +298,9 @@ struct Scenario {
     switches: Option<&'static str>,
     /// Preload runs (a racy bug shows up within a few).
     repeat: usize,
+    /// One more `NAME=VALUE` in the server's environment under the preload (e.g.
+    /// `MEMLOOP_TEST_PAUSE`).
+    server_env: Option<&'static str>,
 }
 
 const fn sc(script: &'static str, case: &'static str) -> Scenario {
@@ -311,6 +315,7 @@ const fn sc(script: &'static str, case: &'static str) -> Scenario {
         evidence: None,
         switches: None,
         repeat: 1,
+        server_env: None,
     }
 }
 
@@ -343,6 +348,10 @@ impl Scenario {
         self.switches = Some(reason);
         self
     }
+    const fn server_env(mut self, e: &'static str) -> Self {
+        self.server_env = Some(e);
+        self
+    }
     const fn repeat(mut self, n: usize) -> Self {
         self.repeat = n;
         self
@@ -369,6 +378,9 @@ fn role_cmd(
     let mut v = env_prefix(PROCESS_TIMEOUT, preload);
     if mode == Mode::Disabled {
         v.push("MEMLOOP_DISABLE=1".into());
+    }
+    if let (Some(e), true, "server") = (s.server_env, mode != Mode::Kernel, role) {
+        v.push(e.into());
     }
     v.push("python3".into());
     v.push(
@@ -478,7 +490,7 @@ fn assert_ring_used(s: &Scenario, o: &Outcome, what: &str) {
             s.rings
         ));
     }
-    if let Some(e) = s.evidence {
+    for e in s.evidence.iter().flat_map(|e| e.split(" && ")) {
         if !o.server_err.contains(e) {
             problems.push(format!("the server's log lacks {e:?}"));
         }
@@ -1475,6 +1487,23 @@ fn demote_of_a_promoted_connection_with_unread_bytes_by_the_operator() {
         sc("handoff", "unread_tail_operator")
             .switches("operator")
             .evidence("carried the peer's last TCP bytes"),
+    );
+}
+
+/// The sweep race of stop 26 (a switch step on a connection already let go), in one order:
+/// the server's heartbeat sweep lists connection A and pauses (`MEMLOOP_TEST_PAUSE`), A is
+/// closed on both sides, B takes its channel slot (and, in the server, its fd number) and is
+/// demoted by the operator while the server is in none of its calls; then the sweep resumes
+/// with A. B must switch once, as asked, and carry 4 MiB each way intact (races.py).
+fn a_paused_sweep_holding_a_closed_connection_leaves_its_successor_alone() {
+    std::env::set_var("MEMLOOP_BIN", memloop_bin());
+    check(
+        sc("races", "stale_sweep")
+            .rings(2)
+            .server_env("MEMLOOP_TEST_PAUSE=sweep-listed:500000:1")
+            .switches("operator")
+            // The pause happened, and B was slot 0's next incarnation (A's successor).
+            .evidence("test pause && ChannelId { idx: 0, gen: 1 } side=Server reason=operator"),
     );
 }
 

@@ -727,7 +727,12 @@ impl Conn {
 /// of our calls (computing, or blocked somewhere we do not see) switch here.
 pub fn sweep() {
     super::expire_handoffs();
-    for c in crate::table::conns() {
+    let conns = crate::table::conns();
+    if !conns.is_empty() {
+        // (The program may close what was listed meanwhile: each step checks `let_go`.)
+        crate::testpoint::pause(crate::testpoint::Point::SweepListed);
+    }
+    for c in conns {
         c.look_after_futex_sleepers();
         c.sweep_requests();
         c.settle_switch_nowait();

@@ -1,0 +1,104 @@
+//! Pauses at named points, for tests that must put two processes' steps in one order: a race
+//! that takes microseconds to lose in the wild (see `tests/semantics/races.py`) is then lost
+//! every time. `MEMLOOP_TEST_PAUSE=POINT:MICROS[:TIMES][,…]` (read once, at load) pauses the
+//! thread reaching POINT for MICROS, the first TIMES times (default: always). Unset, a point
+//! costs one relaxed load; points sit only off the data path.
+
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Where a test may pause.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Point {
+    /// The heartbeat's switch sweep, after it listed the process's connections and before it
+    /// looks at them (with at least one listed): the program may close them meanwhile.
+    SweepListed,
+}
+
+impl Point {
+    const ALL: [Point; 1] = [Point::SweepListed];
+
+    fn name(self) -> &'static str {
+        match self {
+            Point::SweepListed => "sweep-listed",
+        }
+    }
+}
+
+struct Pause {
+    at: Point,
+    for_: Duration,
+    /// Pauses left (`u32::MAX`: no limit).
+    left: AtomicU32,
+}
+
+static PAUSES: OnceLock<Vec<Pause>> = OnceLock::new();
+
+/// Reads `MEMLOOP_TEST_PAUSE` (the library's constructor calls it: no allocation later).
+pub fn capture() {
+    PAUSES.get_or_init(|| {
+        std::env::var("MEMLOOP_TEST_PAUSE")
+            .map(|v| parse(&v))
+            .unwrap_or_default()
+    });
+}
+
+fn parse(spec: &str) -> Vec<Pause> {
+    spec.split(',')
+        .filter_map(|item| {
+            let mut f = item.trim().split(':');
+            let name = f.next()?;
+            let at = Point::ALL.into_iter().find(|p| p.name() == name);
+            let micros = f.next().and_then(|m| m.parse().ok());
+            let times = f.next().map_or(Some(u32::MAX), |t| t.parse().ok());
+            match (at, micros, times) {
+                (Some(at), Some(m), Some(t)) => Some(Pause {
+                    at,
+                    for_: Duration::from_micros(m),
+                    left: AtomicU32::new(t),
+                }),
+                _ => {
+                    tracing::warn!(item, "MEMLOOP_TEST_PAUSE: not POINT:MICROS[:TIMES]");
+                    None
+                }
+            }
+        })
+        .collect()
+}
+
+/// Pauses here if a test asked for it.
+pub fn pause(at: Point) {
+    let Some(pauses) = PAUSES.get() else { return };
+    for p in pauses.iter().filter(|p| p.at == at) {
+        let took = p
+            .left
+            .fetch_update(Relaxed, Relaxed, |n| match n {
+                0 => None,
+                u32::MAX => Some(u32::MAX),
+                n => Some(n - 1),
+            })
+            .is_ok();
+        if took {
+            tracing::debug!(point = at.name(), for_ = ?p.for_, "test pause");
+            std::thread::sleep(p.for_);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_spec_names_points_times_and_rejects_the_rest() {
+        let p = parse("sweep-listed:500:2, nowhere:1, sweep-listed:x, sweep-listed:7");
+        assert_eq!(p.len(), 2);
+        assert_eq!(
+            (p[0].at, p[0].for_),
+            (Point::SweepListed, Duration::from_micros(500))
+        );
+        assert_eq!(p[0].left.load(Relaxed), 2);
+        assert_eq!(p[1].left.load(Relaxed), u32::MAX);
+    }
+}
