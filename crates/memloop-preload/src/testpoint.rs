@@ -14,14 +14,18 @@ pub enum Point {
     /// The heartbeat's switch sweep, after it listed the process's connections and before it
     /// looks at them (with at least one listed): the program may close them meanwhile.
     SweepListed,
+    /// A ring wait about to sleep on the kernel socket (a blocking peek): the connection may
+    /// switch and the peer's FIN arrive meanwhile.
+    RingSleep,
 }
 
 impl Point {
-    const ALL: [Point; 1] = [Point::SweepListed];
+    const ALL: [Point; 2] = [Point::SweepListed, Point::RingSleep];
 
     fn name(self) -> &'static str {
         match self {
             Point::SweepListed => "sweep-listed",
+            Point::RingSleep => "ring-sleep",
         }
     }
 }

@@ -153,6 +153,7 @@ fn main() -> std::process::ExitCode {
         test!(scm_rights_handoff_with_unread_bytes_and_a_full_ring_fails_until_they_are_read),
         test!(demote_of_a_promoted_connection_with_unread_bytes_by_the_operator),
         test!(a_paused_sweep_holding_a_closed_connection_leaves_its_successor_alone),
+        test!(a_fin_found_after_leaving_the_ring_is_not_the_peer_closing),
         test!(exec_adopts_a_switched_connection_and_brings_it_back_to_its_ring),
         test!(scm_rights_by_sendmmsg_and_recvmmsg_comes_back_to_its_ring),
         test!(exec_through_an_image_without_the_library_pins_the_connection_to_tcp),
@@ -298,8 +299,8 @@ struct Scenario {
     switches: Option<&'static str>,
     /// Preload runs (a racy bug shows up within a few).
     repeat: usize,
-    /// One more `NAME=VALUE` in the server's environment under the preload (e.g.
-    /// `MEMLOOP_TEST_PAUSE`).
+    /// More `NAME=VALUE`s (space-separated) in the server's environment under the preload
+    /// (e.g. `MEMLOOP_TEST_PAUSE`).
     server_env: Option<&'static str>,
 }
 
@@ -380,7 +381,7 @@ fn role_cmd(
         v.push("MEMLOOP_DISABLE=1".into());
     }
     if let (Some(e), true, "server") = (s.server_env, mode != Mode::Kernel, role) {
-        v.push(e.into());
+        v.extend(e.split(' ').map(String::from));
     }
     v.push("python3".into());
     v.push(
@@ -1504,6 +1505,21 @@ fn a_paused_sweep_holding_a_closed_connection_leaves_its_successor_alone() {
             .switches("operator")
             // The pause happened, and B was slot 0's next incarnation (A's successor).
             .evidence("test pause && ChannelId { idx: 0, gen: 1 } side=Server reason=operator"),
+    );
+}
+
+/// The ring-wait race of stop 26 (a FIN found by a sleeper after its side left the ring), in
+/// one order: the server's reader pauses before its socket sleep (`MEMLOOP_TEST_PAUSE`, with
+/// doorbell wake-ups), the client shuts down on the ring and the server demotes the connection
+/// (SCM_RIGHTS to itself); the reader then finds the client's FIN. It must read EOF and leave
+/// the client's side open in the registry (races.py).
+fn a_fin_found_after_leaving_the_ring_is_not_the_peer_closing() {
+    std::env::set_var("MEMLOOP_BIN", memloop_bin());
+    check(
+        sc("races", "eof_after_leaving")
+            .server_env("MEMLOOP_WAKE=doorbell MEMLOOP_TEST_PAUSE=ring-sleep:1000000:1")
+            .switches("fd_passed")
+            .evidence("test pause"),
     );
 }
 

@@ -721,6 +721,7 @@ impl Conn {
     pub(super) fn sleep(&self, left: Option<Duration>) -> Result<(), c_int> {
         let fd = self.kfd();
         if self.peer.same_kernel && !self.nonblock.load(Relaxed) && left.is_none() {
+            crate::testpoint::pause(crate::testpoint::Point::RingSleep);
             let mut b = [0u8; 1];
             return match real::peek_blocking(fd, &mut b) {
                 // Our side left its ring while we slept: the peer may have taken over and
