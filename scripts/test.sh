@@ -2,7 +2,8 @@
 # The test command of the README (and of CI): formatting, lints, unit + cross-process tests in
 # release mode (including the socket-semantics scenarios and the event-loop runtimes — tokio,
 # libuv, Boost.Asio, asyncio, uvloop, JDK NIO, Node.js — under the preload), the real-program
-# suite across two network-namespace domains, memloop between two QEMU guests, then the loom
+# suite across two network-namespace domains, podman containers, memloop between two QEMU
+# guests, then the loom
 # models. `scripts/test.sh --slow`
 # adds the long suites.
 set -euo pipefail
@@ -45,6 +46,9 @@ fi
 
 echo "== real programs across two domains, ring and TCP-fallback variants"
 cargo test --release -p memloop-cli --test programs -- --ignored --nocapture
+
+echo "== podman containers opted in by an annotation (redis pair, not opted in, SIGKILL, unusable region)"
+tests/containers/run.sh
 
 echo "== two QEMU guests on one ivshmem region (harness smoke test, then memloop between them)"
 tests/vm/smoke.sh

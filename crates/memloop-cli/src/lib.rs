@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cat;
+pub mod container;
 pub mod domains;
 pub mod error;
 pub mod region_cmd;

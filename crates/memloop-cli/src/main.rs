@@ -6,7 +6,7 @@
 mod forward;
 
 use clap::{Parser, Subcommand};
-use memloop_cli::{cat, domains, init_logging, region_cmd, run, status, switch_cmd};
+use memloop_cli::{cat, container, domains, init_logging, region_cmd, run, status, switch_cmd};
 use std::ffi::OsString;
 use std::process::ExitCode;
 
@@ -48,6 +48,9 @@ enum Cmd {
     Run(run::RunArgs),
     /// Copy stdin into a native memloop stream, or one stream to stdout (netcat for services).
     Cat(cat::CatArgs),
+    /// Containers opted in by an annotation (`io.memloop.region=REGION`): the OCI hook.
+    #[command(subcommand)]
+    Container(container::ContainerCmd),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Cmd::Domains(c) => domains::run(c),
         Cmd::Run(a) => run::run(&a),
         Cmd::Cat(a) => cat::run(&a),
+        Cmd::Container(c) => container::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

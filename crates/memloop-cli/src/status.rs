@@ -34,6 +34,9 @@ struct Member {
     info: MemberInfo,
     same_kernel: bool,
     alive: bool,
+    /// The container it runs in (podman, docker, CRI-O id, 12 characters), if another pid
+    /// namespace of our kernel.
+    container: Option<String>,
 }
 
 pub fn run(a: &StatusArgs) -> CliResult<()> {
@@ -115,15 +118,21 @@ fn members(reg: &Registry) -> Vec<Member> {
         std::thread::sleep(HEARTBEAT_PERIOD + HEARTBEAT_PERIOD / 2);
         reg.members()
     };
+    let mut containers = crate::container::Containers::default();
     now.into_iter()
         .map(|info| {
             let alive = match first.iter().find(|m| m.id == info.id) {
                 Some(old) if remote.contains(&info.id) => old.heartbeat != info.heartbeat,
                 _ => live.is_alive(&info),
             };
+            let same_kernel = live.same_kernel(&info.identity);
+            let container = (same_kernel && remote.contains(&info.id))
+                .then(|| containers.of_pid_ns(info.identity.pid_ns))
+                .flatten();
             Member {
-                same_kernel: live.same_kernel(&info.identity),
+                same_kernel,
                 alive,
+                container,
                 info,
             }
         })
@@ -176,6 +185,7 @@ fn print_members(members: &[Member]) {
         "id",
         "pid",
         "name",
+        "container",
         "kernel",
         "alive",
         "heartbeat",
@@ -187,6 +197,7 @@ fn print_members(members: &[Member]) {
             id_str(i.id.idx, i.id.gen),
             i.identity.pid.to_string(),
             i.identity.name.clone(),
+            m.container.clone().unwrap_or_else(|| "-".into()),
             (if m.same_kernel { "same" } else { "other" }).into(),
             (if m.alive { "yes" } else { "NO" }).into(),
             i.heartbeat.to_string(),
@@ -450,6 +461,7 @@ fn member_json(m: &Member) -> Value {
     let i = &m.info;
     json!({
         "idx": i.id.idx, "gen": i.id.gen, "pid": i.identity.pid, "name": i.identity.name,
+        "container": m.container,
         "same_kernel": m.same_kernel, "alive": m.alive, "heartbeat": i.heartbeat,
         "state": format!("{:?}", i.state).to_lowercase(),
         "addresses": i.addresses.iter().map(|a| a.to_string()).collect::<Vec<_>>(),

@@ -576,7 +576,7 @@ impl Conn {
         // freed: its words say nothing of the peer then. A sleeper still counted there wakes
         // anyway: it was woken by the leave and is on its way out, or missed it.)
         let on_ring = self.path() == super::Path::Ring;
-        let dead = on_ring && self.peer.watch.dead();
+        let dead = on_ring && (self.socket_hung_up() || self.peer.watch.dead());
         if dead {
             self.set_peer_closed();
         }
@@ -586,6 +586,18 @@ impl Conn {
                 cell.wake_sleepers();
             }
         }
+    }
+
+    /// Our kernel socket says the peer's is gone (its FIN, a reset): on the ring the peer
+    /// never shuts its socket down, so it closed or died — a killed process in another pid
+    /// namespace is seen here at the next beat, not after its heartbeat went stale. (Not once
+    /// our side left its ring: the peer's FIN may then follow its takeover.)
+    fn socket_hung_up(&self) -> bool {
+        if !self.peer.same_kernel || self.side_switched() {
+            return false;
+        }
+        let hup = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
+        real::wait_fd(self.kfd(), hup, Some(Duration::ZERO)).is_ok_and(|ev| ev & hup != 0)
     }
 
     /// The longest spin before sleeping: longer towards another kernel.

@@ -1,0 +1,237 @@
+//! Containers opted in without touching their images: an OCI `precreate` hook (podman, CRI-O)
+//! that, for a container carrying the annotation `io.memloop.region=REGION`, bind-mounts the
+//! host's region file, its wake-socket directory and the preload library into the container
+//! and sets `LD_PRELOAD` and `MEMLOOP_REGION` for its processes.
+//!
+//! ```sh
+//! memloop container install                  # the hook, in /usr/share/containers/oci/hooks.d
+//! podman run --annotation io.memloop.region=default IMAGE CMD…
+//! ```
+//!
+//! Never in the way: when the region or the library cannot be used the hook says why on stderr
+//! and hands the container's configuration back unchanged — the container runs on the kernel
+//! path.
+
+use crate::error::{fail, CliResult, Context};
+use memloop::{CreateRegion, Region, RegionSpec};
+use serde_json::{json, Value};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// The annotation that opts a container in; its value names the region (as `--region` does).
+pub const ANNOTATION: &str = "io.memloop.region";
+/// Where the region, its wake sockets and the library appear inside a container.
+const IN_REGION: &str = "/run/memloop/region";
+const IN_WAKE: &str = "/run/memloop/region.wake";
+const IN_LIB: &str = "/run/memloop/libmemloop_preload.so";
+/// Where podman and CRI-O look for hooks by default.
+const DEFAULT_HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
+
+#[derive(clap::Subcommand)]
+pub enum ContainerCmd {
+    /// Write the OCI hook description (`memloop.json`) that makes containers annotated
+    /// `io.memloop.region=REGION` use memloop.
+    Install {
+        /// The engine's hooks directory (podman: `--hooks-dir`, or hooks_dir in
+        /// containers.conf).
+        #[arg(long, default_value = DEFAULT_HOOKS_DIR)]
+        hooks_dir: PathBuf,
+    },
+    /// The hook itself (`precreate` stage): an OCI runtime configuration on stdin, the same
+    /// with memloop added on stdout.
+    Hook,
+}
+
+pub fn run(cmd: ContainerCmd) -> CliResult<()> {
+    match cmd {
+        ContainerCmd::Install { hooks_dir } => install(&hooks_dir),
+        ContainerCmd::Hook => hook(),
+    }
+}
+
+fn install(dir: &Path) -> CliResult<()> {
+    let exe = std::env::current_exe()
+        .and_then(|p| p.canonicalize())
+        .context("locating this executable")?;
+    let desc = json!({
+        "version": "1.0.0",
+        "hook": { "path": exe, "args": ["memloop", "container", "hook"] },
+        "when": { "annotations": { format!("^{}$", ANNOTATION.replace('.', "\\.")): ".+" } },
+        "stages": ["precreate"],
+    });
+    std::fs::create_dir_all(dir).context(format!("creating {}", dir.display()))?;
+    let path = dir.join("memloop.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&desc)? + "\n")
+        .context(format!("writing {}", path.display()))?;
+    println!(
+        "installed {}: containers annotated {ANNOTATION}=REGION use memloop",
+        path.display()
+    );
+    Ok(())
+}
+
+fn hook() -> CliResult<()> {
+    let mut input = String::new();
+    std::io::stdin()
+        .read_to_string(&mut input)
+        .context("reading the container's configuration")?;
+    let mut config: Value = serde_json::from_str(&input)
+        .map_err(|e| fail(format!("the container's configuration is not JSON: {e}")))?;
+    if let Some(region) = config["annotations"][ANNOTATION].as_str().map(String::from) {
+        if let Err(e) = opt_in(&mut config, &region) {
+            // Never in the way: the container runs as it would have without us.
+            eprintln!("memloop hook: {e}; the container runs without memloop (kernel path)");
+            config = serde_json::from_str(&input)?;
+        }
+    }
+    println!("{}", serde_json::to_string(&config)?);
+    Ok(())
+}
+
+/// What the hook adds to `config` for a container of `region`.
+fn opt_in(config: &mut Value, region: &str) -> CliResult<()> {
+    let lib = crate::run::find_library()?;
+    let spec = RegionSpec::parse(region);
+    if matches!(spec, RegionSpec::Device(_) | RegionSpec::Ivshmem(_)) {
+        return Err(fail(format!(
+            "region {region} is a device: only a region file can be mounted into a container"
+        )));
+    }
+    let region = Region::open_or_create(&spec, &CreateRegion::default())
+        .context(format!("opening region {}", spec.path().display()))?;
+    let host = region.path().to_path_buf();
+    let wake = PathBuf::from(format!("{}.wake", host.display()));
+    create_wake_dir(&wake)?;
+    let mounts = [
+        (IN_REGION, &host, "rw"),
+        (IN_WAKE, &wake, "rw"),
+        (IN_LIB, &lib, "ro"),
+    ];
+    let list = config["mounts"]
+        .as_array_mut()
+        .ok_or_else(|| fail("the configuration has no mount list"))?;
+    for (dest, src, mode) in mounts {
+        list.push(json!({
+            "destination": dest, "type": "bind", "source": src,
+            "options": ["bind", mode, "nosuid", "nodev"],
+        }));
+    }
+    let env = config["process"]["env"]
+        .as_array_mut()
+        .ok_or_else(|| fail("the configuration has no process environment"))?;
+    set_env(env, "MEMLOOP_REGION", |_| IN_REGION.to_string());
+    set_env(env, "LD_PRELOAD", |old| match old {
+        Some(o) if !o.is_empty() => format!("{IN_LIB}:{o}"),
+        _ => IN_LIB.to_string(),
+    });
+    Ok(())
+}
+
+/// The wake-socket directory beside the region, as the library makes it (anyone may add a
+/// socket; only its owner may remove it).
+fn create_wake_dir(dir: &Path) -> CliResult<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if !dir.is_dir() {
+        std::fs::DirBuilder::new()
+            .mode(0o1777)
+            .create(dir)
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => Ok(()),
+                _ => Err(e),
+            })
+            .context(format!("creating {}", dir.display()))?;
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
+    }
+    Ok(())
+}
+
+/// Sets `NAME=value(old)` in an OCI environment list (`"NAME=VALUE"` strings).
+fn set_env(env: &mut Vec<Value>, name: &str, value: impl FnOnce(Option<&str>) -> String) {
+    let prefix = format!("{name}=");
+    let at = env
+        .iter()
+        .position(|v| v.as_str().is_some_and(|s| s.starts_with(&prefix)));
+    let old = at.and_then(|i| env[i].as_str().map(|s| s[prefix.len()..].to_string()));
+    let new = Value::String(format!("{prefix}{}", value(old.as_deref())));
+    match at {
+        Some(i) => env[i] = new,
+        None => env.push(new),
+    }
+}
+
+/// Which container a pid namespace of our kernel belongs to: the id in the cgroup path of a
+/// process in it (`libpod-ID`, `docker-ID`/`docker/ID`, `crio-ID`), as engines show it
+/// (12 characters). Looked up once per namespace.
+#[derive(Default)]
+pub struct Containers(std::collections::HashMap<u64, Option<String>>);
+
+impl Containers {
+    pub fn of_pid_ns(&mut self, pid_ns: u64) -> Option<String> {
+        self.0.entry(pid_ns).or_insert_with(|| find(pid_ns)).clone()
+    }
+}
+
+fn find(pid_ns: u64) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let procs = std::fs::read_dir("/proc").ok()?;
+    let pid = procs
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .find(|e| std::fs::metadata(e.path().join("ns/pid")).is_ok_and(|m| m.ino() == pid_ns))?;
+    let cgroup = std::fs::read_to_string(pid.path().join("cgroup")).ok()?;
+    container_id(&cgroup)
+}
+
+/// The container id in a `/proc/PID/cgroup` text, if any.
+fn container_id(cgroup: &str) -> Option<String> {
+    cgroup.lines().find_map(|line| {
+        let path = line.splitn(3, ':').nth(2)?;
+        path.split('/').find_map(|part| {
+            let id = ["libpod-", "docker-", "crio-", "cri-containerd-"]
+                .iter()
+                .find_map(|p| part.strip_prefix(p))
+                .map(|id| id.trim_end_matches(".scope"))
+                .or_else(|| path.contains("/docker/").then_some(part))?;
+            (id.len() >= 12 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+                .then(|| id[..12].to_string())
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_ids_are_read_from_engine_cgroup_paths() {
+        let podman = "9:name=systemd:/libpod_parent/libpod-e2c284c1e4a39c3153de9e9e42b7db3d0e8cde2d5d6460ebabf61fab5fd0c191\n";
+        assert_eq!(container_id(podman).as_deref(), Some("e2c284c1e4a3"));
+        let docker = "0::/system.slice/docker-0123456789abcdef0123456789abcdef.scope\n";
+        assert_eq!(container_id(docker).as_deref(), Some("0123456789ab"));
+        let docker_v1 = "4:pids:/docker/fedcba9876543210fedcba9876543210\n";
+        assert_eq!(container_id(docker_v1).as_deref(), Some("fedcba987654"));
+        assert_eq!(container_id("0::/user.slice/session-3.scope\n"), None);
+    }
+
+    #[test]
+    fn set_env_prepends_to_an_existing_preload_and_adds_a_missing_name() {
+        let mut env = vec![json!("PATH=/bin"), json!("LD_PRELOAD=/x.so")];
+        set_env(&mut env, "LD_PRELOAD", |o| format!("/a.so:{}", o.unwrap()));
+        set_env(&mut env, "MEMLOOP_REGION", |o| {
+            assert!(o.is_none());
+            "/r".into()
+        });
+        assert_eq!(
+            env,
+            vec![
+                json!("PATH=/bin"),
+                json!("LD_PRELOAD=/a.so:/x.so"),
+                json!("MEMLOOP_REGION=/r")
+            ]
+        );
+    }
+}

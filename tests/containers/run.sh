@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# memloop between real podman containers, opted in by an annotation (no image touched):
+#   1. redis-server in one container, redis-benchmark in another, both annotated
+#      io.memloop.region=R (the OCI hook of `memloop container install` mounts the region, its
+#      wake-socket directory and the library, and sets LD_PRELOAD/MEMLOOP_REGION): the results
+#      are checked, the region saw ring bytes, and `memloop status` shows both as members in
+#      their containers (pid 1 in their own pid namespace, container id);
+#   2. the same client not annotated: plain TCP over podman's bridge, the region untouched;
+#   3. a client container blocked in recv on an opted-in server container whose process is
+#      SIGKILLed: the client sees EOF or a reset within 2 s, and the region returns to its
+#      baseline (no live member, no channel) once the dead are reclaimed;
+#   4. a region the hook cannot open: the container still runs, on the kernel path.
+# The containers' root file system is the host's, as an overlay (`--rootfs /:O`): no registry
+# is reachable here, and the programs are the host's Debian packages.
+# Needs root, podman and runc (installed with apt-get if missing). Exit status 0 = passed; a
+# machine where podman cannot run at all prints "skipped" (a failure when CI is set).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+M=$PWD/target/release/memloop
+[ -x "$M" ] && [ -f target/release/libmemloop_preload.so ] ||
+  { echo "containers: build first: cargo build --release -p memloop-cli -p memloop-preload" >&2; exit 1; }
+
+skip() {
+  if [ -n "${CI:-}" ]; then echo "containers: FAILED (cannot run here): $*" >&2; exit 1; fi
+  echo "containers: skipped: $*"; exit 0
+}
+[ "$(id -u)" = 0 ] || skip "needs root"
+if ! command -v podman >/dev/null || ! command -v runc >/dev/null; then
+  (apt-get update -qq && apt-get install -y -qq podman runc) >/dev/null 2>&1 || skip "cannot install podman and runc"
+fi
+
+work=$(mktemp -d /tmp/memloop-containers.XXXXXX)
+R=ml-ctr-$$
+tag=mlt$$
+passed=0
+cleanup() {
+  podman rm -f -t 0 "$tag-srv" "$tag-cli" "$tag-kill" >/dev/null 2>&1 || true
+  "$M" region destroy --region "$R" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+# What the machine notes say podman needs here: runc, cgroupfs, no default ulimits.
+printf '[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\nruntime = "runc"\n' \
+  >"$work/containers.conf"
+export CONTAINERS_CONF=$work/containers.conf
+fail() { echo "containers: FAILED: $*" >&2; exit 1; }
+ok() { echo "containers: ok: $*"; passed=$((passed + 1)); }
+# podman prints a harmless netns warning here on each run; keep it out of the output.
+quiet() { grep -v "Peer netns reference is invalid" || true; }
+pod() { podman run --hooks-dir "$work/hooks" "$@" 2> >(quiet >&2); }
+opted() { pod --annotation "io.memloop.region=$R" "$@"; }
+status() { "$M" status --json --region "$R"; }
+
+podman run --rm --rootfs /:O /bin/true 2>/dev/null || skip "podman cannot start a container here"
+"$M" region create --region "$R" --size 64M >/dev/null
+"$M" container install --hooks-dir "$work/hooks" >/dev/null
+
+# ---- 1. an opted-in pair
+opted -d --name "$tag-srv" --rootfs /:O /usr/bin/redis-server --port 6390 --protected-mode no \
+  --save '' --appendonly no >/dev/null
+ip=$(podman inspect -f '{{.NetworkSettings.IPAddress}}' "$tag-srv")
+[ -n "$ip" ] || fail "the server container has no address"
+for _ in $(seq 50); do
+  pod --rm --rootfs /:O /usr/bin/redis-cli -h "$ip" -p 6390 ping 2>/dev/null | grep -q PONG && break
+  sleep 0.1
+done
+opted --rm --name "$tag-cli" --rootfs /:O /usr/bin/redis-benchmark -h "$ip" -p 6390 -n 20000 -c 4 \
+  -q -t set,get >"$work/bench.txt" 2>&1 || fail "redis-benchmark: $(tail -n 3 "$work/bench.txt")"
+tr '\r' '\n' <"$work/bench.txt" | grep -E "^(SET|GET): [0-9.]+ requests per second" >"$work/rps.txt" || true
+[ "$(wc -l <"$work/rps.txt")" = 2 ] || fail "redis-benchmark results: $(tail -c 300 "$work/bench.txt")"
+v=$(status)
+ring=$(jq '.ring_bytes' <<<"$v")
+[ "$ring" -gt 100000 ] || fail "the opted-in pair left $ring ring bytes: $(jq -c '.fallbacks' <<<"$v")"
+srv_id=$(podman inspect -f '{{.Id}}' "$tag-srv" | cut -c1-12)
+member=$(jq -c --arg id "$srv_id" '[.members[] | select(.container == $id and .name == "redis-server")] | .[0]' <<<"$v")
+[ "$member" != null ] || fail "status shows no redis-server member in container $srv_id: $(jq -c '.members' <<<"$v")"
+[ "$(jq '.pid' <<<"$member")" = 1 ] || fail "the server member's pid is not its container's 1: $member"
+ok "opted-in pair: $(paste -sd ' ' "$work/rps.txt" | sed 's/ requests per second/ rps/g'), $ring ring bytes; member $member"
+
+# ---- 2. the same client, not opted in: TCP, the region untouched
+pod --rm --rootfs /:O /usr/bin/redis-benchmark -h "$ip" -p 6390 -n 20000 -c 4 -q -t set,get \
+  >"$work/plain.txt" 2>&1 || fail "redis-benchmark (not opted in): $(tail -n 3 "$work/plain.txt")"
+tr '\r' '\n' <"$work/plain.txt" | grep -E "^(SET|GET): [0-9.]+ requests per second" >"$work/plain-rps.txt" || true
+[ "$(wc -l <"$work/plain-rps.txt")" = 2 ] || fail "redis-benchmark (not opted in) results"
+ring2=$(status | jq '.ring_bytes')
+[ "$ring2" = "$ring" ] || fail "a client that was not opted in moved ring bytes ($ring -> $ring2)"
+ok "not opted in: $(paste -sd ' ' "$work/plain-rps.txt" | sed 's/ requests per second/ rps/g') over podman's bridge"
+
+# ---- 3. SIGKILL of the server container's process
+cat >"$work/blocked.py" <<'EOF'
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], 6390))
+s.sendall(b"PING\r\n")
+assert s.recv(100) == b"+PONG\r\n"
+open(sys.argv[2], "w").close()
+try:
+    what = f"EOF {s.recv(100)!r}"
+except OSError as e:
+    what = f"error {e.errno}"
+print(f"{what} at {time.time():.3f}", flush=True)
+EOF
+rm -f "$work/ready"
+opted --rm --name "$tag-kill" -v "$work:$work" --rootfs /:O python3 "$work/blocked.py" "$ip" "$work/ready" \
+  >"$work/blocked.out" 2>&1 &
+kpid=$!
+for _ in $(seq 100); do [ -e "$work/ready" ] && break; sleep 0.1; done
+[ -e "$work/ready" ] || fail "the blocked client never connected: $(cat "$work/blocked.out")"
+sleep 0.5 # asleep in recv by now
+killed_at=$(date +%s.%N)
+podman kill -s KILL "$tag-srv" >/dev/null
+wait "$kpid" || fail "the blocked client failed: $(cat "$work/blocked.out")"
+seen=$(grep -o 'at [0-9.]*$' "$work/blocked.out" | cut -c4-)
+[ -n "$seen" ] || fail "the blocked client said: $(cat "$work/blocked.out")"
+took=$(python3 -c "print(f'{$seen - $killed_at:.3f}')")
+python3 -c "import sys; sys.exit(0 if $took < 2.0 else 1)" ||
+  fail "the client saw its peer's death after $took s (want < 2 s): $(cat "$work/blocked.out")"
+podman rm -f -t 0 "$tag-srv" >/dev/null 2>&1 || true
+baseline=""
+for _ in $(seq 50); do
+  "$M" region reclaim --region "$R" >/dev/null 2>&1 || true
+  v=$(status)
+  if [ "$(jq '[.members[] | select(.alive)] | length' <<<"$v")" = 0 ] &&
+    [ "$(jq '.channels | length' <<<"$v")" = 0 ]; then
+    baseline=yes
+    break
+  fi
+  sleep 0.2
+done
+[ -n "$baseline" ] || fail "the region did not return to its baseline: $(jq -c '{members: [.members[] | {name, alive}], channels: (.channels | length)}' <<<"$v")"
+ok "server container SIGKILLed: the client saw $(cut -d' ' -f1-2 "$work/blocked.out") ${took} s later; the region is back to no live member and no channel"
+
+# ---- 4. a region the hook cannot open: the container runs anyway
+out=$(pod --annotation "io.memloop.region=$work/not-a-region-dir/" --rm --rootfs /:O /bin/sh -c \
+  'echo "ran LD_PRELOAD=${LD_PRELOAD:-none}"' 2>&1) || fail "a container with an unusable region did not run: $out"
+grep -q "ran LD_PRELOAD=none" <<<"$out" || fail "a container with an unusable region: $out"
+ok "unusable region: the container ran without memloop"
+
+echo "containers: all $passed checks passed"
