@@ -6,6 +6,7 @@ pub mod cat;
 pub mod container;
 pub mod domains;
 pub mod error;
+pub mod prometheus;
 pub mod region_cmd;
 pub mod run;
 pub mod status;

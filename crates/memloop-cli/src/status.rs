@@ -24,9 +24,19 @@ use std::sync::atomic::Ordering::Relaxed;
 pub struct StatusArgs {
     #[command(flatten)]
     region: RegionArg,
-    /// Print one JSON object.
+    /// Print one JSON object (the same as `--format json`).
     #[arg(long)]
     json: bool,
+    /// Output format: text (default), json, or prometheus (text exposition format).
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+    Prometheus,
 }
 
 /// A member as shown: what the registry says plus what we can tell about its liveness.
@@ -45,7 +55,8 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
     let members = members(reg);
     let (endpoints, channels, conns) = (reg.endpoints(), reg.channels(), reg.conns());
     let (usage, params, counters) = (reg.usage(), reg.params(), reg.counters());
-    if a.json {
+    let format = if a.json { Format::Json } else { a.format };
+    if format != Format::Text {
         let (mut params_j, mut usage_j) = (
             region_cmd::params_json(&params),
             region_cmd::usage_json(&usage),
@@ -77,7 +88,10 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
             "tcp_bytes": reg.tcp_bytes(),
             "counters": counters,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        match format {
+            Format::Prometheus => print!("{}", crate::prometheus::render(&v)),
+            _ => println!("{}", serde_json::to_string_pretty(&v)?),
+        }
         return Ok(());
     }
     println!(

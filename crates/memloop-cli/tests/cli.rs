@@ -207,6 +207,21 @@ fn status_lists_a_connected_peer() {
         "{text}"
     );
 
+    // The same figures for a scraper: 32 ring bytes, one live ring channel, two live members.
+    let o = memloop(&["status", "--region", &r.0, "--format", "prometheus"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let prom = stdout(&o);
+    let path = v["region"]["path"].as_str().unwrap();
+    for line in [
+        format!("memloop_ring_bytes_total{{region=\"{path}\"}} 32"),
+        format!("memloop_channels{{region=\"{path}\",path=\"ring\"}} 1"),
+        format!("memloop_members{{region=\"{path}\",alive=\"true\"}} 2"),
+        format!("memloop_fallbacks_total{{region=\"{path}\",reason=\"region_full\"}} 0"),
+        "# TYPE memloop_ring_bytes_total counter".to_string(),
+    ] {
+        assert!(prom.lines().any(|l| l == line), "no {line:?} in\n{prom}");
+    }
+
     drop(s);
     assert!(
         peer.wait().unwrap().success(),
