@@ -5,7 +5,7 @@
 
 mod forward;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use memloop_cli::{cat, container, domains, init_logging, region_cmd, run, status, switch_cmd};
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -51,6 +51,13 @@ enum Cmd {
     /// Containers opted in by an annotation (`io.memloop.region=REGION`): the OCI hook.
     #[command(subcommand)]
     Container(container::ContainerCmd),
+    /// Write the man pages and shell completions, generated from this command line's own
+    /// definition, under DIR (`man/`, `completions/`): what the package installs.
+    #[command(hide = true)]
+    GenerateDocs {
+        /// Where to write them.
+        dir: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -66,6 +73,7 @@ fn main() -> ExitCode {
         Cmd::Run(a) => run::run(&a),
         Cmd::Cat(a) => cat::run(&a),
         Cmd::Container(c) => container::run(c),
+        Cmd::GenerateDocs { dir } => generate_docs(&dir),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -74,4 +82,41 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Man pages (`memloop.1`, one `memloop-SUB.1` per visible command) and completions (bash, zsh,
+/// fish) from the clap definition.
+fn generate_docs(dir: &std::path::Path) -> memloop_cli::error::CliResult<()> {
+    use memloop_cli::error::Context;
+    let man = dir.join("man");
+    let comp = dir.join("completions");
+    for d in [&man, &comp] {
+        std::fs::create_dir_all(d).context(format!("creating {}", d.display()))?;
+    }
+    let cmd = Cli::command();
+    let page = |c: clap::Command, file: &str| -> memloop_cli::error::CliResult<()> {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(c)
+            .render(&mut out)
+            .context("rendering a man page")?;
+        let path = man.join(file);
+        std::fs::write(&path, out).context(format!("writing {}", path.display()))
+    };
+    page(cmd.clone(), "memloop.1")?;
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        // (A one-shot command: the page names live until it exits.)
+        let name: &'static str = Box::leak(format!("memloop-{}", sub.get_name()).into_boxed_str());
+        page(sub.clone().name(name), &format!("{name}.1"))?;
+    }
+    use clap_complete::Shell;
+    for (shell, file) in [
+        (Shell::Bash, "memloop"),
+        (Shell::Zsh, "_memloop"),
+        (Shell::Fish, "memloop.fish"),
+    ] {
+        let path = comp.join(file);
+        let mut f = std::fs::File::create(&path).context(format!("creating {}", path.display()))?;
+        clap_complete::generate(shell, &mut Cli::command(), "memloop", &mut f);
+    }
+    Ok(())
 }
