@@ -37,17 +37,9 @@ install -D -m 644 "$docs/completions/memloop.fish" "$root/usr/share/fish/vendor_
 rm -rf "$docs"
 
 install -D -m 644 packaging/memloop-region.service "$root/lib/systemd/system/memloop-region.service"
-# The hook description as `memloop container install` writes it, for the installed binary.
-hooks=$root/usr/share/containers/oci/hooks.d
-install -d "$hooks"
-cat >"$hooks/memloop.json" <<'EOF'
-{
-  "version": "1.0.0",
-  "hook": { "path": "/usr/bin/memloop", "args": ["memloop", "container", "hook"] },
-  "when": { "annotations": { "^io\\.memloop\\.region$": ".+" } },
-  "stages": ["precreate"]
-}
-EOF
+# The hook description, for the installed binary.
+target/release/memloop container install --hooks-dir "$root/usr/share/containers/oci/hooks.d" \
+  --exe /usr/bin/memloop >/dev/null
 install -D -m 644 README.md "$root/usr/share/doc/memloop/README.md"
 install -D -m 644 docs/ARCHITECTURE.md "$root/usr/share/doc/memloop/ARCHITECTURE.md"
 

@@ -50,8 +50,9 @@ cargo test --release -p memloop-cli --test programs -- --ignored --nocapture
 echo "== podman containers opted in by an annotation (redis pair, not opted in, SIGKILL, unusable region)"
 tests/containers/run.sh
 
-echo "== the Debian package (build, dpkg -i, memloop run from PATH, man pages, completions, purge)"
+echo "== the Debian package (build, dpkg -i, memloop run from PATH, man pages, completions, purge); Kubernetes files"
 tests/package/run.sh
+tests/package/kubernetes.py
 
 echo "== two QEMU guests on one ivshmem region (harness smoke test, then memloop between them)"
 tests/vm/smoke.sh

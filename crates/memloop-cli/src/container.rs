@@ -36,6 +36,10 @@ pub enum ContainerCmd {
         /// containers.conf).
         #[arg(long, default_value = DEFAULT_HOOKS_DIR)]
         hooks_dir: PathBuf,
+        /// The `memloop` the engine runs as the hook (default: this one), e.g. its path on the
+        /// host when installing from inside a container or into a package's staging tree.
+        #[arg(long)]
+        exe: Option<PathBuf>,
     },
     /// The hook itself (`precreate` stage): an OCI runtime configuration on stdin, the same
     /// with memloop added on stdout.
@@ -44,15 +48,18 @@ pub enum ContainerCmd {
 
 pub fn run(cmd: ContainerCmd) -> CliResult<()> {
     match cmd {
-        ContainerCmd::Install { hooks_dir } => install(&hooks_dir),
+        ContainerCmd::Install { hooks_dir, exe } => install(&hooks_dir, exe),
         ContainerCmd::Hook => hook(),
     }
 }
 
-fn install(dir: &Path) -> CliResult<()> {
-    let exe = std::env::current_exe()
-        .and_then(|p| p.canonicalize())
-        .context("locating this executable")?;
+fn install(dir: &Path, exe: Option<PathBuf>) -> CliResult<()> {
+    let exe = match exe {
+        Some(p) => p,
+        None => std::env::current_exe()
+            .and_then(|p| p.canonicalize())
+            .context("locating this executable")?,
+    };
     let desc = json!({
         "version": "1.0.0",
         "hook": { "path": exe, "args": ["memloop", "container", "hook"] },
