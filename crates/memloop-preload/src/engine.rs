@@ -173,6 +173,17 @@ pub fn get() -> Option<Arc<Engine>> {
     }
 }
 
+/// Says once why the library stays dormant (it retries about once a second: a server that
+/// never gets a region would otherwise log it forever); again only if the reason changes.
+fn dormant(why: String) {
+    static SAID: ForkMutex<Option<String>> = ForkMutex::new(None);
+    let mut said = SAID.lock();
+    if said.as_deref() != Some(why.as_str()) {
+        tracing::info!("memloop dormant (the program runs on the kernel path): {why}");
+        *said = Some(why);
+    }
+}
+
 fn start() -> Option<Arc<Engine>> {
     if disabled() {
         return None;
@@ -180,14 +191,14 @@ fn start() -> Option<Arc<Engine>> {
     let region = match Region::open(&settings().region) {
         Ok(r) => r,
         Err(e) => {
-            tracing::debug!("memloop dormant: {e}");
+            dormant(format!("{e}"));
             return None;
         }
     };
     let node = match Node::join(region, "") {
         Ok(n) => n,
         Err(e) => {
-            tracing::warn!("memloop dormant: cannot join the region: {e}");
+            dormant(format!("cannot join the region: {e}"));
             return None;
         }
     };
