@@ -34,16 +34,19 @@ fn inherited() -> Inherited {
         let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
         };
-        let Ok(link) = std::fs::read_link(e.path()) else {
-            continue;
-        };
-        let link = link.to_string_lossy();
-        if link == "anon_inode:[eventpoll]" {
-            found.epolls.push(fd);
-            continue;
-        }
-        if !link.starts_with("socket:") {
-            continue;
+        // The file type first (one fstat): most fds are files, pipes or terminals, and a
+        // readlink of /proc costs several times more. Only type-less (anonymous) inodes may be
+        // epoll sets.
+        match fd_kind(fd) {
+            FdKind::Socket => {}
+            FdKind::Anon => {
+                let link = std::fs::read_link(e.path()).unwrap_or_default();
+                if link.as_os_str() == "anon_inode:[eventpoll]" {
+                    found.epolls.push(fd);
+                }
+                continue;
+            }
+            FdKind::Other => continue,
         }
         let domain = real::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN);
         let stream =
@@ -58,6 +61,24 @@ fn inherited() -> Inherited {
         }
     }
     found
+}
+
+enum FdKind {
+    Socket,
+    /// An anonymous inode (epoll, eventfd, timerfd, signalfd, …): no file type.
+    Anon,
+    Other,
+}
+
+fn fd_kind(fd: i32) -> FdKind {
+    let Some(st) = real::fstat_mode(fd) else {
+        return FdKind::Other;
+    };
+    match st & libc::S_IFMT {
+        libc::S_IFSOCK => FdKind::Socket,
+        0 => FdKind::Anon,
+        _ => FdKind::Other,
+    }
 }
 
 /// Epoll sets inherited across exec: known from now on, and their registrations of ring

@@ -463,6 +463,16 @@ pub fn fd_flags(fd: c_int) -> c_int {
     unsafe { fcntl()(fd, libc::F_GETFD, 0) }
 }
 
+/// `st_mode` of an open fd.
+pub fn fstat_mode(fd: c_int) -> Option<u32> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `st` is a writable stat buffer; on success the kernel filled it in. A closed or
+    // reused number gives EBADF or another file's status, which the caller treats as not ours.
+    let r = unsafe { libc::fstat(fd, st.as_mut_ptr()) };
+    // SAFETY: fstat returned 0: `st` is initialised.
+    (r == 0).then(|| unsafe { st.assume_init() }.st_mode)
+}
+
 pub fn raise_sigpipe() {
     // SAFETY: raising a signal in the calling thread.
     unsafe { libc::raise(libc::SIGPIPE) };
