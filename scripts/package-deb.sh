@@ -6,6 +6,7 @@
 #   bash, zsh and fish completions              (likewise)
 #   /lib/systemd/system/memloop-region.service  (the default region at boot, group memloop)
 #   /usr/share/containers/oci/hooks.d/memloop.json (containers opt in by an annotation)
+#   /usr/lib/memloop/memloop-runc               (the same as an OCI runtime wrapper, for docker)
 # and a postinst that creates the `memloop` group. Prints the package's path.
 #   scripts/package-deb.sh
 set -euo pipefail
@@ -37,6 +38,8 @@ install -D -m 644 "$docs/completions/memloop.fish" "$root/usr/share/fish/vendor_
 rm -rf "$docs"
 
 install -D -m 644 packaging/memloop-region.service "$root/lib/systemd/system/memloop-region.service"
+# The OCI runtime wrapper for engines without precreate hooks (docker): memloop by that name.
+ln -s /usr/bin/memloop "$root/usr/lib/memloop/memloop-runc"
 # The hook description, for the installed binary.
 target/release/memloop container install --hooks-dir "$root/usr/share/containers/oci/hooks.d" \
   --exe /usr/bin/memloop >/dev/null

@@ -9,7 +9,10 @@
 #   3. a client container blocked in recv on an opted-in server container whose process is
 #      SIGKILLed: the client sees EOF or a reset within 2 s, and the region returns to its
 #      baseline (no live member, no channel) once the dead are reclaimed;
-#   4. a region the hook cannot open: the container still runs, on the kernel path.
+#   4. a region the hook cannot open: the container still runs, on the kernel path;
+#   5. the same opt-in through the OCI runtime wrapper (`memloop-runc`, for engines without
+#      hooks, e.g. docker's `--runtime`), with no hook installed: a pair in the container moves
+#      its bytes through a ring.
 # The containers' root file system is the host's, as an overlay (`--rootfs /:O`): no registry
 # is reachable here, and the programs are the host's Debian packages.
 # Needs root, podman and runc (installed with apt-get if missing). Exit status 0 = passed; a
@@ -134,5 +137,33 @@ out=$(pod --annotation "io.memloop.region=$work/not-a-region-dir/" --rm --rootfs
   'echo "ran LD_PRELOAD=${LD_PRELOAD:-none}"' 2>&1) || fail "a container with an unusable region did not run: $out"
 grep -q "ran LD_PRELOAD=none" <<<"$out" || fail "a container with an unusable region: $out"
 ok "unusable region: the container ran without memloop"
+
+# ---- 5. the runtime wrapper instead of the hook
+mkdir -p "$work/rt" "$work/nohooks"
+ln -s "$M" "$work/rt/memloop-runc"
+cat >"$work/pair.py" <<'PAIR'
+import socket, threading
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
+data = bytes(range(256)) * 4096  # 1 MiB
+def serve():
+    c, _ = ls.accept()
+    n = 0
+    while n < len(data):
+        n += len(c.recv(1 << 16))
+    c.sendall(b"done")
+threading.Thread(target=serve, daemon=True).start()
+s = socket.create_connection(ls.getsockname())
+s.sendall(data)
+assert s.recv(4) == b"done"
+print("pair done")
+PAIR
+before=$(status | jq '.ring_bytes')
+out=$(podman run --rm --hooks-dir "$work/nohooks" --runtime "$work/rt/memloop-runc" \
+  --annotation "io.memloop.region=$R" -v "$work:$work" --rootfs /:O python3 "$work/pair.py" 2> >(quiet >&2)) ||
+  fail "a container under the runtime wrapper: $out"
+[ "$out" = "pair done" ] || fail "the pair under the runtime wrapper: $out"
+moved=$(($(status | jq '.ring_bytes') - before))
+[ "$moved" -ge 1048576 ] || fail "the runtime wrapper's container moved $moved ring bytes (want ≥ 1 MiB)"
+ok "runtime wrapper (memloop-runc, no hook): a pair in the container moved $moved bytes through a ring"
 
 echo "containers: all $passed checks passed"

@@ -80,6 +80,7 @@ if command -v systemd-analyze >/dev/null; then
   systemd-analyze verify "$unit" 2>"$work/verify.err" ||
     fail "systemd-analyze verify: $(cat "$work/verify.err")"
 fi
+[ "$(readlink /usr/lib/memloop/memloop-runc)" = /usr/bin/memloop ] || fail "no runtime wrapper link"
 hook=/usr/share/containers/oci/hooks.d/memloop.json
 python3 -c 'import json,sys; h=json.load(open(sys.argv[1])); assert h["hook"]["path"] == "/usr/bin/memloop" and h["stages"] == ["precreate"], h' "$hook" ||
   fail "the OCI hook description: $(cat "$hook")"

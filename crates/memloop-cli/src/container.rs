@@ -82,17 +82,68 @@ fn hook() -> CliResult<()> {
     std::io::stdin()
         .read_to_string(&mut input)
         .context("reading the container's configuration")?;
-    let mut config: Value = serde_json::from_str(&input)
+    println!("{}", with_memloop(&input, "memloop hook")?);
+    Ok(())
+}
+
+/// An OCI runtime configuration (JSON text) with memloop added if the container is annotated;
+/// unchanged (and why on stderr, as `who`) when the region or library cannot be used.
+fn with_memloop(input: &str, who: &str) -> CliResult<String> {
+    let mut config: Value = serde_json::from_str(input)
         .map_err(|e| fail(format!("the container's configuration is not JSON: {e}")))?;
     if let Some(region) = config["annotations"][ANNOTATION].as_str().map(String::from) {
         if let Err(e) = opt_in(&mut config, &region) {
             // Never in the way: the container runs as it would have without us.
-            eprintln!("memloop hook: {e}; the container runs without memloop (kernel path)");
-            config = serde_json::from_str(&input)?;
+            eprintln!("{who}: {e}; the container runs without memloop (kernel path)");
+            return Ok(input.to_string());
         }
     }
-    println!("{}", serde_json::to_string(&config)?);
-    Ok(())
+    Ok(serde_json::to_string(&config)?)
+}
+
+/// The name under which this binary acts as an OCI runtime (a symlink to `memloop`): for
+/// engines without `precreate` hooks (docker: `"runtimes": {"memloop": {"path":
+/// ".../memloop-runc"}}` in daemon.json, then `docker run --runtime memloop --annotation
+/// io.memloop.region=default …`).
+pub const RUNTIME_NAME: &str = "memloop-runc";
+
+/// As an OCI runtime: on `create` (or `run`) of an annotated container, adds memloop to the
+/// bundle's `config.json` exactly as the hook would; then becomes the real runtime
+/// (`MEMLOOP_OCI_RUNTIME`, default `runc`) with the same arguments.
+pub fn runtime(args: &[std::ffi::OsString]) -> CliResult<()> {
+    use std::os::unix::process::CommandExt;
+    if let Some(bundle) = created_bundle(args) {
+        let path = bundle.join("config.json");
+        let input =
+            std::fs::read_to_string(&path).context(format!("reading {}", path.display()))?;
+        let output = with_memloop(&input, RUNTIME_NAME)?;
+        if output != input {
+            std::fs::write(&path, output).context(format!("writing {}", path.display()))?;
+        }
+    }
+    let real = std::env::var_os("MEMLOOP_OCI_RUNTIME").unwrap_or_else(|| "runc".into());
+    let e = std::process::Command::new(&real).args(args).exec();
+    Err(fail(format!(
+        "{RUNTIME_NAME}: cannot execute the runtime {}: {e}",
+        Path::new(&real).display()
+    )))
+}
+
+/// The bundle of a `create`/`run` command line (`--bundle DIR`, `-b DIR`, `--bundle=DIR`;
+/// the current directory by default), or `None` for any other command.
+fn created_bundle(args: &[std::ffi::OsString]) -> Option<PathBuf> {
+    let args: Vec<&str> = args.iter().filter_map(|a| a.to_str()).collect();
+    let at = args.iter().position(|a| *a == "create" || *a == "run")?;
+    let rest = &args[at + 1..];
+    for (i, a) in rest.iter().enumerate() {
+        if let Some(b) = a.strip_prefix("--bundle=") {
+            return Some(b.into());
+        }
+        if (*a == "--bundle" || *a == "-b") && i + 1 < rest.len() {
+            return Some(rest[i + 1].into());
+        }
+    }
+    std::env::current_dir().ok()
 }
 
 /// What the hook adds to `config` for a container of `region`.
@@ -212,6 +263,20 @@ fn container_id(cgroup: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bundle_of_a_create_is_found_in_any_spelling() {
+        let args = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        let b = |v: &[&str]| created_bundle(&args(v));
+        assert_eq!(
+            b(&["--root", "/r", "create", "--bundle", "/b", "id"]),
+            Some("/b".into())
+        );
+        assert_eq!(b(&["create", "-b", "/c", "id"]), Some("/c".into()));
+        assert_eq!(b(&["run", "--bundle=/d", "id"]), Some("/d".into()));
+        assert_eq!(b(&["--root", "/r", "start", "id"]), None);
+        assert_eq!(b(&["delete", "id"]), None);
+    }
 
     #[test]
     fn container_ids_are_read_from_engine_cgroup_paths() {

@@ -62,6 +62,16 @@ enum Cmd {
 
 fn main() -> ExitCode {
     init_logging();
+    // Called as `memloop-runc` (a symlink): an OCI runtime wrapper for engines without hooks.
+    let mut argv = std::env::args_os();
+    let name = argv.next().unwrap_or_default();
+    if std::path::Path::new(&name).file_name() == Some(container::RUNTIME_NAME.as_ref()) {
+        let args: Vec<OsString> = argv.collect();
+        if let Err(e) = container::runtime(&args) {
+            eprintln!("{e}");
+        }
+        return ExitCode::FAILURE; // (runtime() only returns if the real runtime did not run)
+    }
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Region(c) => region_cmd::run(c),
