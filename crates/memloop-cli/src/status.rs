@@ -86,7 +86,6 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
             "ring_bytes": ring_bytes(reg, &counters),
             // TCP bytes of recorded connections, live and closed (killed ones too).
             "tcp_bytes": reg.tcp_bytes(),
-            "counters": counters,
         });
         match format {
             Format::Prometheus => print!("{}", crate::prometheus::render(&v)),
