@@ -22,19 +22,8 @@ command -v podman >/dev/null && command -v runc >/dev/null ||
 work=$(mktemp -d /tmp/memloop-bench-containers.XXXXXX)
 R=ml-benchctr-$$
 tag=mlb$$
-cleanup() {
-  podman rm -f -t 0 "$tag-memloop" "$tag-podman" >/dev/null 2>&1 || true
-  "$M" region destroy --region "$R" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-printf '[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\nruntime = "runc"\n' \
-  >"$work/containers.conf"
-export CONTAINERS_CONF=$work/containers.conf
-"$M" region create --region "$R" >/dev/null
-"$M" container install --hooks-dir "$work/hooks" >/dev/null
-
-quiet() { grep -v "Peer netns reference is invalid" || true; }
+. tests/containers/podman.sh
+podman_bed "$work" "$R" "$tag"
 # run PATH ARGS…: a container on PATH (memloop: annotated; podman: not).
 run() {
   local path=$1

@@ -36,27 +36,15 @@ work=$(mktemp -d /tmp/memloop-containers.XXXXXX)
 R=ml-ctr-$$
 tag=mlt$$
 passed=0
-cleanup() {
-  podman rm -f -t 0 "$tag-srv" "$tag-cli" "$tag-kill" >/dev/null 2>&1 || true
-  "$M" region destroy --region "$R" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-# What the machine notes say podman needs here: runc, cgroupfs, no default ulimits.
-printf '[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\nruntime = "runc"\n' \
-  >"$work/containers.conf"
-export CONTAINERS_CONF=$work/containers.conf
+. tests/containers/podman.sh
+podman_bed "$work" "$R" "$tag"
 fail() { echo "containers: FAILED: $*" >&2; exit 1; }
 ok() { echo "containers: ok: $*"; passed=$((passed + 1)); }
-# podman prints a harmless netns warning here on each run; keep it out of the output.
-quiet() { grep -v "Peer netns reference is invalid" || true; }
 pod() { podman run --hooks-dir "$work/hooks" "$@" 2> >(quiet >&2); }
 opted() { pod --annotation "io.memloop.region=$R" "$@"; }
 status() { "$M" status --json --region "$R"; }
 
 podman run --rm --rootfs /:O /bin/true 2>/dev/null || skip "podman cannot start a container here"
-"$M" region create --region "$R" --size 64M >/dev/null
-"$M" container install --hooks-dir "$work/hooks" >/dev/null
 
 # ---- 1. an opted-in pair
 opted -d --name "$tag-srv" --rootfs /:O /usr/bin/redis-server --port 6390 --protected-mode no \
