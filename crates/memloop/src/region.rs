@@ -30,9 +30,15 @@ pub enum RegionSpec {
 }
 
 impl RegionSpec {
-    /// The region named by `MEMLOOP_REGION` (a name, or a path if it contains '/'), else "default".
+    /// The region named by `MEMLOOP_REGION` (a name, or a path if it contains '/'), else the
+    /// default region: "default" for root and for every user who may open it (the `memloop`
+    /// group of the package, mode 660), "default-UID" for a user who may not — so that two
+    /// users never collide on one file only one of them can use.
     pub fn from_env() -> Self {
-        Self::parse(&std::env::var("MEMLOOP_REGION").unwrap_or_else(|_| "default".into()))
+        match std::env::var("MEMLOOP_REGION") {
+            Ok(v) => Self::parse(&v),
+            Err(_) => Self::Named(default_name()),
+        }
     }
 
     /// `ivshmem` or `ivshmem:BDF` (a VM's ivshmem device), a name, or a path if it contains '/':
@@ -83,6 +89,29 @@ impl RegionSpec {
             Self::Hugetlbfs(_) => Backend::Hugetlbfs,
             Self::Device(_) | Self::Ivshmem(_) => Backend::Device,
         }
+    }
+}
+
+/// The default region's name for this process (see [`RegionSpec::from_env`]).
+fn default_name() -> String {
+    use rustix::fs::{accessat, Access, AtFlags, CWD};
+    let uid = rustix::process::geteuid();
+    let shared = RegionSpec::Named("default".into()).path();
+    let may = accessat(
+        CWD,
+        &shared,
+        Access::READ_OK | Access::WRITE_OK,
+        AtFlags::EACCESS,
+    );
+    default_for(uid.is_root(), may, uid.as_raw())
+}
+
+/// "default" unless a user other than root may not open an existing one.
+fn default_for(root: bool, may: rustix::io::Result<()>, uid: u32) -> String {
+    match may {
+        _ if root => "default".into(),
+        Ok(()) | Err(rustix::io::Errno::NOENT) => "default".into(),
+        Err(_) => format!("default-{uid}"),
     }
 }
 
@@ -291,4 +320,19 @@ fn attach_or_finish_init(
     };
     mapping.unlock();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_for;
+    use rustix::io::Errno;
+
+    #[test]
+    fn the_default_region_is_shared_unless_a_user_may_not_open_it() {
+        assert_eq!(default_for(true, Err(Errno::ACCESS), 0), "default");
+        assert_eq!(default_for(false, Ok(()), 1000), "default");
+        assert_eq!(default_for(false, Err(Errno::NOENT), 1000), "default");
+        assert_eq!(default_for(false, Err(Errno::ACCESS), 1000), "default-1000");
+        assert_eq!(default_for(false, Err(Errno::PERM), 65534), "default-65534");
+    }
 }
