@@ -13,7 +13,7 @@ use memloop::registry::{
     counter_name, ChannelInfo, ConnRecord, ConnTuple, EndpointInfo, FallbackReason, MemberId,
     MemberInfo, Proto, Registry, Side, SwitchReason, COUNTER_CONNS_DROPPED, COUNTER_DOORBELLS,
     COUNTER_LATE_FAILED, COUNTER_PIDFD_FAILED, COUNTER_RING_BYTES, COUNTER_RING_CONNS,
-    COUNTER_TCP_BYTES, COUNTER_WAKE_FALLBACK,
+    COUNTER_TCP_BYTES, COUNTER_WAKE_FALLBACK, HEAP_RESERVED_MARK,
 };
 use memloop::ring::header::totals;
 use serde_json::{json, Value};
@@ -398,6 +398,9 @@ fn print_counters(counters: &[u64]) {
             COUNTER_TCP_BYTES,
             COUNTER_PIDFD_FAILED,
             COUNTER_WAKE_FALLBACK,
+            COUNTER_DOORBELLS,
+            COUNTER_LATE_FAILED,
+            HEAP_RESERVED_MARK,
         ])
         .collect();
     let nonzero: Vec<String> = counters

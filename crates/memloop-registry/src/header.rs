@@ -27,7 +27,7 @@ use crate::error::RegistryError;
 use crate::tables::Table;
 use crate::Registry;
 use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use memloop_shm::{ShmSlice, ShmU32};
+use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 
 /// "MLREGN01", little endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"MLREGN01");
@@ -481,6 +481,12 @@ impl Registry {
     /// Adds one to global counter `i` (ignored if `i >= NCOUNTERS`).
     pub fn bump_counter(&self, i: usize) {
         self.add_counter(i, 1);
+    }
+
+    /// The ring heap's reservation mark (see `Registry::commit_segments`); `None` in a loom
+    /// model's header.
+    pub(crate) fn heap_mark(&self) -> Option<ShmU64> {
+        counter_off(crate::switch::HEAP_RESERVED_MARK).and_then(|off| self.view.u64_at(off).ok())
     }
 
     /// All global counters.

@@ -41,7 +41,7 @@ pub use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 pub use reclaim::ReclaimReport;
 pub use switch::{
     SwitchReason, SwitchWord, COUNTER_DOORBELLS, COUNTER_LATE_FAILED, COUNTER_PIDFD_FAILED,
-    COUNTER_SWITCH_FIRST, COUNTER_WAKE_FALLBACK,
+    COUNTER_SWITCH_FIRST, COUNTER_WAKE_FALLBACK, HEAP_RESERVED_MARK,
 };
 pub use tables::channels::{ChannelInfo, ChannelRings, ChannelState, Side, SideWords};
 pub use tables::conns::{ConnRecord, ConnRecordId, RecordReason, COUNTER_TCP_BYTES};

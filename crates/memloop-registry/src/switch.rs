@@ -165,6 +165,13 @@ pub const COUNTER_DOORBELLS: usize = COUNTER_WAKE_FALLBACK + 1;
 
 const _: () = assert!(COUNTER_DOORBELLS < NCOUNTERS);
 
+/// Not a counter: the header word below which every ring-heap segment has its memory
+/// reserved (`Registry::commit_segments`). Zero in regions made before it: they reserve from
+/// the bottom on their next offer.
+pub const HEAP_RESERVED_MARK: usize = COUNTER_DOORBELLS + 1;
+
+const _: () = assert!(HEAP_RESERVED_MARK < NCOUNTERS);
+
 /// The name of header counter `i` if it counts switches (`switch_<reason>`).
 pub(crate) fn switch_counter_name(i: usize) -> Option<&'static str> {
     match i {

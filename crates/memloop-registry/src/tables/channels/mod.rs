@@ -605,9 +605,7 @@ impl Registry {
         let c2s = self.segment_offset(first);
         // The region file is sparse: memory for the rings is reserved before they are first
         // touched, so a full file system is a full region here, not a SIGBUS later.
-        self.view
-            .commit(c2s, 2 * stride)
-            .map_err(crate::header::no_room)?;
+        self.commit_segments(first, self.segments_for(2 * stride))?;
         let fields = ChannelFields {
             server: 0,
             client: pack_id(client.idx, client.gen),
