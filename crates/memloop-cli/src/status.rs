@@ -390,7 +390,8 @@ fn flags(reg: &Registry, c: &ChannelInfo) -> String {
 
 fn print_counters(counters: &[u64]) {
     println!("\nFALLBACKS (connections left on TCP since the region was created; zeros omitted)");
-    // (Switches and refused grabs have their own lines; the TCP byte total is no fallback.)
+    // (Switches, refused grabs and doorbells have their own lines; ring and TCP totals and the
+    // heap's reservation mark are no fallbacks.)
     let not_fallbacks: HashSet<usize> = SwitchReason::ALL
         .iter()
         .map(|r| r.counter_index())
@@ -401,6 +402,8 @@ fn print_counters(counters: &[u64]) {
             COUNTER_DOORBELLS,
             COUNTER_LATE_FAILED,
             HEAP_RESERVED_MARK,
+            COUNTER_RING_CONNS,
+            COUNTER_RING_BYTES,
         ])
         .collect();
     let nonzero: Vec<String> = counters
@@ -437,6 +440,9 @@ fn print_switches(counters: &[u64]) {
     }
     if let Some(&n @ 1..) = counters.get(COUNTER_PIDFD_FAILED) {
         println!("pidfd_getfd calls refused (the connection could not leave its ring): {n}");
+    }
+    if let Some(&n @ 1..) = counters.get(COUNTER_RING_CONNS) {
+        println!("connections that took a ring: {n}");
     }
     if let Some(&n @ 1..) = counters.get(COUNTER_DOORBELLS) {
         println!("doorbells sent over TCP to wake sleeping peers: {n}");
