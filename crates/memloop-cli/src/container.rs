@@ -158,8 +158,8 @@ fn opt_in(config: &mut Value, region: &str) -> CliResult<()> {
     let region = Region::open_or_create(&spec, &CreateRegion::default())
         .context(format!("opening region {}", spec.path().display()))?;
     let host = region.path().to_path_buf();
-    let wake = PathBuf::from(format!("{}.wake", host.display()));
-    create_wake_dir(&wake)?;
+    let wake = memloop::region::wake_dir(&host);
+    memloop::region::make_wake_dir(&wake).context(format!("creating {}", wake.display()))?;
     let mounts = [
         (IN_REGION, &host, "rw"),
         (IN_WAKE, &wake, "rw"),
@@ -182,24 +182,6 @@ fn opt_in(config: &mut Value, region: &str) -> CliResult<()> {
         Some(o) if !o.is_empty() => format!("{IN_LIB}:{o}"),
         _ => IN_LIB.to_string(),
     });
-    Ok(())
-}
-
-/// The wake-socket directory beside the region, as the library makes it (anyone may add a
-/// socket; only its owner may remove it).
-fn create_wake_dir(dir: &Path) -> CliResult<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    if !dir.is_dir() {
-        std::fs::DirBuilder::new()
-            .mode(0o1777)
-            .create(dir)
-            .or_else(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => Ok(()),
-                _ => Err(e),
-            })
-            .context(format!("creating {}", dir.display()))?;
-        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
-    }
     Ok(())
 }
 

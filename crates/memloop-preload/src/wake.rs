@@ -28,9 +28,12 @@ fn target_of(member: u32, slot: u32) -> Option<u32> {
         .then_some(member << SLOT_BITS | slot)
 }
 
-/// The directory of a region's wake sockets.
+/// The directory of a region's wake sockets, as text (socket paths are formatted into it).
 fn dir_of(region: &std::path::Path) -> Option<String> {
-    Some(format!("{}.wake", region.to_str()?))
+    memloop::region::wake_dir(region)
+        .into_os_string()
+        .into_string()
+        .ok()
 }
 
 fn path_of(dir: &str, target: u32) -> Option<CString> {
@@ -50,13 +53,9 @@ fn wake_dir() -> Option<&'static str> {
         .map(|d| d.as_str())
 }
 
-/// Makes the wake directory (once per region: usually it exists), open to every user as
-/// `/tmp` is: members may run as different users.
+/// Makes the wake directory (once per region: usually it exists).
 fn make_dir(dir: &str) {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    if std::fs::DirBuilder::new().mode(0o1777).create(dir).is_ok() {
-        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
-    }
+    let _ = memloop::region::make_wake_dir(std::path::Path::new(dir));
 }
 
 /// Slots of this process's wake sockets (a fork child that creates its own gets new ones:

@@ -92,6 +92,26 @@ impl RegionSpec {
     }
 }
 
+/// The directory of a region's wake sockets (`<region file>.wake`): the library's per-member
+/// sockets live there, `destroy` removes it, a container gets it mounted.
+pub fn wake_dir(region: &Path) -> PathBuf {
+    let mut dir = region.as_os_str().to_owned();
+    dir.push(".wake");
+    dir.into()
+}
+
+/// Makes a wake directory (if missing), open to every user as `/tmp` is: members may run as
+/// different users, and only a socket's owner may remove it.
+pub fn make_wake_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::DirBuilder::new().mode(0o1777).create(dir) {
+        // (The umask narrowed the mode.)
+        Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// The default region's name for this process (see [`RegionSpec::from_env`]).
 fn default_name() -> String {
     use rustix::fs::{accessat, Access, AtFlags, CWD};
@@ -258,10 +278,8 @@ impl Region {
             std::io::ErrorKind::NotFound => Error::NoRegion(spec.path()),
             _ => Error::Io(e),
         })?;
-        // The members' wake sockets (`<region>.wake/`), if any were made: names only.
-        let mut wake = spec.path().into_os_string();
-        wake.push(".wake");
-        let _ = std::fs::remove_dir_all(wake);
+        // The members' wake sockets, if any were made: names only.
+        let _ = std::fs::remove_dir_all(wake_dir(&spec.path()));
         Ok(())
     }
 
