@@ -170,8 +170,11 @@ kill_domain_procs() {
 }
 
 region_create() {
-  # Mode 666: servers that drop privileges (postgres, nginx workers) must attach too.
-  "$ML" region create --region "$1" --mode 666 >/dev/null
+  # Mode 666: servers that drop privileges (postgres, nginx workers) must attach too. 32 MiB
+  # of rings with 1,024 channel slots: the late-ring cases' filler runs it out of ring memory
+  # (rings shrink with the pressure) after ~300 connections, within its 600, with slots
+  # left for decline markers.
+  "$ML" region create --region "$1" --mode 666 --size 32M --channels 1024 >/dev/null
 }
 
 region_destroy() {

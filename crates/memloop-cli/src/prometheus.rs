@@ -40,6 +40,19 @@ fn num(v: &Value) -> f64 {
     v.as_f64().unwrap_or(0.0)
 }
 
+/// Ring memory by ring size, from the object's summary (none without one).
+fn ring_memory(s: &Value, region: &str) -> Vec<(String, f64)> {
+    let groups = s["summary"]["ring_memory"]["by_ring_size"].as_array();
+    groups
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .map(|g| {
+            let size = g["ring_size"].to_string();
+            (labels(region, &[("ring_size", &size)]), num(&g["bytes"]))
+        })
+        .collect()
+}
+
 /// The exposition of a `memloop status --json` object.
 pub fn render(s: &Value) -> String {
     let region = s["region"]["path"].as_str().unwrap_or("");
@@ -53,9 +66,10 @@ pub fn render(s: &Value) -> String {
             })
             .unwrap_or_default()
     };
-    let members = s["members"].as_array().cloned().unwrap_or_default();
+    // (Borrowed: a region's lists may hold tens of thousands of entries.)
+    let members = s["members"].as_array().map_or(&[][..], Vec::as_slice);
     let alive = members.iter().filter(|m| m["alive"] == true).count();
-    let channels = s["channels"].as_array().cloned().unwrap_or_default();
+    let channels = s["channels"].as_array().map_or(&[][..], Vec::as_slice);
     let on = |path: &str| channels.iter().filter(|c| c["path"] == path).count();
     let usage = &s["usage"];
     let params = &s["region"]["params"];
@@ -117,6 +131,12 @@ pub fn render(s: &Value) -> String {
                     num(&usage["segments_total"]),
                 )])
                 .collect(),
+        },
+        Family {
+            name: "memloop_ring_memory_bytes",
+            help: "Ring memory held by channels, by the size of their rings.",
+            counter: false,
+            samples: ring_memory(s, region),
         },
         Family {
             name: "memloop_fallbacks_total",
@@ -203,6 +223,8 @@ mod tests {
             "channels": [{"path": "ring"}],
             "fallbacks": {"region_full": 3, "no_offer": 0},
             "switches": {"operator": 1},
+            "summary": {"ring_memory": {"by_ring_size": [{"ring_size": 65536, "channels": 2,
+                                                           "bytes": 270336}]}},
             "ring_connections": 5, "ring_bytes": 4096, "tcp_bytes": 7, "doorbells": 2,
             "wake_fallback": 0, "late_failed": 0, "pidfd_failed": 0, "conn_records_dropped": 0,
         });
@@ -216,6 +238,9 @@ mod tests {
             "memloop_table_capacity{region=\"/dev/shm/memloop-x\",table=\"ring_segments\"} 100\n"
         ));
         assert!(t.contains("memloop_ring_bytes_total{region=\"/dev/shm/memloop-x\"} 4096\n"));
+        assert!(t.contains(
+            "memloop_ring_memory_bytes{region=\"/dev/shm/memloop-x\",ring_size=\"65536\"} 270336\n"
+        ));
         // Every sample line belongs to a family announced before it.
         let mut typed = std::collections::HashSet::new();
         for line in t.lines() {

@@ -60,8 +60,9 @@ pub struct StateArgs {
 pub struct CreateArgs {
     #[command(flatten)]
     region: RegionArg,
-    /// Total size, e.g. 64M or 1G.
-    #[arg(long, default_value = "256M")]
+    /// Total size, e.g. 64M or 1G (a sparse file: memory is taken as rings are used). The
+    /// tables follow the size (a channel per 128 KiB, up to 16,384) unless given below.
+    #[arg(long, default_value = "2G")]
     size: String,
     /// File permissions, octal.
     #[arg(long, default_value = "660")]
@@ -160,9 +161,8 @@ fn create(a: &CreateArgs) -> CliResult<()> {
 }
 
 fn create_options(a: &CreateArgs) -> CliResult<CreateRegion> {
-    let d = RegionParams::default();
+    let d = RegionParams::for_size(parse_size(&a.size)?);
     let params = RegionParams {
-        size: parse_size(&a.size)?,
         max_members: a.members.unwrap_or(d.max_members),
         max_endpoints: a.endpoints.unwrap_or(d.max_endpoints),
         max_channels: a.channels.unwrap_or(d.max_channels),

@@ -95,7 +95,7 @@ fn run_sets_ld_preload_and_region_and_creates_the_region() {
     assert_eq!(text(&o.stdout).trim(), format!("{lib_s}|{region}|"));
     // The region was created with default parameters.
     let r = Region::open(&RegionSpec::parse(&region)).expect("region exists");
-    assert_eq!(r.size(), 256 << 20);
+    assert_eq!(r.size(), 2 << 30);
 }
 
 #[test]

@@ -5,6 +5,7 @@
 
 use crate::conn::{Conn, ConnParts, Path};
 use crate::engine::Engine;
+use crate::forklock::ForkMutex;
 use crate::late::Late;
 use crate::plain::PlainTcp;
 use crate::real;
@@ -26,6 +27,7 @@ pub fn canonical(a: SocketAddr) -> SocketAddr {
 }
 
 /// Who owns an address: its network scope, and whether that is in another kernel.
+#[derive(Clone, Copy)]
 struct Owner {
     scope: u64,
     other_kernel: bool,
@@ -41,6 +43,44 @@ fn owner_of(engine: &Engine, ip: IpAddr) -> Result<Owner, FallbackReason> {
             other_kernel: false,
         });
     }
+    let epoch = engine.registry().membership_epoch();
+    if let Some(known) = OWNERS.lock().known(epoch, ip) {
+        return known;
+    }
+    let found = scan_owners(engine, ip);
+    OWNERS.lock().remember(epoch, ip, found);
+    found
+}
+
+/// Answers of [`owner_of`] while the region's membership epoch stands: a connect then reads
+/// one header word instead of a thousand member slots.
+struct OwnerCache {
+    epoch: u64,
+    known: Vec<(IpAddr, Result<Owner, FallbackReason>)>,
+}
+
+static OWNERS: ForkMutex<OwnerCache> = ForkMutex::new(OwnerCache {
+    epoch: u64::MAX,
+    known: Vec::new(),
+});
+
+impl OwnerCache {
+    fn known(&self, epoch: u64, ip: IpAddr) -> Option<Result<Owner, FallbackReason>> {
+        let hit = self.known.iter().find(|(a, _)| *a == ip);
+        hit.filter(|_| self.epoch == epoch).map(|&(_, r)| r)
+    }
+
+    fn remember(&mut self, epoch: u64, ip: IpAddr, r: Result<Owner, FallbackReason>) {
+        if self.epoch != epoch || self.known.len() >= 256 {
+            self.known.clear();
+            self.epoch = epoch;
+        }
+        self.known.push((ip, r));
+    }
+}
+
+/// [`owner_of`] from the member table itself.
+fn scan_owners(engine: &Engine, ip: IpAddr) -> Result<Owner, FallbackReason> {
     let owners: BTreeSet<(u64, bool)> = engine
         .registry()
         .members()

@@ -57,7 +57,17 @@ impl Listener {
             Ok(_) => {}
             Err(now) => return now == PUBLISHED,
         }
-        let done = match engine.registry().add_endpoint(engine.me(), &self.key) {
+        let reg = engine.registry();
+        let mut added = reg.add_endpoint(engine.me(), &self.key);
+        if matches!(added, Err(RegistryError::AddrInUse)) {
+            // A live sibling's (fork, SO_REUSEPORT) — or a dead listener's not swept yet:
+            // then it is reclaimed here, and the key is ours.
+            let holder = reg.lookup(&self.key).map(|e| e.owner);
+            if holder.is_some_and(|h| !engine.node.peer_alive(h)) {
+                added = reg.add_endpoint(engine.me(), &self.key);
+            }
+        }
+        let done = match added {
             Ok(id) => {
                 *self.owned.lock() = Some((engine.clone(), id));
                 true

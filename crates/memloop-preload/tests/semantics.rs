@@ -130,6 +130,8 @@ fn main() -> std::process::ExitCode {
         test!(inetd_handler_without_the_library),
         test!(late_ring_after_a_slow_accept),
         test!(late_ring_after_the_region_was_full),
+        test!(ten_thousand_connections_on_rings_then_the_region_back_to_baseline),
+        test!(a_thousand_short_lived_client_processes_all_on_rings),
         test!(late_ring_not_tried_with_a_plain_client),
         test!(a_claimed_hold_is_never_given_back_on_a_reused_channel_slot),
         test!(late_ring_in_the_child_of_a_server_that_forks_per_connection),
@@ -302,6 +304,9 @@ struct Scenario {
     /// More `NAME=VALUE`s (space-separated) in the server's environment under the preload
     /// (e.g. `MEMLOOP_TEST_PAUSE`).
     server_env: Option<&'static str>,
+    /// Channel slots of the scenario's region (default: in proportion to its 64 MiB): one
+    /// makes a connection take its predecessor's slot (slots are handed out next-fit).
+    channels: Option<u32>,
 }
 
 const fn sc(script: &'static str, case: &'static str) -> Scenario {
@@ -317,6 +322,7 @@ const fn sc(script: &'static str, case: &'static str) -> Scenario {
         switches: None,
         repeat: 1,
         server_env: None,
+        channels: None,
     }
 }
 
@@ -351,6 +357,10 @@ impl Scenario {
     }
     const fn server_env(mut self, e: &'static str) -> Self {
         self.server_env = Some(e);
+        self
+    }
+    const fn channels(mut self, n: u32) -> Self {
+        self.channels = Some(n);
         self
     }
     const fn repeat(mut self, n: usize) -> Self {
@@ -547,7 +557,7 @@ fn check_with(s: Scenario, doms: Option<&Domains>) {
     );
     let t1 = Instant::now();
     for i in 0..s.repeat {
-        let region = RegionGuard::new("sem", s.case, 64 << 20);
+        let region = scenario_region(&s);
         let o = run_pair(&s, Mode::Preload, Some(&region.0), doms);
         let what = format!(
             "{}/{} under the preload {place} (run {} of {})",
@@ -566,6 +576,15 @@ fn check_with(s: Scenario, doms: Option<&Domains>) {
         (t1 - t0).as_secs_f64(),
         t1.elapsed().as_secs_f64()
     );
+}
+
+/// The scenario's region: 64 MiB, its tables in proportion unless it names its channels.
+fn scenario_region(s: &Scenario) -> RegionGuard {
+    let mut params = memloop::registry::RegionParams::for_size(64 << 20);
+    if let Some(n) = s.channels {
+        params.max_channels = n;
+    }
+    RegionGuard::with_params("sem", s.case, params)
 }
 
 /// Kernel reference and preload run on loopback.
@@ -1094,7 +1113,49 @@ fn late_ring_while_demoted_and_promoted() {
 /// The client fills a small region with ring connections until one falls back, connects (no
 /// ring memory: TCP), then closes the fillers: the connection comes to its ring.
 fn late_ring_after_the_region_was_full() {
-    late_ring(sc("late", "region_full"), 16 << 20, "region_full", None);
+    // 2 MiB: its ring memory runs out (rings shrink with the pressure, to 16 KiB) after
+    // about twenty fillers, well before their limit (64) and its 64 channel slots — the
+    // server's decline marker for the connection under test needs one.
+    let region = RegionGuard::new("sem", "region_full", 2 << 20);
+    late_ring_in(sc("late", "region_full"), &region, "region_full", None);
+}
+
+/// Issue 14: 10,000 connections open at once between two preloaded processes, in the default
+/// region (2 GiB: its ring sizes shrink with pressure, no connection falls back); each echoes
+/// its own 64 bytes, then all close. Every one is accepted on a ring, and the region's
+/// channels and ring memory are back where they started.
+fn ten_thousand_connections_on_rings_then_the_region_back_to_baseline() {
+    let s = sc("scale", "ten_thousand").rings(10_000);
+    let region = scale_run(s);
+    let reg = memloop::Region::open(&memloop::RegionSpec::parse(&region.0)).expect("region");
+    let u = reg.registry().usage();
+    assert!(
+        u.channels == 0 && u.segments_used == 0 && u.conns == 0,
+        "the region kept {} channels, {} ring segments, {} records after every close",
+        u.channels,
+        u.segments_used,
+        u.conns
+    );
+}
+
+/// Issue 14: 1,000 short-lived client processes (forked, 8 at a time, each exits without
+/// closing) against one server: every connection on a ring (the member table recycles the
+/// dead).
+fn a_thousand_short_lived_client_processes_all_on_rings() {
+    scale_run(sc("scale", "many_processes").rings(1000));
+}
+
+/// The kernel reference, then the preload run in a default-sized region (kept for a look).
+fn scale_run(s: Scenario) -> RegionGuard {
+    let kernel = run_pair(&s, Mode::Kernel, None, None);
+    let reference = format!("scale/{} on kernel TCP (the reference)", s.case);
+    assert_passed(&s, &kernel, &reference);
+    let region = RegionGuard::new("sem", s.case, 2 << 30);
+    let o = run_pair(&s, Mode::Preload, Some(&region.0), None);
+    let what = format!("scale/{} under the preload", s.case);
+    assert_passed(&s, &o, &what);
+    assert_ring_used(&s, &o, &what);
+    region
 }
 
 /// The slow accept with a client run without the library: the server's connection stays on
@@ -1501,6 +1562,7 @@ fn a_paused_sweep_holding_a_closed_connection_leaves_its_successor_alone() {
     check(
         sc("races", "stale_sweep")
             .rings(2)
+            .channels(1)
             .server_env("MEMLOOP_TEST_PAUSE=sweep-listed:500000:1")
             .switches("operator")
             // The pause happened, and B was slot 0's next incarnation (A's successor).

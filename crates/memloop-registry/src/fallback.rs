@@ -192,7 +192,10 @@ pub fn counter_name(i: usize) -> Option<&'static str> {
         None if i == COUNTER_RING_CONNS => Some("ring_connections"),
         None if i == COUNTER_RING_BYTES => Some("ring_bytes"),
         None if i == crate::tables::conns::COUNTER_TCP_BYTES => Some("tcp_bytes"),
-        None if i == crate::switch::HEAP_RESERVED_MARK => Some("heap_reserved_segments"),
+        None if i == crate::switch::COUNTER_SEGMENTS_GIVEN_BACK => Some("segments_given_back"),
+        None if i >= crate::switch::COUNTER_FULL_FIRST => crate::switch::FULL_NAMES
+            .get(i - crate::switch::COUNTER_FULL_FIRST)
+            .copied(),
         None => crate::switch::switch_counter_name(i),
     }
 }

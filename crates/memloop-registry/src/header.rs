@@ -20,7 +20,8 @@
 //!
 //! Versions: 2 added connection records; 3 added the channel kind to channel slots and grew the
 //! counters to 32 (fallback causes); 4 grew them to 64 (a second block; the fallback reason
-//! `paused` moved the counters after the fallback reasons). Nothing older is migrated:
+//! `paused` moved the counters after the fallback reasons); 5 added the offer index (tuple →
+//! channel) and the segment tags' free-but-reserved state. Nothing older is migrated:
 //! regions are cheap to recreate.
 
 use crate::error::RegistryError;
@@ -32,8 +33,8 @@ use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 /// "MLREGN01", little endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"MLREGN01");
 /// Layout version; bump on any incompatible change (2: connection records, 3: channel kinds
-/// and 32 counters, 4: 64 counters).
-pub const VERSION: u32 = 4;
+/// and 32 counters, 4: 64 counters, 5: the offer index and free-but-reserved segment tags).
+pub const VERSION: u32 = 5;
 /// Bytes reserved for the header (one page; small under loom to keep the model tractable).
 pub const HEADER_BYTES: u64 = if cfg!(loom) { 512 } else { 4096 };
 /// Number of global counters in the header (two blocks of 32).
@@ -76,8 +77,25 @@ const H_STATE: u64 = H_MARKERS + 8;
 /// are none (the Dekker argument of `H_MARKERS`, the other way round). Zero in regions made
 /// before it: a server there misses offers of clients built before it (they fall back).
 pub(crate) const H_OFFERS: u64 = H_STATE + 8;
-const _: () = assert!(H_OFFERS + 8 <= HEADER_BYTES);
-const _: () = assert!(H_OFFERS + 8 <= H_COUNTERS2);
+/// Where the next search for a free channel slot, connection record and ring segment starts
+/// (next fit: with thousands of live entries a search from slot 0 would walk all of them).
+/// Hints only: any value is safe, a stale one costs a longer search.
+pub(crate) const H_CHANNEL_HINT: u64 = H_OFFERS + 8;
+pub(crate) const H_CONN_HINT: u64 = H_CHANNEL_HINT + 8;
+pub(crate) const H_SEGMENT_HINT: u64 = H_CONN_HINT + 8;
+/// Ring segments owned by channels (a count kept as a hint: ring sizes under pressure).
+pub(crate) const H_SEGMENTS_USED: u64 = H_SEGMENT_HINT + 8;
+/// When a member last looked for the dead on everyone's behalf (ms of CLOCK_REALTIME): one
+/// sweep a second for the region, not one per member.
+pub(crate) const H_SWEPT_AT: u64 = H_SEGMENTS_USED + 8;
+/// Bumped whenever a member joins, leaves, is reclaimed or changes its addresses: a cache of
+/// "who owns this address" is good while it has not moved.
+pub(crate) const H_MEMBERSHIP: u64 = H_SWEPT_AT + 8;
+/// Channels published without an entry in the offer index (`tables/index.rs`): while not
+/// zero, readers scan the channel table.
+pub(crate) const H_UNINDEXED: u64 = H_MEMBERSHIP + 8;
+const _: () = assert!(H_UNINDEXED + 8 <= HEADER_BYTES);
+const _: () = assert!(H_UNINDEXED + 8 <= H_COUNTERS2);
 const _: () = assert!(cfg!(loom) || H_COUNTERS2 + 8 * COUNTER_BLOCK as u64 <= HEADER_BYTES);
 /// Kick lanes: a futex word per lane, bumped to wake a member's heartbeat early (zero and
 /// unused in regions made before them: a member there only beats on its period).
@@ -145,19 +163,46 @@ pub struct RegionParams {
 }
 
 impl Default for RegionParams {
+    /// The default region: 2 GiB of address space (a sparse file: memory is taken only as rings
+    /// are used), tables for a real host (see [`RegionParams::for_size`]).
     fn default() -> Self {
-        Self {
-            size: 256 << 20,
-            max_members: 64,
-            max_endpoints: 1024,
-            max_channels: 512,
-            segment_size: 64 << 10,
-            max_conns: 1024,
-        }
+        Self::for_size(DEFAULT_REGION_BYTES)
     }
 }
 
+/// Size of the default region.
+pub const DEFAULT_REGION_BYTES: u64 = 2 << 30;
+
 impl RegionParams {
+    /// Tables in proportion to a region of `size` bytes: a channel slot, an endpoint and a
+    /// connection record per 128 KiB (at most 16,384 each; at least 64), a member per 16
+    /// channels (64 to 1,024), 4 KiB ring segments. The default 2 GiB region gets 1,024
+    /// members and 16,384 channels, endpoints and records: ~14 MiB of tables, reserved at
+    /// creation; a 64 MiB region ~1 MiB.
+    pub fn for_size(size: u64) -> Self {
+        let per = |bytes: u64, lo: u64, hi: u64| (size / bytes).clamp(lo, hi) as u32;
+        let channels = per(128 << 10, 64, 16_384);
+        Self {
+            size,
+            max_members: (channels / 16).clamp(64, 1024),
+            max_endpoints: channels,
+            max_channels: channels,
+            segment_size: 4096,
+            max_conns: channels,
+        }
+    }
+
+    /// The same tables for another size, or the tables for that size if these are the ones
+    /// [`RegionParams::for_size`] chose for ours (a device's size is known only when it is
+    /// opened).
+    pub fn resized(&self, size: u64) -> Self {
+        if *self == Self::for_size(self.size) {
+            Self::for_size(size)
+        } else {
+            Self { size, ..*self }
+        }
+    }
+
     /// Small tables for a region of `size` bytes (tests, tiny regions).
     pub fn small(size: u64) -> Self {
         Self {
@@ -185,6 +230,9 @@ pub(crate) struct Layout {
     pub endpoints_off: u64,
     pub channels_off: u64,
     pub conns_off: u64,
+    /// The offer index (`tables/index.rs`), between the connection records and the tags.
+    pub index_off: u64,
+    pub index_buckets: u64,
     pub tags_off: u64,
     pub heap_off: u64,
 }
@@ -220,7 +268,9 @@ impl Layout {
         let endpoints_off = members_off + p.max_members as u64 * MEMBER_BYTES;
         let channels_off = endpoints_off + p.max_endpoints as u64 * ENDPOINT_BYTES;
         let conns_off = channels_off + p.max_channels as u64 * CHANNEL_BYTES;
-        let tags_off = conns_off + p.max_conns as u64 * CONN_BYTES;
+        let index_off = conns_off + p.max_conns as u64 * CONN_BYTES;
+        let index_buckets = crate::tables::index::index_buckets(p.max_channels);
+        let tags_off = index_off + index_buckets * crate::tables::index::BUCKET * 8;
         let too_small = || {
             bad(format!(
                 "region of {} bytes has no room for ring segments",
@@ -242,6 +292,8 @@ impl Layout {
             endpoints_off,
             channels_off,
             conns_off,
+            index_off,
+            index_buckets,
             tags_off,
             heap_off,
         })
@@ -483,10 +535,58 @@ impl Registry {
         self.add_counter(i, 1);
     }
 
-    /// The ring heap's reservation mark (see `Registry::commit_segments`); `None` in a loom
-    /// model's header.
-    pub(crate) fn heap_mark(&self) -> Option<ShmU64> {
-        counter_off(crate::switch::HEAP_RESERVED_MARK).and_then(|off| self.view.u64_at(off).ok())
+    /// Next-fit search of a table of `n` slots: `claim(idx)` from the slot after the last one
+    /// claimed (kept in the header word at `hint_off`), wrapping once. With thousands of live
+    /// entries a search from slot 0 would walk past all of them at every claim.
+    pub(crate) fn next_fit<T>(
+        &self,
+        hint_off: u64,
+        n: u32,
+        mut claim: impl FnMut(u32) -> Option<T>,
+    ) -> Option<T> {
+        let hint = self.header_hint(hint_off);
+        let from = hint
+            .as_ref()
+            .map_or(0, |h| (h.load(Relaxed) % n as u64) as u32);
+        let (idx, found) = (from..n)
+            .chain(0..from)
+            .find_map(|idx| claim(idx).map(|t| (idx, t)))?;
+        if let Some(h) = hint {
+            h.store(u64::from(idx + 1) % n as u64, Relaxed);
+        }
+        Some(found)
+    }
+
+    /// Whether the caller should sweep the region for the dead now, on everyone's behalf: true
+    /// for one caller per `period` (wall clock, shared by every kernel on the region; a clock
+    /// that went back more than ten periods counts as due). With a thousand members, a sweep
+    /// by each of them every second would read a thousand `/proc` entries a thousand times.
+    pub fn take_sweep_turn(&self, period: std::time::Duration) -> bool {
+        let Some(w) = self.header_hint(crate::header::H_SWEPT_AT) else {
+            return true;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let period = period.as_millis() as u64;
+        let last = w.load(Relaxed);
+        let due = now >= last.saturating_add(period) || now.saturating_add(10 * period) < last;
+        due && w.compare_exchange(last, now, Relaxed, Relaxed).is_ok()
+    }
+
+    /// A table was found full: counted by which (`members`, `endpoints`, `channels`, `ring
+    /// memory`), then the error.
+    pub(crate) fn full(&self, what: &'static str) -> RegistryError {
+        let names = ["members", "endpoints", "channels", "ring memory"];
+        if let Some(i) = names.iter().position(|&n| n == what) {
+            self.bump_counter(crate::switch::COUNTER_FULL_FIRST + i);
+        }
+        RegistryError::RegionFull { what }
+    }
+
+    /// A header word kept as a hint (search starts, counts); `None` if it cannot be reached.
+    pub(crate) fn header_hint(&self, off: u64) -> Option<ShmU64> {
+        self.view.u64_at(off).ok()
     }
 
     /// All global counters.

@@ -34,16 +34,19 @@ pub use error::RegistryError;
 pub use fallback::{
     counter_name, FallbackReason, COUNTER_CONNS_DROPPED, COUNTER_RING_BYTES, COUNTER_RING_CONNS,
 };
-pub use header::{RegionParams, RegionState, DEFAULT_RING_CAPACITY};
+pub use header::{RegionParams, RegionState, DEFAULT_REGION_BYTES, DEFAULT_RING_CAPACITY};
 pub use key::{ChannelId, ConnTuple, EndpointId, EndpointKey, MemberId, Proto, MAX_NATIVE_NAME};
 pub use kind::ChannelKind;
 pub use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 pub use reclaim::ReclaimReport;
 pub use switch::{
-    SwitchReason, SwitchWord, COUNTER_DOORBELLS, COUNTER_LATE_FAILED, COUNTER_PIDFD_FAILED,
-    COUNTER_SWITCH_FIRST, COUNTER_WAKE_FALLBACK, HEAP_RESERVED_MARK,
+    SwitchReason, SwitchWord, COUNTER_DOORBELLS, COUNTER_FULL_FIRST, COUNTER_LATE_FAILED,
+    COUNTER_PIDFD_FAILED, COUNTER_SEGMENTS_GIVEN_BACK, COUNTER_SWITCH_FIRST, COUNTER_WAKE_FALLBACK,
+    COUNTER_WINDOWS_GROWN, COUNTER_WINDOWS_NO_ROOM, COUNTER_WINDOWS_SHRUNK,
 };
-pub use tables::channels::{ChannelInfo, ChannelRings, ChannelState, Side, SideWords};
+pub use tables::channels::{
+    ChannelInfo, ChannelRings, ChannelState, Side, SideWords, INITIAL_WINDOW, PRESSURE_FLOOR,
+};
 pub use tables::conns::{ConnRecord, ConnRecordId, RecordReason, COUNTER_TCP_BYTES};
 pub use tables::endpoints::EndpointInfo;
 pub use tables::members::{

@@ -101,6 +101,7 @@ impl Registry {
                 return Ok(()); // someone who took over has finished
             }
             if slot.cas(w, w.next_gen(M_FREE))? {
+                self.membership_moved();
                 return Ok(());
             }
         }

@@ -165,12 +165,31 @@ pub const COUNTER_DOORBELLS: usize = COUNTER_WAKE_FALLBACK + 1;
 
 const _: () = assert!(COUNTER_DOORBELLS < NCOUNTERS);
 
-/// Not a counter: the header word below which every ring-heap segment has its memory
-/// reserved (`Registry::commit_segments`). Zero in regions made before it: they reserve from
-/// the bottom on their next offer.
-pub const HEAP_RESERVED_MARK: usize = COUNTER_DOORBELLS + 1;
+/// Header counter of ring-heap segments whose memory was given back to the system after
+/// they had been free a while (`Registry::trim_segments`).
+pub const COUNTER_SEGMENTS_GIVEN_BACK: usize = COUNTER_DOORBELLS + 1;
 
-const _: () = assert!(HEAP_RESERVED_MARK < NCOUNTERS);
+const _: () = assert!(COUNTER_SEGMENTS_GIVEN_BACK < NCOUNTERS);
+
+/// Header counters of the times a table was found full (members, endpoints, channels, ring
+/// memory), in that order: what `region_full` fallbacks, and joins that failed, ran into.
+pub const COUNTER_FULL_FIRST: usize = COUNTER_SEGMENTS_GIVEN_BACK + 1;
+/// Header counters of stream-ring windows grown (a busy connection), shrunk (an idle one),
+/// and not grown for want of memory in the file system behind the region.
+pub const COUNTER_WINDOWS_GROWN: usize = COUNTER_FULL_FIRST + 4;
+pub const COUNTER_WINDOWS_SHRUNK: usize = COUNTER_FULL_FIRST + 5;
+pub const COUNTER_WINDOWS_NO_ROOM: usize = COUNTER_FULL_FIRST + 6;
+/// Names of the counters from [`COUNTER_FULL_FIRST`] on.
+pub(crate) const FULL_NAMES: [&str; 7] = [
+    "members_full",
+    "endpoints_full",
+    "channels_full",
+    "ring_memory_full",
+    "windows_grown",
+    "windows_shrunk",
+    "windows_no_room",
+];
+const _: () = assert!(COUNTER_FULL_FIRST + FULL_NAMES.len() <= NCOUNTERS);
 
 /// The name of header counter `i` if it counts switches (`switch_<reason>`).
 pub(crate) fn switch_counter_name(i: usize) -> Option<&'static str> {

@@ -75,7 +75,7 @@ fn oldest_offer_is_taken_first() {
     let first = r.offer(c, ep, CAP, None).unwrap();
     let second = r.offer(c, ep, CAP, None).unwrap();
     r.cancel(first, c).unwrap();
-    let third = r.offer(c, ep, CAP, None).unwrap(); // reuses the first slot, but is newer
+    let third = offer_in_slot(&r, c, ep, CAP, first.idx); // the first slot, but newer
     assert_eq!(third.idx, first.idx);
     assert_eq!(r.take_offer(ep, s).unwrap(), Some(second));
     assert_eq!(r.take_offer(ep, s).unwrap(), Some(third));
@@ -229,7 +229,7 @@ fn stale_ids_fail_cleanly() {
     let (c, s, ep) = pair(&r);
     let ch = r.offer(c, ep, CAP, None).unwrap();
     r.cancel(ch, c).unwrap();
-    let reused = r.offer(c, ep, CAP, None).unwrap();
+    let reused = offer_in_slot(&r, c, ep, CAP, ch.idx);
     assert_eq!(reused.idx, ch.idx);
     assert!(matches!(r.channel_state(ch), Err(RegistryError::Stale)));
     assert!(matches!(r.rings(ch), Err(RegistryError::Stale)));
@@ -301,7 +301,7 @@ fn side_words_start_with_one_holder_and_are_reinitialised() {
         r.side_words(ch, Side::Client),
         Err(RegistryError::Stale)
     ));
-    let next = r.offer(c, ep, CAP, None).unwrap();
+    let next = offer_in_slot(&r, c, ep, CAP, ch.idx);
     assert_eq!(next.idx, ch.idx, "slot reused");
     for side in [Side::Client, Side::Server] {
         let w = r.side_words(next, side).unwrap();

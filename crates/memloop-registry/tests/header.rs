@@ -26,11 +26,22 @@ fn default_params_are_valid_and_documented_values() {
             p.segment_size,
             p.max_conns
         ),
-        (256 << 20, 64, 1024, 512, 65536, 1024)
+        (2 << 30, 1024, 16_384, 16_384, 4096, 16_384)
     );
     p.validate().unwrap();
+    // Tables in proportion to smaller regions, never below the floors.
+    let small = RegionParams::for_size(64 << 20);
+    assert_eq!((small.max_members, small.max_channels), (64, 512));
+    assert_eq!(RegionParams::for_size(1 << 20).max_channels, 64);
+    assert_eq!(p.resized(64 << 20), small, "default tables follow the size");
+    let custom = RegionParams {
+        max_members: 5,
+        ..small
+    };
+    assert_eq!(custom.resized(1 << 30).max_members, 5, "chosen tables stay");
     let r = Registry::init(ShmSlice::new_heap(p.size as usize), &p).unwrap();
-    assert!(r.nsegments() > 900);
+    assert!(r.nsegments() > 500_000);
+    assert!(r.metadata_len() < 16 << 20, "{}", r.metadata_len());
 }
 
 #[test]
@@ -202,21 +213,21 @@ fn region_state_is_kept_in_the_header_and_starts_open() {
 fn a_region_of_the_previous_layout_version_is_refused_naming_both_versions() {
     let view = ShmSlice::new_heap(MIB as usize);
     Registry::init(view.clone(), &params(MIB)).unwrap();
-    assert_eq!(header::VERSION, 4);
+    assert_eq!(header::VERSION, 5);
     view.u64_at(8)
         .unwrap()
-        .store(3, std::sync::atomic::Ordering::SeqCst);
-    let e = Registry::attach(view).err().expect("version 3 refused");
+        .store(4, std::sync::atomic::Ordering::SeqCst);
+    let e = Registry::attach(view).err().expect("version 4 refused");
     assert!(matches!(
         e,
         RegistryError::BadVersion {
-            found: 3,
-            expected: 4
+            found: 4,
+            expected: 5
         }
     ));
     assert_eq!(
         e.to_string(),
-        "region layout version 3, this build understands 4: recreate the region \
+        "region layout version 4, this build understands 5: recreate the region \
          (`memloop region destroy`, then `memloop region create`)"
     );
 }

@@ -11,6 +11,7 @@
 //! | 0 | tail `u64` (producer index) |
 //! | 8 | producer presence `u32` ([`crate::presence`]: running on CPU k / asleep) |
 //! | 16 | producer futex seq `u32` |
+//! | 24 | window `u64`: the part of the data area in use (see below; 0: all of it) |
 //! | 64 | head `u64` (consumer index) |
 //! | 72 | consumer presence `u32` |
 //! | 80 | consumer futex seq `u32` |
@@ -18,6 +19,14 @@
 //! | 192 | producer-waiting `u32`, 196 consumer-waiting `u32` |
 //! | 200 | writer flags `u32` ([`WFLAG_SHUTDOWN`]), 204 reader flags `u32` ([`RFLAG_CLOSED`]) |
 //! | 256 | data (`capacity` bytes) |
+//!
+//! **Window.** A stream ring's data area is reserved at its full `capacity` but only its first
+//! `window` bytes are used (a power of two, 64 ≤ window ≤ capacity): indices map to
+//! `idx mod window`. Only the producer changes the window, and only while the ring is empty
+//! (every byte published has been consumed): data in the ring was therefore always written
+//! under the window in force, and the consumer, which loads the window after the tail
+//! (acquire), reads it under the same one. So a connection's ring grows while it is busy and
+//! shrinks when idle — its memory reserved and given back with it — without a byte moved.
 
 use crate::wait::WaitCell;
 use crate::RingError;
@@ -56,6 +65,18 @@ pub const OFF_CAP: u64 = 144;
 /// Presence words (hints, see [`crate::presence`]): each on its owner's index line.
 pub const OFF_PPRES: u64 = 8;
 pub const OFF_CPRES: u64 = 72;
+/// The producer's window (see the module text), on its index line.
+pub const OFF_WINDOW: u64 = 24;
+
+/// The window a header word names for a ring of `capacity` (0: the whole ring); `None` if it
+/// is no valid window.
+pub fn window_of(word: u64, capacity: u64) -> Option<u64> {
+    match word {
+        0 => Some(capacity),
+        w if w.is_power_of_two() && (MIN_CAPACITY..=capacity).contains(&w) => Some(w),
+        _ => None,
+    }
+}
 
 /// Total bytes a ring of `capacity` data bytes occupies (saturating on absurd capacities).
 pub fn ring_bytes(capacity: u64) -> u64 {
@@ -118,9 +139,28 @@ pub fn init_ring(
     capacity: u64,
     slot_size: u32,
 ) -> Result<(), RingError> {
+    init_ring_windowed(view, kind, capacity, slot_size, capacity)
+}
+
+/// [`init_ring`] with only the first `window` bytes of the data area in use (stream rings;
+/// the others use all of it).
+pub fn init_ring_windowed(
+    view: &ShmSlice,
+    kind: RingKind,
+    capacity: u64,
+    slot_size: u32,
+    window: u64,
+) -> Result<(), RingError> {
     if let Some(p) = geometry_problem(kind, capacity, slot_size, view.len() as u64) {
         return Err(RingError::Config(p));
     }
+    let window = match window_of(window, capacity) {
+        Some(w) if kind == RingKind::Stream || w == capacity => w,
+        _ => {
+            let p = format!("window {window} for a {kind:?} ring of capacity {capacity}");
+            return Err(RingError::Config(p));
+        }
+    };
     // Every field is stored explicitly (no bulk fill: under loom each byte is a modelled access).
     view.u64_at(OFF_MAGIC)?.store(0, Release);
     for off in [
@@ -133,6 +173,7 @@ pub fn init_ring(
     view.u32_at(OFF_KIND)?.store(kind as u32, Relaxed);
     view.u32_at(OFF_SLOT)?.store(slot_size, Relaxed);
     view.u64_at(OFF_CAP)?.store(capacity, Relaxed);
+    view.u64_at(OFF_WINDOW)?.store(window, Relaxed);
     view.u64_at(OFF_MAGIC)?.store(RING_MAGIC, Release);
     Ok(())
 }
@@ -150,12 +191,22 @@ pub(crate) struct Header {
     /// Presence words ([`crate::presence`]) of the producer and the consumer.
     pub ppres: ShmU32,
     pub cpres: ShmU32,
+    /// The producer's window word (see the module text).
+    pub window: ShmU64,
     pub data: ShmSlice,
     pub cap: u64,
     pub slot_size: u32,
 }
 
 impl Header {
+    /// The window in force (validated against the capacity; a bad word is corruption).
+    pub fn load_window(&self) -> Result<u64, RingError> {
+        let w = self.window.load(Relaxed);
+        window_of(w, self.cap).ok_or_else(|| {
+            RingError::corrupt("window", format!("{w} for a capacity of {}", self.cap))
+        })
+    }
+
     /// Validates the static line of `view` against `kind` and the view's size.
     pub fn attach(view: &ShmSlice, kind: RingKind) -> Result<Self, RingError> {
         let magic = view.u64_at(OFF_MAGIC)?.load(Acquire);
@@ -186,6 +237,7 @@ impl Header {
             cons: WaitCell::new(view.u32_at(OFF_CWAIT)?, view.u32_at(OFF_CSEQ)?),
             ppres: view.u32_at(OFF_PPRES)?,
             cpres: view.u32_at(OFF_CPRES)?,
+            window: view.u64_at(OFF_WINDOW)?,
             data: view.slice(RING_HEADER_BYTES, cap)?,
             cap,
             slot_size,
@@ -216,6 +268,8 @@ pub struct Probe {
     /// Bytes published and not yet consumed.
     pub used: u64,
     pub capacity: u64,
+    /// The part of the capacity in use ([`Probe::free`] is what is free of it).
+    pub window: u64,
     pub writer_shut: bool,
     pub writer_reset: bool,
     pub reader_closed: bool,
@@ -223,7 +277,7 @@ pub struct Probe {
 
 impl Probe {
     pub fn free(&self) -> u64 {
-        self.capacity - self.used
+        self.window.saturating_sub(self.used)
     }
 }
 
@@ -240,6 +294,7 @@ pub fn probe(view: &ShmSlice) -> Option<Probe> {
         return None;
     }
     let capacity = view.atomic_u64(OFF_CAP).ok()?.load(Relaxed);
+    let window = window_of(view.atomic_u64(OFF_WINDOW).ok()?.load(Relaxed), capacity)?;
     // Flags first (acquire): bytes published before a shutdown are then visible below.
     let wflags = view.atomic_u32(OFF_WFLAGS).ok()?.load(Acquire);
     let rflags = view.atomic_u32(OFF_RFLAGS).ok()?.load(Acquire);
@@ -253,6 +308,7 @@ pub fn probe(view: &ShmSlice) -> Option<Probe> {
             return Some(Probe {
                 used,
                 capacity,
+                window,
                 writer_shut: wflags & WFLAG_SHUTDOWN != 0,
                 writer_reset: wflags & WFLAG_RESET != 0,
                 reader_closed: rflags & RFLAG_CLOSED != 0,

@@ -12,13 +12,13 @@ use memloop_shm::sync::Ordering::{Acquire, Release};
 use memloop_shm::{ShmSlice, ShmU32};
 use std::time::Duration;
 
-/// Validates a (tail, head) pair read at attach time.
-fn check_span(tail: u64, head: u64, h: &Header, granule: u64) -> Result<(), RingError> {
+/// Validates a (tail, head) pair read at attach time against the window in force.
+fn check_span(tail: u64, head: u64, window: u64, granule: u64) -> Result<(), RingError> {
     let used = tail.wrapping_sub(head);
-    if used > h.cap {
+    if used > window {
         return Err(RingError::corrupt(
             "indices",
-            format!("tail {tail} - head {head} exceeds capacity {}", h.cap),
+            format!("tail {tail} - head {head} exceeds the window {window}"),
         ));
     }
     if tail % granule != 0 || head % granule != 0 {
@@ -67,6 +67,8 @@ pub(crate) fn copy_out(
 pub(crate) struct ProdCore {
     pub h: Header,
     pub tail: u64,
+    /// The window in force (the producer is the one who changes it).
+    window: u64,
     head_cache: u64,
     granule: u64,
     spinner: Spinner,
@@ -81,10 +83,12 @@ impl ProdCore {
         let granule = granule.max(1).next_power_of_two();
         let tail = h.tail.load(Acquire);
         let head = h.head.load(Acquire);
-        check_span(tail, head, &h, granule)?;
+        let window = h.load_window()?;
+        check_span(tail, head, window, granule)?;
         Ok(ProdCore {
             h,
             tail,
+            window,
             head_cache: head,
             granule,
             spinner: Spinner::default(),
@@ -92,12 +96,32 @@ impl ProdCore {
         })
     }
 
+    /// The bytes in use: the window (indices map into it).
     pub fn cap(&self) -> u64 {
+        self.window
+    }
+
+    /// The whole data area, the most the window can grow to.
+    pub fn cap_max(&self) -> u64 {
         self.h.cap
     }
 
     fn free_cached(&self) -> u64 {
-        self.h.cap - self.tail.wrapping_sub(self.head_cache)
+        self.window - self.tail.wrapping_sub(self.head_cache)
+    }
+
+    /// Whether every byte published has been consumed (re-reads the head).
+    pub fn is_empty(&mut self) -> Result<bool, RingError> {
+        Ok(self.refresh()? == self.window)
+    }
+
+    /// Puts window `w` in force. Only while the ring is empty (the caller checked with
+    /// [`ProdCore::is_empty`] and holds the producer): the store is published by the next
+    /// tail, which the consumer loads (acquire) before the window.
+    pub fn set_window(&mut self, w: u64) {
+        debug_assert!(w.is_power_of_two() && w <= self.h.cap);
+        self.window = w;
+        self.h.window.store(w, Release);
     }
 
     /// Re-reads and validates the consumer's head; returns the free space.
@@ -160,9 +184,11 @@ impl ProdCore {
     pub fn resync(&mut self) -> Result<(), RingError> {
         let tail = self.h.tail.load(Acquire);
         let head = self.h.head.load(Acquire);
-        check_span(tail, head, &self.h, self.granule)?;
+        let window = self.h.load_window()?;
+        check_span(tail, head, window, self.granule)?;
         self.tail = tail;
         self.head_cache = head;
+        self.window = window;
         Ok(())
     }
 
@@ -210,6 +236,8 @@ impl ProdCore {
 pub(crate) struct ConsCore {
     pub h: Header,
     pub head: u64,
+    /// The window the bytes up to `tail_cache` were written under.
+    window: u64,
     tail_cache: u64,
     granule: u64,
     spinner: Spinner,
@@ -224,10 +252,12 @@ impl ConsCore {
         let granule = granule.max(1).next_power_of_two();
         let head = h.head.load(Acquire);
         let tail = h.tail.load(Acquire);
-        check_span(tail, head, &h, granule)?;
+        let window = h.load_window()?;
+        check_span(tail, head, window, granule)?;
         Ok(ConsCore {
             h,
             head,
+            window,
             tail_cache: tail,
             granule,
             spinner: Spinner::default(),
@@ -235,8 +265,9 @@ impl ConsCore {
         })
     }
 
+    /// The window the bytes in the ring were written under.
     pub fn cap(&self) -> u64 {
-        self.h.cap
+        self.window
     }
 
     fn avail_cached(&self) -> u64 {
@@ -246,11 +277,14 @@ impl ConsCore {
     /// Re-reads and validates the producer's tail; returns the bytes available.
     pub fn refresh(&mut self) -> Result<u64, RingError> {
         let new = self.h.tail.load(Acquire);
+        // After the tail (acquire): the window its bytes were written under. The producer
+        // changes it only while the ring is empty, so it stands until we consume them.
+        let window = self.h.load_window()?;
         let span = new.wrapping_sub(self.head);
-        if span > self.h.cap || span < self.avail_cached() || new & (self.granule - 1) != 0 {
+        if span > window || span < self.avail_cached() || new & (self.granule - 1) != 0 {
             let detail = format!(
-                "tail {new} (was {}, head {}, capacity {})",
-                self.tail_cache, self.head, self.h.cap
+                "tail {new} (was {}, head {}, window {window})",
+                self.tail_cache, self.head
             );
             return Err(RingError::corrupt(
                 "producer tail moved backwards or too far",
@@ -258,6 +292,7 @@ impl ConsCore {
             ));
         }
         self.tail_cache = new;
+        self.window = window;
         Ok(span)
     }
 
@@ -281,9 +316,11 @@ impl ConsCore {
     pub fn resync(&mut self) -> Result<(), RingError> {
         let head = self.h.head.load(Acquire);
         let tail = self.h.tail.load(Acquire);
-        check_span(tail, head, &self.h, self.granule)?;
+        let window = self.h.load_window()?;
+        check_span(tail, head, window, self.granule)?;
         self.head = head;
         self.tail_cache = tail;
+        self.window = window;
         Ok(())
     }
 
@@ -346,6 +383,7 @@ impl std::fmt::Debug for ProdCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Producer")
             .field("capacity", &self.h.cap)
+            .field("window", &self.window)
             .field("tail", &self.tail)
             .field("head_cache", &self.head_cache)
             .finish()
@@ -356,6 +394,7 @@ impl std::fmt::Debug for ConsCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
             .field("capacity", &self.h.cap)
+            .field("window", &self.window)
             .field("head", &self.head)
             .field("tail_cache", &self.tail_cache)
             .finish()

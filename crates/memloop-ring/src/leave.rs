@@ -230,13 +230,15 @@ impl StreamConsumer {
         let head = self.position();
         let published = self.published_tail();
         let used = peer_tail.wrapping_sub(head);
-        if used > self.capacity() || published != peer_tail {
+        // The window the producer left under (ours may be older: it changes while empty).
+        let window = self.window_now()?;
+        if used > window || published != peer_tail {
             return Err(RingError::corrupt(
                 "peer's leave position",
                 format!("tail {peer_tail}, published {published}, our head is {head}"),
             ));
         }
-        Ok(self.capacity() - used)
+        Ok(window - used)
     }
 
     /// Writes `tail` into the ring just before our head, once the producer has left at

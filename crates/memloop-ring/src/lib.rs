@@ -26,7 +26,7 @@ pub mod wait;
 
 pub use descriptor::Descriptor;
 pub use error::RingError;
-pub use header::{init_ring, ring_bytes, RingKind, RING_HEADER_BYTES};
+pub use header::{init_ring, init_ring_windowed, ring_bytes, RingKind, RING_HEADER_BYTES};
 pub use presence::Presence;
 pub use record::{RecordConsumer, RecordProducer, RecvInfo};
 pub use slots::{SlotConsumer, SlotProducer};

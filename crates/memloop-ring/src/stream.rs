@@ -17,7 +17,30 @@ use std::time::Duration;
 pub struct StreamProducer {
     core: ProdCore,
     written: u64,
+    elastic: Elastic,
 }
+
+/// When the producer grows or shrinks its window (see [`crate::header`]'s module text).
+#[derive(Debug, Default)]
+struct Elastic {
+    /// Writes since the last resize that did not fit the window whole.
+    pressure: u32,
+    /// A grow found no memory to reserve: no more tries until the window shrinks.
+    no_room: bool,
+    /// `written` when the producer was last looked at while idle, and how many looks in a
+    /// row found it unchanged.
+    idle_mark: u64,
+    idle_looks: u32,
+    grown: u64,
+    shrunk: u64,
+    /// Grows refused for want of memory to reserve.
+    refused: u64,
+}
+
+/// Writes that did not fit before the window grows (at the next moment the ring is empty).
+const GROW_AFTER: u32 = 2;
+/// Each grow multiplies the window by this much (up to the capacity).
+const GROW_FACTOR: u64 = 4;
 
 impl StreamProducer {
     /// Attaches to an initialised stream ring; validates the header against `view`.
@@ -25,11 +48,91 @@ impl StreamProducer {
         Ok(StreamProducer {
             core: ProdCore::attach(&view, RingKind::Stream, 1)?,
             written: 0,
+            elastic: Elastic::default(),
         })
     }
 
+    /// The window in force: what the ring holds at most right now.
     pub fn capacity(&self) -> u64 {
         self.core.cap()
+    }
+
+    /// The most the window can grow to (the data area reserved for the ring).
+    pub fn max_capacity(&self) -> u64 {
+        self.core.cap_max()
+    }
+
+    /// How many times the window grew, shrank, and could not grow for want of memory.
+    pub fn resizes(&self) -> (u64, u64, u64) {
+        let e = &self.elastic;
+        (e.grown, e.shrunk, e.refused)
+    }
+
+    /// Grows the window if writes kept finding it too small and the ring is empty now:
+    /// memory for the new part is reserved first (none: the window stays).
+    fn maybe_grow(&mut self) -> Result<(), RingError> {
+        let (w, max) = (self.core.cap(), self.core.cap_max());
+        if self.elastic.pressure < GROW_AFTER || self.elastic.no_room || w >= max {
+            return Ok(());
+        }
+        if self.resize((w * GROW_FACTOR).min(max))? {
+            self.elastic.pressure = 0;
+            self.elastic.grown += 1;
+        }
+        Ok(())
+    }
+
+    /// Puts window `to` (a power of two, 64 ≤ `to` ≤ [`max_capacity`](Self::max_capacity))
+    /// in force if the ring is empty now; false if it is not (nothing changes), or if memory
+    /// for a larger window cannot be reserved (then no grow is tried again until it shrinks).
+    /// Memory beyond a smaller window goes back to the system.
+    pub fn resize(&mut self, to: u64) -> Result<bool, RingError> {
+        let w = self.core.cap();
+        if !to.is_power_of_two()
+            || !(crate::header::MIN_CAPACITY..=self.core.cap_max()).contains(&to)
+        {
+            return Err(RingError::Config(format!(
+                "window {to} for a ring of capacity {}",
+                self.core.cap_max()
+            )));
+        }
+        if to == w || !self.core.is_empty()? {
+            return Ok(false);
+        }
+        if to > w && self.core.h.data.commit(w, to - w).is_err() {
+            self.elastic.no_room = true;
+            self.elastic.refused += 1;
+            return Ok(false);
+        }
+        self.core.set_window(to);
+        if to < w {
+            // Nobody reads or writes beyond the window any more (the ring is empty, and the
+            // consumer takes the new window with the next tail).
+            let _ = self.core.h.data.release(to, w - to);
+            self.elastic.no_room = false;
+        }
+        Ok(true)
+    }
+
+    /// One look from an idle-time sweep: once `looks` looks in a row found nothing written
+    /// and the ring empty, the window goes back to `to` and the memory beyond it is given
+    /// back to the system. Returns whether it shrank.
+    pub fn shrink_if_idle(&mut self, to: u64, looks: u32) -> Result<bool, RingError> {
+        let e = &mut self.elastic;
+        if self.written != e.idle_mark {
+            (e.idle_mark, e.idle_looks) = (self.written, 0);
+            return Ok(false);
+        }
+        e.idle_looks = e.idle_looks.saturating_add(1);
+        let w = self.core.cap();
+        let to = to.clamp(crate::header::MIN_CAPACITY, w).next_power_of_two();
+        if e.idle_looks < looks || w <= to || !self.resize(to)? {
+            return Ok(false);
+        }
+        let e = &mut self.elastic;
+        (e.pressure, e.idle_looks) = (0, 0);
+        e.shrunk += 1;
+        Ok(true)
     }
 
     /// Free bytes right now (always re-reads the consumer's index).
@@ -46,8 +149,12 @@ impl StreamProducer {
     /// Like [`write`](Self::write) for several slices, with a single publication.
     pub fn write_vectored(&mut self, srcs: &[IoSlice<'_>]) -> Result<usize, RingError> {
         self.core.check_open()?;
+        self.maybe_grow()?;
         let want: u64 = srcs.iter().map(|s| s.len() as u64).sum();
         let mut room = self.core.free_for(want)?.min(want);
+        if room < want {
+            self.elastic.pressure = self.elastic.pressure.saturating_add(1);
+        }
         let mut idx = self.core.tail;
         for s in srcs {
             let n = (s.len() as u64).min(room);
@@ -165,8 +272,14 @@ impl StreamConsumer {
         })
     }
 
+    /// The window the bytes in the ring were written under.
     pub fn capacity(&self) -> u64 {
         self.core.cap()
+    }
+
+    /// The whole data area (the most the producer's window can grow to).
+    pub fn max_capacity(&self) -> u64 {
+        self.core.h.cap
     }
 
     /// Bytes readable right now (always re-reads the producer's index).
@@ -251,7 +364,13 @@ impl StreamConsumer {
     /// Copies `src` into the data area at ring index `at` (the caller checked that the
     /// producer can no longer write there).
     pub(crate) fn write_at(&self, at: u64, src: &[u8]) -> Result<(), RingError> {
-        copy_in(&self.core.h.data, self.core.cap(), at, src)
+        copy_in(&self.core.h.data, self.window_now()?, at, src)
+    }
+
+    /// The producer's window as the ring holds it now (ours is the one the bytes we hold
+    /// were written under; the two differ only while the ring is empty).
+    pub(crate) fn window_now(&self) -> Result<u64, RingError> {
+        self.core.h.load_window()
     }
 
     /// Whether the writer shut down (data may still be waiting to be read).

@@ -122,3 +122,46 @@ fn slots_batch_across_the_wrap_with_backpressure() {
         t.join().unwrap();
     });
 }
+
+/// A window change while the consumer reads (header module text): bytes 1, 2 go in under a
+/// window of 64 at indices 62, 63; once the ring is empty the producer changes the window and
+/// writes 3, 4 at indices 64, 65 — offsets 64, 65 under a window of 128, 0, 1 under 64. A
+/// consumer that read them under the window it had before would get other bytes.
+fn resize_mid_stream(from: u64, to: u64) {
+    loom::model(move || {
+        let v = ShmSlice::new_model(ring_bytes(128) as usize);
+        init_ring_windowed(&v, RingKind::Stream, 128, 0, from).unwrap();
+        v.u64_at(OFF_TAIL).unwrap().store(62, Relaxed);
+        v.u64_at(OFF_HEAD).unwrap().store(62, Relaxed);
+        let mut p = StreamProducer::attach(v.clone()).unwrap();
+        let mut c = StreamConsumer::attach(v).unwrap();
+        let t = thread::spawn(move || {
+            assert_eq!(p.write(&[1, 2]).unwrap(), 2);
+            while !p.resize(to).unwrap() {
+                thread::yield_now(); // until the consumer has taken 1, 2
+            }
+            assert_eq!(p.write(&[3, 4]).unwrap(), 2);
+        });
+        let mut got = Vec::new();
+        while got.len() < 4 {
+            let mut b = [0u8; 4];
+            let n = c.read(&mut b).unwrap();
+            got.extend_from_slice(&b[..n]);
+            if n == 0 {
+                thread::yield_now();
+            }
+        }
+        assert_eq!(got, [1, 2, 3, 4]);
+        t.join().unwrap();
+    });
+}
+
+#[test]
+fn stream_window_grows_mid_stream() {
+    resize_mid_stream(64, 128);
+}
+
+#[test]
+fn stream_window_shrinks_mid_stream() {
+    resize_mid_stream(128, 64);
+}

@@ -189,14 +189,10 @@ impl Mapping {
 /// BAR, which is all memory already) is taken at its word.
 impl crate::view::Backing for Mapping {
     fn commit(&self, at: *const u8, len: usize) -> Result<(), crate::view::NoRoom> {
-        let off = (at as usize).wrapping_sub(self.raw.as_ptr() as usize) as u64;
         let no_room = crate::view::NoRoom { len: len as u64 };
-        if off
-            .checked_add(len as u64)
-            .map_or(true, |end| end > self.len() as u64)
-        {
+        let Some(off) = self.offset_of(at, len) else {
             return Err(no_room); // never from a checked view; refuse rather than guess
-        }
+        };
         loop {
             let r = rustix::fs::fallocate(
                 &self.file,
@@ -211,6 +207,31 @@ impl crate::view::Backing for Mapping {
                 Err(_) => Ok(()),
             };
         }
+    }
+
+    /// A hole punched in the file: tmpfs and hugetlbfs free the pages (hugetlbfs only whole
+    /// huge pages inside the range). A device cannot: its memory stays.
+    fn release(&self, at: *const u8, len: usize) -> bool {
+        use rustix::fs::FallocateFlags as F;
+        let Some(off) = self.offset_of(at, len) else {
+            return false;
+        };
+        let how = F::PUNCH_HOLE | F::KEEP_SIZE;
+        loop {
+            match rustix::fs::fallocate(&self.file, how, off, len as u64) {
+                Err(rustix::io::Errno::INTR) => continue,
+                r => return r.is_ok(),
+            }
+        }
+    }
+}
+
+impl Mapping {
+    /// The file offset of `len` bytes at `at`, if they lie in the mapping.
+    fn offset_of(&self, at: *const u8, len: usize) -> Option<u64> {
+        let off = (at as usize).wrapping_sub(self.raw.as_ptr() as usize) as u64;
+        let end = off.checked_add(len as u64)?;
+        (end <= self.len() as u64).then_some(off)
     }
 }
 

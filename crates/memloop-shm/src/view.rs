@@ -36,6 +36,11 @@ pub(crate) trait Backing: Send + Sync {
     fn commit(&self, _at: *const u8, _len: usize) -> Result<(), NoRoom> {
         Ok(())
     }
+    /// Gives the memory behind the `len` bytes at `at` back to the system (the bytes read as
+    /// zero afterwards); false where that cannot be done (heap memory, a device).
+    fn release(&self, _at: *const u8, _len: usize) -> bool {
+        false
+    }
 }
 
 #[cfg(not(loom))]
@@ -121,6 +126,14 @@ mod imp {
             let at = unsafe { self.ptr.as_ptr().add(o) };
             self._keep.commit(at, len as usize)?;
             Ok(())
+        }
+        /// Gives the memory behind `off..off + len` back to the system ([`Backing::release`]):
+        /// only for bytes nobody uses any more, which then read as zero. Whether it was done.
+        pub fn release(&self, off: u64, len: u64) -> Result<bool, OutOfBounds> {
+            let o = self.check(off, len)?;
+            // SAFETY: `check` proved `o + len <= self.len`: the pointer stays inside the view.
+            let at = unsafe { self.ptr.as_ptr().add(o) };
+            Ok(self._keep.release(at, len as usize))
         }
         pub fn is_writable(&self) -> bool {
             self.writable
@@ -287,6 +300,10 @@ mod imp {
         pub fn commit(&self, off: u64, len: u64) -> Result<(), CommitError> {
             self.check(off, len)?;
             Ok(())
+        }
+        pub fn release(&self, off: u64, len: u64) -> Result<bool, OutOfBounds> {
+            self.check(off, len)?;
+            Ok(false)
         }
         pub fn is_writable(&self) -> bool {
             self.writable

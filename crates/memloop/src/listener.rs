@@ -132,10 +132,7 @@ impl Listener {
     }
 
     fn has_offer(&self) -> bool {
-        let reg = self.node.region.registry();
-        reg.channels()
-            .iter()
-            .any(|c| c.endpoint == self.ep && c.state == memloop_registry::ChannelState::Offered)
+        self.node.region.registry().has_native_offer(self.ep)
     }
 }
 

@@ -61,10 +61,12 @@ impl Node {
             vm_spin: vm_spin_from_env(),
             on_beat: std::sync::OnceLock::new(),
         });
-        // Here, before the process publishes anything: a listener restarted on the key of a
-        // dead one must find that endpoint gone (a heartbeat's later sweep would remove it
-        // from under the new listener, which took it for a live sibling's).
-        inner.reclaim_dead();
+        // Here, before the process publishes anything, unless a member swept a moment ago:
+        // a listener restarted on the key of a dead one should find that endpoint gone (the
+        // listener also checks the holder of a key it finds taken).
+        if inner.region.registry().take_sweep_turn(SWEEP_PERIOD) {
+            inner.reclaim_dead();
+        }
         spawn_heartbeat(Arc::downgrade(&inner));
         tracing::debug!(?id, "joined region");
         Ok(Node { inner })
@@ -126,8 +128,8 @@ fn join_reclaiming(
     }
 }
 
-/// Heartbeats between two sweeps for dead members.
-const RECLAIM_EVERY: u64 = 5;
+/// How often the region is swept for dead members (by one member on everyone's behalf).
+const SWEEP_PERIOD: Duration = Duration::from_secs(1);
 
 fn spawn_heartbeat(node: Weak<NodeInner>) {
     let spawned = std::thread::Builder::new()
@@ -137,7 +139,6 @@ fn spawn_heartbeat(node: Weak<NodeInner>) {
                 .upgrade()
                 .and_then(|n| n.region.registry().kick_lane(n.id.idx));
             let mut next = Instant::now() + HEARTBEAT_PERIOD;
-            let mut beats = 0u64;
             let mut seen = lane.as_ref().map(|l| l.load(SeqCst));
             loop {
                 sleep_until_kicked(lane.as_ref(), seen, next);
@@ -146,8 +147,7 @@ fn spawn_heartbeat(node: Weak<NodeInner>) {
                 let Some(n) = node.upgrade() else { return };
                 if Instant::now() >= next {
                     next = Instant::now() + HEARTBEAT_PERIOD;
-                    beats += 1;
-                    if !n.beat(beats) {
+                    if !n.beat() {
                         return;
                     }
                 }
@@ -187,16 +187,18 @@ pub fn kick(reg: &Registry, member: MemberId) {
 }
 
 impl NodeInner {
-    /// Beat number `n`: proof of life; false once we are no member any more.
-    fn beat(&self, n: u64) -> bool {
+    /// Proof of life; false once we are no member any more.
+    fn beat(&self) -> bool {
         if self.region.registry().heartbeat(self.id).is_err() {
             return false;
         }
         // Members that die without leaving (SIGKILL, a powered-off VM) hold channels and ring
-        // memory until someone reclaims them: every member looks about once a second, so that
-        // happens even when nobody joins.
-        if n % RECLAIM_EVERY == 0 {
+        // memory until someone reclaims them: one member a second looks, on everyone's behalf
+        // (whoever's beat takes the turn), so that happens even when nobody joins; the same
+        // sweep gives back the memory of rings freed a while ago.
+        if self.region.registry().take_sweep_turn(SWEEP_PERIOD) {
             self.reclaim_dead();
+            self.region.registry().trim_segments(self.id);
         }
         true
     }

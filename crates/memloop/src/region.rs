@@ -236,10 +236,7 @@ impl Region {
         let registry = match Registry::attach(mapping.view()) {
             Ok(r) if !force => r,
             _ => {
-                let params = RegionParams {
-                    size: mapping.len() as u64,
-                    ..opts.params
-                };
+                let params = opts.params.resized(mapping.len() as u64);
                 mapping.view().fill(0, mapping.len() as u64, 0)?;
                 Registry::init(mapping.view(), &params)?
             }
@@ -324,15 +321,10 @@ fn attach_or_finish_init(
         Err(RegistryError::NotInitialised) => {
             tracing::debug!(path = %mapping.path().display(), "initialiser died: finishing init");
             let size = mapping.len() as u64;
-            let params = RegionParams {
-                size,
-                ..params.copied().unwrap_or_default()
-            };
-            mapping
-                .view()
-                .fill(0, size, 0)
-                .map_err(Error::from)
-                .and_then(|_| Ok(Registry::init(mapping.view(), &params)?))
+            let params = params.copied().unwrap_or_default().resized(size);
+            // `init` clears the header and tables; the ring heap is not touched (a sparse
+            // file of gigabytes: zeroing it would take that much memory).
+            Ok(Registry::init(mapping.view(), &params)?)
         }
         other => other.map_err(Error::from),
     };

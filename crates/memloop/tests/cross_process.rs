@@ -61,8 +61,10 @@ impl TestRegion {
         let name = format!("test-{tag}-{}", std::process::id());
         let spec = RegionSpec::Named(name.clone());
         let _ = Region::destroy(&spec);
-        let mut opts = CreateRegion::default();
-        opts.params.size = size;
+        let opts = CreateRegion {
+            params: memloop::registry::RegionParams::for_size(size),
+            ..CreateRegion::default()
+        };
         let region = Region::open_or_create(&spec, &opts).unwrap();
         Self { name, region }
     }

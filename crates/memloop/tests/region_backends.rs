@@ -34,9 +34,10 @@ fn unique(tag: &str) -> String {
 }
 
 fn small() -> CreateRegion {
-    let mut o = CreateRegion::default();
-    o.params.size = 4 << 20;
-    o
+    CreateRegion {
+        params: memloop::registry::RegionParams::for_size(4 << 20),
+        ..CreateRegion::default()
+    }
 }
 
 /// Connects a stream inside `region` and moves a few bytes both ways.

@@ -23,11 +23,14 @@ pub(super) struct Rings {
     /// Our ends' waiting cells (rx: our reader's, tx: our writer's), for waking our own
     /// futex sleepers without taking the ends' locks.
     pub(super) own_cells: [WaitCell; 2],
+    /// Grows of the tx window (made, refused) already counted in the region.
+    grown_counted: [std::sync::atomic::AtomicU64; 2],
 }
 
 impl Rings {
     pub(super) fn new(e: StreamEnds) -> Self {
-        let caps = (e.rx.capacity(), e.tx.capacity());
+        // The data areas' sizes (a window within them grows and shrinks).
+        let caps = (e.rx.max_capacity(), e.tx.max_capacity());
         let own_cells = [e.rx.wait_cell().clone(), e.tx.wait_cell().clone()];
         Rings {
             own_cells,
@@ -36,11 +39,57 @@ impl Rings {
             tx_view: e.tx_view,
             rx_view: e.rx_view,
             caps,
+            grown_counted: Default::default(),
         }
     }
 }
 
+/// Heartbeat looks (200 ms apart) that find an end idle before its window shrinks.
+const IDLE_LOOKS: u32 = 5;
+
 impl Conn {
+    /// The heartbeat's look at our tx ring's window: back to the initial window once the
+    /// connection has idled for about a second (its memory goes back to the system); grows
+    /// (made by the writes themselves) and shrinks are counted in the region. Skipped while
+    /// a program thread writes, and for an end other processes share.
+    pub(super) fn look_after_window(&self) {
+        // Under the switching lock, which a release takes: a ring let go may be another
+        // channel's memory already.
+        let Some(_g) = self.switching.lock.try_lock() else {
+            return;
+        };
+        if self.let_go() || self.path() != super::Path::Ring || self.share.shared.load(Acquire) {
+            return;
+        }
+        let Some(mut p) = self.rings.prod.try_lock() else {
+            return;
+        };
+        let shrunk = p
+            .shrink_if_idle(memloop::registry::INITIAL_WINDOW, IDLE_LOOKS)
+            .unwrap_or(false);
+        self.count_resizes(&p);
+        drop(p);
+        let reg = self.engine.registry();
+        if shrunk {
+            reg.bump_counter(memloop::registry::COUNTER_WINDOWS_SHRUNK);
+            tracing::trace!(ch = ?self.ch, "idle: tx window shrunk");
+        }
+    }
+
+    /// Adds the tx window's grows (made, refused) since the last count to the region's
+    /// counters: from the heartbeat, and when the connection is let go.
+    pub(super) fn count_resizes(&self, p: &StreamProducer) {
+        let (grown, _, refused) = p.resizes();
+        let reg = self.engine.registry();
+        for (i, now, counter) in [
+            (0, grown, memloop::registry::COUNTER_WINDOWS_GROWN),
+            (1, refused, memloop::registry::COUNTER_WINDOWS_NO_ROOM),
+        ] {
+            let before = self.rings.grown_counted[i].swap(now, AcqRel);
+            reg.add_counter(counter, now.saturating_sub(before));
+        }
+    }
+
     pub fn rx_probe(&self) -> Option<Probe> {
         probe_attached(&self.rings.rx_view, self.rings.caps.0)
     }

@@ -204,6 +204,9 @@ impl Conn {
         // looks at `released` under this lock): one after the channel is freed would write
         // into the slot's next occupant, and ring a doorbell on whatever socket reuses our fd.
         let _switching = self.switching.lock.lock();
+        if let Some(p) = self.rings.prod.try_lock() {
+            self.count_resizes(&p);
+        }
         self.drop_grab();
         // A switched side (here, or by another process holding it) is still held in the
         // registry — its slot cannot be reused under a forked copy — but its rings are dead.

@@ -736,6 +736,7 @@ pub fn sweep() {
         c.look_after_futex_sleepers();
         c.sweep_requests();
         c.settle_switch_nowait();
+        c.look_after_window();
     }
 }
 

@@ -120,12 +120,24 @@ impl Drop for Scratch {
 pub struct RegionGuard(pub String);
 
 impl RegionGuard {
+    /// A region of `size` bytes, its tables in proportion.
     pub fn new(prefix: &str, tag: &str, size: usize) -> RegionGuard {
+        let params = memloop::registry::RegionParams::for_size(size as _);
+        Self::with_params(prefix, tag, params)
+    }
+
+    pub fn with_params(
+        prefix: &str,
+        tag: &str,
+        params: memloop::registry::RegionParams,
+    ) -> RegionGuard {
         let name = format!("{prefix}-{}-{tag}-{}", std::process::id(), unique());
         let spec = RegionSpec::parse(&name);
         let _ = Region::destroy(&spec);
-        let mut opts = CreateRegion::default();
-        opts.params.size = size as _;
+        let opts = CreateRegion {
+            params,
+            ..CreateRegion::default()
+        };
         drop(Region::open_or_create(&spec, &opts).expect("create region"));
         RegionGuard(name)
     }

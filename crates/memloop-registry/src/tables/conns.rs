@@ -311,22 +311,16 @@ impl Registry {
 
     fn claim_conn(&self, member: MemberId) -> Option<(ConnSlot<'_>, StateWord)> {
         let tag = member_tag(member);
-        for idx in 0..self.layout.params.max_conns {
-            let Ok(slot) = self.conn_slot(idx) else {
-                continue;
-            };
-            let Ok(w) = slot.word() else {
-                continue;
-            };
+        let n = self.layout.params.max_conns;
+        self.next_fit(crate::header::H_CONN_HINT, n, |idx| {
+            let slot = self.conn_slot(idx).ok()?;
+            let w = slot.word().ok()?;
             if w.low() != R_FREE {
-                continue;
+                return None;
             }
             let claimed = StateWord::new(w.gen(), tag, R_CLAIMED);
-            if slot.cas(w, claimed).unwrap_or(false) {
-                return Some((slot, claimed));
-            }
-        }
-        None
+            slot.cas(w, claimed).ok()?.then_some((slot, claimed))
+        })
     }
 
     /// The (sent, received) byte counters of a record; the owner adds with relaxed

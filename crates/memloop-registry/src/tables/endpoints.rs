@@ -203,7 +203,7 @@ impl Registry {
                 return Ok((idx, w.gen()));
             }
         }
-        Err(RegistryError::RegionFull { what: "endpoints" })
+        Err(self.full("endpoints"))
     }
 
     /// Scans the probe chain for another published entry with the same key. Errors reading the

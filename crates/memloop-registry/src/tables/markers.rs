@@ -37,6 +37,7 @@ use crate::state_word::StateWord;
 use crate::tables::channels::{
     c_phase, is_marker, phase_name, with_phase, ChannelFields, C_DECLINED, C_OFFERED, MARKER,
 };
+use crate::tables::index::IndexKey;
 use crate::Registry;
 use memloop_shm::sync::fence;
 use memloop_shm::sync::Ordering::{Acquire, Relaxed, SeqCst};
@@ -82,6 +83,8 @@ impl Registry {
             return Err(e);
         }
         let marker = with_phase(reserved, C_DECLINED | MARKER);
+        let pos = self.index_insert(IndexKey::Client(tuple.client), id);
+        self.channel_slot(id.idx)?.set_index_pos(pos)?;
         if !self.cas_channel(id.idx, reserved, marker)? {
             return Err(RegistryError::Stale); // reclaimed under us: we were declared dead
         }
@@ -183,7 +186,7 @@ impl Registry {
         want: impl Fn(StateWord) -> bool,
     ) -> Vec<(ChannelId, ConnTuple)> {
         let mut out = Vec::new();
-        for idx in 0..self.layout.params.max_channels {
+        for idx in self.slots_for(IndexKey::Client(client)) {
             let Ok(w) = self.channel_word(idx) else {
                 continue;
             };

@@ -18,7 +18,7 @@ use crate::header::H_JOIN_SEQ;
 use crate::key::{arr16, decode_ip, encode_ip, member_tag, MemberId};
 use crate::state_word::{bad_state, StateWord};
 use crate::Registry;
-use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release};
+use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use memloop_shm::sync::{fence, spin_hint};
 use memloop_shm::ShmU64;
 use std::net::IpAddr;
@@ -241,12 +241,13 @@ impl Registry {
                 // A CAS, not a store: if we were so slow that our claim was expired as
                 // abandoned (see `expire_claim`), the slot is someone else's now.
                 if slot.cas(claim, StateWord::new(id.gen, 0, M_LIVE))? {
+                    self.membership_moved();
                     tracing::debug!(?id, name = %ident.name, "member joined");
                     return Ok(id);
                 }
             }
         }
-        Err(RegistryError::RegionFull { what: "members" })
+        Err(self.full("members"))
     }
 
     /// Graceful exit: reclaims everything `id` holds, as if it had died.
@@ -274,7 +275,21 @@ impl Registry {
         let start = self.lock_addresses(&seq);
         slot.write_addresses(addrs)?;
         seq.store(start.wrapping_add(2), Release);
+        self.membership_moved();
         Ok(())
+    }
+
+    /// Bumped after every change of who is a member or of a member's addresses: what was
+    /// derived from the member table (who owns an address) stands while it has not moved.
+    pub fn membership_epoch(&self) -> u64 {
+        self.header_hint(crate::header::H_MEMBERSHIP)
+            .map_or(0, |w| w.load(SeqCst))
+    }
+
+    pub(crate) fn membership_moved(&self) {
+        if let Some(w) = self.header_hint(crate::header::H_MEMBERSHIP) {
+            w.fetch_add(1, SeqCst);
+        }
     }
 
     /// Makes the address seqlock odd; returns the even value it had. A writer that died with the

@@ -10,6 +10,7 @@
 pub(crate) mod channels;
 pub(crate) mod conns;
 pub(crate) mod endpoints;
+pub(crate) mod index;
 pub(crate) mod markers;
 pub(crate) mod members;
 pub(crate) mod segments;
@@ -152,6 +153,13 @@ impl<'a> Slot<'a> {
     }
     pub fn write(&self, off: u64, b: &[u8]) -> Result<(), RegistryError> {
         Ok(self.region.write(self.at(off, b.len() as u64)?, b)?)
+    }
+}
+
+/// `n` down on a count word kept as a hint (saturating).
+pub(crate) fn step_count_by(w: &ShmU64, n: u64) {
+    if n > 0 {
+        let _ = w.fetch_update(SeqCst, Relaxed, |v| Some(v.saturating_sub(n)));
     }
 }
 

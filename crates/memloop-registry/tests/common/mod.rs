@@ -40,3 +40,22 @@ pub fn pair(r: &Registry) -> (MemberId, MemberId, EndpointId) {
     let ep = r.add_endpoint(s, &native("svc")).unwrap();
     (c, s, ep)
 }
+
+/// Offers to `ep` (cancelling what lands elsewhere) until an offer takes slot `idx` again:
+/// slots are handed out next-fit, so reuse of one slot comes after a lap of the table.
+pub fn offer_in_slot(
+    r: &Registry,
+    c: MemberId,
+    ep: EndpointId,
+    cap: u64,
+    idx: u32,
+) -> memloop_registry::ChannelId {
+    for _ in 0..=r.params().max_channels {
+        let ch = r.offer(c, ep, cap, None).unwrap();
+        if ch.idx == idx {
+            return ch;
+        }
+        r.cancel(ch, c).unwrap();
+    }
+    panic!("slot {idx} never came round again");
+}

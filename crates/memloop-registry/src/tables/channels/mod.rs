@@ -26,7 +26,7 @@
 //! | 120 | channel kind u32 ([`ChannelKind`] code; 0 for a decline marker) · 124 switch bell u32 |
 //! | 128 | client side's switch words: doorbells sent u64 · 136 doorbells read u64 · 144 leave cell (32 B) |
 //! | 176 | server side's switch words: the same · 224 switch word u64 (`switch.rs`) |
-//! | 232 | client side's TCP stop position u64 (promotion) · 240 server side's · 248 reserved |
+//! | 232 | client side's TCP stop position u64 (promotion) · 240 server side's · 248 offer index position (`index.rs`) |
 //!
 //! The kind is written with the other fields before the offer is published and checked by
 //! every attach ([`Registry::rings_of`]) against what the caller expects and against the kind
@@ -51,8 +51,9 @@ use crate::key::{
 use crate::kind::ChannelKind;
 use crate::state_word::{bad_state, StateWord};
 use crate::switch::SwitchWord;
+use crate::tables::index::{IndexKey, NOT_INSERTED};
 use crate::Registry;
-use memloop_ring::{init_ring, ring_bytes};
+use memloop_ring::{init_ring_windowed, ring_bytes, RingKind};
 use memloop_shm::sync::fence;
 use memloop_shm::sync::Ordering::{Acquire, Relaxed, SeqCst};
 use memloop_shm::{ShmSlice, ShmU32, ShmU64};
@@ -92,6 +93,9 @@ const O_SWITCH_WORD: u64 = 224;
 /// Per side: the TCP bytes it sent before its writes went back to the ring (promotion).
 const O_STOP_CLIENT: u64 = 232;
 const O_STOP_SERVER: u64 = 240;
+/// Where the channel is in the offer index: position + 1, 0 (not in it: counted), or
+/// `index::NOT_INSERTED`.
+const O_INDEX: u64 = 248;
 /// Per side: doorbells sent, doorbells read, then the leave cell.
 const SWITCH_BYTES: u64 = 16 + memloop_ring::leave::LEAVE_CELL_BYTES;
 /// Per side: the kernel socket's stream positions at its last switch to TCP (written, read),
@@ -101,6 +105,12 @@ const O_HANDOFF_SERVER: u64 = 280;
 const HANDOFF_BYTES: u64 = 24;
 const _: () = assert!(O_HANDOFF_SERVER + HANDOFF_BYTES <= crate::header::CHANNEL_BYTES);
 const MIN_RING: u64 = 64;
+/// The smallest ring capacity pressure on the ring heap brings a new connection down to
+/// (a 16 KiB pair takes 36 KiB of the heap with its headers).
+pub const PRESSURE_FLOOR: u64 = 16 << 10;
+/// The window a new stream ring starts with (it grows while the connection is busy, up to
+/// the ring's capacity, and shrinks back when it idles): an idle connection holds 2 × 20 KiB.
+pub const INITIAL_WINDOW: u64 = 16 << 10;
 /// Bound on CAS retries of one operation (only reachable under heavy contention or corruption).
 const RETRIES: usize = 10_000;
 
@@ -229,6 +239,12 @@ impl<'a> ChannelSlot<'a> {
             }
         }
         self.0.st(O_SWITCH_WORD, 0)
+    }
+    pub fn index_pos(&self) -> Result<u64, RegistryError> {
+        self.0.ld(O_INDEX)
+    }
+    pub fn set_index_pos(&self, v: u64) -> Result<(), RegistryError> {
+        self.0.st(O_INDEX, v)
     }
     pub fn switch_word(&self) -> Result<ShmU64, RegistryError> {
         self.0.u64(O_SWITCH_WORD)
@@ -449,7 +465,11 @@ impl Registry {
             self.free_channel(id, reserved).ok();
             return Err(e);
         }
-        self.publish_offer(id, reserved, client, ep, kind, false)
+        let key = match tuple {
+            Some(t) => IndexKey::Client(t.client),
+            None => IndexKey::Endpoint(pack_id(ep.idx, ep.gen)),
+        };
+        self.publish_offer(id, reserved, client, (ep, key), kind, false)
     }
 
     /// A late-ring offer for the TCP connection `tuple` (it fell back at connect): published
@@ -482,7 +502,8 @@ impl Registry {
             self.free_channel(id, reserved).ok();
             return Err(e);
         }
-        self.publish_offer(id, reserved, client, ep, kind, true)
+        let key = IndexKey::Client(tuple.client);
+        self.publish_offer(id, reserved, client, (ep, key), kind, true)
     }
 
     /// The endpoint a decline marker was published for.
@@ -504,7 +525,7 @@ impl Registry {
     pub fn find_late_offer(&self, server_ep: EndpointId, tuple: &ConnTuple) -> Option<ChannelId> {
         fence(SeqCst);
         let want = encode_tuple(tuple);
-        self.offers_to_any(server_ep, true)
+        self.offers_to_any(server_ep, Some(IndexKey::Client(tuple.client)), true)
             .into_iter()
             .map(|(id, _)| id)
             .find(|id| {
@@ -532,11 +553,13 @@ impl Registry {
         id: ChannelId,
         reserved: StateWord,
         client: MemberId,
-        ep: EndpointId,
+        (ep, key): (EndpointId, IndexKey),
         kind: ChannelKind,
         late: bool,
     ) -> Result<ChannelId, RegistryError> {
         let epk = pack_id(ep.idx, ep.gen);
+        let pos = self.index_insert(key, id);
+        self.channel_slot(id.idx)?.set_index_pos(pos)?;
         self.backlog_add(epk, true);
         if !self.cas_channel(id.idx, reserved, with_phase(reserved, C_OFFERED))? {
             self.backlog_add(epk, false);
@@ -567,23 +590,68 @@ impl Registry {
         client: MemberId,
     ) -> Result<(ChannelId, StateWord), RegistryError> {
         let tag = member_tag(client);
-        for idx in 0..self.layout.params.max_channels {
-            let slot = self.channel_slot(idx)?;
-            let w = slot.word()?;
+        let n = self.layout.params.max_channels;
+        let found = self.next_fit(crate::header::H_CHANNEL_HINT, n, |idx| {
+            let slot = self.channel_slot(idx).ok()?;
+            let w = slot.word().ok()?;
             if c_phase(w) != C_FREE {
-                continue;
+                return None;
             }
             let reserved = StateWord::new(w.gen(), tag, C_RESERVED);
-            if slot.cas(w, reserved)? {
-                return Ok((ChannelId { idx, gen: w.gen() }, reserved));
+            if !slot.cas(w, reserved).ok()? {
+                return None;
             }
-        }
-        Err(RegistryError::RegionFull { what: "channels" })
+            // Ours while RESERVED: a free before publication must not undo an index entry of
+            // the slot's previous occupant.
+            slot.set_index_pos(NOT_INSERTED).ok()?;
+            Some((ChannelId { idx, gen: w.gen() }, reserved))
+        });
+        found.ok_or_else(|| self.full("channels"))
     }
 
     /// The c2s ring offset recorded in the entry (possibly stale: callers verify by tag).
     pub(crate) fn channel_c2s(&self, ch: ChannelId) -> Option<u64> {
         self.channel_slot(ch.idx).ok()?.c2s().ok()
+    }
+
+    /// Memory for two rings of `want` bytes each — or, when the ring heap runs short, of a
+    /// smaller capacity: a quarter of `want` once a quarter of the heap is in use, a
+    /// sixteenth past half, a sixty-fourth past three quarters, never below
+    /// [`PRESSURE_FLOOR`] (nor above `want`). Where even that is not free, smaller still down
+    /// to the floor: a connection falls back only when a floor-sized pair does not fit.
+    /// Returns the capacity and the first segment (memory reserved).
+    fn alloc_rings(&self, id: ChannelId, want: u64) -> Result<(u64, u64), RegistryError> {
+        let floor = want.min(PRESSURE_FLOOR);
+        let mut cap = self.capacity_under_pressure(want).max(floor);
+        loop {
+            let k = self.segments_for(2 * Self::ring_stride(cap));
+            match self.alloc_segments(id, k) {
+                Ok(first) => return Ok((cap, first)),
+                Err(RegistryError::RegionFull {
+                    what: "ring memory",
+                }) if cap > floor => {
+                    cap = (cap / 4).max(floor);
+                }
+                Err(RegistryError::RegionFull { what }) => return Err(self.full(what)),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// `want` scaled down by how much of the ring heap is in use (see `alloc_rings`).
+    fn capacity_under_pressure(&self, want: u64) -> u64 {
+        let n = self.layout.nsegments.max(1);
+        let used = self
+            .header_hint(crate::header::H_SEGMENTS_USED)
+            .map_or(0, |w| w.load(Relaxed))
+            .min(n);
+        let shift = match used * 4 / n {
+            0 => 0,
+            1 => 2,
+            2 => 4,
+            _ => 6,
+        };
+        want >> shift
     }
 
     /// Bytes between the starts of the two rings (cache-line aligned).
@@ -600,12 +668,9 @@ impl Registry {
         cap: u64,
         tuple: Option<ConnTuple>,
     ) -> Result<(), RegistryError> {
+        let (cap, first) = self.alloc_rings(id, cap)?;
         let stride = Self::ring_stride(cap);
-        let first = self.alloc_segments(id, self.segments_for(2 * stride))?;
         let c2s = self.segment_offset(first);
-        // The region file is sparse: memory for the rings is reserved before they are first
-        // touched, so a full file system is a full region here, not a SIGBUS later.
-        self.commit_segments(first, self.segments_for(2 * stride))?;
         let fields = ChannelFields {
             server: 0,
             client: pack_id(client.idx, client.gen),
@@ -621,7 +686,18 @@ impl Registry {
         self.channel_slot(id.idx)?.write(&fields)?;
         let (k1, k2) = kind.ring_kinds();
         for (off, rk) in [(c2s, k1), (c2s + stride, k2)] {
-            init_ring(&self.view.slice(off, ring_bytes(cap))?, rk, cap, 0)?;
+            let view = self.view.slice(off, ring_bytes(cap))?;
+            // A stream ring starts with a small window and grows while busy (the ring
+            // header's module text); memory is reserved for what is in use, before any of
+            // it is touched (the region file is sparse: on a full file system a write to
+            // an unbacked page is a SIGBUS, a failed reservation a full region).
+            let window = match rk {
+                RingKind::Stream => cap.min(INITIAL_WINDOW),
+                _ => cap,
+            };
+            view.commit(0, ring_bytes(window))
+                .map_err(crate::header::no_room)?;
+            init_ring_windowed(&view, rk, cap, 0, window)?;
         }
         Ok(())
     }
@@ -654,9 +730,11 @@ impl Registry {
         } else {
             self.bytes_carried(&slot)
         };
+        let indexed = slot.index_pos()?;
         if !slot.cas(w, StateWord::new(id.gen.wrapping_add(1), 0, C_FREE))? {
             return Ok(false);
         }
+        self.index_remove(indexed, id);
         // Counted once, by whoever frees the channel (its last side to close, or the
         // reclaimer of a member that died): a process killed without closing is counted too.
         self.add_counter(crate::COUNTER_RING_BYTES, carried);
@@ -690,15 +768,25 @@ impl Registry {
 
     /// Offers to `ep` that are OFFERED right now, as (id, creation counter); late-ring
     /// offers are not for the agreement of a new connection.
-    fn offers_to(&self, ep: EndpointId) -> Vec<(ChannelId, u64)> {
-        self.offers_to_any(ep, false)
+    /// Only those found under `key` in the offer index (every one with `None`: a scan).
+    fn offers_to(&self, ep: EndpointId, key: Option<IndexKey>) -> Vec<(ChannelId, u64)> {
+        self.offers_to_any(ep, key, false)
     }
 
     /// [`Registry::offers_to`]: only late-ring offers if `late`, none of them otherwise.
-    fn offers_to_any(&self, ep: EndpointId, late: bool) -> Vec<(ChannelId, u64)> {
+    fn offers_to_any(
+        &self,
+        ep: EndpointId,
+        key: Option<IndexKey>,
+        late: bool,
+    ) -> Vec<(ChannelId, u64)> {
         let epk = pack_id(ep.idx, ep.gen);
         let mut out = Vec::new();
-        for idx in 0..self.layout.params.max_channels {
+        let slots = match key {
+            Some(k) => self.slots_for(k),
+            None => (0..self.layout.params.max_channels).collect(),
+        };
+        for idx in slots {
             let Ok(slot) = self.channel_slot(idx) else {
                 continue;
             };
@@ -717,6 +805,12 @@ impl Registry {
         out
     }
 
+    /// Whether an offer without a connection tuple (the native API's) waits for `ep`.
+    pub fn has_native_offer(&self, ep: EndpointId) -> bool {
+        let key = IndexKey::Endpoint(pack_id(ep.idx, ep.gen));
+        !self.offers_to(ep, Some(key)).is_empty()
+    }
+
     /// Accepts the oldest pending offer to `ep`, if any. Offers of a kind this build cannot
     /// use are declined (the client falls back) and skipped.
     pub fn take_offer(
@@ -727,7 +821,9 @@ impl Registry {
         self.live_member(server)?;
         self.live_endpoint(ep)?;
         for _ in 0..=self.layout.params.max_channels {
-            let Some((id, _)) = self.offers_to(ep).into_iter().min_by_key(|&(_, c)| c) else {
+            let key = IndexKey::Endpoint(pack_id(ep.idx, ep.gen));
+            let offers = self.offers_to(ep, Some(key));
+            let Some((id, _)) = offers.into_iter().min_by_key(|&(_, c)| c) else {
                 return Ok(None);
             };
             match self.accept(id, server) {
@@ -796,7 +892,7 @@ impl Registry {
             return None;
         }
         let want = encode_tuple(tuple);
-        self.offers_to(server_ep)
+        self.offers_to(server_ep, Some(IndexKey::Client(tuple.client)))
             .into_iter()
             .map(|(id, _)| id)
             .find(|id| {
@@ -1085,7 +1181,7 @@ impl Registry {
 
     /// Declines every pending offer to `ep` (its listener is gone).
     pub(crate) fn decline_offers_to(&self, ep: EndpointId) {
-        for (id, _) in self.offers_to(ep) {
+        for (id, _) in self.offers_to(ep, None) {
             self.decline(id).ok();
         }
     }

@@ -114,7 +114,7 @@ mod kind_tests {
         let (r, m, ep) = setup();
         let ch = r.offer(m, ep, 4096, None).unwrap();
         let rings = r.rings(ch).unwrap();
-        init_ring(&rings.s2c, memloop_ring::RingKind::Record, 4096, 0).unwrap();
+        memloop_ring::init_ring(&rings.s2c, memloop_ring::RingKind::Record, 4096, 0).unwrap();
         match r.rings(ch) {
             Err(RegistryError::RingKindMismatch { ring, found, .. }) => {
                 assert_eq!(
