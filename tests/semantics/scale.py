@@ -6,6 +6,9 @@ open; then each sends 64 bytes of its own pattern, then the client reads every e
 (checked); then it closes them all. The server is one epoll loop (selectors) that echoes
 until it has seen N connections end. Both raise RLIMIT_NOFILE for N sockets.
 
+hold (for scripts/bench-scale.sh): the client opens N connections, writes PORT_FILE.held,
+waits for PORT_FILE.release, then closes them (the server is the echo loop).
+
 many_processes: the client forks N short-lived processes (`--extra`, default 1000), at most 8
 at a time; each connects, sends 64 bytes of its own pattern, reads the echo (checked) and
 exits without closing (the kernel closes its socket). The server is the same echo loop.
@@ -15,6 +18,7 @@ import os
 import resource
 import selectors
 import socket
+import time
 
 from semlib import Fail, dial, eq, log, pattern, recv_exact, run
 
@@ -78,6 +82,16 @@ def echo_once(sock, seed):
     eq(recv_exact(sock, MSG, f"echo {seed}"), data, f"echo of connection {seed}")
 
 
+def exchange_all(socks):
+    """Every connection sends, then every echo is read: all in flight at once, as a busy server
+    sees them (one at a time, each exchange would wait for one epoll_wait, whose emulation
+    looks at every ring member: docs/ARCHITECTURE.md, "Scale limit of the emulation")."""
+    for i, s in enumerate(socks):
+        s.sendall(pattern(MSG, i))
+    for i, s in enumerate(socks):
+        eq(recv_exact(s, MSG, f"echo {i}"), pattern(MSG, i), f"echo of connection {i}")
+
+
 def ten_thousand_server(lsock, args):
     echo_server(lsock, args, count(args, 10000))
 
@@ -90,14 +104,21 @@ def ten_thousand_client(args):
         socks.append(dial(args))
         if (i + 1) % 1000 == 0:
             log(f"{i + 1} connections open")
-    # Every connection sends, then every echo is read: all N in flight at once, as a busy
-    # server sees them (one at a time, each exchange would wait for one epoll_wait, whose
-    # emulation looks at every ring member: docs/ARCHITECTURE.md, "Scale").
-    for i, s in enumerate(socks):
-        s.sendall(pattern(MSG, i))
-    for i, s in enumerate(socks):
-        eq(recv_exact(s, MSG, f"echo {i}"), pattern(MSG, i), f"echo of connection {i}")
+    exchange_all(socks)
     log(f"{n} echoes checked with every connection open")
+    for s in socks:
+        s.close()
+
+
+def hold_client(args):
+    n = count(args, 10000)
+    room_for(n)
+    socks = [dial(args) for _ in range(n)]
+    exchange_all(socks)  # decided and on their rings before anyone measures
+    with open(args.port_file + ".held", "w") as f:
+        f.write(str(n))
+    while not os.path.exists(args.port_file + ".release"):
+        time.sleep(0.05)
     for s in socks:
         s.close()
 
@@ -143,4 +164,5 @@ if __name__ == "__main__":
     run({
         "ten_thousand": (ten_thousand_server, ten_thousand_client),
         "many_processes": (many_processes_server, many_processes_client),
+        "hold": (ten_thousand_server, hold_client),
     })

@@ -29,6 +29,9 @@ pub struct Config {
     pub spin_vm: Duration,
     /// Capacity of each direction's ring.
     pub ring_capacity: u64,
+    /// `MEMLOOP_RING_WINDOW`: the window our tx rings are set to at the start instead of the
+    /// elastic 16 KiB (`max`: the whole ring, i.e. fixed rings as before elastic windows).
+    pub ring_window: Option<u64>,
     /// Follow promotion requests (TCP → ring). On by default; `MEMLOOP_PROMOTE=0` keeps every
     /// connection that left its ring on TCP (a request is then called off).
     pub promote: bool,
@@ -60,6 +63,25 @@ fn env_us(name: &str, default: u64) -> Duration {
     Duration::from_micros(env_parsed(name).unwrap_or(default))
 }
 
+/// `MEMLOOP_RING_WINDOW`: a power of two ≥ 64, or `max`.
+fn ring_window_from_env() -> Option<u64> {
+    let v = std::env::var("MEMLOOP_RING_WINDOW").ok()?;
+    if v == "max" {
+        return Some(u64::MAX);
+    }
+    let w = v
+        .parse::<u64>()
+        .ok()
+        .filter(|w| w.is_power_of_two() && *w >= 64);
+    if w.is_none() {
+        tracing::warn!(
+            v,
+            "MEMLOOP_RING_WINDOW must be a power of two >= 64, or max"
+        );
+    }
+    w
+}
+
 impl Config {
     /// The longest spin before sleeping towards a peer in our kernel or in another one.
     pub fn spin_for(&self, same_kernel: bool) -> Duration {
@@ -89,6 +111,7 @@ impl Config {
             spin: env_us("MEMLOOP_SPIN_US", 50),
             spin_vm: memloop::vm_spin_from_env(),
             ring_capacity: ring,
+            ring_window: ring_window_from_env(),
             promote: env_parsed::<u32>("MEMLOOP_PROMOTE") != Some(0),
             pidfd_wait: env_us("MEMLOOP_PIDFD_WAIT_US", 2_000_000),
             direct_wake: std::env::var("MEMLOOP_WAKE").map_or(true, |v| v != "doorbell"),

@@ -11,7 +11,8 @@
 //! | 0 | tail `u64` (producer index) |
 //! | 8 | producer presence `u32` ([`crate::presence`]: running on CPU k / asleep) |
 //! | 16 | producer futex seq `u32` |
-//! | 24 | window `u64`: the part of the data area in use (see below; 0: all of it) |
+//! | 24 | mapping `u64`: the window in use and its base (see below; 0: all of it, base 0) |
+//! | 32 | hazard `u64`: the tail when a grow last copied bytes (0: none; see below) |
 //! | 64 | head `u64` (consumer index) |
 //! | 72 | consumer presence `u32` |
 //! | 80 | consumer futex seq `u32` |
@@ -21,12 +22,22 @@
 //! | 256 | data (`capacity` bytes) |
 //!
 //! **Window.** A stream ring's data area is reserved at its full `capacity` but only its first
-//! `window` bytes are used (a power of two, 64 ≤ window ≤ capacity): indices map to
-//! `idx mod window`. Only the producer changes the window, and only while the ring is empty
-//! (every byte published has been consumed): data in the ring was therefore always written
-//! under the window in force, and the consumer, which loads the window after the tail
-//! (acquire), reads it under the same one. So a connection's ring grows while it is busy and
-//! shrinks when idle — its memory reserved and given back with it — without a byte moved.
+//! `window` bytes are used (a power of two, 64 ≤ window ≤ capacity), from a *base*: index `p`
+//! lives at offset `(p - base) mod window`. Only the producer changes the mapping (one word:
+//! window and base mod window, stored with release *after* anything it copied); the consumer
+//! loads it with acquire after the tail. A change keeps every unconsumed byte where a reader
+//! with either mapping finds it:
+//! - while the ring is empty, anything goes (the base is set so that the tail is at offset 0);
+//! - a grow while bytes are in the ring keeps their offsets: when they do not wrap around the
+//!   old window's end the new base simply names the same offsets; when they do, the producer
+//!   first copies the wrapped part (`[0, x)`) to just past the old window's end, where the new
+//!   mapping puts it — and since a reader with the old mapping may still be copying from
+//!   `[0, x)`, the producer writes nothing there (it does not wrap) until the head has passed
+//!   the tail of that moment (the *hazard*, in the header for another process sharing the
+//!   producer).
+//! So a connection's ring grows the moment a write does not fit (as TCP buffers what the peer
+//! has not read) and shrinks when idle, its memory reserved and given back with it, without a
+//! byte lost or reordered.
 
 use crate::wait::WaitCell;
 use crate::RingError;
@@ -65,16 +76,47 @@ pub const OFF_CAP: u64 = 144;
 /// Presence words (hints, see [`crate::presence`]): each on its owner's index line.
 pub const OFF_PPRES: u64 = 8;
 pub const OFF_CPRES: u64 = 72;
-/// The producer's window (see the module text), on its index line.
-pub const OFF_WINDOW: u64 = 24;
+/// The producer's mapping and hazard words (see the module text), on its index line.
+pub const OFF_MAPPING: u64 = 24;
+pub const OFF_HAZARD: u64 = 32;
 
-/// The window a header word names for a ring of `capacity` (0: the whole ring); `None` if it
-/// is no valid window.
-pub fn window_of(word: u64, capacity: u64) -> Option<u64> {
-    match word {
-        0 => Some(capacity),
-        w if w.is_power_of_two() && (MIN_CAPACITY..=capacity).contains(&w) => Some(w),
-        _ => None,
+/// Where the data of a stream ring lives: index `p` at offset `(p - base) mod window`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub window: u64,
+    /// Only its value mod `window` matters.
+    pub base: u64,
+}
+
+impl Mapping {
+    /// The whole ring from index 0 (also what a mapping word of 0 means).
+    pub fn whole(capacity: u64) -> Self {
+        Mapping {
+            window: capacity,
+            base: 0,
+        }
+    }
+
+    /// The index to give `copy_in`/`copy_out` (which reduce mod the window) for index `p`.
+    pub fn at(&self, p: u64) -> u64 {
+        p.wrapping_sub(self.base)
+    }
+
+    /// The header word: log2(window) in the low byte, base mod window above it.
+    pub fn word(&self) -> u64 {
+        (self.base & (self.window - 1)) << 8 | u64::from(self.window.trailing_zeros())
+    }
+
+    /// A header word for a ring of `capacity`; `None` if it names no valid mapping.
+    pub fn of_word(word: u64, capacity: u64) -> Option<Self> {
+        if word == 0 {
+            return Some(Self::whole(capacity));
+        }
+        let log = word & 0xff;
+        let window = 1u64.checked_shl(u32::try_from(log).ok()?)?;
+        let base = word >> 8;
+        let ok = (MIN_CAPACITY..=capacity).contains(&window) && base < window;
+        ok.then_some(Mapping { window, base })
     }
 }
 
@@ -154,13 +196,11 @@ pub fn init_ring_windowed(
     if let Some(p) = geometry_problem(kind, capacity, slot_size, view.len() as u64) {
         return Err(RingError::Config(p));
     }
-    let window = match window_of(window, capacity) {
-        Some(w) if kind == RingKind::Stream || w == capacity => w,
-        _ => {
-            let p = format!("window {window} for a {kind:?} ring of capacity {capacity}");
-            return Err(RingError::Config(p));
-        }
-    };
+    let valid = window.is_power_of_two() && (MIN_CAPACITY..=capacity).contains(&window);
+    if !valid || (kind != RingKind::Stream && window != capacity) {
+        let p = format!("window {window} for a {kind:?} ring of capacity {capacity}");
+        return Err(RingError::Config(p));
+    }
     // Every field is stored explicitly (no bulk fill: under loom each byte is a modelled access).
     view.u64_at(OFF_MAGIC)?.store(0, Release);
     for off in [
@@ -173,7 +213,9 @@ pub fn init_ring_windowed(
     view.u32_at(OFF_KIND)?.store(kind as u32, Relaxed);
     view.u32_at(OFF_SLOT)?.store(slot_size, Relaxed);
     view.u64_at(OFF_CAP)?.store(capacity, Relaxed);
-    view.u64_at(OFF_WINDOW)?.store(window, Relaxed);
+    let mapping = Mapping { window, base: 0 };
+    view.u64_at(OFF_MAPPING)?.store(mapping.word(), Relaxed);
+    view.u64_at(OFF_HAZARD)?.store(0, Relaxed);
     view.u64_at(OFF_MAGIC)?.store(RING_MAGIC, Release);
     Ok(())
 }
@@ -191,19 +233,21 @@ pub(crate) struct Header {
     /// Presence words ([`crate::presence`]) of the producer and the consumer.
     pub ppres: ShmU32,
     pub cpres: ShmU32,
-    /// The producer's window word (see the module text).
-    pub window: ShmU64,
+    /// The producer's mapping and hazard words (see the module text).
+    pub mapping: ShmU64,
+    pub hazard: ShmU64,
     pub data: ShmSlice,
     pub cap: u64,
     pub slot_size: u32,
 }
 
 impl Header {
-    /// The window in force (validated against the capacity; a bad word is corruption).
-    pub fn load_window(&self) -> Result<u64, RingError> {
-        let w = self.window.load(Relaxed);
-        window_of(w, self.cap).ok_or_else(|| {
-            RingError::corrupt("window", format!("{w} for a capacity of {}", self.cap))
+    /// The mapping in force (acquire: with what the producer copied before storing it;
+    /// validated against the capacity, a bad word is corruption).
+    pub fn load_mapping(&self) -> Result<Mapping, RingError> {
+        let w = self.mapping.load(Acquire);
+        Mapping::of_word(w, self.cap).ok_or_else(|| {
+            RingError::corrupt("mapping", format!("{w:#x} for a capacity of {}", self.cap))
         })
     }
 
@@ -237,7 +281,8 @@ impl Header {
             cons: WaitCell::new(view.u32_at(OFF_CWAIT)?, view.u32_at(OFF_CSEQ)?),
             ppres: view.u32_at(OFF_PPRES)?,
             cpres: view.u32_at(OFF_CPRES)?,
-            window: view.u64_at(OFF_WINDOW)?,
+            mapping: view.u64_at(OFF_MAPPING)?,
+            hazard: view.u64_at(OFF_HAZARD)?,
             data: view.slice(RING_HEADER_BYTES, cap)?,
             cap,
             slot_size,
@@ -268,8 +313,12 @@ pub struct Probe {
     /// Bytes published and not yet consumed.
     pub used: u64,
     pub capacity: u64,
-    /// The part of the capacity in use ([`Probe::free`] is what is free of it).
+    /// The part of the capacity in use.
     pub window: u64,
+    /// What a write could take now: the window's free bytes (fewer while a copying grow's
+    /// hazard keeps writes from wrapping: header module text) — or, when they are none and
+    /// the window can grow, what a write that grows it could take.
+    pub room: u64,
     pub writer_shut: bool,
     pub writer_reset: bool,
     pub reader_closed: bool,
@@ -277,7 +326,7 @@ pub struct Probe {
 
 impl Probe {
     pub fn free(&self) -> u64 {
-        self.window.saturating_sub(self.used)
+        self.room
     }
 }
 
@@ -294,7 +343,8 @@ pub fn probe(view: &ShmSlice) -> Option<Probe> {
         return None;
     }
     let capacity = view.atomic_u64(OFF_CAP).ok()?.load(Relaxed);
-    let window = window_of(view.atomic_u64(OFF_WINDOW).ok()?.load(Relaxed), capacity)?;
+    let map = Mapping::of_word(view.atomic_u64(OFF_MAPPING).ok()?.load(Acquire), capacity)?;
+    let hazard = view.atomic_u64(OFF_HAZARD).ok()?.load(Acquire);
     // Flags first (acquire): bytes published before a shutdown are then visible below.
     let wflags = view.atomic_u32(OFF_WFLAGS).ok()?.load(Acquire);
     let rflags = view.atomic_u32(OFF_RFLAGS).ok()?.load(Acquire);
@@ -305,10 +355,20 @@ pub fn probe(view: &ShmSlice) -> Option<Probe> {
         let tail = view.atomic_u64(OFF_TAIL).ok()?.load(Acquire);
         let used = tail.wrapping_sub(head);
         if used <= capacity {
+            let window = map.window;
+            let mut room = window.saturating_sub(used);
+            if hazard != 0 && head.wrapping_sub(hazard) > u64::MAX / 2 {
+                let at = map.at(tail) & (window - 1);
+                room = room.min(if at == 0 { 0 } else { window - at });
+            }
+            if room == 0 && window < capacity {
+                room = capacity - used;
+            }
             return Some(Probe {
                 used,
                 capacity,
                 window,
+                room,
                 writer_shut: wflags & WFLAG_SHUTDOWN != 0,
                 writer_reset: wflags & WFLAG_RESET != 0,
                 reader_closed: rflags & RFLAG_CLOSED != 0,

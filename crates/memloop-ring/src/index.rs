@@ -5,7 +5,9 @@
 //! Every re-read is validated: the peer's index may only move forward, never past ours (or
 //! more than `capacity` ahead of it), and stays a multiple of the flavour's granule.
 
-use crate::header::{Header, RingKind, RFLAG_CLOSED, WFLAGS_KNOWN, WFLAG_RESET, WFLAG_SHUTDOWN};
+use crate::header::{
+    Header, Mapping, RingKind, RFLAG_CLOSED, WFLAGS_KNOWN, WFLAG_RESET, WFLAG_SHUTDOWN,
+};
 use crate::wait::{block_until, merge_wakes, Presences, Spinner, WaitPolicy};
 use crate::RingError;
 use memloop_shm::sync::Ordering::{Acquire, Release};
@@ -67,8 +69,10 @@ pub(crate) fn copy_out(
 pub(crate) struct ProdCore {
     pub h: Header,
     pub tail: u64,
-    /// The window in force (the producer is the one who changes it).
-    window: u64,
+    /// The mapping in force (the producer is the one who changes it).
+    pub map: Mapping,
+    /// While the head is below this tail, writes do not wrap (header module text).
+    hazard: Option<u64>,
     head_cache: u64,
     granule: u64,
     spinner: Spinner,
@@ -83,12 +87,14 @@ impl ProdCore {
         let granule = granule.max(1).next_power_of_two();
         let tail = h.tail.load(Acquire);
         let head = h.head.load(Acquire);
-        let window = h.load_window()?;
-        check_span(tail, head, window, granule)?;
+        let map = h.load_mapping()?;
+        check_span(tail, head, map.window, granule)?;
+        let hazard = Some(h.hazard.load(Acquire)).filter(|&z| z != 0);
         Ok(ProdCore {
             h,
             tail,
-            window,
+            map,
+            hazard,
             head_cache: head,
             granule,
             spinner: Spinner::default(),
@@ -98,7 +104,7 @@ impl ProdCore {
 
     /// The bytes in use: the window (indices map into it).
     pub fn cap(&self) -> u64 {
-        self.window
+        self.map.window
     }
 
     /// The whole data area, the most the window can grow to.
@@ -107,21 +113,40 @@ impl ProdCore {
     }
 
     fn free_cached(&self) -> u64 {
-        self.window - self.tail.wrapping_sub(self.head_cache)
+        let w = self.map.window;
+        let free = w - self.tail.wrapping_sub(self.head_cache);
+        match self.hazard {
+            // No wrap yet: a reader with the mapping before the last copying grow may still
+            // be reading the window's first bytes.
+            Some(z) if self.head_cache.wrapping_sub(z) > u64::MAX / 2 => {
+                let at = self.map.at(self.tail) & (w - 1);
+                free.min(if at == 0 { 0 } else { w - at })
+            }
+            _ => free,
+        }
     }
 
-    /// Whether every byte published has been consumed (re-reads the head).
-    pub fn is_empty(&mut self) -> Result<bool, RingError> {
-        Ok(self.refresh()? == self.window)
+    /// Bytes published and not yet consumed (re-reads the head).
+    pub fn used(&mut self) -> Result<u64, RingError> {
+        self.refresh()?;
+        Ok(self.tail.wrapping_sub(self.head_cache))
     }
 
-    /// Puts window `w` in force. Only while the ring is empty (the caller checked with
-    /// [`ProdCore::is_empty`] and holds the producer): the store is published by the next
-    /// tail, which the consumer loads (acquire) before the window.
-    pub fn set_window(&mut self, w: u64) {
-        debug_assert!(w.is_power_of_two() && w <= self.h.cap);
-        self.window = w;
-        self.h.window.store(w, Release);
+    /// The head as last read.
+    pub fn head(&self) -> u64 {
+        self.head_cache
+    }
+
+    /// Puts mapping `m` in force (the caller holds the producer and keeps every unconsumed
+    /// byte where `m` finds it: header module text); `hazard`: the tail of a grow that copied.
+    pub fn set_mapping(&mut self, m: Mapping, hazard: Option<u64>) {
+        debug_assert!(m.window.is_power_of_two() && m.window <= self.h.cap);
+        if hazard.is_some() {
+            self.hazard = hazard;
+            self.h.hazard.store(hazard.unwrap_or(0), Release);
+        }
+        self.map = m;
+        self.h.mapping.store(m.word(), Release);
     }
 
     /// Re-reads and validates the consumer's head; returns the free space.
@@ -184,11 +209,12 @@ impl ProdCore {
     pub fn resync(&mut self) -> Result<(), RingError> {
         let tail = self.h.tail.load(Acquire);
         let head = self.h.head.load(Acquire);
-        let window = self.h.load_window()?;
-        check_span(tail, head, window, self.granule)?;
+        let map = self.h.load_mapping()?;
+        check_span(tail, head, map.window, self.granule)?;
         self.tail = tail;
         self.head_cache = head;
-        self.window = window;
+        self.map = map;
+        self.hazard = Some(self.h.hazard.load(Acquire)).filter(|&z| z != 0);
         Ok(())
     }
 
@@ -236,8 +262,8 @@ impl ProdCore {
 pub(crate) struct ConsCore {
     pub h: Header,
     pub head: u64,
-    /// The window the bytes up to `tail_cache` were written under.
-    window: u64,
+    /// The mapping the bytes up to `tail_cache` are found with.
+    pub map: Mapping,
     tail_cache: u64,
     granule: u64,
     spinner: Spinner,
@@ -252,12 +278,12 @@ impl ConsCore {
         let granule = granule.max(1).next_power_of_two();
         let head = h.head.load(Acquire);
         let tail = h.tail.load(Acquire);
-        let window = h.load_window()?;
-        check_span(tail, head, window, granule)?;
+        let map = h.load_mapping()?;
+        check_span(tail, head, map.window, granule)?;
         Ok(ConsCore {
             h,
             head,
-            window,
+            map,
             tail_cache: tail,
             granule,
             spinner: Spinner::default(),
@@ -265,9 +291,9 @@ impl ConsCore {
         })
     }
 
-    /// The window the bytes in the ring were written under.
+    /// The window of the mapping the bytes in the ring are found with.
     pub fn cap(&self) -> u64 {
-        self.window
+        self.map.window
     }
 
     fn avail_cached(&self) -> u64 {
@@ -277,14 +303,14 @@ impl ConsCore {
     /// Re-reads and validates the producer's tail; returns the bytes available.
     pub fn refresh(&mut self) -> Result<u64, RingError> {
         let new = self.h.tail.load(Acquire);
-        // After the tail (acquire): the window its bytes were written under. The producer
-        // changes it only while the ring is empty, so it stands until we consume them.
-        let window = self.h.load_window()?;
+        // After the tail (acquire): a mapping that finds every byte up to it (header module
+        // text: the producer keeps unconsumed bytes where every later mapping finds them).
+        let map = self.h.load_mapping()?;
         let span = new.wrapping_sub(self.head);
-        if span > window || span < self.avail_cached() || new & (self.granule - 1) != 0 {
+        if span > map.window || span < self.avail_cached() || new & (self.granule - 1) != 0 {
             let detail = format!(
-                "tail {new} (was {}, head {}, window {window})",
-                self.tail_cache, self.head
+                "tail {new} (was {}, head {}, window {})",
+                self.tail_cache, self.head, map.window
             );
             return Err(RingError::corrupt(
                 "producer tail moved backwards or too far",
@@ -292,7 +318,7 @@ impl ConsCore {
             ));
         }
         self.tail_cache = new;
-        self.window = window;
+        self.map = map;
         Ok(span)
     }
 
@@ -316,11 +342,11 @@ impl ConsCore {
     pub fn resync(&mut self) -> Result<(), RingError> {
         let head = self.h.head.load(Acquire);
         let tail = self.h.tail.load(Acquire);
-        let window = self.h.load_window()?;
-        check_span(tail, head, window, self.granule)?;
+        let map = self.h.load_mapping()?;
+        check_span(tail, head, map.window, self.granule)?;
         self.head = head;
         self.tail_cache = tail;
-        self.window = window;
+        self.map = map;
         Ok(())
     }
 
@@ -383,7 +409,7 @@ impl std::fmt::Debug for ProdCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Producer")
             .field("capacity", &self.h.cap)
-            .field("window", &self.window)
+            .field("mapping", &self.map)
             .field("tail", &self.tail)
             .field("head_cache", &self.head_cache)
             .finish()
@@ -394,7 +420,7 @@ impl std::fmt::Debug for ConsCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
             .field("capacity", &self.h.cap)
-            .field("window", &self.window)
+            .field("mapping", &self.map)
             .field("head", &self.head)
             .field("tail_cache", &self.tail_cache)
             .finish()

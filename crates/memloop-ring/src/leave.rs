@@ -209,7 +209,8 @@ impl StreamProducer {
     pub fn unconsumed(&self, from: u64, out: &mut Vec<u8>) -> Result<(), RingError> {
         let tail = self.position();
         let n = tail.wrapping_sub(from);
-        if n > self.capacity() {
+        // (The window as the ring holds it now: a carrying consumer may have widened it.)
+        if n > self.core_mapping_now()?.window {
             return Err(RingError::corrupt(
                 "peer's stop position",
                 format!("{from}, our tail is {tail}"),
@@ -217,6 +218,8 @@ impl StreamProducer {
         }
         let start = out.len();
         out.resize(start + n as usize, 0);
+        // With the mapping as the ring holds it now: a consumer that carried our peer's
+        // last TCP bytes may have widened it after we left.
         self.copy_published(from, &mut out[start..])
     }
 }
@@ -231,7 +234,7 @@ impl StreamConsumer {
         let published = self.published_tail();
         let used = peer_tail.wrapping_sub(head);
         // The window the producer left under (ours may be older: it changes while empty).
-        let window = self.window_now()?;
+        let window = self.mapping_now()?.window;
         if used > window || published != peer_tail {
             return Err(RingError::corrupt(
                 "peer's leave position",
@@ -239,6 +242,25 @@ impl StreamConsumer {
             ));
         }
         Ok(window - used)
+    }
+
+    /// Makes room for carrying `n` bytes once the producer has left at `peer_tail`: widens
+    /// the window if needed (memory for it reserved first), which nobody else changes any
+    /// more. False, with nothing changed, if the ring cannot hold `n` more bytes.
+    pub fn make_carry_room(&mut self, n: u64, peer_tail: u64) -> Result<bool, RingError> {
+        let room = self.carry_room(peer_tail)?;
+        if n <= room {
+            return Ok(true);
+        }
+        let m = self.mapping_now()?;
+        let used = m.window - room;
+        let Some(to) = (used + n).checked_next_power_of_two() else {
+            return Ok(false);
+        };
+        if to > self.max_capacity() {
+            return Ok(false);
+        }
+        self.widen(m, to, used)
     }
 
     /// Writes `tail` into the ring just before our head, once the producer has left at

@@ -4,7 +4,7 @@
 //! publishes once however many slices it copied (batching); the consumer's reads likewise.
 //! `shutdown` is the FIN (EOF after draining), `close` by the reader is the RST/EPIPE.
 
-use crate::header::RingKind;
+use crate::header::{Mapping, RingKind};
 use crate::index::{copy_in, copy_out, ConsCore, ProdCore};
 use crate::wait::{WaitCell, WaitPolicy};
 use crate::RingError;
@@ -23,8 +23,6 @@ pub struct StreamProducer {
 /// When the producer grows or shrinks its window (see [`crate::header`]'s module text).
 #[derive(Debug, Default)]
 struct Elastic {
-    /// Writes since the last resize that did not fit the window whole.
-    pressure: u32,
     /// A grow found no memory to reserve: no more tries until the window shrinks.
     no_room: bool,
     /// `written` when the producer was last looked at while idle, and how many looks in a
@@ -37,8 +35,6 @@ struct Elastic {
     refused: u64,
 }
 
-/// Writes that did not fit before the window grows (at the next moment the ring is empty).
-const GROW_AFTER: u32 = 2;
 /// Each grow multiplies the window by this much (up to the capacity).
 const GROW_FACTOR: u64 = 4;
 
@@ -68,24 +64,24 @@ impl StreamProducer {
         (e.grown, e.shrunk, e.refused)
     }
 
-    /// Grows the window if writes kept finding it too small and the ring is empty now:
-    /// memory for the new part is reserved first (none: the window stays).
-    fn maybe_grow(&mut self) -> Result<(), RingError> {
+    /// Grows the window (×4, up to the capacity) for a write that does not fit, as TCP
+    /// buffers what the peer has not read yet; false if it is as large as it gets, or no
+    /// memory could be reserved for it (then no grow is tried again until it shrinks).
+    fn try_grow(&mut self) -> Result<bool, RingError> {
         let (w, max) = (self.core.cap(), self.core.cap_max());
-        if self.elastic.pressure < GROW_AFTER || self.elastic.no_room || w >= max {
-            return Ok(());
+        if self.elastic.no_room || w >= max {
+            return Ok(false);
         }
-        if self.resize((w * GROW_FACTOR).min(max))? {
-            self.elastic.pressure = 0;
-            self.elastic.grown += 1;
-        }
-        Ok(())
+        let grown = self.resize((w * GROW_FACTOR).min(max))?;
+        self.elastic.grown += grown as u64;
+        Ok(grown)
     }
 
     /// Puts window `to` (a power of two, 64 ≤ `to` ≤ [`max_capacity`](Self::max_capacity))
-    /// in force if the ring is empty now; false if it is not (nothing changes), or if memory
-    /// for a larger window cannot be reserved (then no grow is tried again until it shrinks).
-    /// Memory beyond a smaller window goes back to the system.
+    /// in force: a larger one at any time (memory for it reserved first), a smaller one only
+    /// while the ring is empty (false otherwise; memory beyond it goes back to the system).
+    /// False too if memory for a larger window cannot be reserved (then no grow is tried again
+    /// until it shrinks). The header's module text says why no reader loses a byte.
     pub fn resize(&mut self, to: u64) -> Result<bool, RingError> {
         let w = self.core.cap();
         if !to.is_power_of_two()
@@ -96,7 +92,8 @@ impl StreamProducer {
                 self.core.cap_max()
             )));
         }
-        if to == w || !self.core.is_empty()? {
+        let used = self.core.used()?;
+        if to == w || (to < w && used > 0) {
             return Ok(false);
         }
         if to > w && self.core.h.data.commit(w, to - w).is_err() {
@@ -104,14 +101,41 @@ impl StreamProducer {
             self.elastic.refused += 1;
             return Ok(false);
         }
-        self.core.set_window(to);
+        if used > 0 {
+            self.grow_holding(to, used)?;
+            return Ok(true);
+        }
+        // Empty: the tail goes to the new window's offset 0.
+        let base = self.core.tail;
+        self.core.set_mapping(Mapping { window: to, base }, None);
         if to < w {
             // Nobody reads or writes beyond the window any more (the ring is empty, and the
-            // consumer takes the new window with the next tail).
+            // consumer takes the new mapping with the next tail).
             let _ = self.core.h.data.release(to, w - to);
             self.elastic.no_room = false;
         }
         Ok(true)
+    }
+
+    /// Grows the window to `to` over `used` unconsumed bytes, each staying where a reader
+    /// with either mapping finds it: the head keeps its offset; a part wrapped around the old
+    /// window's end is copied to just past it, and nothing is written over the original
+    /// until the head has passed it (the hazard).
+    fn grow_holding(&mut self, to: u64, used: u64) -> Result<(), RingError> {
+        let (m, head) = (self.core.map, self.core.head());
+        let w = m.window;
+        let s = m.at(head) & (w - 1);
+        let wrapped = (s + used).saturating_sub(w);
+        let mut hazard = None;
+        if wrapped > 0 {
+            let mut tmp = vec![0u8; wrapped as usize];
+            self.core.h.data.read(0, &mut tmp)?;
+            self.core.h.data.write(w, &tmp)?;
+            hazard = Some(self.core.tail);
+        }
+        let base = head.wrapping_sub(s);
+        self.core.set_mapping(Mapping { window: to, base }, hazard);
+        Ok(())
     }
 
     /// One look from an idle-time sweep: once `looks` looks in a row found nothing written
@@ -129,9 +153,8 @@ impl StreamProducer {
         if e.idle_looks < looks || w <= to || !self.resize(to)? {
             return Ok(false);
         }
-        let e = &mut self.elastic;
-        (e.pressure, e.idle_looks) = (0, 0);
-        e.shrunk += 1;
+        self.elastic.idle_looks = 0;
+        self.elastic.shrunk += 1;
         Ok(true)
     }
 
@@ -149,16 +172,16 @@ impl StreamProducer {
     /// Like [`write`](Self::write) for several slices, with a single publication.
     pub fn write_vectored(&mut self, srcs: &[IoSlice<'_>]) -> Result<usize, RingError> {
         self.core.check_open()?;
-        self.maybe_grow()?;
         let want: u64 = srcs.iter().map(|s| s.len() as u64).sum();
         let mut room = self.core.free_for(want)?.min(want);
-        if room < want {
-            self.elastic.pressure = self.elastic.pressure.saturating_add(1);
+        while room < want && self.try_grow()? {
+            room = self.core.free_for(want)?.min(want);
         }
         let mut idx = self.core.tail;
         for s in srcs {
             let n = (s.len() as u64).min(room);
-            copy_in(&self.core.h.data, self.core.cap(), idx, &s[..n as usize])?;
+            let at = self.core.map.at(idx);
+            copy_in(&self.core.h.data, self.core.cap(), at, &s[..n as usize])?;
             idx = idx.wrapping_add(n);
             room -= n;
         }
@@ -195,10 +218,16 @@ impl StreamProducer {
         self.core.tail
     }
 
+    /// The mapping as the ring holds it now (a consumer carrying after we left may widen it).
+    pub(crate) fn core_mapping_now(&self) -> Result<Mapping, RingError> {
+        self.core.h.load_mapping()
+    }
+
     /// Copies published bytes starting at ring index `from` into `dst` (the caller checked
-    /// that they are still in the ring).
+    /// that they are still in the ring), with the mapping as the ring holds it now.
     pub(crate) fn copy_published(&self, from: u64, dst: &mut [u8]) -> Result<(), RingError> {
-        copy_out(&self.core.h.data, self.core.cap(), from, dst)
+        let m = self.core.h.load_mapping()?;
+        copy_out(&self.core.h.data, m.window, m.at(from), dst)
     }
 
     /// Announces that this writer is about to sleep outside the ring (poll/epoll) until the
@@ -325,12 +354,8 @@ impl StreamConsumer {
         let mut idx = self.core.head;
         for d in dsts.iter_mut() {
             let n = (d.len() as u64).min(left);
-            copy_out(
-                &self.core.h.data,
-                self.core.cap(),
-                idx,
-                &mut d[..n as usize],
-            )?;
+            let at = self.core.map.at(idx);
+            copy_out(&self.core.h.data, self.core.cap(), at, &mut d[..n as usize])?;
             idx = idx.wrapping_add(n);
             left -= n;
         }
@@ -364,13 +389,42 @@ impl StreamConsumer {
     /// Copies `src` into the data area at ring index `at` (the caller checked that the
     /// producer can no longer write there).
     pub(crate) fn write_at(&self, at: u64, src: &[u8]) -> Result<(), RingError> {
-        copy_in(&self.core.h.data, self.window_now()?, at, src)
+        let m = self.mapping_now()?;
+        copy_in(&self.core.h.data, m.window, m.at(at), src)
     }
 
-    /// The producer's window as the ring holds it now (ours is the one the bytes we hold
-    /// were written under; the two differ only while the ring is empty).
-    pub(crate) fn window_now(&self) -> Result<u64, RingError> {
-        self.core.h.load_window()
+    /// Widens mapping `m` (the producer has left) to window `to` over `used` unconsumed bytes
+    /// from our head: as the producer's grow does (header module text), without a hazard —
+    /// we are the only reader, and we read with the new mapping from now on.
+    pub(crate) fn widen(&mut self, m: Mapping, to: u64, used: u64) -> Result<bool, RingError> {
+        let w = m.window;
+        if self.core.h.data.commit(w, to - w).is_err() {
+            return Ok(false);
+        }
+        let head = self.core.head;
+        let s = m.at(head) & (w - 1);
+        let wrapped = (s + used).saturating_sub(w);
+        if wrapped > 0 {
+            let mut tmp = vec![0u8; wrapped as usize];
+            self.core.h.data.read(0, &mut tmp)?;
+            self.core.h.data.write(w, &tmp)?;
+        }
+        let new = Mapping {
+            window: to,
+            base: head.wrapping_sub(s),
+        };
+        self.core
+            .h
+            .mapping
+            .store(new.word(), memloop_shm::sync::Ordering::Release);
+        self.core.map = new;
+        Ok(true)
+    }
+
+    /// The producer's mapping as the ring holds it now (once the producer left, the one
+    /// it left with).
+    pub(crate) fn mapping_now(&self) -> Result<Mapping, RingError> {
+        self.core.h.load_mapping()
     }
 
     /// Whether the writer shut down (data may still be waiting to be read).

@@ -138,7 +138,7 @@ fn resize_mid_stream(from: u64, to: u64) {
         let t = thread::spawn(move || {
             assert_eq!(p.write(&[1, 2]).unwrap(), 2);
             while !p.resize(to).unwrap() {
-                thread::yield_now(); // until the consumer has taken 1, 2
+                thread::yield_now(); // a smaller window: until the consumer has taken 1, 2
             }
             assert_eq!(p.write(&[3, 4]).unwrap(), 2);
         });
@@ -164,4 +164,36 @@ fn stream_window_grows_mid_stream() {
 #[test]
 fn stream_window_shrinks_mid_stream() {
     resize_mid_stream(128, 64);
+}
+
+/// A grow over bytes that wrap around the window's end (indices 62..66 of a window of 64:
+/// offsets 62, 63, 0, 1) while the consumer reads: the producer copies the wrapped part past
+/// the old end, where the new mapping finds it; a reader with either mapping reads 1..6 in
+/// order, and the write after the grow (7, 8) lands on neither copy.
+#[test]
+fn stream_window_grows_over_wrapped_bytes() {
+    loom::model(|| {
+        let v = ShmSlice::new_model(ring_bytes(128) as usize);
+        init_ring_windowed(&v, RingKind::Stream, 128, 0, 64).unwrap();
+        v.u64_at(OFF_TAIL).unwrap().store(62, Relaxed);
+        v.u64_at(OFF_HEAD).unwrap().store(62, Relaxed);
+        let mut p = StreamProducer::attach(v.clone()).unwrap();
+        let mut c = StreamConsumer::attach(v).unwrap();
+        let t = thread::spawn(move || {
+            assert_eq!(p.write(&[1, 2, 3, 4, 5, 6]).unwrap(), 6);
+            assert!(p.resize(128).unwrap());
+            assert_eq!(p.write(&[7, 8]).unwrap(), 2);
+        });
+        let mut got = Vec::new();
+        while got.len() < 8 {
+            let mut b = [0u8; 3];
+            let n = c.read(&mut b).unwrap();
+            got.extend_from_slice(&b[..n]);
+            if n == 0 {
+                thread::yield_now();
+            }
+        }
+        assert_eq!(got, [1, 2, 3, 4, 5, 6, 7, 8]);
+        t.join().unwrap();
+    });
 }

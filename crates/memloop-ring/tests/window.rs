@@ -17,29 +17,62 @@ fn pattern(pos: u64) -> u8 {
 }
 
 #[test]
-fn writes_that_do_not_fit_grow_the_window_once_the_ring_is_empty() {
+fn a_write_that_does_not_fit_grows_the_window_as_tcp_would_buffer_it() {
     let v = windowed(4096, 64);
     let mut p = StreamProducer::attach(v.clone()).unwrap();
     let mut c = StreamConsumer::attach(v).unwrap();
     assert_eq!((p.capacity(), p.max_capacity()), (64, 4096));
-    let mut sink = [0u8; 4096];
-    for _ in 0..2 {
-        assert_eq!(p.write(&[7; 100]).unwrap(), 64, "the window holds 64");
-        assert_eq!(c.read(&mut sink).unwrap(), 64);
+    // Nobody reads: each write that does not fit grows the window (×4) and goes on.
+    let data: Vec<u8> = (0..4096u32).map(|i| pattern(i as u64)).collect();
+    let mut sent = 0;
+    while sent < data.len() {
+        let n = p.write(&data[sent..]).unwrap();
+        assert!(n > 0, "stuck at {sent} with a window of {}", p.capacity());
+        sent += n;
     }
-    // Empty now, after two writes that did not fit: this one goes in under 256.
-    assert_eq!(p.write(&[7; 100]).unwrap(), 100);
-    assert_eq!((p.capacity(), p.resizes()), (256, (1, 0, 0)));
-    assert_eq!(c.read(&mut sink).unwrap(), 100);
-    assert_eq!(
-        c.capacity(),
-        256,
-        "the consumer took the window with the tail"
-    );
-    // A bad window is refused, a non-empty ring keeps its own.
+    assert_eq!((p.capacity(), p.resizes()), (4096, (3, 0, 0)));
+    assert_eq!(p.write(&[1]).unwrap(), 0, "full at the capacity");
+    let mut got = vec![0u8; 4096];
+    assert_eq!(c.read(&mut got).unwrap(), 4096);
+    assert_eq!(got, data);
     assert!(p.resize(100).is_err() && p.resize(8192).is_err());
-    assert_eq!(p.write(&[1]).unwrap(), 1);
-    assert!(!p.resize(64).unwrap());
+}
+
+/// Bytes wrapped around the old window's end when it grows: copied past it, read in order
+/// by a reader that took either mapping, and nothing written over the originals meanwhile.
+#[test]
+fn a_grow_over_wrapped_bytes_keeps_them_in_order() {
+    let v = windowed(4096, 64);
+    let mut p = StreamProducer::attach(v.clone()).unwrap();
+    let mut c = StreamConsumer::attach(v).unwrap();
+    let mut sink = [0u8; 64];
+    assert_eq!(p.write(&[0; 60]).unwrap(), 60);
+    assert_eq!(c.read(&mut sink).unwrap(), 60);
+    // 20 bytes from offset 60: 4 before the end, 16 wrapped to the front.
+    let first: Vec<u8> = (0..20u64).map(pattern).collect();
+    assert_eq!(p.write(&first).unwrap(), 20);
+    // The consumer looks now (the old mapping), reads 2 bytes, keeps the rest for later.
+    let mut two = [0u8; 2];
+    assert_eq!(c.read(&mut two).unwrap(), 2);
+    let more: Vec<u8> = (20..300u64).map(pattern).collect();
+    let mut sent = 0;
+    while sent < more.len() {
+        let n = p.write(&more[sent..]).unwrap();
+        assert!(n > 0, "stuck at {sent} (window {})", p.capacity());
+        sent += n;
+    }
+    assert!(p.capacity() >= 256);
+    let mut got = two.to_vec();
+    let mut buf = [0u8; 512];
+    loop {
+        let n = c.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    let want: Vec<u8> = (0..300u64).map(pattern).collect();
+    assert_eq!(got, want);
 }
 
 #[test]
@@ -59,8 +92,9 @@ fn an_idle_producer_shrinks_after_enough_looks() {
 }
 
 /// Both ends on their own threads; the producer asks for a random window before every write
-/// (granted only when the ring is empty: before a third of them it waits for that), besides
-/// the grows its own pressure makes; the consumer reads random amounts.
+/// (a larger one at once, copying wrapped bytes; a smaller one only when the ring is empty:
+/// before a third of them it waits for that), besides the grows its writes make; the
+/// consumer reads random amounts.
 #[test]
 fn a_resize_storm_loses_duplicates_and_reorders_nothing() {
     const TOTAL: u64 = 64 << 20;
@@ -76,7 +110,7 @@ fn a_resize_storm_loses_duplicates_and_reorders_nothing() {
             seed ^= seed >> 7;
             seed ^= seed << 17;
             if seed % 3 == 0 {
-                // Until the consumer has taken everything: a resize needs an empty ring.
+                // Until the consumer has taken everything: a smaller window needs an empty ring.
                 let all = p.capacity();
                 assert!(p
                     .wait_writable(all, &policy, Duration::from_secs(30))

@@ -64,9 +64,10 @@ impl Conn {
         let Some(mut p) = self.rings.prod.try_lock() else {
             return;
         };
-        let shrunk = p
-            .shrink_if_idle(memloop::registry::INITIAL_WINDOW, IDLE_LOOKS)
-            .unwrap_or(false);
+        let idle_window = (self.engine.cfg.ring_window)
+            .unwrap_or(memloop::registry::INITIAL_WINDOW)
+            .min(p.max_capacity());
+        let shrunk = p.shrink_if_idle(idle_window, IDLE_LOOKS).unwrap_or(false);
         self.count_resizes(&p);
         drop(p);
         let reg = self.engine.registry();

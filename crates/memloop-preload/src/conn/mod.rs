@@ -138,10 +138,15 @@ impl Conn {
         let nodelay = real::sockopt_int(p.fd, libc::IPPROTO_TCP, libc::TCP_NODELAY).unwrap_or(0);
         real::set_sockopt_int(p.fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
         let reg = p.engine.registry();
-        let ends = StreamEnds::attach(reg, p.ch, p.side).map_err(|e| {
+        let mut ends = StreamEnds::attach(reg, p.ch, p.side).map_err(|e| {
             tracing::warn!(ch = ?p.ch, "cannot attach the channel's rings: {e}");
             e.fallback_reason()
         })?;
+        if let Some(w) = p.engine.cfg.ring_window {
+            // (Only while the ring is empty: a connection adopted mid-stream keeps its own.)
+            let w = w.min(ends.tx.max_capacity());
+            let _ = ends.tx.resize(w);
+        }
         let side_words = match reg.side_words(p.ch, p.side) {
             Ok(w) => Some(w),
             Err(e) => {

@@ -414,7 +414,7 @@ impl Conn {
     fn carry(&self, w: &SideWords, me: &LeaveCell, peer: Left) -> Result<Option<u64>, c_int> {
         let _r = self.tcp.read_gate.lock(); // no TCP read of ours in flight, none starts
         let prod = self.rings.prod.lock();
-        let cons = self.rings.cons.lock();
+        let mut cons = self.rings.cons.lock();
         if self.path() != Path::Joining {
             return Err(libc::EAGAIN); // (the switching lock keeps it there: cannot happen)
         }
@@ -424,11 +424,12 @@ impl Conn {
         if self.share.shared.load(Acquire) {
             return Ok(None); // forked while we waited: another holder may read the tail
         }
-        let room = cons.carry_room(peer.tail).map_err(|e| {
+        // (Room made before the tail is read off the socket: once read it must fit.)
+        let fits = cons.make_carry_room(tail, peer.tail).map_err(|e| {
             tracing::warn!(ch = ?self.ch, "cannot carry: {e}");
             libc::EIO
         })?;
-        if tail > room {
+        if !fits {
             return Ok(None);
         }
         // Everything from the peer up to its stop is data (it sent it before it stopped);
