@@ -35,6 +35,7 @@
 //!   `[0, x)`, the producer writes nothing there (it does not wrap) until the head has passed
 //!   the tail of that moment (the *hazard*, in the header for another process sharing the
 //!   producer).
+//!
 //! So a connection's ring grows the moment a write does not fit (as TCP buffers what the peer
 //! has not read) and shrinks when idle, its memory reserved and given back with it, without a
 //! byte lost or reordered.
