@@ -65,6 +65,30 @@ pub(crate) fn copy_out(
     Ok(())
 }
 
+/// The mapping of window `to` (larger than `m`'s) under which the `used` bytes from `head`
+/// stay where `m` has them: the head keeps its offset, and a part wrapped around the old
+/// window's end is first copied to just past it (its memory reserved by the caller). Returns
+/// the mapping and whether it copied (then the originals must stay untouched until every
+/// reader that may hold `m` has passed them).
+pub(crate) fn grown_mapping(
+    data: &ShmSlice,
+    m: Mapping,
+    head: u64,
+    used: u64,
+    to: u64,
+) -> Result<(Mapping, bool), RingError> {
+    let w = m.window;
+    let s = m.at(head) & (w - 1);
+    let wrapped = (s + used).saturating_sub(w);
+    if wrapped > 0 {
+        let mut tmp = vec![0u8; wrapped as usize];
+        data.read(0, &mut tmp)?;
+        data.write(w, &tmp)?;
+    }
+    let base = head.wrapping_sub(s);
+    Ok((Mapping { window: to, base }, wrapped > 0))
+}
+
 /// Producer half: owns `tail`, caches `head`.
 pub(crate) struct ProdCore {
     pub h: Header,

@@ -5,7 +5,7 @@
 //! `shutdown` is the FIN (EOF after draining), `close` by the reader is the RST/EPIPE.
 
 use crate::header::{Mapping, RingKind};
-use crate::index::{copy_in, copy_out, ConsCore, ProdCore};
+use crate::index::{copy_in, copy_out, grown_mapping, ConsCore, ProdCore};
 use crate::wait::{WaitCell, WaitPolicy};
 use crate::RingError;
 use memloop_shm::ShmSlice;
@@ -123,18 +123,9 @@ impl StreamProducer {
     /// until the head has passed it (the hazard).
     fn grow_holding(&mut self, to: u64, used: u64) -> Result<(), RingError> {
         let (m, head) = (self.core.map, self.core.head());
-        let w = m.window;
-        let s = m.at(head) & (w - 1);
-        let wrapped = (s + used).saturating_sub(w);
-        let mut hazard = None;
-        if wrapped > 0 {
-            let mut tmp = vec![0u8; wrapped as usize];
-            self.core.h.data.read(0, &mut tmp)?;
-            self.core.h.data.write(w, &tmp)?;
-            hazard = Some(self.core.tail);
-        }
-        let base = head.wrapping_sub(s);
-        self.core.set_mapping(Mapping { window: to, base }, hazard);
+        let (grown, copied) = grown_mapping(&self.core.h.data, m, head, used, to)?;
+        let hazard = copied.then_some(self.core.tail);
+        self.core.set_mapping(grown, hazard);
         Ok(())
     }
 
@@ -401,18 +392,7 @@ impl StreamConsumer {
         if self.core.h.data.commit(w, to - w).is_err() {
             return Ok(false);
         }
-        let head = self.core.head;
-        let s = m.at(head) & (w - 1);
-        let wrapped = (s + used).saturating_sub(w);
-        if wrapped > 0 {
-            let mut tmp = vec![0u8; wrapped as usize];
-            self.core.h.data.read(0, &mut tmp)?;
-            self.core.h.data.write(w, &tmp)?;
-        }
-        let new = Mapping {
-            window: to,
-            base: head.wrapping_sub(s),
-        };
+        let (new, _) = grown_mapping(&self.core.h.data, m, self.core.head, used, to)?;
         self.core
             .h
             .mapping
