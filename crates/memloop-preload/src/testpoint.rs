@@ -39,8 +39,33 @@ struct Pause {
 
 static PAUSES: OnceLock<Vec<Pause>> = OnceLock::new();
 
-/// Reads `MEMLOOP_TEST_PAUSE` (the library's constructor calls it: no allocation later).
+/// `MEMLOOP_TEST_RESIZE=EVERY`: every EVERY-th ring send of the process first asks its tx
+/// ring for a random window (a grow at once, copying wrapped bytes; a shrink only if the ring
+/// is empty) — the elastic windows' storm, through real programs. 0: off.
+static RESIZE_EVERY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static RESIZE_TICK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A window exponent (window = 64 << it) if a test asked for a resize before this send.
+pub fn resize_due() -> Option<u32> {
+    let every = RESIZE_EVERY.load(Relaxed);
+    if every == 0 {
+        return None;
+    }
+    let t = RESIZE_TICK.fetch_add(1, Relaxed);
+    // (A cheap scramble of the tick: the windows must not come in a cycle of the sends.)
+    let r = t.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+    (t % every == 0).then_some((r % 15) as u32)
+}
+
+/// Reads `MEMLOOP_TEST_PAUSE` and `MEMLOOP_TEST_RESIZE` (the library's constructor calls it:
+/// no allocation later).
 pub fn capture() {
+    if let Some(e) = std::env::var("MEMLOOP_TEST_RESIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        RESIZE_EVERY.store(e, Relaxed);
+    }
     PAUSES.get_or_init(|| {
         std::env::var("MEMLOOP_TEST_PAUSE")
             .map(|v| parse(&v))

@@ -60,6 +60,7 @@ fn main() -> std::process::ExitCode {
         test!(memloop_disable_keeps_everything_on_tcp),
         test!(doorbell_count_check_catches_a_miscount),
         test!(echo_10mb_sha256_both_ways),
+        test!(windows_resized_at_every_send_lose_nothing),
         test!(many_small_messages),
         test!(msg_peek_then_read),
         test!(msg_waitall_gathers_pieces),
@@ -632,6 +633,20 @@ fn echo_10mb_sha256_both_ways() {
 
 fn many_small_messages() {
     check(sc("stream", "small_messages"));
+}
+
+/// Issue 14's grow/shrink storm through real programs: the server's tx window is set to a
+/// random size before each of its sends (`MEMLOOP_TEST_RESIZE=1`: a grow at once, copying
+/// wrapped bytes, a shrink when the ring is empty) while both streams are checked — 2,000
+/// ping-pongs and 20,000 framed writes (their sha256), and 10 MiB each way.
+fn windows_resized_at_every_send_lose_nothing() {
+    for case in ["small_messages", "echo_10mb"] {
+        check(
+            sc("stream", case)
+                .server_env("MEMLOOP_TEST_RESIZE=1")
+                .evidence("test resize"),
+        );
+    }
 }
 
 fn msg_peek_then_read() {

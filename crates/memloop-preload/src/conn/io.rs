@@ -225,6 +225,9 @@ impl Conn {
             if self.shut_wr.load(Acquire) || self.peer_closed() {
                 return self.broken_pipe(sent, nosignal);
             }
+            if let Some(k) = crate::testpoint::resize_due() {
+                self.test_resize(k);
+            }
             let r = if sent == 0 {
                 self.with_prod(|p| p.write_vectored(bufs))
             } else {
@@ -256,6 +259,17 @@ impl Conn {
                 Err(e) if sent > 0 && partial_ok(e) => return Ok(sent),
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// `MEMLOOP_TEST_RESIZE`: our tx window to 64 << `k` (at most the ring), if it can be now.
+    fn test_resize(&self, k: u32) {
+        let done = self.with_prod(|p| {
+            let to = (64u64 << k).min(p.max_capacity());
+            p.resize(to).unwrap_or(false).then_some(to)
+        });
+        if let Ok(Some(to)) = done {
+            tracing::debug!(ch = ?self.ch, to, "test resize");
         }
     }
 
