@@ -124,14 +124,23 @@ impl Conn {
                 let n = match self.read_some(bufs, got, peek) {
                     Ok(n) => n,
                     Err(SWITCHED) if got > 0 && !peek => return Ok(got),
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        if e != SWITCHED {
+                            tracing::debug!(ch = ?self.ch, errno = e, got, "recv: read failed");
+                        }
+                        return Err(e);
+                    }
                 };
                 got = if peek { n } else { got + n };
                 if got == want || (got > 0 && !waitall) {
                     return Ok(got);
                 }
             }
-            if self.rx_at_eof()? {
+            if self.rx_at_eof().inspect_err(|e| {
+                tracing::debug!(ch = ?self.ch, errno = e, "recv: no probe");
+            })? {
+                let p = self.rx_probe();
+                tracing::debug!(ch = ?self.ch, got, ?p, closed = self.peer_closed(), "recv: end of stream");
                 return self.eof(got);
             }
             if dontwait {
@@ -144,7 +153,10 @@ impl Conn {
             match self.wait(Dir::Read, deadline) {
                 Ok(()) => {}
                 Err(e) if got > 0 && !peek && partial_ok(e) => return Ok(got),
-                Err(e) => return Err(e),
+                Err(e) => {
+                    tracing::debug!(ch = ?self.ch, errno = e, "recv: the wait failed");
+                    return Err(e);
+                }
             }
         }
     }
