@@ -577,8 +577,8 @@ impl Registry {
     /// A table was found full: counted by which (`members`, `endpoints`, `channels`, `ring
     /// memory`), then the error.
     pub(crate) fn full(&self, what: &'static str) -> RegistryError {
-        let names = ["members", "endpoints", "channels", "ring memory"];
-        if let Some(i) = names.iter().position(|&n| n == what) {
+        let tables = crate::switch::FULL_TABLES;
+        if let Some(i) = tables.iter().position(|&n| n == what) {
             self.bump_counter(crate::switch::COUNTER_FULL_FIRST + i);
         }
         RegistryError::RegionFull { what }

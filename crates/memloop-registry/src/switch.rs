@@ -179,6 +179,9 @@ pub const COUNTER_FULL_FIRST: usize = COUNTER_SEGMENTS_GIVEN_BACK + 1;
 pub const COUNTER_WINDOWS_GROWN: usize = COUNTER_FULL_FIRST + 4;
 pub const COUNTER_WINDOWS_SHRUNK: usize = COUNTER_FULL_FIRST + 5;
 pub const COUNTER_WINDOWS_NO_ROOM: usize = COUNTER_FULL_FIRST + 6;
+/// The tables whose fullness is counted from [`COUNTER_FULL_FIRST`] on, as a
+/// `RegistryError::RegionFull` names them.
+pub(crate) const FULL_TABLES: [&str; 4] = ["members", "endpoints", "channels", "ring memory"];
 /// Names of the counters from [`COUNTER_FULL_FIRST`] on.
 pub(crate) const FULL_NAMES: [&str; 7] = [
     "members_full",

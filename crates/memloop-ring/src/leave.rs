@@ -210,7 +210,7 @@ impl StreamProducer {
         let tail = self.position();
         let n = tail.wrapping_sub(from);
         // (The window as the ring holds it now: a carrying consumer may have widened it.)
-        if n > self.core_mapping_now()?.window {
+        if n > self.mapping_now()?.window {
             return Err(RingError::corrupt(
                 "peer's stop position",
                 format!("{from}, our tail is {tail}"),

@@ -210,14 +210,14 @@ impl StreamProducer {
     }
 
     /// The mapping as the ring holds it now (a consumer carrying after we left may widen it).
-    pub(crate) fn core_mapping_now(&self) -> Result<Mapping, RingError> {
+    pub(crate) fn mapping_now(&self) -> Result<Mapping, RingError> {
         self.core.h.load_mapping()
     }
 
     /// Copies published bytes starting at ring index `from` into `dst` (the caller checked
     /// that they are still in the ring), with the mapping as the ring holds it now.
     pub(crate) fn copy_published(&self, from: u64, dst: &mut [u8]) -> Result<(), RingError> {
-        let m = self.core.h.load_mapping()?;
+        let m = self.mapping_now()?;
         copy_out(&self.core.h.data, m.window, m.at(from), dst)
     }
 

@@ -40,7 +40,7 @@ use crate::tables::channels::{
 use crate::tables::index::IndexKey;
 use crate::Registry;
 use memloop_shm::sync::fence;
-use memloop_shm::sync::Ordering::{Acquire, Relaxed, SeqCst};
+use memloop_shm::sync::Ordering::{Acquire, SeqCst};
 use std::net::SocketAddr;
 
 /// Same address and port, ignoring IPv6 flow info and scope, and IPv4-mapped IPv6 (a dual-stack
@@ -133,7 +133,7 @@ impl Registry {
     /// `n` markers were freed (saturating: a count that stays too high only costs scans).
     pub(crate) fn markers_gone(&self, n: u64) {
         if let Ok(w) = self.markers_word() {
-            let _ = w.fetch_update(SeqCst, Relaxed, |v| Some(v.saturating_sub(n)));
+            super::step_count_by(&w, n);
         }
     }
 
