@@ -43,6 +43,10 @@ pub struct Config {
     /// through its wake socket (`crate::wake`). `MEMLOOP_WAKE=doorbell` sends every wake-up
     /// as a doorbell byte over TCP instead (the previous behaviour, for comparisons).
     pub direct_wake: bool,
+    /// `MEMLOOP_EPOLL_INDEX_AT`: ring members from which an epoll set looks only at the
+    /// members its wake-ups name (`crate::epoll` "index"); 1 puts every set in that mode
+    /// (the event-loop tests run both ways).
+    pub epoll_index_at: usize,
 }
 
 /// A tunable from the environment: unset means the default; a value that does not parse is
@@ -115,6 +119,9 @@ impl Config {
             promote: env_parsed::<u32>("MEMLOOP_PROMOTE") != Some(0),
             pidfd_wait: env_us("MEMLOOP_PIDFD_WAIT_US", 2_000_000),
             direct_wake: std::env::var("MEMLOOP_WAKE").map_or(true, |v| v != "doorbell"),
+            epoll_index_at: env_parsed::<usize>("MEMLOOP_EPOLL_INDEX_AT")
+                .filter(|n| *n >= 1)
+                .unwrap_or(crate::epoll::INDEX_AT),
         }
     }
 }

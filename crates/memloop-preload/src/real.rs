@@ -844,26 +844,27 @@ pub fn connect_unix(fd: c_int, path: &std::ffi::CStr) -> Result<(), c_int> {
         .map(|_| ())
 }
 
-/// Sends one byte on a connected socket of the library's own, never blocking or raising
-/// SIGPIPE.
-pub fn send_byte(fd: c_int) -> Result<(), c_int> {
-    let b = [1u8];
+/// Sends a 4-byte word (a wake-up's name) on a connected socket of the library's own, never
+/// blocking or raising SIGPIPE.
+pub fn send_word(fd: c_int, word: u32) -> Result<(), c_int> {
+    let b = word.to_le_bytes();
     let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-    // SAFETY: a one-byte buffer.
-    check(unsafe { send()(fd, b.as_ptr().cast(), 1, flags) }).map(|_| ())
+    // SAFETY: a 4-byte buffer.
+    check(unsafe { send()(fd, b.as_ptr().cast(), b.len(), flags) }).map(|_| ())
 }
 
-/// Sends one byte to the datagram socket bound at `path`, never blocking or raising SIGPIPE.
-pub fn send_unix(fd: c_int, path: &std::ffi::CStr) -> Result<(), c_int> {
+/// Sends a 4-byte word to the datagram socket bound at `path`, never blocking or raising
+/// SIGPIPE.
+pub fn send_unix(fd: c_int, path: &std::ffi::CStr, word: u32) -> Result<(), c_int> {
     let (a, len) = unix_addr(path).ok_or(libc::ENAMETOOLONG)?;
-    let b = [1u8];
+    let b = word.to_le_bytes();
     let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-    // SAFETY: a one-byte buffer and a valid sockaddr_un of `len` bytes.
+    // SAFETY: a 4-byte buffer and a valid sockaddr_un of `len` bytes.
     let r = unsafe {
         sendto()(
             fd,
             b.as_ptr().cast(),
-            1,
+            b.len(),
             flags,
             (&a as *const libc::sockaddr_un).cast(),
             len,
@@ -872,10 +873,16 @@ pub fn send_unix(fd: c_int, path: &std::ffi::CStr) -> Result<(), c_int> {
     check(r).map(|_| ())
 }
 
-/// Reads every datagram queued on a non-blocking socket of the library's own, up to 16 per
-/// system call (usually one call: another only after a full batch); the datagrams read.
+/// Reads every datagram queued on a non-blocking socket of the library's own; the datagrams
+/// read.
 pub fn drain_own(fd: c_int) -> usize {
-    const BATCH: usize = 16;
+    drain_words(fd, |_| {})
+}
+
+/// [`drain_own`], giving `each` the 4-byte word of every datagram (`None`: it held no word),
+/// up to 64 per system call (usually one call: another only after a full batch).
+pub fn drain_words(fd: c_int, mut each: impl FnMut(Option<u32>)) -> usize {
+    const BATCH: usize = 64;
     let mut bufs = [[0u8; 8]; BATCH];
     let mut n = 0;
     loop {
@@ -904,6 +911,11 @@ pub fn drain_own(fd: c_int) -> usize {
         };
         match check(r as isize) {
             Ok(k) => {
+                for (m, b) in msgs.iter().zip(bufs.iter()).take(k) {
+                    let word =
+                        (m.msg_len == 4).then(|| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                    each(word);
+                }
                 n += k;
                 if k < BATCH {
                     return n;

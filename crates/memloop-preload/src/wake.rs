@@ -136,8 +136,13 @@ impl WakeSocket {
 
     /// Reads the wake-ups queued (call before looking at the rings again).
     pub fn drain(&self) {
+        self.drain_names(|_| {});
+    }
+
+    /// [`Self::drain`], giving `each` every wake-up's name (`None`: a wake-up without one).
+    pub fn drain_names(&self, each: impl FnMut(Option<u32>)) {
         if self.alive() {
-            real::drain_own(self.fd);
+            real::drain_words(self.fd, each);
         }
     }
 }
@@ -160,31 +165,35 @@ static CONNECTED: ForkMutex<Vec<(u32, c_int)>> = ForkMutex::new(Vec::new());
 /// How many targets keep a connected socket (each one fd of the library's, at a high number).
 const CONNECTED_MAX: usize = 8;
 
-/// Sends on the connected socket kept for `target`, if there is one and it still works.
-fn send_cached(target: u32) -> bool {
+/// Sends `name` on the connected socket kept for `target`, if there is one and it still works:
+/// `Some(sent)`; `None` when there is none.
+fn send_cached(target: u32, name: u32) -> Option<bool> {
     let mut list = CONNECTED.lock();
     // (A socket the program closed is forgotten, never closed: its number may be reused.)
     list.retain(|&(_, fd)| crate::table::kind(fd) == crate::table::K_OWN);
-    let Some(i) = list.iter().position(|&(t, _)| t == target) else {
-        return false;
-    };
+    let i = list.iter().position(|&(t, _)| t == target)?;
     let (t, fd) = list.remove(i);
-    match real::send_byte(fd) {
-        Ok(()) | Err(libc::EAGAIN) => {
+    match real::send_word(fd, name) {
+        Ok(()) => {
             list.push((t, fd));
-            true
+            Some(true)
+        }
+        // A full socket: the sleeper is awake already, but this name would be lost.
+        Err(libc::EAGAIN) => {
+            list.push((t, fd));
+            Some(false)
         }
         // The target's socket is gone (its set closed, its name taken again).
         Err(_) => {
             close_connected(fd);
-            false
+            None
         }
     }
 }
 
-/// Connects a socket to `target` at `path` (the least recently used one goes) and sends on
-/// it; None if that cannot be done (the caller sends by name).
-fn connect_and_send(target: u32, path: &std::ffi::CStr) -> Option<()> {
+/// Connects a socket to `target` at `path` (the least recently used one goes) and sends `name`
+/// on it: `Some(sent)`; None if that cannot be done (the caller sends by path).
+fn connect_and_send(target: u32, path: &std::ffi::CStr, name: u32) -> Option<bool> {
     let fd = real::move_high(real::unix_dgram().ok()?, crate::table::MAX_FD);
     crate::table::mark_own(fd);
     if real::connect_unix(fd, path).is_err() {
@@ -197,8 +206,9 @@ fn connect_and_send(target: u32, path: &std::ffi::CStr) -> Option<()> {
         close_connected(old);
     }
     list.push((target, fd));
-    match real::send_byte(fd) {
-        Ok(()) | Err(libc::EAGAIN) => Some(()),
+    match real::send_word(fd, name) {
+        Ok(()) => Some(true),
+        Err(libc::EAGAIN) => Some(false),
         Err(_) => None,
     }
 }
@@ -226,19 +236,21 @@ fn sender() -> Option<c_int> {
     }
 }
 
-/// Sends a wake-up to `target`; false if it cannot go (the caller rings the doorbell).
-/// A full socket (`EAGAIN`) is a sleeper with wake-ups unread: awake already.
-pub fn send(target: u32) -> bool {
+/// Sends a wake-up naming `name` (the channel that fired: a set with thousands of members
+/// looks only at those its wake-ups name) to `target`; false if it cannot go (the caller
+/// rings the doorbell, whose kernel event names the connection too). A full socket
+/// (`EAGAIN`) is a sleeper awake already, but the name would be lost: a doorbell then too.
+pub fn send(target: u32, name: u32) -> bool {
     let sent = (|| {
-        if send_cached(target) {
-            return Some(());
+        if let Some(sent) = send_cached(target, name) {
+            return sent.then_some(());
         }
         let path = path_of(wake_dir()?, target)?;
-        if connect_and_send(target, &path).is_some() {
-            return Some(());
+        if let Some(sent) = connect_and_send(target, &path, name) {
+            return sent.then_some(());
         }
-        match real::send_unix(sender()?, &path) {
-            Ok(()) | Err(libc::EAGAIN) => Some(()),
+        match real::send_unix(sender()?, &path, name) {
+            Ok(()) => Some(()),
             Err(e) => {
                 tracing::debug!(errno = e, ?path, "wake-up not sent: doorbell instead");
                 None

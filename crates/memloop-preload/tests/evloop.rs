@@ -5,6 +5,9 @@
 //! `MEMLOOP_LOG=debug`, where it must say `OK` again, must not die of a signal (a SIGSEGV is
 //! named as such), and its debug log must show every connection it made accepted on a ring
 //! (the program prints `rings N`), with no "stays on TCP", "panicked" or "ring error".
+//! Every preload run is made twice: with the scenario's small sets as they are (each wait looks
+//! at every member) and with every set *indexed* (`MEMLOOP_EPOLL_INDEX_AT=1`: members stay
+//! armed and a wait looks only at those its wake-ups name, as sets of thousands do).
 //! Racy scenarios run several times under the preload (seeds 1, 2, …).
 //!
 //! ```sh
@@ -52,10 +55,22 @@ struct Run {
     secs: f64,
 }
 
+/// How the preload's epoll sets run: looking at every member at each wait (sets under
+/// `MEMLOOP_EPOLL_INDEX_AT` members, the default for these scenarios' small sets), or only at
+/// the members their wake-ups name (every set, with the threshold at 1).
+#[derive(Clone, Copy, Debug)]
+enum Sets {
+    Plain,
+    Indexed,
+}
+
 /// One run of `scenario` (under the preload when `region` is given).
-fn run(scenario: &str, args: &[String], region: Option<&str>, limit: u64) -> Run {
+fn run(scenario: &str, args: &[String], region: Option<&str>, limit: u64, sets: Sets) -> Run {
     let scratch = Scratch::new("evloop", scenario);
     let mut cmd = env_prefix(limit, region);
+    if let Sets::Indexed = sets {
+        cmd.push("MEMLOOP_EPOLL_INDEX_AT=1".into());
+    }
     cmd.push(evtest().display().to_string());
     cmd.push(scenario.into());
     cmd.extend(args.iter().cloned());
@@ -130,11 +145,12 @@ fn report(what: &str, r: &Run, problems: &[String]) -> String {
     )
 }
 
-/// Kernel reference, then `repeat` preload runs (seeds 1..=repeat), `args` added to each.
+/// Kernel reference, then `repeat` preload runs (seeds 1..=repeat) with small sets looking at
+/// every member and as many with every set indexed, `args` added to each.
 fn check_with(scenario: &str, args: &[&str], repeat: u64, limit: u64) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let k = run(scenario, &args, None, limit);
+    let k = run(scenario, &args, None, limit, Sets::Plain);
     let p = problems(scenario, &k, false);
     assert!(
         p.is_empty(),
@@ -142,14 +158,18 @@ fn check_with(scenario: &str, args: &[&str], repeat: u64, limit: u64) {
         report(&format!("{scenario} on kernel TCP (the reference)"), &k, &p)
     );
     let t1 = Instant::now();
-    for seed in 1..=repeat {
-        let region = RegionGuard::new("evl", scenario, REGION_SIZE);
-        let mut a = args.clone();
-        a.extend(["--seed".to_string(), seed.to_string()]);
-        let r = run(scenario, &a, Some(&region.0), limit);
-        let p = problems(scenario, &r, true);
-        let what = format!("{scenario} under the preload (seed {seed}, run {seed} of {repeat})");
-        assert!(p.is_empty(), "{}", report(&what, &r, &p));
+    for sets in [Sets::Plain, Sets::Indexed] {
+        for seed in 1..=repeat {
+            let region = RegionGuard::new("evl", scenario, REGION_SIZE);
+            let mut a = args.clone();
+            a.extend(["--seed".to_string(), seed.to_string()]);
+            let r = run(scenario, &a, Some(&region.0), limit, sets);
+            let p = problems(scenario, &r, true);
+            let what = format!(
+                "{scenario} under the preload, {sets:?} sets (seed {seed}, run {seed} of {repeat})"
+            );
+            assert!(p.is_empty(), "{}", report(&what, &r, &p));
+        }
     }
     eprintln!(
         "{scenario}: kernel {:.2} s, preload {:.2} s ({repeat} run(s))",

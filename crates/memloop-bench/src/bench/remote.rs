@@ -19,7 +19,8 @@ pub struct ProbeArgs {
     /// The server (`memloop bench serve`): `host:port`, `unix:@name` or `memloop:NAME`.
     #[arg(long)]
     addr: String,
-    /// rr (request/response), stream (one way), crr (short connections).
+    /// rr (request/response), stream (one way), crr (short connections), fan (request/response
+    /// on --conns connections at once, epoll at both ends).
     #[arg(long, value_enum, default_value = "rr")]
     test: Test,
     /// Message size in bytes.
@@ -28,6 +29,9 @@ pub struct ProbeArgs {
     /// Seconds measured (after a warm-up of a fifth of that).
     #[arg(long, default_value_t = 1.0)]
     secs: f64,
+    /// fan: connections at once, each with one request in flight.
+    #[arg(long, default_value_t = 100)]
+    conns: usize,
     /// Connection attempts before giving up (one per 100 ms): the server may still be starting.
     #[arg(long, default_value_t = 50)]
     tries: u32,
@@ -52,6 +56,7 @@ pub fn probe(a: &ProbeArgs) -> CliResult<()> {
         warmup_s: a.secs / 5.0,
         dur_s: a.secs,
         sleep_us: 0,
+        conns: a.conns,
     };
     let r = run_when_listening(&req, &addr, a.tries);
     super::tcp::wire::leave_region();

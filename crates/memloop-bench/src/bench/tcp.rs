@@ -16,6 +16,7 @@
 //! The client measures and prints one JSON line per request; this driver only sends requests,
 //! collects replies and reports.
 
+pub mod fan;
 pub mod peer;
 pub(crate) mod procs;
 mod table;
@@ -175,6 +176,7 @@ impl Case {
             Test::Stream => "stream",
             Test::Crr => "crr",
             Test::SleepRr => "sleep-rr",
+            Test::Fan => "fan",
         };
         format!("{t} {}", fmt_size(self.size as u64))
     }
@@ -253,6 +255,7 @@ impl Config {
             warmup_s: self.warmup.min(dur).as_secs_f64(),
             dur_s: dur.as_secs_f64(),
             sleep_us: SLEEP_US,
+            conns: 0,
         }
     }
 
@@ -528,6 +531,7 @@ fn probe(p: &mut Path, cfg: &Config, bench_region: &str, far_region: &str) {
         warmup_s: 0.0,
         dur_s: 0.1,
         sleep_us: 0,
+        conns: 0,
     };
     let (_, client) = p.ends.as_mut().expect("probed paths are live");
     let r = client.ask(&req, timeout(cfg));
@@ -605,6 +609,7 @@ fn measure(p: &mut Path, case: &Case, cfg: &Config, dur: Duration) -> CliResult<
             Record::new("rr", path, size, table::TPS, rate),
         ],
         Test::SleepRr => vec![timed("sleep-rr", table::RTT)],
+        Test::Fan => vec![Record::new("fan", path, size, table::TPS, rate)],
         Test::Crr => {
             let mut cps = Record::new("crr", path, size, table::CPS, rate);
             cps.note = r.phases_p50_ns.map(|[c, x, e]| {

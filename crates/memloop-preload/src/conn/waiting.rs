@@ -150,7 +150,7 @@ impl Conn {
     pub(super) fn wake_peer_locked(&self, wake: u32, shared: bool) {
         let target = flag_target(wake);
         let mut doorbell = wake & WAIT_DOORBELL != 0;
-        if target != 0 && !crate::wake::send(target) {
+        if target != 0 && !crate::wake::send(target, self.ch.idx) {
             doorbell = true;
         }
         if doorbell {
@@ -428,7 +428,7 @@ impl Conn {
     /// holds, no other target armed on it). Returns whether the arm is a targeted one (its
     /// disarm must say so).
     pub fn arm_for(&self, dir: Dir, target: Option<u32>) -> bool {
-        let target = target.filter(|_| self.peer.same_kernel && !self.share.shared.load(Acquire));
+        let target = target.filter(|_| self.wakes_by_name());
         let mut targeted = false;
         self.with_flag(dir, |f| {
             let cleared = f.update(
@@ -445,6 +445,12 @@ impl Conn {
             self.owe_if(cleared);
         });
         targeted
+    }
+
+    /// Whether the peer can wake a target of ours directly (a datagram naming the channel)
+    /// rather than by a doorbell: a peer in our kernel, an end no other process holds.
+    pub fn wakes_by_name(&self) -> bool {
+        self.peer.same_kernel && !self.share.shared.load(Acquire)
     }
 
     /// Arms `dir` again for a waiter that already holds an arm: a doorbell the peer sent

@@ -24,7 +24,42 @@ pub(super) fn arm(it: &mut Item) {
         Target::Conn(_) => return,
         Target::Set(s) => drop(s.sleep_enter()),
     }
-    it.armed = true;
+    (it.armed, it.lasting) = (true, false);
+}
+
+/// Arms a large set's member for good before it goes quiet (`index`), or makes the arm a
+/// sleeper made lasting. Only where the peer wakes the set's socket, naming the channel: a
+/// doorbell arm that no sleeper counts could have its byte read by another thread before
+/// the set sees it. False if the item cannot be armed so.
+pub(super) fn arm_lasting(it: &mut Item) -> bool {
+    if it.disabled {
+        return true;
+    }
+    let Target::Conn(c) = &it.target else {
+        return false;
+    };
+    if it.wake == 0 || !c.wakes_by_name() || c.path() != Path::Ring {
+        return false;
+    }
+    let (r, w) = rules::wants(it.events);
+    if !it.armed {
+        it.targeted = [false; 2];
+        if r {
+            it.targeted[0] = c.arm_for(Dir::Read, Some(it.wake));
+        }
+        if w {
+            it.targeted[1] = c.arm_for(Dir::Write, Some(it.wake));
+        }
+        (it.armed, it.lasting) = (true, true);
+    } else {
+        if !it.lasting {
+            // A sleeper's arm: it stays, no longer counted as a sleeper on the connection.
+            c.leave_wait();
+            it.lasting = true;
+        }
+        rearm(it);
+    }
+    (!r || it.targeted[0]) && (!w || it.targeted[1])
 }
 
 pub(super) fn rearm(it: &mut Item) {
@@ -59,7 +94,9 @@ pub(super) fn disarm(it: &mut Item) -> bool {
                 woke |= c.disarm_for(Dir::Write, it.targeted[1]);
             }
             it.targeted = [false; 2];
-            c.leave_wait();
+            if !std::mem::take(&mut it.lasting) {
+                c.leave_wait();
+            }
             woke
         }
         Target::Set(s) => {

@@ -64,6 +64,8 @@ impl EpollSet {
             edge: Edge::default(),
             disabled: false,
             armed: false,
+            lasting: false,
+            seen: st.round(),
             kicked: false,
             hot: Cell::new(true),
             edges: 0,
@@ -76,6 +78,7 @@ impl EpollSet {
             arm(&mut it);
             kick_if_ready(epfd, id, &mut it);
         }
+        st.map_item(id, &it.target);
         st.items.insert(id, it);
         st.by_fd.insert(fd, id);
         self.targets.fetch_add(1, Release);
@@ -90,6 +93,7 @@ impl EpollSet {
         (events, data): (u32, u64),
     ) -> Result<(), c_int> {
         let sleeping = st.sleepers > 0;
+        st.look(id);
         let it = st.items.get_mut(&id).ok_or(libc::ENOENT)?;
         let (old_events, old_kicked) = (it.events, it.kicked);
         it.events = events;
@@ -135,6 +139,7 @@ impl EpollSet {
         if st.by_fd.get(&it.fd) == Some(&id) {
             st.by_fd.remove(&it.fd);
         }
+        st.unmap_item(id, &it.target);
         self.targets.fetch_sub(1, Release);
         Some(it)
     }
@@ -162,7 +167,10 @@ impl EpollSet {
             if !matches!(&it.target, Target::Conn(x) if Arc::ptr_eq(x, old)) {
                 return;
             }
-            it.target = Target::Conn(new.clone());
+            let (was, now) = (it.target.clone(), Target::Conn(new.clone()));
+            it.target = now.clone();
+            st.unmap_item(id, &was);
+            st.map_item(id, &now);
         }
         tracing::debug!(fd, "epoll item follows the late ring's connection");
         self.conn_path_changed(new);
@@ -180,10 +188,12 @@ impl EpollSet {
             return;
         };
         let sleeping = st.sleepers > 0;
-        let mine = |it: &Item| matches!(&it.target, Target::Conn(x) if std::ptr::eq(&**x, c));
-        for (id, it) in st.items.iter_mut().filter(|(_, it)| mine(it)) {
-            it.hot.set(true);
-            follow(epfd, *id, it, reg, sleeping);
+        for id in st.ids_of(c) {
+            st.look(id);
+            if let Some(it) = st.items.get_mut(&id) {
+                it.hot.set(true);
+                follow(epfd, id, it, reg, sleeping);
+            }
         }
     }
 
@@ -192,11 +202,17 @@ impl EpollSet {
     /// number no longer names it. With the last fd the registration goes.
     pub fn fd_closed(&self, fd: c_int, target: &Target, last: bool) {
         let mut st = self.st.lock();
-        let ids: Vec<u32> = st
-            .items
-            .iter()
-            .filter(|(_, it)| it.target.is(target) && (last || it.fd == fd))
-            .map(|(id, _)| *id)
+        let candidates = match target {
+            Target::Conn(c) => st.ids_of(c),
+            Target::Set(_) => st.items.keys().copied().collect(),
+        };
+        let ids: Vec<u32> = candidates
+            .into_iter()
+            .filter(|id| {
+                st.items
+                    .get(id)
+                    .is_some_and(|it| it.target.is(target) && (last || it.fd == fd))
+            })
             .collect();
         for id in ids {
             if last {
@@ -219,12 +235,13 @@ impl EpollSet {
     pub fn poke(&self, conn: &Arc<Conn>) {
         let epfd = self.fd();
         let mut st = self.st.lock();
-        if st.sleepers == 0 {
-            return;
-        }
-        let t = Target::Conn(conn.clone());
-        for (id, it) in st.items.iter_mut().filter(|(_, it)| it.target.is(&t)) {
-            kick_if_ready(epfd, *id, it);
+        let sleeping = st.sleepers > 0;
+        for id in st.ids_of(conn) {
+            // (A large set's quiet member: no wake-up will name it for this.)
+            st.look(id);
+            if let (Some(it), true) = (st.items.get_mut(&id), sleeping) {
+                kick_if_ready(epfd, id, it);
+            }
         }
     }
 
@@ -240,6 +257,9 @@ impl EpollSet {
     /// [`Self::drain_owed`] for the nested sets only (this set's own doorbells are read as
     /// their events come).
     pub(super) fn drain_nested_owed(&self) {
+        if self.st.lock().nested == 0 {
+            return;
+        }
         for t in self.targets() {
             if let Target::Set(s) = t {
                 s.drain_owed();
@@ -251,6 +271,15 @@ impl EpollSet {
     /// the kernel is asked whether this set is readable: an unread doorbell whose data was
     /// consumed would make it look readable with nothing to report.
     pub fn drain_owed(&self) {
+        {
+            // A large set's members stay armed: wake-ups for data the program has read
+            // since (without a wait on this set) would leave it readable with nothing to
+            // report. Their names are kept as looks.
+            let mut st = self.st.lock();
+            if st.indexed() {
+                st.drain_wake();
+            }
+        }
         for t in self.targets() {
             match t {
                 Target::Conn(c) => c.drain_owed(),

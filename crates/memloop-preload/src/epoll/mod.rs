@@ -22,12 +22,14 @@
 
 mod arming;
 mod ctl;
+mod index;
 mod kernel;
 mod lifecycle;
 mod rules;
 mod wait;
 
 use arming::*;
+pub use index::INDEX_AT;
 pub use lifecycle::{forget_inherited, hold_for_fork, is_old_tag, release_after_fork};
 use wait::*;
 
@@ -142,6 +144,11 @@ struct Item {
     disabled: bool,
     /// Armed for the sleepers of this set.
     armed: bool,
+    /// A large set's lasting arm (`index`): not counted as a sleeper on the connection, so
+    /// its doorbells are read as they come.
+    lasting: bool,
+    /// A large set's collection round when the item last reported or was named (`index`).
+    seen: u64,
     kicked: bool,
     /// `OffRing`: look at the socket again (an edge came, or the last look found something
     /// or a switch in flight); otherwise nothing changed since a look that found nothing.
@@ -222,6 +229,12 @@ struct State {
     /// The last sleeper out just read the wake socket: the kernel's report of it that the
     /// same wait returned needs no second read.
     wake_drained: bool,
+    /// Items by the index of their connection's channel (the name its wake-ups carry).
+    by_channel: HashMap<u32, Vec<u32>>,
+    /// Nested sets among the items.
+    nested: usize,
+    /// A large set's members to look at (`index`): the others are armed and quiet.
+    looks: Option<index::Looks>,
 }
 
 /// The item id of the set's wake socket's registration (never issued to an item).
@@ -232,11 +245,14 @@ impl State {
         self.wake.as_ref().map_or(0, |w| w.target())
     }
 
-    /// Reads the wake-ups queued for this set (before its members are looked at again).
-    fn drain_wake(&self) {
-        if let Some(w) = &self.wake {
-            w.drain();
+    /// Reads the wake-ups queued for this set (before its members are looked at again); a
+    /// large set looks at the members they name.
+    fn drain_wake(&mut self) {
+        let Some(w) = self.wake.clone() else { return };
+        if self.looks.is_none() {
+            return w.drain();
         }
+        w.drain_names(|name| self.named(name));
     }
 }
 

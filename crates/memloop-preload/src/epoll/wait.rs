@@ -15,7 +15,11 @@ impl EpollSet {
         st.sleepers += 1;
         st.wake_drained = false;
         let mut switching = Vec::new();
-        for it in st.items.values_mut() {
+        // (A large set's members outside its looks are armed already.)
+        for id in st.looked_at() {
+            let Some(it) = st.items.get_mut(&id) else {
+                continue;
+            };
             if it.armed {
                 rearm(it);
             } else {
@@ -37,11 +41,13 @@ impl EpollSet {
         let mut st = self.st.lock();
         st.sleepers = st.sleepers.saturating_sub(1);
         if st.sleepers == 0 {
-            let woke = st
-                .items
-                .values_mut()
-                .filter(|it| it.armed)
-                .fold(false, |woke, it| disarm(it) | woke);
+            // (A large set's quiet members keep their lasting arms: wake-ups name them.)
+            let mut woke = false;
+            for id in st.looked_at() {
+                if let Some(it) = st.items.get_mut(&id).filter(|it| it.armed && !it.lasting) {
+                    woke |= disarm(it);
+                }
+            }
             if woke {
                 st.drain_wake();
                 st.wake_drained = true;
@@ -101,6 +107,7 @@ impl EpollSet {
         crate::engine::ensure_heartbeat();
         if self.has_targets() {
             self.ensure_wake(epfd);
+            self.st.lock().update_mode();
         }
         let deadline = timeout.map(|t| Instant::now() + t);
         if !self.has_targets() {
@@ -143,53 +150,34 @@ impl EpollSet {
             return 0;
         }
         let mut st = self.st.lock();
-        let cursor = st.cursor;
-        let mut n = 0;
-        let mut last = None;
-        let mut owed: Vec<Arc<Conn>> = Vec::new();
-        let mut visit = |id: u32, it: &mut Item| {
-            if n == out.len() || it.disabled || reported.contains(&id) {
-                return;
-            }
-            let Some((rep, sig)) = it.readiness() else {
-                return;
+        let mut got = Got::default();
+        if st.indexed() {
+            collect_looks(&mut st, epfd, out, reported, &mut got);
+        } else {
+            let cursor = st.cursor;
+            let mut visit = |id: u32, it: &mut Item| {
+                if got.n < out.len() && !reported.contains(&id) {
+                    if let Some(e) = offer(epfd, id, it) {
+                        got.push(id, it, e, out, reported);
+                    }
+                }
             };
-            if rep == 0 {
-                it.edge.reset();
-                return;
+            // Ready members take turns: start after the one reported last.
+            for (id, it) in st.items.range_mut(cursor..) {
+                visit(*id, it);
             }
-            if it.events & ET != 0 && !it.edge.fire(sig) {
-                return;
+            for (id, it) in st.items.range_mut(..cursor) {
+                visit(*id, it);
             }
-            if it.events & ONESHOT != 0 {
-                disable(epfd, id, it);
-            }
-            out[n] = epoll_event {
-                events: rep,
-                u64: it.data,
-            };
-            if let Target::Conn(c) = &it.target {
-                owed.push(c.clone());
-            }
-            reported.push(id);
-            last = Some(id);
-            n += 1;
-        };
-        // Ready members take turns: start after the one reported last.
-        for (id, it) in st.items.range_mut(cursor..) {
-            visit(*id, it);
         }
-        for (id, it) in st.items.range_mut(..cursor) {
-            visit(*id, it);
-        }
-        if let Some(id) = last {
+        if let Some(id) = got.last {
             st.cursor = id.wrapping_add(1);
         }
         drop(st);
         // Doorbells for what we report are read now: left on the socket they would keep it
         // (and any set or poll watching this set) readable after the data is consumed.
-        owed.iter().for_each(|c| c.drain_owed());
-        n
+        got.owed.iter().for_each(|c| c.drain_owed());
+        got.n
     }
 
     /// Kernel events → program events: tagged ones are ours (doorbells, decisions, kicks,
@@ -246,9 +234,11 @@ impl EpollSet {
             if !st.wrapped && id >= st.next {
                 return Settled::NotOurs;
             }
-            let Some(it) = st.items.get_mut(&id) else {
+            if !st.items.contains_key(&id) {
                 return Settled::Ours(None); // removed meanwhile: a stale event
-            };
+            }
+            st.look(id);
+            let it = st.items.get_mut(&id).expect("just looked up");
             if it.kicked {
                 unkick(epfd, id, it);
             }
@@ -316,6 +306,7 @@ impl EpollSet {
             if let Some(reg) = Reg::following(now) {
                 it.hot.set(true);
                 super::ctl::follow(epfd, id, it, reg, sleeping);
+                st.look(id);
                 return None;
             }
         }
@@ -349,7 +340,14 @@ impl EpollSet {
     pub(super) fn watch_peers(&self) {
         for t in self.targets() {
             if let Target::Conn(c) = t {
-                c.watch_peer();
+                if !c.peer_closed() {
+                    c.watch_peer();
+                    if c.peer_closed() {
+                        // (Nothing names a quiet member whose peer vanished.)
+                        let mut st = self.st.lock();
+                        st.ids_of(&c).into_iter().for_each(|id| st.look(id));
+                    }
+                }
             }
         }
     }
@@ -390,13 +388,17 @@ impl EpollSet {
     /// readiness changes without anything the kernel reports, so sleeps stay short.
     pub fn in_flight(&self) -> bool {
         let st = self.st.lock();
-        st.items.values().any(|it| match &it.target {
-            Target::Conn(c) if it.reg == Reg::OffRing && !it.disabled => {
-                c.off_ring_sleep(rules::poll_events(it.events)).1
-            }
-            Target::Conn(_) => false,
-            Target::Set(s) => s.in_flight(),
-        })
+        // (A large set: connections off their ring never leave its looks.)
+        let ids = st.looked_at();
+        ids.iter()
+            .filter_map(|id| st.items.get(id))
+            .any(|it| match &it.target {
+                Target::Conn(c) if it.reg == Reg::OffRing && !it.disabled => {
+                    c.off_ring_sleep(rules::poll_events(it.events)).1
+                }
+                Target::Conn(_) => false,
+                Target::Set(s) => s.in_flight(),
+            })
     }
 }
 
@@ -599,4 +601,93 @@ pub(super) fn to_kernel_fd(epfd: c_int, mut it: Item, kernel_ev: u32) -> Option<
         events: rep,
         u64: it.data,
     })
+}
+
+/// What a collection found so far.
+#[derive(Default)]
+pub(super) struct Got {
+    n: usize,
+    last: Option<u32>,
+    owed: Vec<Arc<Conn>>,
+}
+
+impl Got {
+    fn push(
+        &mut self,
+        id: u32,
+        it: &Item,
+        e: epoll_event,
+        out: &mut [epoll_event],
+        reported: &mut Vec<u32>,
+    ) {
+        out[self.n] = e;
+        if let Target::Conn(c) = &it.target {
+            self.owed.push(c.clone());
+        }
+        reported.push(id);
+        self.last = Some(id);
+        self.n += 1;
+    }
+}
+
+/// The event item `id` reports now, if any (a one-shot fires, an edge is consumed).
+fn offer(epfd: c_int, id: u32, it: &mut Item) -> Option<epoll_event> {
+    if it.disabled {
+        return None;
+    }
+    let (rep, sig) = it.readiness()?;
+    if rep == 0 {
+        it.edge.reset();
+        return None;
+    }
+    if it.events & ET != 0 && !it.edge.fire(sig) {
+        return None;
+    }
+    if it.events & ONESHOT != 0 {
+        disable(epfd, id, it);
+    }
+    Some(epoll_event {
+        events: rep,
+        u64: it.data,
+    })
+}
+
+/// [`EpollSet::collect`] for a large set: only the looks. A look that finds nothing arms the
+/// item (or re-arms it: the wake-up that named it cleared its flag) and looks once more — a
+/// publication between the two is then seen now, one after it wakes the set — and only then
+/// lets it go quiet.
+fn collect_looks(
+    st: &mut State,
+    epfd: c_int,
+    out: &mut [epoll_event],
+    reported: &mut Vec<u32>,
+    got: &mut Got,
+) {
+    let mut quiet = Vec::new();
+    let ids = st.looks_in_turn();
+    let round = st.round();
+    for id in ids {
+        if got.n == out.len() {
+            break;
+        }
+        if reported.contains(&id) {
+            continue;
+        }
+        let Some(it) = st.items.get_mut(&id) else {
+            quiet.push(id);
+            continue;
+        };
+        let mut ev = offer(epfd, id, it);
+        if ev.is_none() && index::may_go_quiet(it, round) && arm_lasting(it) {
+            ev = offer(epfd, id, it);
+            if ev.is_none() {
+                quiet.push(id);
+            }
+        }
+        if let Some(e) = ev {
+            it.seen = round;
+            got.push(id, it, e, out, reported);
+        }
+    }
+    st.quiet(&quiet);
 }

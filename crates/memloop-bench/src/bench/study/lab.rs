@@ -335,6 +335,7 @@ impl Lab {
             warmup_s: warmup.as_secs_f64(),
             dur_s: dur.as_secs_f64(),
             sleep_us: 1000,
+            conns: 0,
         }
     }
 

@@ -91,6 +91,7 @@ pub fn serve(listener: &wire::Listener) -> ! {
         match op {
             // Short connections are served in line, as a simple server would.
             Ok((Op::Crr, _)) => report(wire::serve_crr(&mut c), "crr"),
+            Ok((Op::Fan, _)) => report(super::fan::adopt(c), "fan"),
             Ok((op, size)) => {
                 std::thread::spawn(move || {
                     let r = match op {
@@ -202,6 +203,7 @@ mod tests {
                 warmup_s: 0.005,
                 dur_s: 0.02,
                 sleep_us: 500,
+                conns: 0,
             };
             let r = req.run(&addr).unwrap();
             assert!(

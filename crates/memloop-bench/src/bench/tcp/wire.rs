@@ -28,6 +28,8 @@ pub enum Op {
     Rr = 1,
     Stream = 2,
     Crr = 3,
+    /// Echo, served by the server's one epoll thread with every other such connection.
+    Fan = 4,
 }
 
 pub fn header(op: Op, size: usize) -> [u8; HEADER] {
@@ -47,6 +49,7 @@ pub fn parse_header(h: &[u8; HEADER]) -> io::Result<(Op, usize)> {
         1 => Op::Rr,
         2 => Op::Stream,
         3 => Op::Crr,
+        4 => Op::Fan,
         n => return Err(invalid(format!("unknown op {n}"))),
     };
     let size = u64::from_le_bytes(h[8..].try_into().expect("8 bytes"));
@@ -224,6 +227,16 @@ impl Conn {
         }
     }
 
+    /// The socket (not for native streams, which have none).
+    pub fn as_raw_fd(&self) -> io::Result<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        match self {
+            Conn::Tcp(s) => Ok(s.as_raw_fd()),
+            Conn::Unix(s) => Ok(s.as_raw_fd()),
+            Conn::Native(_) => Err(invalid("a native stream has no socket".into())),
+        }
+    }
+
     pub fn set_nodelay(&self) -> io::Result<()> {
         match self {
             Conn::Tcp(s) => s.set_nodelay(true),
@@ -360,6 +373,9 @@ pub enum Test {
     Crr,
     /// Request/response with a pause between requests (the far end falls asleep).
     SleepRr,
+    /// Request/response on `conns` connections at once, one request in flight on each,
+    /// multiplexed with epoll at both ends.
+    Fan,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug)]
@@ -371,6 +387,9 @@ pub struct Request {
     /// Pause between requests (SleepRr), µs.
     #[serde(default)]
     pub sleep_us: u64,
+    /// Connections at once (Fan).
+    #[serde(default)]
+    pub conns: usize,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]
@@ -406,6 +425,15 @@ impl Request {
             ),
             Test::Stream => stream(addr, self.size, warmup, dur),
             Test::Crr => crr(addr, warmup, dur),
+            Test::Fan => {
+                let connect = || addr.connect(true);
+                let (count, secs) = super::fan::run(connect, self.size, self.conns, warmup, dur)?;
+                Ok(Reply {
+                    count,
+                    elapsed_s: secs,
+                    ..Reply::default()
+                })
+            }
         }
     }
 }

@@ -1,0 +1,194 @@
+//! Large sets: a wait that costs O(members that may be ready), not O(members).
+//!
+//! A small set arms every ring member when a thread sleeps and looks at all of them at every
+//! call — a few cache lines each, nothing beside a system call. With thousands of members
+//! that is milliseconds per call. A set with [`INDEX_AT`] or more ring members (and a wake
+//! socket) keeps a list of members to look at, its *looks*; every other member is armed and
+//! stays armed, so the peer's next publication sends a wake-up naming the channel (or a
+//! doorbell, which the kernel reports under the member's own registration). A member joins the
+//! looks when a wake-up or a kernel event names it, when the program adds or modifies it, or
+//! when it changes path; it leaves them when it has had nothing to report for
+//! [`QUIET_ROUNDS`] collections and a look made after arming it finds nothing either. (Busy
+//! members thus stay in the looks unarmed, and their peers publish without a wake-up: going
+//! quiet at the first empty look costs every request a datagram, half the rate of a busy
+//! set.) Members that are not plain ring connections (nested sets, connections off their
+//! ring) never leave. Once a second every member is looked at, in case a wake-up went
+//! astray.
+
+use super::*;
+use std::collections::BTreeSet;
+
+/// Ring members from which a set keeps looks by default (armed, quiet members cost the peer a
+/// wake-up per first publication after each look: small sets spin on all members instead);
+/// `MEMLOOP_EPOLL_INDEX_AT` sets another.
+pub const INDEX_AT: usize = 64;
+
+/// The threshold in force, and the size under which a set goes back to looking at all its
+/// members (half of it: no flapping around one size).
+fn thresholds() -> (usize, usize) {
+    let at = crate::engine::get().map_or(INDEX_AT, |e| e.cfg.epoll_index_at);
+    (at, at / 2)
+}
+/// How often every member of a large set is looked at all the same.
+const FULL_LOOK: Duration = Duration::from_secs(1);
+/// Collections a member of the looks may find nothing before it goes quiet.
+pub(super) const QUIET_ROUNDS: u64 = 64;
+
+pub(super) struct Looks {
+    ids: BTreeSet<u32>,
+    full_at: Instant,
+    /// Collections so far.
+    round: u64,
+}
+
+impl State {
+    /// Whether the set keeps looks.
+    pub(super) fn indexed(&self) -> bool {
+        self.looks.is_some()
+    }
+
+    /// Item `id` may be ready: the next collection looks at it.
+    pub(super) fn look(&mut self, id: u32) {
+        if let Some(l) = &mut self.looks {
+            l.ids.insert(id);
+            if let Some(it) = self.items.get_mut(&id) {
+                it.seen = l.round;
+            }
+        }
+    }
+
+    /// The current collection round (0 for a small set).
+    pub(super) fn round(&self) -> u64 {
+        self.looks.as_ref().map_or(0, |l| l.round)
+    }
+
+    /// Every item is looked at by the next collection.
+    fn look_all(&mut self) {
+        let ids: BTreeSet<u32> = self.items.keys().copied().collect();
+        if let Some(l) = &mut self.looks {
+            l.ids = ids;
+            l.full_at = Instant::now() + FULL_LOOK;
+        }
+    }
+
+    /// A wake-up read from the set's socket: the items of the channel it names are looked
+    /// at (one without a name: all of them).
+    pub(super) fn named(&mut self, name: Option<u32>) {
+        let Some(ch) = name else {
+            return self.look_all();
+        };
+        for id in self.by_channel.get(&ch).cloned().unwrap_or_default() {
+            self.look(id);
+        }
+    }
+
+    /// Starts or stops keeping looks as the set grows or shrinks. Called with the set's lock
+    /// at the start of a wait.
+    pub(super) fn update_mode(&mut self) {
+        let members = self.items.len() - self.nested;
+        let (index_at, plain_below) = thresholds();
+        match &self.looks {
+            None if members >= index_at && self.wake.is_some() => {
+                // Every member looked at once: each one found quiet is armed as it leaves.
+                self.looks = Some(Looks {
+                    ids: BTreeSet::new(),
+                    full_at: Instant::now(),
+                    round: 0,
+                });
+                self.look_all();
+            }
+            Some(_) if members < plain_below && self.sleepers == 0 => {
+                // Small again: armed only while someone sleeps, as a small set is.
+                self.looks = None;
+                for it in self.items.values_mut().filter(|it| it.armed) {
+                    disarm(it);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The ids a collection visits, starting after the one reported last: the looks (all
+    /// members once a second).
+    pub(super) fn looks_in_turn(&mut self) -> Vec<u32> {
+        if self
+            .looks
+            .as_ref()
+            .is_some_and(|l| Instant::now() >= l.full_at)
+        {
+            self.look_all();
+        }
+        let Some(l) = &mut self.looks else {
+            return Vec::new();
+        };
+        l.round += 1;
+        let c = self.cursor;
+        l.ids.range(c..).chain(l.ids.range(..c)).copied().collect()
+    }
+
+    /// The items that may be ready without a wake-up naming them: the looks of a large set,
+    /// every item of a small one.
+    pub(super) fn looked_at(&self) -> Vec<u32> {
+        match &self.looks {
+            Some(l) => l.ids.iter().copied().collect(),
+            None => self.items.keys().copied().collect(),
+        }
+    }
+
+    /// Items found quiet (armed) leave the looks.
+    pub(super) fn quiet(&mut self, ids: &[u32]) {
+        if let Some(l) = &mut self.looks {
+            ids.iter().for_each(|id| {
+                l.ids.remove(id);
+            });
+        }
+    }
+
+    /// Notes a new item (or one whose target changed) under its channel.
+    pub(super) fn map_item(&mut self, id: u32, target: &Target) {
+        match target {
+            Target::Conn(c) => self.by_channel.entry(c.ch.idx).or_default().push(id),
+            Target::Set(_) => self.nested += 1,
+        }
+        self.look(id);
+    }
+
+    /// Forgets an item removed (or whose target is about to change).
+    pub(super) fn unmap_item(&mut self, id: u32, target: &Target) {
+        match target {
+            Target::Conn(c) => {
+                if let Some(ids) = self.by_channel.get_mut(&c.ch.idx) {
+                    ids.retain(|&i| i != id);
+                    if ids.is_empty() {
+                        self.by_channel.remove(&c.ch.idx);
+                    }
+                }
+            }
+            Target::Set(_) => self.nested = self.nested.saturating_sub(1),
+        }
+        if let Some(l) = &mut self.looks {
+            l.ids.remove(&id);
+        }
+    }
+
+    /// The ids of the items watching connection `c`.
+    pub(super) fn ids_of(&self, c: &Conn) -> Vec<u32> {
+        let mine = |id: &&u32| {
+            self.items
+                .get(id)
+                .is_some_and(|it| matches!(&it.target, Target::Conn(x) if std::ptr::eq(&**x, c)))
+        };
+        self.by_channel
+            .get(&c.ch.idx)
+            .map_or_else(Vec::new, |ids| ids.iter().filter(mine).copied().collect())
+    }
+}
+
+/// Whether an item that reports nothing in collection `round` may leave the looks once armed:
+/// a fired one-shot (quiet until the program modifies it), or a ring connection on its ring
+/// (its peer's publications wake the set) that has been quiet for a while.
+pub(super) fn may_go_quiet(it: &Item, round: u64) -> bool {
+    it.disabled
+        || (round.saturating_sub(it.seen) >= QUIET_ROUNDS
+            && matches!(&it.target, Target::Conn(c) if it.reg == Reg::Ring && c.path() == Path::Ring))
+}
