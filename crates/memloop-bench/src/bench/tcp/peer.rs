@@ -187,6 +187,7 @@ mod tests {
                 Op::Crr => wire::serve_crr(&mut c).unwrap(),
                 Op::Stream => wire::serve_stream(&mut c, size).unwrap(),
                 Op::Rr => wire::serve_rr(&mut c, size).unwrap(),
+                Op::Fan => super::super::fan::adopt(c).unwrap(),
             });
         });
         for (test, size) in [
@@ -196,6 +197,7 @@ mod tests {
             (Test::Stream, 65536),
             (Test::Crr, 1),
             (Test::SleepRr, 64),
+            (Test::Fan, 64),
         ] {
             let req = Request {
                 test,
@@ -203,7 +205,7 @@ mod tests {
                 warmup_s: 0.005,
                 dur_s: 0.02,
                 sleep_us: 500,
-                conns: 0,
+                conns: 50,
             };
             let r = req.run(&addr).unwrap();
             assert!(
