@@ -140,9 +140,10 @@ impl WakeSocket {
     }
 
     /// [`Self::drain`], giving `each` every wake-up's name (`None`: a wake-up without one).
-    pub fn drain_names(&self, each: impl FnMut(Option<u32>)) {
-        if self.alive() {
-            real::drain_words(self.fd, each);
+    pub fn drain_names(&self, each: impl FnMut(Option<u32>)) -> usize {
+        match self.alive() {
+            true => real::drain_words(self.fd, each),
+            false => 0,
         }
     }
 }

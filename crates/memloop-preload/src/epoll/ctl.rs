@@ -65,7 +65,7 @@ impl EpollSet {
             disabled: false,
             armed: false,
             lasting: false,
-            seen: st.round(),
+            seen: index::now_ms(),
             kicked: false,
             hot: Cell::new(true),
             edges: 0,

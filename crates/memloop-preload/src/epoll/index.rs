@@ -7,11 +7,14 @@
 //! stays armed, so the peer's next publication sends a wake-up naming the channel (or a
 //! doorbell, which the kernel reports under the member's own registration). A member joins the
 //! looks when a wake-up or a kernel event names it, when the program adds or modifies it, or
-//! when it changes path; it leaves them when it has had nothing to report for
-//! [`QUIET_ROUNDS`] collections and a look made after arming it finds nothing either. (Busy
-//! members thus stay in the looks unarmed, and their peers publish without a wake-up: going
-//! quiet at the first empty look costs every request a datagram, half the rate of a busy
-//! set.) Members that are not plain ring connections (nested sets, connections off their
+//! when it changes path; it leaves them when it has had nothing to report for a while (¼ s)
+//! and a look made after arming it finds nothing either. Busy members thus stay in the looks
+//! unarmed, and their peers publish without a wake-up: going quiet at the first empty look
+//! costs every request a datagram — half the rate of a busy set — and the kernel queues only
+//! `net.unix.max_dgram_qlen` datagrams (10 by default), beyond which a wake-up becomes a TCP
+//! doorbell. A set whose wake-ups crowd (a drain that finds the queue nearly full, or a
+//! doorbell for a quiet member) lets its members stay longer, up to the second between full
+//! looks; a set that is calm again shortens it. Members that are not plain ring connections (nested sets, connections off their
 //! ring) never leave. Once a second every member is looked at, in case a wake-up went
 //! astray.
 
@@ -31,14 +34,27 @@ fn thresholds() -> (usize, usize) {
 }
 /// How often every member of a large set is looked at all the same.
 const FULL_LOOK: Duration = Duration::from_secs(1);
-/// Collections a member of the looks may find nothing before it goes quiet.
-pub(super) const QUIET_ROUNDS: u64 = 64;
+/// How long a member of the looks may have nothing to report before it goes quiet: at first,
+/// at least and at most (ms). (A full look does not count as a member's activity: idle
+/// members it finds go quiet again at once.)
+const QUIET_MS: (u64, u64, u64) = (250, 20, 1000);
+/// Wake-ups read in one drain that say the queue was nearly full (the kernel's default
+/// limit is 10).
+const CROWDED_DRAIN: usize = 8;
+
+/// Milliseconds on a clock of the process's own (the time items were last seen ready).
+pub(super) fn now_ms() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
 
 pub(super) struct Looks {
-    ids: BTreeSet<u32>,
+    pub(super) ids: BTreeSet<u32>,
     full_at: Instant,
-    /// Collections so far.
-    round: u64,
+    /// How long a member may have nothing to report before it goes quiet (ms).
+    pub(super) quiet_ms: u64,
+    /// Wake-ups crowded since the last full look.
+    crowded: bool,
 }
 
 impl State {
@@ -52,22 +68,36 @@ impl State {
         if let Some(l) = &mut self.looks {
             l.ids.insert(id);
             if let Some(it) = self.items.get_mut(&id) {
-                it.seen = l.round;
+                it.seen = now_ms();
             }
         }
     }
 
-    /// The current collection round (0 for a small set).
-    pub(super) fn round(&self) -> u64 {
-        self.looks.as_ref().map_or(0, |l| l.round)
-    }
-
-    /// Every item is looked at by the next collection.
+    /// Every item is looked at by the next collection; members stay longer before they go
+    /// quiet if wake-ups crowded meanwhile, less long if not.
     fn look_all(&mut self) {
         let ids: BTreeSet<u32> = self.items.keys().copied().collect();
         if let Some(l) = &mut self.looks {
             l.ids = ids;
             l.full_at = Instant::now() + FULL_LOOK;
+            l.quiet_ms = match std::mem::take(&mut l.crowded) {
+                true => (l.quiet_ms * 4).min(QUIET_MS.2),
+                false => (l.quiet_ms / 2).max(QUIET_MS.1),
+            };
+        }
+    }
+
+    /// Wake-ups crowd: see [`Self::look_all`].
+    pub(super) fn crowded(&mut self) {
+        if let Some(l) = &mut self.looks {
+            l.crowded = true;
+        }
+    }
+
+    /// A drain of the wake socket read `n` wake-ups.
+    pub(super) fn drained(&mut self, n: usize) {
+        if n >= CROWDED_DRAIN {
+            self.crowded();
         }
     }
 
@@ -93,7 +123,8 @@ impl State {
                 self.looks = Some(Looks {
                     ids: BTreeSet::new(),
                     full_at: Instant::now(),
-                    round: 0,
+                    quiet_ms: QUIET_MS.0,
+                    crowded: false,
                 });
                 self.look_all();
             }
@@ -108,9 +139,9 @@ impl State {
         }
     }
 
-    /// The ids a collection visits, starting after the one reported last: the looks (all
-    /// members once a second).
-    pub(super) fn looks_in_turn(&mut self) -> Vec<u32> {
+    /// Starts a collection of the looks (all members once a second); the time, in
+    /// [`now_ms`].
+    pub(super) fn begin_round(&mut self) -> u64 {
         if self
             .looks
             .as_ref()
@@ -118,12 +149,12 @@ impl State {
         {
             self.look_all();
         }
-        let Some(l) = &mut self.looks else {
-            return Vec::new();
-        };
-        l.round += 1;
-        let c = self.cursor;
-        l.ids.range(c..).chain(l.ids.range(..c)).copied().collect()
+        now_ms()
+    }
+
+    /// How long a member may have nothing to report before it goes quiet (ms).
+    pub(super) fn quiet_ms(&self) -> u64 {
+        self.looks.as_ref().map_or(QUIET_MS.0, |l| l.quiet_ms)
     }
 
     /// The items that may be ready without a wake-up naming them: the looks of a large set,
@@ -184,11 +215,11 @@ impl State {
     }
 }
 
-/// Whether an item that reports nothing in collection `round` may leave the looks once armed:
-/// a fired one-shot (quiet until the program modifies it), or a ring connection on its ring
-/// (its peer's publications wake the set) that has been quiet for a while.
-pub(super) fn may_go_quiet(it: &Item, round: u64) -> bool {
+/// Whether an item that reports nothing at `now` ([`now_ms`]) may leave the looks once
+/// armed: a fired one-shot (quiet until the program modifies it), or a ring connection on its
+/// ring (its peer's publications wake the set) that has been quiet for a while.
+pub(super) fn may_go_quiet(it: &Item, now: u64, quiet_ms: u64) -> bool {
     it.disabled
-        || (round.saturating_sub(it.seen) >= QUIET_ROUNDS
+        || (now.saturating_sub(it.seen) >= quiet_ms
             && matches!(&it.target, Target::Conn(c) if it.reg == Reg::Ring && c.path() == Path::Ring))
 }

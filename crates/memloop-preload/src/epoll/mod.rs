@@ -147,7 +147,7 @@ struct Item {
     /// A large set's lasting arm (`index`): not counted as a sleeper on the connection, so
     /// its doorbells are read as they come.
     lasting: bool,
-    /// A large set's collection round when the item last reported or was named (`index`).
+    /// When the item last reported or was named, in `index::now_ms` (large sets).
     seen: u64,
     kicked: bool,
     /// `OffRing`: look at the socket again (an edge came, or the last look found something
@@ -164,11 +164,23 @@ struct Item {
 impl Item {
     /// The bits this item reports now and its edge signature; `None` if the kernel decides.
     fn readiness(&self) -> Option<(u32, (u64, u64, u32))> {
+        self.readiness_with(true)
+    }
+
+    /// [`Self::readiness`]; the signature of a ring connection only if `sig` (or its
+    /// interest is edge-triggered): the stream positions behind it cost two more looks at
+    /// lines the peer writes.
+    fn readiness_with(&self, sig: bool) -> Option<(u32, (u64, u64, u32))> {
         match &self.target {
             Target::Conn(c) if self.reg == Reg::OffRing => Some(self.off_ring(c)),
             Target::Conn(c) if c.path() == Path::Ring => {
-                let rep = rules::report(rules::poll_to_epoll(c.revents()), self.events);
-                Some((rep, rules::edge_signature(self.events, c.progress(), rep)))
+                let revents = c.revents_for(self.events & OUT != 0);
+                let rep = rules::report(rules::poll_to_epoll(revents), self.events);
+                let progress = match sig || self.events & ET != 0 {
+                    true => c.progress(),
+                    false => (0, 0, false),
+                };
+                Some((rep, rules::edge_signature(self.events, progress, rep)))
             }
             Target::Conn(_) => None,
             Target::Set(s) => {
@@ -199,7 +211,7 @@ impl Item {
         if self.disabled {
             return false;
         }
-        match self.readiness() {
+        match self.readiness_with(false) {
             Some((rep, sig)) if rep != 0 => self.events & ET == 0 || self.edge.would_fire(sig),
             _ => false,
         }
@@ -252,7 +264,8 @@ impl State {
         if self.looks.is_none() {
             return w.drain();
         }
-        w.drain_names(|name| self.named(name));
+        let n = w.drain_names(|name| self.named(name));
+        self.drained(n);
     }
 }
 

@@ -144,7 +144,7 @@ impl EpollSet {
         &self,
         epfd: c_int,
         out: &mut [epoll_event],
-        reported: &mut Vec<u32>,
+        reported: &mut Reported,
     ) -> usize {
         if out.is_empty() {
             return 0;
@@ -187,7 +187,7 @@ impl EpollSet {
         epfd: c_int,
         got: &[epoll_event],
         out: &mut [epoll_event],
-        reported: &mut Vec<u32>,
+        reported: &mut Reported,
     ) -> usize {
         let mut n = 0;
         for ev in got {
@@ -204,7 +204,7 @@ impl EpollSet {
         &self,
         epfd: c_int,
         ev: epoll_event,
-        reported: &mut Vec<u32>,
+        reported: &mut Reported,
     ) -> Option<epoll_event> {
         let Some(id) = kernel::untag(ev.u64) else {
             return Some(ev);
@@ -236,6 +236,10 @@ impl EpollSet {
             }
             if !st.items.contains_key(&id) {
                 return Settled::Ours(None); // removed meanwhile: a stale event
+            }
+            if st.items[&id].lasting && st.items[&id].reg == Reg::Ring {
+                // (A quiet member's doorbell: most likely a wake-up that found the queue full.)
+                st.crowded();
             }
             st.look(id);
             let it = st.items.get_mut(&id).expect("just looked up");
@@ -434,7 +438,7 @@ impl Waiter<'_> {
             Err(e) => return Some(Err(e)),
         };
         let mut kept = 0;
-        let mut reported = Vec::new();
+        let mut reported = Reported::default();
         for i in 0..n {
             if let Some(e) = self.set.translate_one(self.epfd, out[i], &mut reported) {
                 out[kept] = e;
@@ -494,7 +498,7 @@ impl Waiter<'_> {
                 got = if i % 32 == 0 {
                     self.harvest(out, tmp).unwrap_or(0)
                 } else {
-                    self.set.collect(self.epfd, out, &mut Vec::new())
+                    self.set.collect(self.epfd, out, &mut Reported::default())
                 };
                 got > 0
             },
@@ -512,7 +516,7 @@ impl Waiter<'_> {
         tmp: &mut [epoll_event],
     ) -> Result<usize, c_int> {
         let set = self.set;
-        let mut reported = Vec::new();
+        let mut reported = Reported::default();
         let kernel_turn = set.calls.fetch_add(1, Relaxed) % KERNEL_EVERY == 0;
         if !kernel_turn {
             let n = set.collect(self.epfd, out, &mut reported);
@@ -541,7 +545,7 @@ impl Waiter<'_> {
         left: Duration,
     ) -> Result<usize, c_int> {
         let set = self.set;
-        let mut reported = Vec::new();
+        let mut reported = Reported::default();
         let switching = set.sleep_enter();
         let n = set.collect(self.epfd, out, &mut reported);
         // A switch asked of an armed member: dealt with now (never waiting for the peer), and
@@ -618,7 +622,7 @@ impl Got {
         it: &Item,
         e: epoll_event,
         out: &mut [epoll_event],
-        reported: &mut Vec<u32>,
+        reported: &mut Reported,
     ) {
         out[self.n] = e;
         if let Target::Conn(c) = &it.target {
@@ -635,7 +639,7 @@ fn offer(epfd: c_int, id: u32, it: &mut Item) -> Option<epoll_event> {
     if it.disabled {
         return None;
     }
-    let (rep, sig) = it.readiness()?;
+    let (rep, sig) = it.readiness_with(false)?;
     if rep == 0 {
         it.edge.reset();
         return None;
@@ -660,34 +664,66 @@ fn collect_looks(
     st: &mut State,
     epfd: c_int,
     out: &mut [epoll_event],
-    reported: &mut Vec<u32>,
+    reported: &mut Reported,
     got: &mut Got,
 ) {
     let mut quiet = Vec::new();
-    let ids = st.looks_in_turn();
-    let round = st.round();
-    for id in ids {
+    let now = st.begin_round();
+    let quiet_ms = st.quiet_ms();
+    let cursor = st.cursor;
+    let State { items, looks, .. } = &mut *st;
+    let Some(l) = looks.as_ref() else { return };
+    // Ready members take turns: from after the one reported last, until `out` is full.
+    for &id in l.ids.range(cursor..).chain(l.ids.range(..cursor)) {
         if got.n == out.len() {
             break;
         }
         if reported.contains(&id) {
             continue;
         }
-        let Some(it) = st.items.get_mut(&id) else {
+        let Some(it) = items.get_mut(&id) else {
             quiet.push(id);
             continue;
         };
         let mut ev = offer(epfd, id, it);
-        if ev.is_none() && index::may_go_quiet(it, round) && arm_lasting(it) {
+        if ev.is_none() && index::may_go_quiet(it, now, quiet_ms) && arm_lasting(it) {
             ev = offer(epfd, id, it);
             if ev.is_none() {
                 quiet.push(id);
             }
         }
         if let Some(e) = ev {
-            it.seen = round;
+            it.seen = now;
             got.push(id, it, e, out, reported);
         }
     }
     st.quiet(&quiet);
+}
+
+/// The items one call reported already: each is reported once per call, as by the kernel.
+/// (A list while short; a set once a call reports many — a busy set of thousands reports
+/// up to a thousand per call.)
+#[derive(Default)]
+pub(super) struct Reported {
+    few: Vec<u32>,
+    many: std::collections::HashSet<u32>,
+}
+
+impl Reported {
+    const FEW: usize = 32;
+
+    pub(super) fn contains(&self, id: &u32) -> bool {
+        match self.many.is_empty() {
+            true => self.few.contains(id),
+            false => self.many.contains(id),
+        }
+    }
+
+    pub(super) fn push(&mut self, id: u32) {
+        if self.many.is_empty() && self.few.len() < Self::FEW {
+            return self.few.push(id);
+        }
+        self.many.extend(self.few.drain(..));
+        self.many.insert(id);
+    }
 }

@@ -31,7 +31,7 @@ pub const SEEDS: (u32, &str, &str) = (
      in the setting.",
 );
 
-pub const ALL: [Exp; 10] = [
+pub const ALL: [Exp; 11] = [
     Exp {
         id: 1,
         slug: "sizes",
@@ -122,6 +122,20 @@ pub const ALL: [Exp; 10] = [
         steps: |_| Kind::MAIN.len() as u64,
         run: exp11,
         figures: fig11,
+    },
+    Exp {
+        id: 12,
+        slug: "concurrency",
+        title: "Concurrent connections",
+        about: "One client process in domain 1 holds N connections at once to a server in \
+                domain 0, one 64-byte request in flight on each, epoll at both ends (the \
+                server serves them all from one epoll thread, as an event-loop server does). \
+                Aggregate transactions/s per path, and on memloop the share of the N \
+                connections on a ring (the most ring channels live in the region during the \
+                run, over N). Ends pinned as usual.",
+        steps: |l| (fan_counts(l).len() * FAN_KINDS.len()) as u64,
+        run: exp12,
+        figures: fig12,
     },
     Exp {
         id: 8,
@@ -885,6 +899,108 @@ fn fig11(r: &[Rec]) -> Vec<Figure> {
         |x| x.variant.clone().unwrap_or_default(),
         |x| x.path.clone(),
     )]
+}
+
+// ---------------------------------------------------------------------------------------------
+// 12: concurrent connections.
+
+const FAN_KINDS: [Kind; 2] = [Kind::Memloop, Kind::Veth];
+
+fn fan_counts(l: &Lab) -> Vec<usize> {
+    match l.quick {
+        true => vec![1, 100, 1000],
+        false => vec![1, 100, 1000, 10_000],
+    }
+}
+
+fn exp12(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
+    let counts = fan_counts(l);
+    for kind in FAN_KINDS {
+        let Some(mut p) = start(l, kind, &Opts::default())? else {
+            bar.inc(counts.len() as u64);
+            continue;
+        };
+        for &n in &counts {
+            bar.set_message(format!("12. {n} connections over {}", kind.name()));
+            let mut req = l.request(Test::Fan, 64, l.dur.max(Duration::from_secs(1)), l.warmup);
+            req.conns = n;
+            let watch = (kind == Kind::Memloop).then(|| RingWatch::start(&l.near));
+            // (Setting up 10 000 connections takes a few seconds on either path.)
+            let r = super::lab::measure_req(&mut p, &req, Duration::from_secs(120));
+            let on_ring = watch.map(RingWatch::most);
+            match r {
+                Ok(m) => {
+                    let conns = format!("{n} conns");
+                    let rate = m.rate();
+                    let rec = Rec::new(12, "fan", kind.name(), 64, "transactions/s", rate);
+                    out.push(rec.variant(conns.clone()));
+                    if let Some(live) = on_ring {
+                        let share = (live.min(n) as f64 / n as f64) * 100.0;
+                        let rec = Rec::new(12, "on-ring", kind.name(), 64, "% of N", share);
+                        out.push(rec.variant(conns));
+                    }
+                }
+                Err(e) if kind == Kind::Memloop => l
+                    .notes
+                    .push(("memloop", format!("experiment 12, {n} connections: {e}"))),
+                Err(e) => return Err(e),
+            }
+            bar.inc(1);
+        }
+    }
+    Ok(())
+}
+
+/// Samples the number of live ring channels in a region until asked for the most seen.
+struct RingWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    t: std::thread::JoinHandle<usize>,
+}
+
+impl RingWatch {
+    fn start(region: &str) -> RingWatch {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s, name) = (stop.clone(), region.to_owned());
+        let t = std::thread::spawn(move || {
+            let Ok(r) = Region::open(&RegionSpec::parse(&name)) else {
+                return 0;
+            };
+            let mut most = 0;
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(r.registry().channels().len());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            most
+        });
+        RingWatch { stop, t }
+    }
+
+    fn most(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.t.join().unwrap_or(0)
+    }
+}
+
+fn fig12(r: &[Rec]) -> Vec<Figure> {
+    let per_n = |x: &Rec| x.variant.clone().unwrap_or_default();
+    vec![
+        bars(
+            "12. Aggregate 64-byte transactions/s, N connections at once (epoll)",
+            "transactions/s",
+            r,
+            |x| x.test == "fan",
+            per_n,
+            |x| x.path.clone(),
+        ),
+        bars(
+            "12. Share of the connections on a ring (memloop)",
+            "% of N",
+            r,
+            |x| x.test == "on-ring",
+            per_n,
+            |x| x.path.clone(),
+        ),
+    ]
 }
 
 fn exp2(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {

@@ -197,21 +197,44 @@ pub fn run(
     }
     let mut rx = vec![0u8; conns * size];
     let mut evs = vec![libc::epoll_event { events: 0, u64: 0 }; 1024];
-    let start = Instant::now();
-    let (from, end) = (start + warmup, start + warmup + dur);
+    // The clock starts once every connection has had a reply: the server may still be
+    // accepting the last ones well after their connects returned.
+    let mut primed = 0;
+    let give_up = Instant::now() + Duration::from_secs(60);
+    let mut start = None;
     let mut count = 0u64;
-    while Instant::now() < end {
+    loop {
+        let now = Instant::now();
+        let t0 = match start {
+            Some(t0) if now >= t0 + warmup + dur => break,
+            Some(t0) => t0,
+            None if now >= give_up => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("{primed} of {conns} connections answered within 60 s"),
+                ))
+            }
+            None => now + warmup + dur,
+        };
         // SAFETY: `evs` holds room for its length.
         let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), evs.len() as i32, 100) };
-        let counting = Instant::now() >= from;
+        let counting = Instant::now() >= t0 + warmup;
         for ev in &evs[..n.max(0) as usize] {
             let i = ev.u64 as usize;
+            let first = fl[i].seq == 0;
             let done = take_replies(&mut fl[i], &mut rx[i * size..(i + 1) * size], &mut tx)?;
             if counting {
                 count += done;
             }
+            if first && done > 0 {
+                primed += 1;
+                if primed == conns {
+                    start = Some(Instant::now());
+                }
+            }
         }
     }
+    let from = start.map_or_else(Instant::now, |t0| t0 + warmup);
     let secs = Instant::now().duration_since(from).as_secs_f64();
     // SAFETY: our own epoll fd.
     unsafe { libc::close(ep) };
