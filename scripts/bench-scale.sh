@@ -5,7 +5,9 @@
 #   - resident memory of the region file (its allocated blocks) per idle connection, from the
 #     10,000 held open (and back after they close and two sweeps give the memory back);
 #   - one busy connection streaming 64 KB messages (`--test stream --size 65536`) with elastic
-#     windows (16 KiB, grown while busy) against fixed 1 MiB rings (`MEMLOOP_RING_WINDOW=max`).
+#     windows (16 KiB, grown while busy) against fixed 1 MiB rings (`MEMLOOP_RING_WINDOW=max`);
+#   - redis-benchmark `-c 1000` (SET and GET) in domain 1 against redis-server in domain 0
+#     (two network namespaces on a bridge): under `memloop run` against veth+bridge.
 # Server on CPU 1, client on CPU 0; ROUNDS rounds (default 3), medians. Writes OUT.md and
 # OUT.json (default docs/results/bench-scale).
 #   scripts/bench-scale.sh [OUT]
@@ -20,6 +22,7 @@ M=$PWD/target/release/memloop
 command -v jq >/dev/null || { apt-get update -qq && apt-get install -y -qq jq >/dev/null; }
 
 R=ml-bscale-$$
+D=mlbs$$
 work=$(mktemp -d /tmp/memloop-bench-scale.XXXXXX)
 pids=()
 cleanup() {
@@ -27,6 +30,7 @@ cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   "$M" region destroy --region "$R" >/dev/null 2>&1 || true
+  "$M" domains down --prefix "$D" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -95,15 +99,52 @@ done
 elastic=$(median <"$work/stream-elastic")
 fixed=$(median <"$work/stream-fixed")
 
+# redis-benchmark -c 1000 across two domains. PATH: memloop or veth; prints "SET GET" rates.
+"$M" domains up --prefix "$D" --subnet 10.79.0.0/24 2 >/dev/null
+"$M" region create --region "$R-redis" --mode 666 >/dev/null
+redis_rates() {
+  local pre=""
+  [ "$1" = memloop ] && pre="$M run --region $R-redis --strict --"
+  "$M" domains exec 0 --prefix "$D" -- sh -c "ulimit -n 20000; exec $pre redis-server \
+    --bind 10.79.0.1 --port 6399 --protected-mode no --save '' --appendonly no \
+    --maxclients 10000 --logfile '' --daemonize no" >/dev/null 2>&1 &
+  local srv=$!
+  pids+=($srv)
+  until "$M" domains exec 1 --prefix "$D" -- redis-cli -h 10.79.0.1 -p 6399 ping >/dev/null 2>&1; do
+    sleep 0.2
+  done
+  "$M" domains exec 1 --prefix "$D" -- sh -c "ulimit -n 20000; exec $pre redis-benchmark \
+    -h 10.79.0.1 -p 6399 -q -t set,get -c 1000 -n 500000 --csv" |
+    awk -F'"' '$2 == "SET" { s = $4 } $2 == "GET" { g = $4 } END { print s, g }'
+  kill "$srv" 2>/dev/null || true
+  wait "$srv" 2>/dev/null || true
+}
+for ((i = 1; i <= ROUNDS; i++)); do
+  for path in memloop veth; do
+    read -r set get < <(redis_rates $path)
+    echo "$set" >>"$work/redis-set-$path"
+    echo "$get" >>"$work/redis-get-$path"
+  done
+done
+"$M" region destroy --region "$R-redis" >/dev/null 2>&1 || true
+for x in set-memloop set-veth get-memloop get-veth; do
+  declare "redis_${x//-/_}=$(median <"$work/redis-$x")"
+done
+
 per_idle=$(((held - base) / HOLD))
 jq -n --argjson c10 "${crr[10]}" --argjson cN "${crr[$HOLD]}" --argjson hold "$HOLD" \
   --argjson base "$base" --argjson held "$held" --argjson after "$after" \
-  --argjson el "$elastic" --argjson fx "$fixed" --argjson rounds "$ROUNDS" '{
+  --argjson el "$elastic" --argjson fx "$fixed" --argjson rounds "$ROUNDS" \
+  --argjson rsm "$redis_set_memloop" --argjson rsv "$redis_set_veth" \
+  --argjson rgm "$redis_get_memloop" --argjson rgv "$redis_get_veth" '{
     rounds: $rounds, held_connections: $hold,
     crr_per_s: { with_10: $c10, with_held: $cN, ratio: ($cN / $c10) },
     resident_bytes: { before: $base, held: $held, after_release: $after,
                       per_idle_connection: (($held - $base) / $hold) },
-    stream_64k_mb_per_s: { elastic: $el, fixed_1mib: $fx, ratio: ($el / $fx) } }' >"$OUT.json"
+    stream_64k_mb_per_s: { elastic: $el, fixed_1mib: $fx, ratio: ($el / $fx) },
+    redis_c1000_requests_per_s: {
+      set: { memloop: $rsm, veth_bridge: $rsv, ratio: ($rsm / $rsv) },
+      get: { memloop: $rgm, veth_bridge: $rgv, ratio: ($rgm / $rgv) } } }' >"$OUT.json"
 {
   echo "# Scale (issue 14): one run of \`scripts/bench-scale.sh\`, $ROUNDS rounds, medians"
   echo
@@ -117,5 +158,8 @@ jq -n --argjson c10 "${crr[10]}" --argjson cN "${crr[$HOLD]}" --argjson hold "$H
   echo "| one connection streaming 64 KB messages, elastic windows | $elastic MB/s |"
   echo "| the same with fixed 1 MiB rings (\`MEMLOOP_RING_WINDOW=max\`) | $fixed MB/s |"
   echo "| ratio (target ≥ 0.95) | $(jq '.stream_64k_mb_per_s.ratio * 100 | round / 100' "$OUT.json") |"
+  for t in set get; do
+    echo "| redis-benchmark -c 1000 ${t^^} across two domains: memloop / veth+bridge | $(jq -r ".redis_c1000_requests_per_s.$t | \"\(.memloop) / \(.veth_bridge) requests/s, ratio \(.ratio * 100 | round / 100) (target ≥ 2)\"" "$OUT.json") |"
+  done
 } >"$OUT.md"
 cat "$OUT.md"

@@ -40,6 +40,7 @@ const SCENARIOS: &[(&str, Run)] = &[
     ("close_with_dup", scenarios::close_dup::run),
     ("mixed_fds", scenarios::mixed::run),
     ("listener_dup", scenarios::listener_dup::run),
+    ("wake_burst", scenarios::wake_burst::run),
     ("stress", scenarios::stress::run),
     ("stress_churn", scenarios::stress::run_churn),
 ];

@@ -274,6 +274,11 @@ fn listener_dup_keeps_listening() {
     check("listener_dup", 1);
 }
 
+#[test]
+fn wake_burst_in_a_large_set() {
+    check("wake_burst", 1);
+}
+
 // ---- slow tier -------------------------------------------------------------------------------
 
 #[test]

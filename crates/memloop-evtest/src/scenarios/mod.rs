@@ -14,6 +14,7 @@ pub mod oneshot;
 pub mod pwait2;
 pub mod stress;
 pub mod tag_words;
+pub mod wake_burst;
 
 use crate::book::{Book, Log, Seen, WaitSpec, Waiter};
 use crate::sys;
