@@ -39,14 +39,14 @@ file=/dev/shm/memloop-$R
 resident() { echo $(($(stat -c %b "$file") * 512)); }
 run() { "$M" run --region "$R" --strict -- "$@"; }
 
-# serve ENV…: a bench server on CPU 1 (ENV: e.g. MEMLOOP_RING_WINDOW=max); prints its port.
+# serve ENV…: a bench server on CPU 1 (ENV: e.g. MEMLOOP_RING_WINDOW=max), its port in
+# $port. (Not in a subshell: its pid must reach the clean-up.)
 serve() {
-  local port=$((7400 + RANDOM % 500))
+  port=$((7400 + RANDOM % 500))
   env "$@" taskset -c 1 "$M" run --region "$R" --strict -- "$M" bench serve \
     --addr "127.0.0.1:$port" >/dev/null 2>&1 &
   pids+=($!)
   sleep 0.5
-  echo "$port"
 }
 probe() { # PORT TEST SIZE ENV… → the reply JSON
   local port=$1 test=$2 size=$3
@@ -73,7 +73,7 @@ release() {
   while "$M" status --json --region "$R" | jq -e '.usage.channels > 0' >/dev/null; do sleep 0.2; done
 }
 
-port=$(serve)
+serve
 base=$(resident)
 declare -A crr
 for k in 10 "$HOLD"; do
@@ -92,38 +92,38 @@ for ((i = 1; i <= ROUNDS; i++)); do
   for mode in elastic fixed; do
     env=()
     [ $mode = fixed ] && env=(MEMLOOP_RING_WINDOW=max)
-    p=$(serve "${env[@]}")
-    probe "$p" stream 65536 "${env[@]}" | jq '.bytes / .elapsed_s / 1e6 | round' >>"$work/stream-$mode"
+    serve "${env[@]}"
+    probe "$port" stream 65536 "${env[@]}" | jq '.bytes / .elapsed_s / 1e6 | round' >>"$work/stream-$mode"
   done
 done
 elastic=$(median <"$work/stream-elastic")
 fixed=$(median <"$work/stream-fixed")
 
-# redis-benchmark -c 1000 across two domains. PATH: memloop or veth; prints "SET GET" rates.
+# redis-benchmark -c 1000 across two domains. PATH (memloop or veth) PORT: appends the SET
+# and GET rates to $work/redis-{set,get}-PATH. A fresh server (and port) per run.
 "$M" domains up --prefix "$D" --subnet 10.79.0.0/24 2 >/dev/null
 "$M" region create --region "$R-redis" --mode 666 >/dev/null
+in_domain() { "$M" domains exec "$1" --prefix "$D" -- "${@:2}"; }
 redis_rates() {
-  local pre=""
-  [ "$1" = memloop ] && pre="$M run --region $R-redis --strict --"
-  "$M" domains exec 0 --prefix "$D" -- sh -c "ulimit -n 20000; exec $pre redis-server \
-    --bind 10.79.0.1 --port 6399 --protected-mode no --save '' --appendonly no \
-    --maxclients 10000 --logfile '' --daemonize no" >/dev/null 2>&1 &
+  local path=$1 port=$2 pre=""
+  [ "$path" = memloop ] && pre="$M run --region $R-redis --strict --"
+  in_domain 0 sh -c "ulimit -n 20000; exec $pre redis-server --bind 10.79.0.1 --port $port \
+    --protected-mode no --save '' --appendonly no --maxclients 10000 --logfile '' \
+    --daemonize no" >/dev/null 2>&1 &
   local srv=$!
   pids+=($srv)
-  until "$M" domains exec 1 --prefix "$D" -- redis-cli -h 10.79.0.1 -p 6399 ping >/dev/null 2>&1; do
-    sleep 0.2
-  done
-  "$M" domains exec 1 --prefix "$D" -- sh -c "ulimit -n 20000; exec $pre redis-benchmark \
-    -h 10.79.0.1 -p 6399 -q -t set,get -c 1000 -n 500000 --csv" |
-    awk -F'"' '$2 == "SET" { s = $4 } $2 == "GET" { g = $4 } END { print s, g }'
-  kill "$srv" 2>/dev/null || true
+  until in_domain 1 redis-cli -h 10.79.0.1 -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
+  in_domain 1 sh -c "ulimit -n 20000; exec $pre redis-benchmark -h 10.79.0.1 -p $port -q \
+    -t set,get -c 1000 -n 500000 --csv" >"$work/redis.csv"
+  awk -F'"' '$2 == "SET" { print $4 }' "$work/redis.csv" >>"$work/redis-set-$path"
+  awk -F'"' '$2 == "GET" { print $4 }' "$work/redis.csv" >>"$work/redis-get-$path"
+  in_domain 1 redis-cli -h 10.79.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
   wait "$srv" 2>/dev/null || true
 }
+rport=6400
 for ((i = 1; i <= ROUNDS; i++)); do
   for path in memloop veth; do
-    read -r set get < <(redis_rates $path)
-    echo "$set" >>"$work/redis-set-$path"
-    echo "$get" >>"$work/redis-get-$path"
+    redis_rates $path $((rport++))
   done
 done
 "$M" region destroy --region "$R-redis" >/dev/null 2>&1 || true

@@ -49,6 +49,11 @@ impl Conn {
         }
     }
 
+    /// Whether the peer is in another kernel (a VM): only its heartbeat says it is gone.
+    pub fn peer_elsewhere(&self) -> bool {
+        !self.peer.same_kernel
+    }
+
     /// For poll and epoll after an idle slice: a peer in another kernel may have vanished.
     pub fn watch_peer(&self) {
         if !self.peer.same_kernel && self.path() == Path::Ring {

@@ -53,7 +53,9 @@ impl EpollSet {
         data: u64,
         op: c_int,
     ) -> Result<(), c_int> {
-        let id = free_id(st);
+        // A parked registration of the same connection: its id, and no kernel ADD.
+        let parked = take_parked(st, epfd, fd, &target);
+        let id = parked.unwrap_or_else(|| free_id(st));
         let mut it = Item {
             fd,
             fd_open: true,
@@ -73,7 +75,11 @@ impl EpollSet {
             targeted: [false; 2],
         };
         let kev = it.kernel_events().unwrap_or(IN);
-        kernel::ctl(epfd, op, fd, kev, kernel::tag(id))?;
+        match parked {
+            Some(_) if kev == PARKED_EVENTS => {}
+            Some(_) => kernel::ctl(epfd, libc::EPOLL_CTL_MOD, fd, kev, kernel::tag(id))?,
+            None => kernel::ctl(epfd, op, fd, kev, kernel::tag(id))?,
+        }
         if st.sleepers > 0 {
             arm(&mut it);
             kick_if_ready(epfd, id, &mut it);
@@ -96,11 +102,14 @@ impl EpollSet {
         st.look(id);
         let it = st.items.get_mut(&id).ok_or(libc::ENOENT)?;
         let (old_events, old_kicked) = (it.events, it.kicked);
+        let old_kev = it.kernel_events();
         it.events = events;
         it.kicked = false;
         it.disabled = false;
         it.hot.set(true);
-        if let Some(kev) = it.kernel_events() {
+        // (A ring connection's registration does not depend on the program's interest: a
+        // `MOD` at every request, as event loops do, costs no system call.)
+        if let Some(kev) = it.kernel_events().filter(|k| Some(*k) != old_kev) {
             if let Err(e) = kernel::ctl(epfd, libc::EPOLL_CTL_MOD, it.fd, kev, kernel::tag(id)) {
                 it.events = old_events;
                 it.kicked = old_kicked;
@@ -128,8 +137,15 @@ impl EpollSet {
         if it.armed {
             disarm(&mut it);
         }
-        match it.reg {
-            Reg::Dormant => Ok(()),
+        match (&it.target, it.reg) {
+            (_, Reg::Dormant) => Ok(()),
+            (Target::Conn(c), Reg::Ring)
+                if it.fd_open && it.kernel_events() == Some(PARKED_EVENTS) =>
+            {
+                st.parked.insert(it.fd, (id, c.clone()));
+                st.parked_ids.insert(id, it.fd);
+                Ok(())
+            }
             _ => kernel::ctl(epfd, libc::EPOLL_CTL_DEL, it.fd, 0, 0),
         }
     }
@@ -202,6 +218,8 @@ impl EpollSet {
     /// number no longer names it. With the last fd the registration goes.
     pub fn fd_closed(&self, fd: c_int, target: &Target, last: bool) {
         let mut st = self.st.lock();
+        // (Before the close: another holder of the file would keep the registration.)
+        unpark(&mut st, self.fd(), fd);
         let candidates = match target {
             Target::Conn(c) => st.ids_of(c),
             Target::Set(_) => st.items.keys().copied().collect(),
@@ -305,9 +323,45 @@ pub(super) fn free_id(st: &mut State) -> u32 {
         let id = st.next;
         st.next = st.next.wrapping_add(1);
         st.wrapped |= st.next == 0;
-        if id != WAKE_ID && !st.items.contains_key(&id) {
+        if id != WAKE_ID && !st.items.contains_key(&id) && !st.parked_ids.contains_key(&id) {
             return id;
         }
+    }
+}
+
+/// The kernel events of a registration that can be parked: a ring connection's, unkicked.
+const PARKED_EVENTS: u32 = IN;
+
+/// The id of `fd`'s parked registration if it is `target`'s (taken out of the parked ones);
+/// one of another connection (the number was reused) is removed from the kernel.
+fn take_parked(st: &mut State, epfd: c_int, fd: c_int, target: &Target) -> Option<u32> {
+    let (id, c) = st.parked.get(&fd)?.clone();
+    if !matches!(target, Target::Conn(t) if Arc::ptr_eq(t, &c)) {
+        unpark(st, epfd, fd);
+        return None;
+    }
+    st.parked.remove(&fd);
+    st.parked_ids.remove(&id);
+    Some(id)
+}
+
+/// Removes `fd`'s parked registration, if any, from the kernel set for good.
+pub(super) fn unpark(st: &mut State, epfd: c_int, fd: c_int) {
+    if let Some((id, _)) = st.parked.remove(&fd) {
+        st.parked_ids.remove(&id);
+        kernel::ctl_or_log("unpark", epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
+    }
+}
+
+/// A kernel event for a parked registration (a doorbell, the peer's FIN): nobody watches it,
+/// so it leaves the kernel set (level-triggered, it would report at every wait).
+pub(super) fn parked_event(st: &mut State, epfd: c_int, id: u32) -> bool {
+    match st.parked_ids.get(&id) {
+        Some(&fd) => {
+            unpark(st, epfd, fd);
+            true
+        }
+        None => false,
     }
 }
 

@@ -8,7 +8,12 @@ impl EpollSet {
     /// program's own events and data back (the new image knows only those; its memloop, if
     /// any, takes them over again from `/proc/self/fdinfo`).
     pub fn prepare_exec(&self, epfd: c_int) {
-        let st = self.st.lock();
+        let mut st = self.st.lock();
+        // (The new image knows nothing of registrations the program removed.)
+        let parked: Vec<c_int> = st.parked.keys().copied().collect();
+        parked
+            .into_iter()
+            .for_each(|fd| super::ctl::unpark(&mut st, epfd, fd));
         for it in st.items.values().filter(|it| it.fd_open) {
             let op = if it.reg == Reg::Dormant {
                 libc::EPOLL_CTL_ADD

@@ -247,6 +247,12 @@ struct State {
     nested: usize,
     /// A large set's members to look at (`index`): the others are armed and quiet.
     looks: Option<index::Looks>,
+    /// Kernel registrations of ring connections the program removed, kept under their item
+    /// id (by fd): an event loop that removes and adds a socket at every request (redis's ae)
+    /// gets it back without two system calls (`ctl.rs`, "parked").
+    parked: HashMap<c_int, (u32, Arc<Conn>)>,
+    /// Their ids (never issued again while parked), with their fds.
+    parked_ids: HashMap<u32, c_int>,
 }
 
 /// The item id of the set's wake socket's registration (never issued to an item).

@@ -235,6 +235,7 @@ impl EpollSet {
                 return Settled::NotOurs;
             }
             if !st.items.contains_key(&id) {
+                super::ctl::parked_event(&mut st, epfd, id);
                 return Settled::Ours(None); // removed meanwhile: a stale event
             }
             if st.items[&id].lasting && st.items[&id].reg == Reg::Ring {
@@ -342,16 +343,23 @@ impl EpollSet {
 
     /// Across kernels nothing closes a vanished VM's socket: look at the peers' heartbeats.
     pub(super) fn watch_peers(&self) {
-        for t in self.targets() {
-            if let Target::Conn(c) = t {
-                if !c.peer_closed() {
-                    c.watch_peer();
-                    if c.peer_closed() {
-                        // (Nothing names a quiet member whose peer vanished.)
-                        let mut st = self.st.lock();
-                        st.ids_of(&c).into_iter().for_each(|id| st.look(id));
-                    }
-                }
+        // (Only those: a set of thousands would otherwise clone them all at every slice.)
+        let elsewhere: Vec<Arc<Conn>> = self
+            .st
+            .lock()
+            .items
+            .values()
+            .filter_map(|it| match &it.target {
+                Target::Conn(c) if c.peer_elsewhere() && !c.peer_closed() => Some(c.clone()),
+                _ => None,
+            })
+            .collect();
+        for c in elsewhere {
+            c.watch_peer();
+            if c.peer_closed() {
+                // (Nothing names a quiet member whose peer vanished.)
+                let mut st = self.st.lock();
+                st.ids_of(&c).into_iter().for_each(|id| st.look(id));
             }
         }
     }
