@@ -5,7 +5,8 @@
 #   - resident memory of the region file (its allocated blocks) per idle connection, from the
 #     10,000 held open (and back after they close and two sweeps give the memory back);
 #   - one busy connection streaming 64 KB messages (`--test stream --size 65536`) with elastic
-#     windows (16 KiB, grown while busy) against fixed 1 MiB rings (`MEMLOOP_RING_WINDOW=max`);
+#     windows (16 KiB, grown while busy) against fixed 1 MiB rings (`MEMLOOP_RING_WINDOW=max`),
+#     over 2 s and over a new connection's first 10 ms;
 #   - redis-benchmark `-c 1000` (SET and GET) in domain 1 against redis-server in domain 0
 #     (two network namespaces on a bridge): under `memloop run` against veth+bridge.
 # Server on CPU 1, client on CPU 0; ROUNDS rounds (default 3), medians. Writes OUT.md and
@@ -48,11 +49,11 @@ serve() {
   pids+=($!)
   sleep 0.5
 }
-probe() { # PORT TEST SIZE ENV… → the reply JSON
+probe() { # PORT TEST SIZE ENV… → the reply JSON ($SECS measured, default 2, after a fifth)
   local port=$1 test=$2 size=$3
   shift 3
   env "$@" taskset -c 0 "$M" run --region "$R" --strict -- "$M" bench probe \
-    --addr "127.0.0.1:$port" --test "$test" --size "$size" --secs 2
+    --addr "127.0.0.1:$port" --test "$test" --size "$size" --secs "${SECS:-2}"
 }
 median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
@@ -94,10 +95,17 @@ for ((i = 1; i <= ROUNDS; i++)); do
     [ $mode = fixed ] && env=(MEMLOOP_RING_WINDOW=max)
     serve "${env[@]}"
     probe "$port" stream 65536 "${env[@]}" | jq '.bytes / .elapsed_s / 1e6 | round' >>"$work/stream-$mode"
+    # A new connection's first 10 ms (after 2 ms): has the window grown by then?
+    for _ in 1 2 3; do
+      SECS=0.01 probe "$port" stream 65536 "${env[@]}" |
+        jq '.bytes / .elapsed_s / 1e6 | round' >>"$work/stream10-$mode"
+    done
   done
 done
 elastic=$(median <"$work/stream-elastic")
 fixed=$(median <"$work/stream-fixed")
+elastic10=$(median <"$work/stream10-elastic")
+fixed10=$(median <"$work/stream10-fixed")
 
 # redis-benchmark -c 1000 across two domains. PATH (memloop or veth) PORT: appends the SET
 # and GET rates to $work/redis-{set,get}-PATH. A fresh server (and port) per run.
@@ -135,13 +143,15 @@ per_idle=$(((held - base) / HOLD))
 jq -n --argjson c10 "${crr[10]}" --argjson cN "${crr[$HOLD]}" --argjson hold "$HOLD" \
   --argjson base "$base" --argjson held "$held" --argjson after "$after" \
   --argjson el "$elastic" --argjson fx "$fixed" --argjson rounds "$ROUNDS" \
+  --argjson el10 "$elastic10" --argjson fx10 "$fixed10" \
   --argjson rsm "$redis_set_memloop" --argjson rsv "$redis_set_veth" \
   --argjson rgm "$redis_get_memloop" --argjson rgv "$redis_get_veth" '{
     rounds: $rounds, held_connections: $hold,
     crr_per_s: { with_10: $c10, with_held: $cN, ratio: ($cN / $c10) },
     resident_bytes: { before: $base, held: $held, after_release: $after,
                       per_idle_connection: (($held - $base) / $hold) },
-    stream_64k_mb_per_s: { elastic: $el, fixed_1mib: $fx, ratio: ($el / $fx) },
+    stream_64k_mb_per_s: { elastic: $el, fixed_1mib: $fx, ratio: ($el / $fx),
+      first_10ms: { elastic: $el10, fixed_1mib: $fx10, ratio: ($el10 / $fx10) } },
     redis_c1000_requests_per_s: {
       set: { memloop: $rsm, veth_bridge: $rsv, ratio: ($rsm / $rsv) },
       get: { memloop: $rgm, veth_bridge: $rgv, ratio: ($rgm / $rgv) } } }' >"$OUT.json"
@@ -158,6 +168,7 @@ jq -n --argjson c10 "${crr[10]}" --argjson cN "${crr[$HOLD]}" --argjson hold "$H
   echo "| one connection streaming 64 KB messages, elastic windows | $elastic MB/s |"
   echo "| the same with fixed 1 MiB rings (\`MEMLOOP_RING_WINDOW=max\`) | $fixed MB/s |"
   echo "| ratio (target ≥ 0.95) | $(jq '.stream_64k_mb_per_s.ratio * 100 | round / 100' "$OUT.json") |"
+  echo "| the same over a new connection's first 10 ms (from 2 ms on): elastic / fixed | $elastic10 / $fixed10 MB/s, ratio $(jq '.stream_64k_mb_per_s.first_10ms.ratio * 100 | round / 100' "$OUT.json") |"
   for t in set get; do
     echo "| redis-benchmark -c 1000 ${t^^} across two domains: memloop / veth+bridge | $(jq -r ".redis_c1000_requests_per_s.$t | \"\(.memloop) / \(.veth_bridge) requests/s, ratio \(.ratio * 100 | round / 100) (target ≥ 2)\"" "$OUT.json") |"
   done
