@@ -160,6 +160,19 @@ impl Drop for WakeSocket {
     }
 }
 
+/// How many wake-ups a wake socket queues before a sender gets `EAGAIN`: the kernel's
+/// `net.unix.max_dgram_qlen` of our network namespace (10 by default; the queue holds one
+/// more). A drain that reads this many may have lost names.
+pub fn queue_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/net/unix/max_dgram_qlen")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(10)
+    })
+}
+
 /// Sockets connected to the targets woken most recently (most recent last): a send on one
 /// skips the path lookup a send by name makes each time (a few % of a busy server's CPU).
 static CONNECTED: ForkMutex<Vec<(u32, c_int)>> = ForkMutex::new(Vec::new());
@@ -179,10 +192,10 @@ fn send_cached(target: u32, name: u32) -> Option<bool> {
             list.push((t, fd));
             Some(true)
         }
-        // A full socket: the sleeper is awake already, but this name would be lost.
+        // A full socket: the sleeper is awake already (see `send`).
         Err(libc::EAGAIN) => {
             list.push((t, fd));
-            Some(false)
+            Some(true)
         }
         // The target's socket is gone (its set closed, its name taken again).
         Err(_) => {
@@ -209,7 +222,7 @@ fn connect_and_send(target: u32, path: &std::ffi::CStr, name: u32) -> Option<boo
     list.push((target, fd));
     match real::send_word(fd, name) {
         Ok(()) => Some(true),
-        Err(libc::EAGAIN) => Some(false),
+        Err(libc::EAGAIN) => Some(true),
         Err(_) => None,
     }
 }
@@ -240,7 +253,9 @@ fn sender() -> Option<c_int> {
 /// Sends a wake-up naming `name` (the channel that fired: a set with thousands of members
 /// looks only at those its wake-ups name) to `target`; false if it cannot go (the caller
 /// rings the doorbell, whose kernel event names the connection too). A full socket
-/// (`EAGAIN`) is a sleeper awake already, but the name would be lost: a doorbell then too.
+/// (`EAGAIN`) is a set awake already: the name is lost, but a set that reads a full queue
+/// looks at all its members ([`queue_limit`]) — far cheaper than a TCP doorbell per lost
+/// name when thousands of members wake at once.
 pub fn send(target: u32, name: u32) -> bool {
     let sent = (|| {
         if let Some(sent) = send_cached(target, name) {

@@ -11,8 +11,8 @@
 //! and a look made after arming it finds nothing either. Busy members thus stay in the looks
 //! unarmed, and their peers publish without a wake-up: going quiet at the first empty look
 //! costs every request a datagram — half the rate of a busy set — and the kernel queues only
-//! `net.unix.max_dgram_qlen` datagrams (10 by default), beyond which a wake-up becomes a TCP
-//! doorbell. A set whose wake-ups crowd (a drain that finds the queue nearly full, or a
+//! `net.unix.max_dgram_qlen` datagrams (10 by default): a sender turned away loses its name,
+//! so a drain that finds the queue full looks at every member. A set whose wake-ups crowd (a drain that finds the queue nearly full, or a
 //! doorbell for a quiet member) lets its members stay longer, up to the second between full
 //! looks; a set that is calm again shortens it. Members that are not plain ring connections (nested sets, connections off their
 //! ring) never leave. Once a second every member is looked at, in case a wake-up went
@@ -73,12 +73,20 @@ impl State {
         }
     }
 
-    /// Every item is looked at by the next collection; members stay longer before they go
-    /// quiet if wake-ups crowded meanwhile, less long if not.
-    fn look_all(&mut self) {
+    /// Every item is looked at by the next collection (the once-a-second full look keeps its
+    /// time).
+    fn look_all_now(&mut self) {
         let ids: BTreeSet<u32> = self.items.keys().copied().collect();
         if let Some(l) = &mut self.looks {
             l.ids = ids;
+        }
+    }
+
+    /// Every item is looked at by the next collection; members stay longer before they go
+    /// quiet if wake-ups crowded meanwhile, less long if not.
+    fn look_all(&mut self) {
+        self.look_all_now();
+        if let Some(l) = &mut self.looks {
             l.full_at = Instant::now() + FULL_LOOK;
             l.quiet_ms = match std::mem::take(&mut l.crowded) {
                 true => (l.quiet_ms * 4).min(QUIET_MS.2),
@@ -94,10 +102,14 @@ impl State {
         }
     }
 
-    /// A drain of the wake socket read `n` wake-ups.
+    /// A drain of the wake socket read `n` wake-ups: a full queue may have turned senders
+    /// away (their names lost: every member is looked at).
     pub(super) fn drained(&mut self, n: usize) {
         if n >= CROWDED_DRAIN {
             self.crowded();
+        }
+        if n >= crate::wake::queue_limit() {
+            self.look_all_now();
         }
     }
 
