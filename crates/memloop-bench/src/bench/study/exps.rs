@@ -982,25 +982,30 @@ impl RingWatch {
 }
 
 fn fig12(r: &[Rec]) -> Vec<Figure> {
-    let per_n = |x: &Rec| x.variant.clone().unwrap_or_default();
-    vec![
-        bars(
+    [
+        (
             "12. Aggregate 64-byte transactions/s, N connections at once (epoll)",
             "transactions/s",
-            r,
-            |x| x.test == "fan",
-            per_n,
-            |x| x.path.clone(),
+            "fan",
         ),
-        bars(
+        (
             "12. Share of the connections on a ring (memloop)",
             "% of N",
-            r,
-            |x| x.test == "on-ring",
-            per_n,
-            |x| x.path.clone(),
+            "on-ring",
         ),
     ]
+    .into_iter()
+    .map(|(title, y, test)| {
+        bars(
+            title,
+            y,
+            r,
+            |x| x.test == test,
+            |x| x.variant.clone().unwrap_or_default(),
+            |x| x.path.clone(),
+        )
+    })
+    .collect()
 }
 
 fn exp2(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
