@@ -337,6 +337,22 @@ pub fn probe_attached(view: &ShmSlice, capacity: u64) -> Option<Probe> {
     probe(view).filter(|p| p.capacity == capacity)
 }
 
+/// Whether a reader has bytes to read, from three words only (the flags, then both indices):
+/// `Some(true)` while bytes wait and the writer has neither shut down nor reset — the look an
+/// epoll set of thousands of readers makes most — `None` otherwise, for a full
+/// [`probe_attached`] (an empty ring, a shutdown, or indices out of range).
+pub fn has_unread(view: &ShmSlice, capacity: u64) -> Option<bool> {
+    // Flags first (acquire), as in `probe`.
+    let wflags = view.atomic_u32(OFF_WFLAGS).ok()?.load(Acquire);
+    if wflags != 0 {
+        return None;
+    }
+    let head = view.atomic_u64(OFF_HEAD).ok()?.load(Acquire);
+    let tail = view.atomic_u64(OFF_TAIL).ok()?.load(Acquire);
+    let used = tail.wrapping_sub(head);
+    (used > 0 && used <= capacity).then_some(true)
+}
+
 /// Reads a [`Probe`]; `None` if the header or indices are not a valid ring (corruption).
 /// Readers that attached the ring should use [`probe_attached`].
 pub fn probe(view: &ShmSlice) -> Option<Probe> {

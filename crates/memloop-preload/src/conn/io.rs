@@ -95,6 +95,11 @@ impl Conn {
         probe_attached(&self.rings.rx_view, self.rings.caps.0)
     }
 
+    /// [`memloop_ring::header::has_unread`] of the ring we read.
+    pub fn rx_has_unread(&self) -> bool {
+        memloop_ring::header::has_unread(&self.rings.rx_view, self.rings.caps.0).is_some()
+    }
+
     pub fn tx_probe(&self) -> Option<Probe> {
         probe_attached(&self.rings.tx_view, self.rings.caps.1)
     }

@@ -290,6 +290,10 @@ impl Conn {
             && !self.peer.peer_reset.load(Acquire)
             && !self.peer.peer_dead.load(Acquire);
         if !want_out && quiet_ends {
+            // (Bytes there and no shutdown: three words say so.)
+            if self.rx_has_unread() {
+                return libc::POLLIN;
+            }
             if let Some(rx) = self
                 .rx_probe()
                 .filter(|p| !p.writer_shut && !p.writer_reset)

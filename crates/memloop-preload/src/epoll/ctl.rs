@@ -77,7 +77,11 @@ impl EpollSet {
         let kev = it.kernel_events().unwrap_or(IN);
         match parked {
             Some(_) if kev == PARKED_EVENTS => {}
-            Some(_) => kernel::ctl(epfd, libc::EPOLL_CTL_MOD, fd, kev, kernel::tag(id))?,
+            Some(_) => kernel::ctl(epfd, libc::EPOLL_CTL_MOD, fd, kev, kernel::tag(id))
+                .inspect_err(|_| {
+                    // (Not left behind under an id nobody knows.)
+                    kernel::ctl_or_log("unpark", epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
+                })?,
             None => kernel::ctl(epfd, op, fd, kev, kernel::tag(id))?,
         }
         if st.sleepers > 0 {

@@ -714,7 +714,30 @@ fn collect_looks(
 #[derive(Default)]
 pub(super) struct Reported {
     few: Vec<u32>,
-    many: std::collections::HashSet<u32>,
+    many: std::collections::HashSet<u32, std::hash::BuildHasherDefault<IdHasher>>,
+}
+
+/// Hashes item ids (small integers we issue, not chosen by anyone else): one multiplication,
+/// where the default hasher's SipHash showed in a busy set's profile.
+#[derive(Default)]
+pub(super) struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        bytes.iter().for_each(|b| self.write_u64(u64::from(*b)));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 impl Reported {
