@@ -158,3 +158,26 @@ fn a_resize_storm_loses_duplicates_and_reorders_nothing() {
     );
     eprintln!("{resizes} window changes over {TOTAL} bytes");
 }
+
+/// The reader's quick look agrees with the full probe: bytes there and no shutdown only.
+#[test]
+fn has_unread_is_the_probe_while_bytes_wait_and_defers_to_it_otherwise() {
+    let v = windowed(4096, 64);
+    let mut p = StreamProducer::attach(v.clone()).unwrap();
+    let mut c = StreamConsumer::attach(v.clone()).unwrap();
+    let quick = || header::has_unread(&v, 4096);
+    assert_eq!(quick(), None, "empty: the full probe decides");
+    assert_eq!(p.write(&[7; 10]).unwrap(), 10);
+    assert_eq!(quick(), Some(true));
+    assert_eq!(header::probe_attached(&v, 4096).unwrap().used, 10);
+    assert_eq!(
+        header::has_unread(&v, 8),
+        None,
+        "more unread than a capacity: a full look"
+    );
+    let mut b = [0u8; 4];
+    assert_eq!(c.read(&mut b).unwrap(), 4);
+    assert_eq!(quick(), Some(true));
+    p.shutdown();
+    assert_eq!(quick(), None, "a shutdown: the full probe decides (FIN)");
+}
