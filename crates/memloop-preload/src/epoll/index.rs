@@ -7,16 +7,16 @@
 //! stays armed, so the peer's next publication sends a wake-up naming the channel (or a
 //! doorbell, which the kernel reports under the member's own registration). A member joins the
 //! looks when a wake-up or a kernel event names it, when the program adds or modifies it, or
-//! when it changes path; it leaves them when it has had nothing to report for a while (¼ s)
-//! and a look made after arming it finds nothing either. Busy members thus stay in the looks
+//! when it changes path; it leaves them when it has had nothing to report for a while and a
+//! look made after arming it finds nothing either. Busy members thus stay in the looks
 //! unarmed, and their peers publish without a wake-up: going quiet at the first empty look
-//! costs every request a datagram — half the rate of a busy set — and the kernel queues only
+//! costs every request a datagram — half the rate of a busy set. The kernel queues only
 //! `net.unix.max_dgram_qlen` datagrams (10 by default): a sender turned away loses its name,
-//! so a drain that finds the queue full looks at every member. A set whose wake-ups crowd (a drain that finds the queue nearly full, or a
-//! doorbell for a quiet member) lets its members stay longer, up to the second between full
-//! looks; a set that is calm again shortens it. Members that are not plain ring connections (nested sets, connections off their
-//! ring) never leave. Once a second every member is looked at, in case a wake-up went
-//! astray.
+//! so a drain that finds the queue full looks at every member. A set whose wake-ups crowd (a
+//! drain that finds the queue nearly full, or a doorbell for a quiet member) lets its members
+//! stay longer, up to the second between full looks; a calm set shortens it. Members that are
+//! not plain ring connections (nested sets, connections off their ring) never leave. Once a
+//! second every member is looked at, in case a wake-up went astray.
 
 use super::*;
 use std::collections::BTreeSet;
