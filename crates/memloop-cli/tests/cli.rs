@@ -1074,10 +1074,14 @@ fn a_region_on_a_full_file_system_falls_back_instead_of_crashing() {
     let region = dir.join("r").display().to_string();
     let o = memloop(&["region", "create", "--region", &region, "--size", "64M"]);
     assert!(o.status.success(), "{}", stderr(&o));
+    // (The program accepts its own connections from a thread that the GIL may hold off for
+    // longer than the 5 ms a self-connect waits for the decision under CI load: those would
+    // stay on TCP and never press on the file system.)
     let o = Command::new(BIN)
         .args([
             "run", "--strict", "--region", &region, "--", "python3", "-c", BULK_PY,
         ])
+        .env("MEMLOOP_DECIDE_WAIT_SELF_US", "500000")
         .output()
         .expect("running the streams");
     assert!(
