@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """File-descriptor control: O_NONBLOCK toggling (fcntl and FIONBIO, shared by dups), the dup
 family (F_DUPFD, dup, dup2, dup3; close of the original keeps the connection; dup2 over another
-connection closes that one), SO_RCVTIMEO/SO_SNDTIMEO, and EINTR vs SA_RESTART."""
+connection closes that one), SO_RCVTIMEO/SO_SNDTIMEO, EINTR vs SA_RESTART, and errno left as it
+was by every call that succeeds."""
 
 import ctypes
 import errno
 import fcntl
 import os
+import select
 import signal
 import socket
 import struct
@@ -246,11 +248,96 @@ def eintr_client(args):
     s.close()
 
 
+# ---- errno_kept: a call that succeeds leaves errno alone ---------------------------------------
+# The kernel's calls never touch errno when they succeed, and C programs rely on it: sockperf
+# reads errno after a recv that returned data and takes EPIPE/ECONNRESET there for a dead peer.
+# So the library's own calls that fail on the way (futex sleeps that time out, doorbell drains
+# that end in EAGAIN, wake-ups that find nobody) must not show through a call that succeeds.
+
+SENTINEL = errno.ENOTRECOVERABLE  # no socket call sets it
+
+
+class _PollFd(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+class _EpollEvent(ctypes.Structure):
+    _pack_ = 1  # x86-64's struct epoll_event is packed
+    _fields_ = [("events", ctypes.c_uint32), ("data", ctypes.c_uint64)]
+
+
+def kept(what, call):
+    """Runs `call` with errno at SENTINEL: it must succeed and leave SENTINEL there."""
+    ctypes.set_errno(SENTINEL)
+    r = call()
+    e = libc_errno()
+    check(r >= 0, f"{what} failed (errno {e})")
+    eq(e, SENTINEL, f"errno after a successful {what} (-1 results aside, it must not change)")
+    return r
+
+
+def errno_client(args):
+    s = dial(args)
+    fd = s.fileno()
+    buf = ctypes.create_string_buffer(1 << 16)
+    # A blocking recv that has to sleep until the data comes.
+    cmd(s, "send 64 1 150")
+    eq(kept("blocking recv", lambda: LIBC.recv(fd, buf, 64, socket.MSG_WAITALL)), 64, "recv")
+    eq(buf.raw[:64], pattern(64, 1), "the bytes the blocking recv got")
+    # poll that sleeps, then a recv that does not.
+    cmd(s, "send 32 2 150")
+    pfd = _PollFd(fd, select.POLLIN, 0)
+    eq(kept("poll", lambda: LIBC.poll(ctypes.byref(pfd), 1, 5000)), 1, "poll's count")
+    eq(kept("MSG_DONTWAIT recv", lambda: LIBC.recv(fd, buf, 32, socket.MSG_DONTWAIT)), 32, "n")
+    # epoll_wait that sleeps.
+    ep = kept("epoll_create1", lambda: LIBC.epoll_create1(0))
+    ev = _EpollEvent(select.EPOLLIN, fd)
+    kept("epoll_ctl ADD", lambda: LIBC.epoll_ctl(ep, 1, fd, ctypes.byref(ev)))
+    cmd(s, "send 16 3 150")
+    evs = (_EpollEvent * 8)()
+    eq(kept("epoll_wait", lambda: LIBC.epoll_wait(ep, evs, 8, 5000)), 1, "epoll_wait's count")
+    eq(kept("recv after epoll", lambda: LIBC.recv(fd, buf, 16, 0)), 16, "n")
+    # select that sleeps (fd_set: 1024 bits).
+    cmd(s, "send 8 4 150")
+    rset = (ctypes.c_ulong * 16)()
+    rset[fd // 64] |= 1 << (fd % 64)
+    eq(kept("select", lambda: LIBC.select(fd + 1, rset, None, None, None)), 1, "select's count")
+    eq(kept("recv after select", lambda: LIBC.recv(fd, buf, 8, 0)), 8, "n")
+    # Sends that fill the ring and wait for the reader to make room.
+    data = pattern(4 << 20, 5)
+    cmd(s, f"expect {len(data)} 5")
+    view = ctypes.create_string_buffer(data, len(data))
+    sent = 0
+    while sent < len(data):
+        n = min(len(data) - sent, 1 << 16)
+        sent += kept("send", lambda: LIBC.send(fd, ctypes.byref(view, sent), n, 0))
+    eq(kept("recv of ok", lambda: LIBC.recv(fd, buf, 3, socket.MSG_WAITALL)), 3, "n")
+    eq(buf.raw[:3], b"ok\n", "the server's answer")
+    # Bookkeeping calls.
+    one = ctypes.c_int(1)
+    size = ctypes.c_uint32(4)
+    kept("setsockopt", lambda: LIBC.setsockopt(fd, socket.IPPROTO_TCP, socket.TCP_NODELAY,
+                                               ctypes.byref(one), 4))
+    kept("getsockopt", lambda: LIBC.getsockopt(fd, socket.IPPROTO_TCP, socket.TCP_NODELAY,
+                                               ctypes.byref(one), ctypes.byref(size)))
+    kept("ioctl FIONREAD", lambda: LIBC.ioctl(fd, 0x541B, ctypes.byref(one)))
+    kept("fcntl F_GETFL", lambda: LIBC.fcntl(fd, fcntl.F_GETFL))
+    d = kept("dup", lambda: LIBC.dup(fd))
+    kept("close of a dup", lambda: LIBC.close(d))
+    # End of stream is a success too.
+    cmd(s, "close")
+    eq(kept("recv at EOF", lambda: LIBC.recv(fd, buf, 16, 0)), 0, "recv at EOF")
+    kept("epoll_ctl DEL", lambda: LIBC.epoll_ctl(ep, 2, fd, None))
+    kept("close of the epoll set", lambda: LIBC.close(ep))
+    kept("close", lambda: LIBC.close(s.detach()))
+
+
 CASES = {
     "nonblock_toggle": (serve_one(commands), nonblock_client),
     "dup_family": (serve_commands_n(2), dup_client),
     "sockopt_timeouts": (serve_one(commands), timeo_client),
     "eintr": (serve_one(commands), eintr_client),
+    "errno_kept": (serve_one(commands), errno_client),
 }
 
 if __name__ == "__main__":

@@ -120,7 +120,8 @@ pub fn pidfd_getfd() -> unsafe extern "C" fn(c_int, c_int, libc::c_uint) -> c_in
 }
 
 pub fn errno() -> c_int {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    // SAFETY: __errno_location returns this thread's errno slot, valid for the thread's life.
+    unsafe { *libc::__errno_location() }
 }
 
 pub fn set_errno(e: c_int) {

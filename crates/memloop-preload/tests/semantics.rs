@@ -105,6 +105,7 @@ fn main() -> std::process::ExitCode {
         test!(dup_family_keeps_the_connection),
         test!(so_rcvtimeo_and_so_sndtimeo),
         test!(eintr_without_sa_restart_and_restart_with_it),
+        test!(errno_untouched_by_calls_that_succeed),
         test!(ppoll_pselect_epoll_pwait_apply_their_sigmask),
         test!(blocked_send_eintr_and_sa_restart),
         test!(concurrent_send_and_recv_from_two_threads),
@@ -908,6 +909,10 @@ fn so_rcvtimeo_and_so_sndtimeo() {
 
 fn eintr_without_sa_restart_and_restart_with_it() {
     check(sc("fdctl", "eintr"));
+}
+
+fn errno_untouched_by_calls_that_succeed() {
+    check(sc("fdctl", "errno_kept"));
 }
 
 fn ppoll_pselect_epoll_pwait_apply_their_sigmask() {

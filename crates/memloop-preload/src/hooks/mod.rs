@@ -26,7 +26,7 @@
 //!   program raw — a panic in our part after the real call closes it and fails with `EIO`.
 #![allow(unsafe_code)]
 
-use crate::real::set_errno;
+use crate::real::{errno, set_errno};
 use libc::{c_int, c_void, size_t};
 use std::any::Any;
 use std::io::{IoSlice, IoSliceMut};
@@ -140,30 +140,55 @@ impl Hook {
 /// What a C function returns on failure (with errno set).
 pub trait CRet: Copy {
     const FAILED: Self;
+    /// Whether this result reports a failure (so errno is the result's, not the caller's).
+    fn failed(self) -> bool;
 }
 impl CRet for i32 {
     const FAILED: Self = -1;
+    fn failed(self) -> bool {
+        self == -1
+    }
 }
 impl CRet for isize {
     const FAILED: Self = -1;
+    fn failed(self) -> bool {
+        self == -1
+    }
 }
 impl CRet for i64 {
     const FAILED: Self = -1;
+    fn failed(self) -> bool {
+        self == -1
+    }
 }
 impl CRet for () {
     const FAILED: Self = ();
+    fn failed(self) -> bool {
+        false
+    }
 }
 
 /// Runs a hook's logic: `Ok(v)` is returned, `Err(e)` sets errno `e` and returns the failure
 /// value, and a panic is logged (once per hook) and turned into `on_panic()`.
+///
+/// A call that succeeds leaves errno as the caller had it, as the kernel's calls do: our own
+/// calls on the way (a futex wait that timed out, a drain that ended in `EAGAIN`) fail often,
+/// and programs read errno after calls that succeeded (sockperf takes a stale `EPIPE` after a
+/// recv that returned data for a closed connection).
 #[inline]
 pub fn guard<R: CRet>(
     hook: &Hook,
     body: impl FnOnce() -> Result<R, c_int>,
     on_panic: impl FnOnce() -> R,
 ) -> R {
+    let callers = errno();
     match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(v)) => v,
+        Ok(Ok(v)) => {
+            if !v.failed() {
+                set_errno(callers);
+            }
+            v
+        }
         Ok(Err(e)) => {
             set_errno(e);
             R::FAILED
