@@ -153,7 +153,13 @@ fn scan(fds: &mut [pollfd], members: &[(usize, Watch)]) -> Result<usize, c_int> 
                 let ev = c.off_ring_revents(p.revents, phase);
                 p.revents = ev & (p.events | libc::POLLHUP | libc::POLLERR);
             }
-            Watch::Set(_) => p.revents |= own,
+            Watch::Set(s) => {
+                let readable = libc::POLLIN | libc::POLLRDNORM;
+                if own == 0 && p.revents & readable != 0 && !s.still_readable(p.fd) {
+                    p.revents &= !readable;
+                }
+                p.revents |= own;
+            }
             // The kernel's answer stands.
             Watch::Late(_) => {}
         }

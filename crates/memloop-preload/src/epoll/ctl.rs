@@ -310,6 +310,26 @@ impl EpollSet {
         }
     }
 
+    /// Whether this set (open as `fd`) has something to report, asked when the kernel says
+    /// it is readable but no ring member is ready: a wake-up or doorbell sent for data read
+    /// since (the peer saw our arm just before we left) keeps the kernel saying so, and the
+    /// kernel's own sets are never readable with nothing inside. Reads those, then looks
+    /// again (at the rings too: data that came meanwhile is reported here, where its wake-up
+    /// was read).
+    pub fn still_readable(&self, fd: c_int) -> bool {
+        self.st.lock().drain_wake();
+        self.drain_owed();
+        if self.peek().is_some() {
+            return true;
+        }
+        let mut p = [libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        crate::real::poll_now(&mut p).map_or(true, |_| p[0].revents & libc::POLLIN != 0)
+    }
+
     /// The members' targets, taken under the lock to be used after it (their calls may
     /// block or take other sets' locks).
     pub(super) fn targets(&self) -> Vec<Target> {

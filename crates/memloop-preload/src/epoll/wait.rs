@@ -247,11 +247,23 @@ impl EpollSet {
             if it.kicked {
                 unkick(epfd, id, it);
             }
-            it.target.clone()
+            (it.target.clone(), it.fd)
         };
         Settled::Ours(match target {
-            Target::Conn(c) => self.settle_conn(epfd, id, &c, kernel_ev),
-            Target::Set(_) => self.settle_set(id, kernel_ev),
+            (Target::Conn(c), _) => self.settle_conn(epfd, id, &c, kernel_ev),
+            (Target::Set(s), fd) => {
+                // (As poll does: not readable for late wake-ups of data read since.)
+                let readable = (libc::EPOLLIN | libc::EPOLLRDNORM) as u32;
+                let stale = kernel_ev & readable != 0 && !s.still_readable(fd);
+                self.settle_set(
+                    id,
+                    if stale {
+                        kernel_ev & !readable
+                    } else {
+                        kernel_ev
+                    },
+                )
+            }
         })
     }
 
