@@ -117,7 +117,8 @@ impl State {
     /// at (one without a name: all of them).
     pub(super) fn named(&mut self, name: Option<u32>) {
         let Some(ch) = name else {
-            return self.look_all();
+            // (Not a full look's turn: how long members stay is not changed by it.)
+            return self.look_all_now();
         };
         for id in self.by_channel.get(&ch).cloned().unwrap_or_default() {
             self.look(id);
@@ -134,11 +135,11 @@ impl State {
                 // Every member looked at once: each one found quiet is armed as it leaves.
                 self.looks = Some(Looks {
                     ids: BTreeSet::new(),
-                    full_at: Instant::now(),
+                    full_at: Instant::now() + FULL_LOOK,
                     quiet_ms: QUIET_MS.0,
                     crowded: false,
                 });
-                self.look_all();
+                self.look_all_now();
             }
             Some(_) if members < plain_below && self.sleepers == 0 => {
                 // Small again: armed only while someone sleeps, as a small set is.
@@ -169,12 +170,27 @@ impl State {
         self.looks.as_ref().map_or(QUIET_MS.0, |l| l.quiet_ms)
     }
 
-    /// The items that may be ready without a wake-up naming them: the looks of a large set,
-    /// every item of a small one.
-    pub(super) fn looked_at(&self) -> Vec<u32> {
+    /// Runs `f` on the items that may be ready without a wake-up naming them: the looks of a
+    /// large set, every item of a small one.
+    pub(super) fn each_looked_at(&mut self, mut f: impl FnMut(&mut Item)) {
+        let State { looks, items, .. } = self;
+        match looks {
+            Some(l) => {
+                for id in &l.ids {
+                    if let Some(it) = items.get_mut(id) {
+                        f(it);
+                    }
+                }
+            }
+            None => items.values_mut().for_each(f),
+        }
+    }
+
+    /// Whether `f` holds for one of the items [`Self::each_looked_at`] visits.
+    pub(super) fn any_looked_at(&self, mut f: impl FnMut(&Item) -> bool) -> bool {
         match &self.looks {
-            Some(l) => l.ids.iter().copied().collect(),
-            None => self.items.keys().copied().collect(),
+            Some(l) => l.ids.iter().filter_map(|id| self.items.get(id)).any(&mut f),
+            None => self.items.values().any(&mut f),
         }
     }
 

@@ -16,10 +16,7 @@ impl EpollSet {
         st.wake_drained = false;
         let mut switching = Vec::new();
         // (A large set's members outside its looks are armed already.)
-        for id in st.looked_at() {
-            let Some(it) = st.items.get_mut(&id) else {
-                continue;
-            };
+        st.each_looked_at(|it| {
             if it.armed {
                 rearm(it);
             } else {
@@ -31,7 +28,7 @@ impl EpollSet {
                     switching.push(c.clone());
                 }
             }
-        }
+        });
         switching
     }
 
@@ -43,11 +40,11 @@ impl EpollSet {
         if st.sleepers == 0 {
             // (A large set's quiet members keep their lasting arms: wake-ups name them.)
             let mut woke = false;
-            for id in st.looked_at() {
-                if let Some(it) = st.items.get_mut(&id).filter(|it| it.armed && !it.lasting) {
+            st.each_looked_at(|it| {
+                if it.armed && !it.lasting {
                     woke |= disarm(it);
                 }
-            }
+            });
             if woke {
                 st.drain_wake();
                 st.wake_drained = true;
@@ -55,30 +52,20 @@ impl EpollSet {
         }
     }
 
-    /// Gives the set its wake socket at its first wait with ring members, registered in
-    /// the kernel set `epfd` (whose waits, and those of any set or poll containing it, it
-    /// then wakes). Without one the members' arms ring doorbells.
-    fn ensure_wake(&self, epfd: c_int) {
+    /// Readies a wait on a set with members, under one lock: the wake socket at the first
+    /// wait with ring members, and looks kept or dropped as the set grew or shrank.
+    fn prepare_wait(&self, epfd: c_int) {
         let mut st = self.st.lock();
-        if st.wake_tried
-            || !st
+        if !st.wake_tried
+            && st
                 .items
                 .values()
                 .any(|it| matches!(it.target, Target::Conn(_)))
         {
-            return;
+            st.wake_tried = true;
+            add_wake(&mut st, epfd);
         }
-        st.wake_tried = true;
-        let Some(w) = crate::wake::WakeSocket::create() else {
-            return;
-        };
-        if let Err(e) = kernel::ctl(epfd, libc::EPOLL_CTL_ADD, w.fd(), IN, kernel::tag(WAKE_ID)) {
-            tracing::debug!(errno = e, "wake socket not registered: doorbells instead");
-            return;
-        }
-        let t = w.target();
-        st.wake = Some(Arc::new(w));
-        st.items.values_mut().for_each(|it| it.wake = t);
+        st.update_mode();
     }
 
     /// Whether some member would be reported now, with a signature of what is ready (for a
@@ -106,8 +93,7 @@ impl EpollSet {
         self.set_fd(epfd);
         crate::engine::ensure_heartbeat();
         if self.has_targets() {
-            self.ensure_wake(epfd);
-            self.st.lock().update_mode();
+            self.prepare_wait(epfd);
         }
         let deadline = timeout.map(|t| Instant::now() + t);
         if !self.has_targets() {
@@ -413,16 +399,13 @@ impl EpollSet {
     pub fn in_flight(&self) -> bool {
         let st = self.st.lock();
         // (A large set: connections off their ring never leave its looks.)
-        let ids = st.looked_at();
-        ids.iter()
-            .filter_map(|id| st.items.get(id))
-            .any(|it| match &it.target {
-                Target::Conn(c) if it.reg == Reg::OffRing && !it.disabled => {
-                    c.off_ring_sleep(rules::poll_events(it.events)).1
-                }
-                Target::Conn(_) => false,
-                Target::Set(s) => s.in_flight(),
-            })
+        st.any_looked_at(|it| match &it.target {
+            Target::Conn(c) if it.reg == Reg::OffRing && !it.disabled => {
+                c.off_ring_sleep(rules::poll_events(it.events)).1
+            }
+            Target::Conn(_) => false,
+            Target::Set(s) => s.in_flight(),
+        })
     }
 }
 
@@ -769,4 +752,20 @@ impl Reported {
         self.many.extend(self.few.drain(..));
         self.many.insert(id);
     }
+}
+
+/// Gives the set its wake socket, registered in the kernel set `epfd` (whose waits, and those
+/// of any set or poll containing it, it then wakes). Without one the members' arms ring
+/// doorbells.
+fn add_wake(st: &mut State, epfd: c_int) {
+    let Some(w) = crate::wake::WakeSocket::create() else {
+        return;
+    };
+    if let Err(e) = kernel::ctl(epfd, libc::EPOLL_CTL_ADD, w.fd(), IN, kernel::tag(WAKE_ID)) {
+        tracing::debug!(errno = e, "wake socket not registered: doorbells instead");
+        return;
+    }
+    let t = w.target();
+    st.wake = Some(Arc::new(w));
+    st.items.values_mut().for_each(|it| it.wake = t);
 }
