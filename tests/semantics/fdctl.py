@@ -324,6 +324,12 @@ def errno_client(args):
     kept("fcntl F_GETFL", lambda: LIBC.fcntl(fd, fcntl.F_GETFL))
     d = kept("dup", lambda: LIBC.dup(fd))
     kept("close of a dup", lambda: LIBC.close(d))
+    # fork with a ring connection open (the library's fork handlers run): both sides.
+    pid = kept("fork", LIBC.fork)
+    if pid == 0:
+        os._exit(0 if libc_errno() == SENTINEL else 3)
+    _, status = os.waitpid(pid, 0)
+    eq(os.waitstatus_to_exitcode(status), 0, "the fork child's errno was left alone (exit 0)")
     # End of stream is a success too.
     cmd(s, "close")
     eq(kept("recv at EOF", lambda: LIBC.recv(fd, buf, 16, 0)), 0, "recv at EOF")

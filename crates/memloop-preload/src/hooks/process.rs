@@ -280,24 +280,37 @@ hook! {
 
 // A process that never took one of our locks skips them (`forklock::fork_plan`): each page
 // they touch after the fork costs a copy-on-write or first-touch fault.
+// They run inside `fork`, which leaves errno alone when it succeeds: so must they.
 extern "C" fn at_fork_prepare() {
-    if forklock::fork_plan() == ForkPlan::Full {
-        track("fork prepare", dispatch::fork_prepare);
-    }
+    keeping_errno(|| {
+        if forklock::fork_plan() == ForkPlan::Full {
+            track("fork prepare", dispatch::fork_prepare);
+        }
+    });
 }
 extern "C" fn at_fork_parent() {
-    if forklock::active() {
-        track("fork parent", dispatch::fork_parent);
-    } else {
-        forklock::end_skipped_fork();
-    }
+    keeping_errno(|| {
+        if forklock::active() {
+            track("fork parent", dispatch::fork_parent);
+        } else {
+            forklock::end_skipped_fork();
+        }
+    });
 }
 extern "C" fn at_fork_child() {
-    if forklock::active() {
-        track("fork child", dispatch::fork_child);
-    } else {
-        crate::real::forget_pid();
-    }
+    keeping_errno(|| {
+        if forklock::active() {
+            track("fork child", dispatch::fork_child);
+        } else {
+            crate::real::forget_pid();
+        }
+    });
+}
+
+fn keeping_errno(f: impl FnOnce()) {
+    let e = real::errno();
+    f();
+    real::set_errno(e);
 }
 
 extern "C" fn at_exit() {
