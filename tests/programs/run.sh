@@ -124,7 +124,7 @@ for ns in /run/netns/mp*-d0; do
   if ! kill -0 "$p" 2>/dev/null; then
     log "removing leftovers of run $p"
     "$ML" domains down --prefix "mp$p" >/dev/null 2>&1 || true
-    rm -f /dev/shm/memloop-mp"$p"-*
+    rm -rf /dev/shm/memloop-mp"$p"-*
     rm -rf /etc/netns/mp"$p"-d0 /etc/netns/mp"$p"-d1
   fi
 done

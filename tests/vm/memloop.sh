@@ -39,7 +39,7 @@ bad() { echo "vm-test: FAILED: $*"; failed=$((failed + 1)); }
 
 region=/dev/shm/memloop-vmtest-$$
 logs=$(mktemp -d /tmp/memloop-vmtest.XXXXXX)
-trap 'rm -f "$region"' EXIT
+trap 'rm -rf "$region" "$region.wake"' EXIT
 usage() { MEMLOOP_LOG= "$M" status --json --region "$region" | python3 -c 'import json,sys; u=json.load(sys.stdin)["usage"]; print(u["members"], u["endpoints"], u["channels"], u["segments_used"])'; }
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +175,7 @@ EOF
 "$M" region reclaim --region "$region"
 after=$(usage)
 if [ "$after" = "$baseline" ]; then ok "region usage back to baseline after run 1 and a reclaim ($after)"; else bad "region usage after run 1: $after, before: $baseline"; fi
-rm -f "$region"
+rm -rf "$region" "$region.wake"
 
 # ---------------------------------------------------------------------------------------------
 # 2. power-off mid-stream
@@ -277,7 +277,7 @@ if [ "$after" = "$baseline" ]; then ok "region usage back to baseline after the 
 # channel freed once the stream closed (on its ring).
 
 CYCLES=3
-rm -f "$region"
+rm -rf "$region" "$region.wake"
 "$M" region create --region "$region" --size 64M >/dev/null
 baseline=$(usage)
 
@@ -547,7 +547,7 @@ EOF
 "$M" region reclaim --region "$region" >/dev/null
 after=$(usage)
 if [ "$after" = "$baseline" ]; then ok "region usage back to baseline after run 3 ($after)"; else bad "region usage after run 3: $after, before: $baseline"; fi
-rm -f "$region"
+rm -rf "$region" "$region.wake"
 
 echo "vm-test: $passed passed, $failed failed, $(awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s in all (logs in $logs)"
 [ "$failed" = 0 ]
