@@ -16,6 +16,7 @@
 #![deny(unsafe_code)]
 
 mod agree;
+mod cancel;
 mod conn;
 mod dispatch;
 mod engine;

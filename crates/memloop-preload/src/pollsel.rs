@@ -215,6 +215,9 @@ pub fn poll(
             None => SLICE,
         };
         block(fds, &members, left.min(SLICE), sigmask)?;
+        if crate::cancel::asked_here() {
+            return Err(libc::EINTR);
+        }
         members = self::members(fds);
         let n = scan(fds, &members)?;
         if n > 0 {

@@ -96,6 +96,7 @@ real_fns! {
     splice: fn(c_int, *mut libc::loff_t, c_int, *mut libc::loff_t, size_t, libc::c_uint) -> ssize_t;
     sendmmsg: fn(c_int, *mut libc::mmsghdr, libc::c_uint, c_int) -> c_int;
     recvmmsg: fn(c_int, *mut libc::mmsghdr, libc::c_uint, c_int, *mut libc::timespec) -> c_int;
+    pthread_cancel: fn(libc::pthread_t) -> c_int;
 }
 
 /// `pidfd_getfd` by its system call (the C library's wrapper exists from glibc 2.36 on only;
@@ -248,25 +249,17 @@ fn timespec(d: std::time::Duration) -> libc::timespec {
 /// Waits on one kernel fd with a nanosecond timeout (`None` = forever). `Ok(revents)`,
 /// `Ok(0)` on timeout, `Err(EINTR)` when a signal interrupted the wait.
 pub fn wait_fd(fd: c_int, events: i16, timeout: Option<std::time::Duration>) -> Result<i16, c_int> {
-    let mut p = libc::pollfd {
+    let mut p = [libc::pollfd {
         fd,
         events,
         revents: 0,
-    };
-    let ts = timeout.map(timespec);
-    let tsp = ts
-        .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: one valid pollfd; `tsp` is null or points at a live timespec.
-    let r = unsafe { ppoll()(&mut p, 1, tsp, std::ptr::null()) };
-    check(r as isize).map(|n| if n == 0 { 0 } else { p.revents })
+    }];
+    ppoll_raw(&mut p, timeout, std::ptr::null()).map(|n| if n == 0 { 0 } else { p[0].revents })
 }
 
 /// Kernel-side poll of several fds without blocking (timeout 0).
 pub fn poll_now(fds: &mut [libc::pollfd]) -> Result<usize, c_int> {
-    // SAFETY: the slice is a valid array of pollfd.
-    let r = unsafe { poll()(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
-    check(r as isize)
+    ppoll_raw(fds, Some(std::time::Duration::ZERO), std::ptr::null())
 }
 
 fn sockaddr_of(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
@@ -528,9 +521,36 @@ pub fn epoll_wait_raw(
     sigmask: *const libc::sigset_t,
 ) -> Result<usize, c_int> {
     let max = buf.len().min(c_int::MAX as usize) as c_int;
-    // SAFETY: `buf` has room for `max` events; `sigmask` is null or the caller's valid mask.
-    let r = unsafe { epoll_pwait()(epfd, buf.as_mut_ptr(), max, timeout_ms, sigmask) };
-    check(r as isize)
+    // SAFETY: `buf` has room for `max` events; `sigmask` is null or the caller's valid mask,
+    // of which the kernel reads its `SIGSET_BYTES`.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_epoll_pwait,
+            epfd,
+            buf.as_mut_ptr(),
+            max,
+            timeout_ms,
+            sigmask,
+            SIGSET_BYTES,
+        )
+    };
+    interruptible(r)
+}
+
+/// The kernel's signal set size (64 signals), what the C library passes for a `sigset_t`.
+const SIGSET_BYTES: usize = 8;
+
+/// The result of one of our kernel waits, made by raw system call so that it is no
+/// cancellation point (`crate::cancel`): a cancellation asked meanwhile must not act until
+/// our logic is left.
+fn interruptible(r: libc::c_long) -> Result<usize, c_int> {
+    let r = check(r as isize);
+    if r == Err(libc::EINTR) {
+        crate::cancel::hold();
+    }
+    // (A cancellation asked while we slept must not act in what follows: this holds it.)
+    crate::cancel::asked_here();
+    r
 }
 
 /// `epoll_pwait2` into `buf` (nanosecond timeout, `None` = forever); `sigmask` may be null.
@@ -547,8 +567,18 @@ pub fn epoll_pwait2_raw(
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: `buf` has room for `max` events; `tsp` null or live; `sigmask` null or valid.
-    let r = unsafe { epoll_pwait2()(epfd, buf.as_mut_ptr(), max, tsp, sigmask) };
-    check(r as isize)
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_epoll_pwait2,
+            epfd,
+            buf.as_mut_ptr(),
+            max,
+            tsp,
+            sigmask,
+            SIGSET_BYTES,
+        )
+    };
+    interruptible(r)
 }
 
 /// `ppoll` over `fds` with an optional timeout and signal mask (null: unchanged).
@@ -557,13 +587,23 @@ pub fn ppoll_raw(
     timeout: Option<std::time::Duration>,
     sigmask: *const libc::sigset_t,
 ) -> Result<usize, c_int> {
-    let ts = timeout.map(timespec);
+    let mut ts = timeout.map(timespec);
     let tsp = ts
-        .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        .as_mut()
+        .map_or(std::ptr::null_mut(), |t| t as *mut libc::timespec);
     // SAFETY: `fds` is a valid array; `tsp` null or live; `sigmask` null or the caller's mask.
-    let r = unsafe { ppoll()(fds.as_mut_ptr(), fds.len() as libc::nfds_t, tsp, sigmask) };
-    check(r as isize)
+    // (The kernel writes the time left into `tsp`: our own copy.)
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_ppoll,
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            tsp,
+            sigmask,
+            SIGSET_BYTES,
+        )
+    };
+    interruptible(r)
 }
 
 // ---- live path switching: raw socket I/O of a switch ------------------------------------------

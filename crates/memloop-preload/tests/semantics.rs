@@ -106,10 +106,7 @@ fn main() -> std::process::ExitCode {
         test!(so_rcvtimeo_and_so_sndtimeo),
         test!(eintr_without_sa_restart_and_restart_with_it),
         test!(errno_untouched_by_calls_that_succeed),
-        test!(bug_pthread_cancel_of_blocked_calls).ignore(
-            "bug: a thread cancelled while blocked on a ring connection stays blocked (recv, \
-             read) or aborts the process (poll, epoll_wait, select); see the test's text",
-        ),
+        test!(pthread_cancel_ends_calls_blocked_on_a_ring),
         test!(ppoll_pselect_epoll_pwait_apply_their_sigmask),
         test!(blocked_send_eintr_and_sa_restart),
         test!(concurrent_send_and_recv_from_two_threads),
@@ -919,15 +916,13 @@ fn errno_untouched_by_calls_that_succeed() {
     check(sc("fdctl", "errno_kept"));
 }
 
-/// `pthread_cancel` of a thread blocked in a socket call on a ring connection
-/// (`tests/semantics/c/cancel.c`, one process holding both ends). On kernel TCP every call is
-/// a cancellation point and the thread ends cancelled. Under the preload, `recv`/`read` stay
-/// blocked (the futex sleep, made through `syscall`, is no cancellation point), and
-/// `poll`/`epoll_wait`/`select` abort the process with "FATAL: exception not rethrown": the
-/// real wait inside the hook is one, and the cancellation's forced unwind reaches the
-/// `catch_unwind` of `hooks::guard`. The cure: no cancellation point inside our logic (raw
-/// system calls), and `pthread_testcancel` at the hook's boundary when a wait ended early.
-fn bug_pthread_cancel_of_blocked_calls() {
+/// `pthread_cancel` of a thread blocked in a socket call on a ring connection or in `accept`
+/// (`tests/semantics/c/cancel.c`, one process holding both ends): every such call is a
+/// cancellation point, so on kernel TCP the thread ends cancelled, and so it must under the
+/// preload. Before `crate::cancel`, `recv`/`read` stayed blocked (a futex sleep is no
+/// cancellation point) and `poll`/`epoll_wait`/`select` aborted the process ("FATAL:
+/// exception not rethrown": the cancellation's unwind reached the hook's `catch_unwind`).
+fn pthread_cancel_ends_calls_blocked_on_a_ring() {
     let dir = Scratch::new("semantics", "cancel");
     let exe = dir.0.join("cancel");
     let src = workspace().join("tests/semantics/c/cancel.c");
@@ -946,14 +941,25 @@ fn bug_pthread_cancel_of_blocked_calls() {
         .status()
         .expect("gcc (apt-get install gcc)");
     assert!(built.success(), "gcc failed on {}", src.display());
-    let run = |region: Option<&str>, mode: &str| {
-        let mut cmd = env_prefix(20, region);
-        cmd.extend([exe.display().to_string(), mode.to_string()]);
+    let run = |region: Option<&str>, modes: &str| {
+        let mut cmd = env_prefix(60, region);
+        cmd.push(exe.display().to_string());
+        cmd.extend(modes.split(' ').map(String::from));
         let out = Command::new(&cmd[0]).args(&cmd[1..]).output().expect("run");
         let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
         (out.status.code(), said)
     };
-    const MODES: [&str; 5] = ["recv", "read", "poll", "epoll", "select"];
+    // Each alone (the first cancellation of the process), then all in one process, twice
+    // (threads cancelled before, their `pthread_t` reused by the next).
+    const MODES: [&str; 7] = [
+        "recv",
+        "read",
+        "poll",
+        "epoll",
+        "select",
+        "accept",
+        "recv accept poll read epoll select accept recv select poll epoll read",
+    ];
     for m in MODES {
         let (code, said) = run(None, m);
         assert_eq!(code, Some(0), "kernel TCP, {m}: {said}");

@@ -1,5 +1,5 @@
 /* pthread_cancel of a thread blocked in a socket call on a connection (recv, read, poll,
- * epoll_wait, select): each is a cancellation point, so the thread must end cancelled and be
+ * epoll_wait, select) or in accept: each is a cancellation point, so the thread must end cancelled and be
  * joinable at once. Client and server are one process, so under the preload the connection is
  * a ring. Usage: cancel MODE... ; exit 0 when every mode was cancelled, 1 when one returned
  * instead, 3 when one was still blocked after 3 s (the watchdog). */
@@ -15,7 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-static int conn;
+static int conn, listener;
 static const char *mode;
 
 static void *blocker(void *unused) {
@@ -33,6 +33,8 @@ static void *blocker(void *unused) {
     struct epoll_event ev = {EPOLLIN, {0}};
     epoll_ctl(e, EPOLL_CTL_ADD, conn, &ev);
     epoll_wait(e, &ev, 1, -1);
+  } else if (!strcmp(mode, "accept")) {
+    accept(listener, NULL, NULL);
   } else if (!strcmp(mode, "select")) {
     fd_set r;
     FD_ZERO(&r);
@@ -50,7 +52,7 @@ static void hung(int sig) {
 }
 
 int main(int argc, char **argv) {
-  int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+  int l = listener = socket(AF_INET, SOCK_STREAM, 0), one = 1;
   struct sockaddr_in a = {0};
   socklen_t n = sizeof a;
   a.sin_family = AF_INET;

@@ -31,7 +31,7 @@ pub use handoff::{
 };
 pub use memloop_ring::Spinner;
 pub use path::Path;
-pub use switch::{sweep as sweep_switches, SWITCHED};
+pub use switch::{sweep as sweep_switches, wake_futex_sleepers, SWITCHED};
 pub use waiting::spin_inputs_of;
 
 use crate::engine::Engine;

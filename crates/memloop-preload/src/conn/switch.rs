@@ -724,6 +724,19 @@ impl Conn {
     }
 }
 
+/// Wakes every thread of this process asleep on a ring's futex: they look again (a thread the
+/// program asked to cancel then leaves its wait, `crate::cancel`).
+pub fn wake_futex_sleepers() {
+    for c in crate::table::conns() {
+        if c.sleepers.futex_sleeping.load(Acquire) > 0 {
+            c.rings
+                .own_cells
+                .iter()
+                .for_each(|cell| cell.wake_sleepers());
+        }
+    }
+}
+
 /// The heartbeat's sweep: connections of this process asked to switch while it is in none
 /// of our calls (computing, or blocked somewhere we do not see) switch here.
 pub fn sweep() {

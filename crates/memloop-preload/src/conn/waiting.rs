@@ -863,6 +863,7 @@ impl Park for ConnPark<'_> {
     fn park(&mut self, left: Option<Duration>) -> Result<(), c_int> {
         if let Some((cell, seq)) = &self.futex {
             return match cell.sleep_untimed(*seq) {
+                _ if crate::cancel::asked_here() => Err(libc::EINTR),
                 Woken::Woken => Ok(()),
                 Woken::Interrupted => Err(libc::EINTR),
                 Woken::Unsupported => {

@@ -483,6 +483,9 @@ impl Waiter<'_> {
             if n > 0 {
                 return Ok(n);
             }
+            if crate::cancel::asked_here() {
+                return Err(libc::EINTR);
+            }
             self.set.watch_peers();
         }
     }

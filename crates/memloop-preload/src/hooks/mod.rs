@@ -181,8 +181,9 @@ pub fn guard<R: CRet>(
     body: impl FnOnce() -> Result<R, c_int>,
     on_panic: impl FnOnce() -> R,
 ) -> R {
+    crate::cancel::enter();
     let callers = errno();
-    match catch_unwind(AssertUnwindSafe(body)) {
+    let r = match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(v)) => {
             if !v.failed() {
                 set_errno(callers);
@@ -197,7 +198,9 @@ pub fn guard<R: CRet>(
             hook.report(&*payload);
             on_panic()
         }
-    }
+    };
+    crate::cancel::exit(r.failed() && errno() == libc::EINTR);
+    r
 }
 
 /// Bookkeeping after a real call that already happened: `None` if it panicked (logged once),
