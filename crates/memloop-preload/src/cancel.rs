@@ -18,7 +18,9 @@
 //! A hook's `kernel()` (the C library's own function for the program: `accept`, `connect`,
 //! I/O on a socket that is not a ring) stays a cancellation point as it was. Left open: a
 //! cancellation asked while a thread runs our logic (not asleep) can still act in one of the
-//! C library's calls we make on the way (a doorbell's `send`), until that logic next looks.
+//! C library's calls we make on the way (a doorbell's `send`), until that logic next looks; and
+//! a thread asleep in the socket sleep of a ring (shared ring ends, or futexes refused: a raw
+//! blocking peek, with no slices to look between) is not woken by the cancellation.
 
 #![allow(unsafe_code)]
 

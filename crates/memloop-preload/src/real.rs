@@ -497,9 +497,21 @@ pub fn forget_pid() {
 /// A blocking `MSG_PEEK` receive: sleeps until a doorbell, FIN or signal. The kernel applies
 /// `SO_RCVTIMEO` (→ `EAGAIN`) and `SA_RESTART` to it as to any receive.
 pub fn peek_blocking(fd: c_int, b: &mut [u8]) -> Result<usize, c_int> {
-    // SAFETY: valid buffer of the given length.
-    let r = unsafe { recv()(fd, b.as_mut_ptr().cast(), b.len(), libc::MSG_PEEK) };
-    check(r)
+    // By raw system call: no cancellation point inside our logic (`crate::cancel`); the
+    // kernel's restart rules are the same.
+    // SAFETY: valid buffer of the given length; no address wanted.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_recvfrom,
+            fd,
+            b.as_mut_ptr(),
+            b.len(),
+            libc::MSG_PEEK,
+            std::ptr::null_mut::<libc::sockaddr>(),
+            std::ptr::null_mut::<libc::socklen_t>(),
+        )
+    };
+    interruptible(r)
 }
 
 pub fn epoll_ctl_raw(
