@@ -54,10 +54,7 @@ impl Drop for Held {
     /// or otherwise): a new thread may get its `pthread_t`, and must not find it asked.
     fn drop(&mut self) {
         if SEEN.load(Relaxed) {
-            // SAFETY: no preconditions (the thread's descriptor lives until its TLS is gone).
-            let me = unsafe { libc::pthread_self() };
-            let mut asked = ASKED.lock().unwrap_or_else(|p| p.into_inner());
-            asked.retain(|&t| t != me);
+            take_asked();
         }
     }
 }
@@ -69,20 +66,29 @@ impl Drop for Held {
 #[no_mangle]
 pub unsafe extern "C" fn pthread_cancel(thread: libc::pthread_t) -> c_int {
     SEEN.store(true, Relaxed);
-    let e = crate::real::errno();
-    crate::hooks::track("pthread_cancel", || {
-        let mut asked = ASKED.lock().unwrap_or_else(|p| p.into_inner());
-        if !asked.contains(&thread) {
-            asked.push(thread);
-        }
-    });
-    // SAFETY: the caller's own argument to the C library's function.
-    let r = unsafe { crate::real::pthread_cancel()(thread) };
-    // A thread asleep in one of our waits is no cancellation point: it is woken to look
-    // ([`asked_here`]). Sleeps on the kernel end at their next slice, futex sleeps now.
-    crate::hooks::track("pthread_cancel", crate::conn::wake_futex_sleepers);
-    crate::real::set_errno(e);
-    r
+    crate::real::keeping_errno(|| {
+        crate::hooks::track("pthread_cancel", || {
+            let mut asked = asked();
+            if !asked.contains(&thread) {
+                asked.push(thread);
+            }
+        });
+        // SAFETY: the caller's own argument to the C library's function.
+        let r = unsafe { crate::real::pthread_cancel()(thread) };
+        // A thread asleep in one of our waits is no cancellation point: it is woken to look
+        // ([`asked_here`]). Sleeps on the kernel end at their next slice, futex sleeps now.
+        crate::hooks::track("pthread_cancel", crate::conn::wake_futex_sleepers);
+        r
+    })
+}
+
+fn asked() -> std::sync::MutexGuard<'static, Vec<libc::pthread_t>> {
+    ASKED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn me() -> libc::pthread_t {
+    // SAFETY: no preconditions.
+    unsafe { libc::pthread_self() }
 }
 
 /// Whether the program asked to cancel this thread (our waits then end with `EINTR`, and
@@ -91,12 +97,7 @@ pub fn asked_here() -> bool {
     if !SEEN.load(Relaxed) {
         return false;
     }
-    // SAFETY: no preconditions.
-    let me = unsafe { libc::pthread_self() };
-    let asked = ASKED
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .contains(&me);
+    let asked = asked().contains(&me());
     if asked {
         // Our logic goes on until the hook's exit: no cancellation point may act in it.
         hold();
@@ -153,9 +154,10 @@ pub fn exit(interrupted: bool) {
         true
     });
     if outermost == Ok(true) && interrupted && SEEN.load(Relaxed) && take_asked() {
+        // Called here, not from a closure: the unwind must meet no frame of ours that is not
+        // this hook's own (which frames get landing pads depends on inlining).
         let e = crate::real::errno();
-        // SAFETY: as in `enter`; if the program disabled cancellation it returns, errno
-        // put back.
+        // SAFETY: as in `enter`; if the program disabled cancellation it returns.
         unsafe { pthread_testcancel() };
         crate::real::set_errno(e);
     }
@@ -163,12 +165,11 @@ pub fn exit(interrupted: bool) {
 
 /// Whether this thread was asked to be cancelled; forgets it.
 fn take_asked() -> bool {
-    // SAFETY: no preconditions.
-    let me = unsafe { libc::pthread_self() };
-    let mut asked = ASKED.lock().unwrap_or_else(|p| p.into_inner());
-    let was = asked.contains(&me);
+    let me = me();
+    let mut asked = asked();
+    let before = asked.len();
     asked.retain(|&t| t != me);
-    was
+    asked.len() != before
 }
 
 /// glibc's value (not in the `libc` crate).

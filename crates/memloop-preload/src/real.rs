@@ -125,6 +125,15 @@ pub fn errno() -> c_int {
     unsafe { *libc::__errno_location() }
 }
 
+/// Runs `f` and leaves errno as it was (code that runs inside a call the program sees
+/// succeed: fork handlers, our `pthread_cancel`).
+pub fn keeping_errno<R>(f: impl FnOnce() -> R) -> R {
+    let e = errno();
+    let r = f();
+    set_errno(e);
+    r
+}
+
 pub fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno slot.
     unsafe { *libc::__errno_location() = e };
@@ -556,17 +565,13 @@ const SIGSET_BYTES: usize = 8;
 /// cancellation point (`crate::cancel`): a cancellation asked meanwhile must not act until
 /// our logic is left.
 fn interruptible(r: libc::c_long) -> Result<usize, c_int> {
-    let r = check(r as isize);
-    if r == Err(libc::EINTR) {
-        crate::cancel::hold();
-    }
     // (A cancellation asked while we slept must not act in what follows: this holds it.)
     crate::cancel::asked_here();
-    r
+    check(r as isize)
 }
 
 /// `epoll_pwait2` into `buf` (nanosecond timeout, `None` = forever); `sigmask` may be null.
-/// Only called when the program itself called `epoll_pwait2`, so its C library has it.
+/// Only called when the program itself called `epoll_pwait2`, so its kernel has it.
 pub fn epoll_pwait2_raw(
     epfd: c_int,
     buf: &mut [libc::epoll_event],

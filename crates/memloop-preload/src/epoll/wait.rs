@@ -240,7 +240,8 @@ impl EpollSet {
             (Target::Set(s), fd) => {
                 // (As poll does: not readable for late wake-ups of data read since.)
                 let readable = (libc::EPOLLIN | libc::EPOLLRDNORM) as u32;
-                let stale = kernel_ev & readable != 0 && !s.still_readable(fd);
+                let stale =
+                    kernel_ev & readable != 0 && s.peek().is_none() && !s.still_readable(fd);
                 self.settle_set(
                     id,
                     if stale {

@@ -138,28 +138,21 @@ impl Hook {
 }
 
 /// What a C function returns on failure (with errno set).
-pub trait CRet: Copy {
+pub trait CRet: Copy + PartialEq {
     const FAILED: Self;
     /// Whether this result reports a failure (so errno is the result's, not the caller's).
-    fn failed(self) -> bool;
+    fn failed(self) -> bool {
+        self == Self::FAILED
+    }
 }
 impl CRet for i32 {
     const FAILED: Self = -1;
-    fn failed(self) -> bool {
-        self == -1
-    }
 }
 impl CRet for isize {
     const FAILED: Self = -1;
-    fn failed(self) -> bool {
-        self == -1
-    }
 }
 impl CRet for i64 {
     const FAILED: Self = -1;
-    fn failed(self) -> bool {
-        self == -1
-    }
 }
 impl CRet for () {
     const FAILED: Self = ();

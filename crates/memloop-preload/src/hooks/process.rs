@@ -93,9 +93,7 @@ fn exec_with(keeps_library: bool, exec: impl FnOnce() -> c_int) -> Result<c_int,
         return Err(e);
     }
     let r = exec();
-    let e = real::errno();
-    track("exec", dispatch::after_failed_exec);
-    real::set_errno(e);
+    real::keeping_errno(|| track("exec", dispatch::after_failed_exec));
     Ok(r)
 }
 
@@ -282,14 +280,14 @@ hook! {
 // they touch after the fork costs a copy-on-write or first-touch fault.
 // They run inside `fork`, which leaves errno alone when it succeeds: so must they.
 extern "C" fn at_fork_prepare() {
-    keeping_errno(|| {
+    real::keeping_errno(|| {
         if forklock::fork_plan() == ForkPlan::Full {
             track("fork prepare", dispatch::fork_prepare);
         }
     });
 }
 extern "C" fn at_fork_parent() {
-    keeping_errno(|| {
+    real::keeping_errno(|| {
         if forklock::active() {
             track("fork parent", dispatch::fork_parent);
         } else {
@@ -298,19 +296,13 @@ extern "C" fn at_fork_parent() {
     });
 }
 extern "C" fn at_fork_child() {
-    keeping_errno(|| {
+    real::keeping_errno(|| {
         if forklock::active() {
             track("fork child", dispatch::fork_child);
         } else {
             crate::real::forget_pid();
         }
     });
-}
-
-fn keeping_errno(f: impl FnOnce()) {
-    let e = real::errno();
-    f();
-    real::set_errno(e);
 }
 
 extern "C" fn at_exit() {
