@@ -812,26 +812,15 @@ fn tcp_info(fd: c_int) -> Option<libc::tcp_info> {
 /// they are repeated until a counter stands still around them; no other thread of ours may
 /// write or read the socket meanwhile. `None` if the kernel cannot tell.
 pub fn tcp_positions(fd: c_int) -> Option<(u64, u64)> {
-    let (acked, unacked) = stable(fd, |i| i.tcpi_bytes_acked, outq)?;
-    let (received, unread) = stable(fd, |i| i.tcpi_bytes_received, queued_u64)?;
-    Some((acked + unacked, received.checked_sub(unread)?))
-}
-
-fn queued_u64(fd: c_int) -> Option<u64> {
-    queued(fd).map(|n| n as u64)
-}
-
-/// `(counter, queue)` read while `counter` did not move.
-fn stable(
-    fd: c_int,
-    counter: impl Fn(&libc::tcp_info) -> u64,
-    queue: impl Fn(c_int) -> Option<u64>,
-) -> Option<(u64, u64)> {
+    let counters = |i: &libc::tcp_info| (i.tcpi_bytes_acked, i.tcpi_bytes_received);
+    // The queues read while neither counter moved (one pair of `TCP_INFO` for both).
     for _ in 0..1000 {
-        let before = counter(&tcp_info(fd)?);
-        let q = queue(fd)?;
-        if counter(&tcp_info(fd)?) == before {
-            return Some((before, q));
+        let before = counters(&tcp_info(fd)?);
+        let unacked = outq(fd)?;
+        let unread = queued(fd)? as u64;
+        if counters(&tcp_info(fd)?) == before {
+            let (acked, received) = before;
+            return Some((acked + unacked, received.checked_sub(unread)?));
         }
         std::thread::yield_now();
     }

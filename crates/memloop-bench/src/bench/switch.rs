@@ -16,9 +16,9 @@
 //! - trigger → return: the `sendmsg`, i.e. this side's switch (the client does not log its
 //!   demote: a log line costs a few µs here, the first after a pause ~35 µs);
 //! - trigger → peer on TCP: the server's "switched to TCP" line of the preload's log
-//!   (`MEMLOOP_LOG=…conn::switch=debug,…conn::promote=debug`, wall clock, µs, appended to a
-//!   file in /dev/shm: a pipe would wake our reader on every line), and its "left the ring"
-//!   (the peer noticed);
+//!   (`MEMLOOP_LOG=memloop_preload::switch=debug`: the switch milestones only, each logged
+//!   after that step's wake-ups; wall clock, µs, appended to a file in /dev/shm: a pipe would
+//!   wake our reader on every line), and its "left the ring" (the peer noticed);
 //! - promotion: trigger → each side's "promoted: back on the ring", and → the switch word
 //!   quiet again as this process polls it (every 100 µs);
 //! - busy: the largest gap between consecutive reads that returned data, in the window after

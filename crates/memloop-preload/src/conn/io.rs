@@ -159,7 +159,9 @@ impl Conn {
                 Ok(()) => {}
                 Err(e) if got > 0 && !peek && partial_ok(e) => return Ok(got),
                 Err(e) => {
-                    tracing::debug!(ch = ?self.ch, errno = e, "recv: the wait failed");
+                    if e != SWITCHED {
+                        tracing::debug!(ch = ?self.ch, errno = e, "recv: the wait failed");
+                    }
                     return Err(e);
                 }
             }

@@ -50,6 +50,13 @@ use std::time::{Duration, Instant};
 use switch::Switching;
 use waiting::Sleepers;
 
+/// The log targets of a path switch's milestones — a demote's "left the ring" and "switched
+/// to TCP", a promotion's "promoted: back on the ring": `memloop bench switch` times switches
+/// by them and logs nothing else (another line on the way would be timed too).
+/// `memloop_preload::switch=debug` shows both.
+pub const DEMOTE_EVENTS: &str = "memloop_preload::switch::demote";
+pub const PROMOTE_EVENTS: &str = "memloop_preload::switch::promote";
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Dir {
     Read,

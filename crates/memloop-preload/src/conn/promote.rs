@@ -336,7 +336,7 @@ impl Conn {
                     None => return,
                 }
             };
-            self.promote_locked(w)
+            self.promote_locked(w, !block)
         };
         if joined {
             self.back_on_ring();
@@ -344,7 +344,9 @@ impl Conn {
     }
 
     /// The promotion steps under the switching lock; true once the reads moved to the ring.
-    fn promote_locked(&self, w: &SideWords) -> bool {
+    /// `spin`: wait a moment for the peer's next step (the heartbeat's sweep, where no call
+    /// of the program drives the promotion; a data call goes back to its data instead).
+    fn promote_locked(&self, w: &SideWords, spin: bool) -> bool {
         if self.let_go() {
             return false;
         }
@@ -408,8 +410,18 @@ impl Conn {
                 // ready, or we see it, and stop: that step wakes it.)
                 self.ring_bell();
             }
-            if w.switch.ready(other) {
+            // Both ends were woken by the request: the peer's step is most likely a moment
+            // away, and waiting here for it saves a wake-up of ours per step (the last to
+            // stop finishes at once, and the first would otherwise finish only once the
+            // peer's doorbell or a later call woke it).
+            let peer_ready = || w.switch.ready(other);
+            if peer_ready() || (spin && self.spin_for_peer_step(peer_ready)) {
                 self.try_stop(w);
+                if spin && self.path() == Path::Joining {
+                    self.spin_for_peer_step(|| {
+                        w.switch.stopped(other) || !w.switch.promote_requested()
+                    });
+                }
             }
         }
         let _r = self.tcp.read_gate.lock();
@@ -432,7 +444,7 @@ impl Conn {
                 };
                 self.engine.registry().count_switch(reason);
             }
-            tracing::debug!(ch = ?self.ch, side = ?self.side, "promoted: back on the ring");
+            tracing::debug!(target: super::PROMOTE_EVENTS, ch = ?self.ch, side = ?self.side, "promoted: back on the ring");
             return true;
         }
         false

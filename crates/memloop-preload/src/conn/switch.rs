@@ -23,7 +23,7 @@
 //! back in order. Without room it stays as it is, and the program must read the tail first
 //! (a demote of ours waits for that a while, then fails with `EBUSY`).
 
-use super::{Conn, Path};
+use super::{Conn, Path, DEMOTE_EVENTS};
 use crate::forklock::ForkMutex;
 use crate::plain::{PlainTcp, Resend};
 use crate::real;
@@ -288,11 +288,15 @@ impl Conn {
                 self.engine.registry().count_switch(r);
             }
         }
-        self.leave(w)?;
+        let left = self.leave(w)?;
         if wait {
             self.ring_bell(); // the peer's heartbeat only if it is slow to follow (below)
         } else {
             self.tell_peer(); // nobody here waits to nudge it later
+        }
+        if let Some(left) = left {
+            // (After the wake-ups: a log line costs more than the peer's whole leave.)
+            tracing::debug!(target: DEMOTE_EVENTS, ch = ?self.ch, side = ?self.side, ?left, "left the ring");
         }
         if !wait && self.peer_left(pw).is_none() && !self.peer_vanished() {
             return Ok(()); // left; the takeover comes with the next call or sweep
@@ -469,7 +473,7 @@ impl Conn {
     /// Leaves both rings: a last counted doorbell if the peer sleeps on its socket (it wakes
     /// and notices), then our `Left`. Another process holding this side may have left already: then only our
     /// path changes.
-    fn leave(&self, w: &SideWords) -> Result<(), c_int> {
+    fn leave(&self, w: &SideWords) -> Result<Option<Left>, c_int> {
         let cell = LeaveCell::new(&w.leave, 0).map_err(|_| libc::EIO)?;
         let _r = self.tcp.read_gate.lock(); // no TCP read of a promotion's tail in flight
         self.stop_drains();
@@ -498,11 +502,11 @@ impl Conn {
                 };
                 cell.publish(left);
                 self.decision.path.store(Path::Leaving, Release);
-                tracing::debug!(ch = ?self.ch, side = ?self.side, ?left, "left the ring");
+                Ok(Some(left))
             } else {
                 self.decision.path.store(Path::Leaving, Release);
+                Ok(None)
             }
-            Ok(())
         })();
         self.resume_drains();
         r
@@ -553,22 +557,28 @@ impl Conn {
         }
     }
 
-    /// The peer's `Left`, if it comes within a data wait's spin window and spinning can pay
-    /// (the load leaves the peer a CPU): a peer woken by our leave answers within about one
-    /// wake-up, which our own sleep on the bell would cost again.
+    /// The peer's `Left`, if it comes while we spin for it ([`Conn::spin_for_peer_step`]).
     fn spin_for_peer(&self, cell: &LeaveCell) -> Option<Left> {
+        let mut left = None;
+        self.spin_for_peer_step(|| {
+            left = cell.read().ok().flatten();
+            left.is_some()
+        });
+        left
+    }
+
+    /// Spins until `done` (true) — the peer's next step of a switch — for at most a data
+    /// wait's spin window, and only where spinning can pay (the load leaves the peer a CPU):
+    /// a peer woken with us, or by our step, takes its own within about a wake-up, which a
+    /// sleep of ours until it tells us would cost again.
+    pub(super) fn spin_for_peer_step(&self, done: impl FnMut() -> bool) -> bool {
         let inputs = || memloop_ring::SpinInputs {
             our_cpu: memloop_shm::sched::current_cpu(),
             load: memloop_shm::sched::runnable_and_cpus(),
             ..memloop_ring::SpinInputs::UNKNOWN
         };
         let window = self.spin_window();
-        let mut left = None;
-        memloop_ring::Spinner::new(window).spin_with(window, inputs, || {
-            left = cell.read().ok().flatten();
-            left.is_some()
-        });
-        left
+        memloop_ring::Spinner::new(window).spin_with(window, inputs, done)
     }
 
     /// We took a step of a switch the peer may be waiting for: its waits wake (the bell), and
@@ -643,6 +653,7 @@ impl Conn {
         w.doorbells_read.fetch_add(gone, AcqRel);
         w.switch.set_on_tcp(self.side);
         tracing::debug!(
+            target: DEMOTE_EVENTS,
             ch = ?self.ch, side = ?self.side, %reason, discarded = gone, resent,
             in_background = resend.is_some(),
             "switched to TCP"

@@ -275,15 +275,36 @@ pub(super) fn targets(figs: &[Figure], paths: &[Path]) -> Vec<String> {
             figs.iter()
                 .find(|f| f.path == name && f.variant == variant && f.metric == metric)
         };
+        // The kernel path's own first round trip after the same pause or stream: what a round
+        // trip costs in the state the switch starts from (after an idle pause both CPUs have
+        // gone to sleep, and waking one costs more than a warm round trip).
+        let control = if name == MEMLOOP_LO { TCP_LO } else { VETH };
         for variant in ["busy", "idle"] {
+            let same = figs
+                .iter()
+                .find(|f| f.path == control && f.variant == variant && f.metric == FIRST_RTT)
+                .map(|f| f.p50)
+                .filter(|&r| r > 0.0);
             let cost = |what: &str, this: &str, peer: &str, peer_what: &str, note: &str| {
                 let c = find(variant, this)?;
-                let peer = find(variant, peer).map_or("peer not observed".into(), |d| {
+                let d = find(variant, peer);
+                let peer = d.map_or("peer not observed".into(), |d| {
                     format!("{peer_what} {} RTTs", rts(d))
+                });
+                let same = same.map_or(String::new(), |r| {
+                    let p50 = |f: &Figure| format!("{:.2}", f.p50 / r);
+                    format!(
+                        "; p50 in {control}'s first round trips after the same {} ({} µs): \
+                         this side {}, peer {}",
+                        if variant == "idle" { "pause" } else { "stream" },
+                        fmt_num(r),
+                        p50(c),
+                        d.map_or("-".into(), p50),
+                    )
                 });
                 Some(format!(
                     "{name}, {variant}: a {what} {} RTTs (p50 / p99; slower path's RTT {rtt} µs), \
-                     {peer} (target: ≤ 2){note}",
+                     {peer} (target: ≤ 2){note}{same}",
                     rts(c)
                 ))
             };
@@ -302,15 +323,31 @@ pub(super) fn targets(figs: &[Figure], paths: &[Path]) -> Vec<String> {
                 note,
             ));
         }
-        let worse = |metrics: &[&str; 2]| -> Option<(f64, f64)> {
-            let f: Vec<&Figure> = metrics.iter().filter_map(|m| find("busy", m)).collect();
+        let worse_on = |path: &str, metrics: &[&str; 2]| -> Option<(f64, f64)> {
+            let f: Vec<&Figure> = metrics
+                .iter()
+                .filter_map(|m| {
+                    figs.iter()
+                        .find(|f| f.path == path && f.variant == "busy" && f.metric == *m)
+                })
+                .collect();
             let max = |q: fn(&Figure) -> f64| f.iter().map(|&x| q(x)).fold(0.0, f64::max);
             (!f.is_empty()).then(|| (max(|x| x.p50), max(|x| x.p99)))
         };
+        let worse = |metrics: &[&str; 2]| worse_on(name, metrics);
         if let Some((p50, p99)) = worse(&STALL) {
+            // The same window on the kernel path, where the trigger is a no-op: the gaps the
+            // machine's scheduling makes anyway (a switch cannot be told apart below them).
+            let floor = worse_on(control, &STALL).map_or(String::new(), |(c50, c99)| {
+                format!(
+                    "; {control}, no switch: {} / {} µs",
+                    fmt_num(c50),
+                    fmt_num(c99)
+                )
+            });
             out.push(format!(
                 "{name}, busy: a demote alone stalls the stream {} µs at the median, {} µs at p99 \
-                 (worse direction)",
+                 (worse direction){floor}",
                 fmt_num(p50),
                 fmt_num(p99)
             ));

@@ -1,15 +1,15 @@
 //! The preload's debug log as `memloop bench switch` reads it: the switch and promotion events
 //! of one repetition, each as µs after its trigger (wall clock; tracing stamps lines in µs).
 
-/// The preload's log, switch and promotion events only (the server's).
-pub const LOG_FILTER: &str =
-    "memloop_preload::conn::switch=debug,memloop_preload::conn::promote=debug";
-/// The client's: its promotion steps only. Its demote is timed by its own clock (the `sendmsg`
-/// returns once it is on TCP), and a log line inside it would be timed too: one costs a few
-/// µs here, the first after a pause ~35 µs (a cold file write).
-pub const LOG_FILTER_CLIENT: &str = "memloop_preload::conn::promote=debug";
+/// The preload's log: the milestones of demotes and promotions only (the server's). The
+/// preload logs each after the wake-ups of that step, so the peer does not wait for it.
+pub const LOG_FILTER: &str = "memloop_preload::switch=debug";
+/// The client's: the end of its promotions only. Its demote is timed by its own clock (the
+/// `sendmsg` returns once it is on TCP), and a log line inside it would be timed too: one
+/// costs a few µs here, the first after a pause ~35 µs (a cold file write).
+pub const LOG_FILTER_CLIENT: &str = "memloop_preload::switch::promote=debug";
 /// What the lines kept apart contain (both targets).
-pub const LOG_TARGET: &str = "memloop_preload::conn::";
+pub const LOG_TARGET: &str = "memloop_preload::switch::";
 
 pub const SWITCHED: &str = "switched to TCP";
 pub const LEFT: &str = "left the ring";
@@ -95,7 +95,7 @@ mod tests {
 
     #[test]
     fn log_times_parse_as_tracing_prints_them() {
-        let l = "2024-03-01T00:00:01.000002Z DEBUG memloop_preload::conn::switch: switched to TCP side=Server";
+        let l = "2024-03-01T00:00:01.000002Z DEBUG memloop_preload::switch::demote: switched to TCP side=Server";
         // 2024-03-01 is day 19783 since the epoch.
         assert_eq!(
             log_time(l),
@@ -115,14 +115,14 @@ mod tests {
         let day = 19_783 * 86_400_000_000_000u64;
         let pre = "2024-03-01T00:00:";
         let lines: Vec<String> = [
-            "00.500000Z DEBUG memloop_preload::conn::promote: promoted: back on the ring ch=Some(ChannelId { idx: 3, gen: 1 }) side=Server",
-            "01.000020Z DEBUG memloop_preload::conn::switch: left the ring ch=ChannelId { idx: 4, gen: 1 } side=Client",
-            "01.000050Z DEBUG memloop_preload::conn::switch: left the ring ch=ChannelId { idx: 4, gen: 1 } side=Server",
-            "01.000040Z DEBUG memloop_preload::conn::switch: switched to TCP ch=ChannelId { idx: 4, gen: 1 } side=Client reason=FdPassed",
-            "01.000090Z DEBUG memloop_preload::conn::switch: switched to TCP ch=ChannelId { idx: 4, gen: 1 } side=Server reason=Peer",
+            "00.500000Z DEBUG memloop_preload::switch::promote: promoted: back on the ring ch=Some(ChannelId { idx: 3, gen: 1 }) side=Server",
+            "01.000020Z DEBUG memloop_preload::switch::demote: left the ring ch=ChannelId { idx: 4, gen: 1 } side=Client",
+            "01.000050Z DEBUG memloop_preload::switch::demote: left the ring ch=ChannelId { idx: 4, gen: 1 } side=Server",
+            "01.000040Z DEBUG memloop_preload::switch::demote: switched to TCP ch=ChannelId { idx: 4, gen: 1 } side=Client reason=FdPassed",
+            "01.000090Z DEBUG memloop_preload::switch::demote: switched to TCP ch=ChannelId { idx: 4, gen: 1 } side=Server reason=Peer",
             "02.000010Z DEBUG memloop_preload::conn::promote: promotion: ready ch=Some(ChannelId { idx: 4, gen: 1 }) side=Client",
-            "02.000300Z DEBUG memloop_preload::conn::promote: promoted: back on the ring ch=Some(ChannelId { idx: 4, gen: 1 }) side=Server",
-            "02.000250Z DEBUG memloop_preload::conn::promote: promoted: back on the ring ch=Some(ChannelId { idx: 4, gen: 1 }) side=Client",
+            "02.000300Z DEBUG memloop_preload::switch::promote: promoted: back on the ring ch=Some(ChannelId { idx: 4, gen: 1 }) side=Server",
+            "02.000250Z DEBUG memloop_preload::switch::promote: promoted: back on the ring ch=Some(ChannelId { idx: 4, gen: 1 }) side=Client",
         ]
         .iter()
         .map(|l| format!("{pre}{l}"))
