@@ -270,7 +270,7 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
         reg.endpoint_connecting(ep),
     );
     let start = Instant::now();
-    let found = loop {
+    let (found, announced) = loop {
         // A member client announces its connect on the endpoint before the real connect and
         // withdraws only once its offer and its marker scan are done. So nobody announced
         // *before* a look that finds no offer means the peer is no member, and a non-member's
@@ -280,15 +280,22 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
         // descheduled), up to the long bound.
         let announced = connecting.as_ref().map(|w| w.load(SeqCst) > 0);
         if let Some(ch) = reg.find_offer_by_tuple(ep, &tuple) {
-            break Some(ch);
+            break (Some(ch), announced);
         }
         let waited = start.elapsed();
         let waiting = announced.unwrap_or(waited < engine.cfg.server_wait);
         if !waiting || waited >= wait_max {
-            break None;
+            break (None, announced);
         }
         std::thread::yield_now();
     };
+    // Nobody announced, no offer, and no member client anywhere may look for a marker: the
+    // client runs without the library (a client that withdrew its announcement or offer, or
+    // connected where nobody listened, counted itself as looking first). No marker, no late
+    // ring: nothing that could take either (a forking server then has none to hand around).
+    if found.is_none() && announced == Some(false) && !reg.late_clients_looking() {
+        return Accepted::Plain(FallbackReason::PeerNotPreloaded, None);
+    }
     let mut marker = None;
     let ch = match found {
         Some(ch) => Some(ch),
@@ -379,7 +386,8 @@ pub fn record_plain(
     };
     let late = match server {
         Some(ep) => Late::server(engine, tuple, reason, ep, marker),
-        None => Late::client(engine, tuple, reason),
+        // (Still announced on the endpoint: the server sees this client until it counts.)
+        None => Late::client(engine, tuple, reason, None),
     };
     // An armed server's marker is its late ring's to hold (`late/marker.rs`).
     let marker = marker.filter(|_| late.is_none() || server.is_none());

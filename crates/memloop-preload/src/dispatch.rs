@@ -101,6 +101,9 @@ pub struct Connecting {
     ep: Option<EndpointInfo>,
     dst: SocketAddr,
     announced: Option<memloop::registry::ShmU32>,
+    /// Nobody listening: counted among the clients that may look for a decline marker from
+    /// before the connect (a server that accepts it finds no announced connect).
+    looking: Option<crate::late::LookToken>,
 }
 
 impl Drop for Connecting {
@@ -170,6 +173,7 @@ pub fn before_connect(fd: c_int, dst: Option<SocketAddr>) -> Option<Connecting> 
                 ep: Some(ep),
                 dst,
                 announced,
+                looking: None,
             })
         }
         Err(reason) => {
@@ -177,6 +181,7 @@ pub fn before_connect(fd: c_int, dst: Option<SocketAddr>) -> Option<Connecting> 
             engine.registry().count_fallback(reason);
             (reason == FallbackReason::NoListener && crate::late::may_arm_unlisted(&engine)).then(
                 || Connecting {
+                    looking: Some(crate::late::LookToken::take(&engine)),
                     engine,
                     ep: None,
                     dst,
@@ -188,11 +193,15 @@ pub fn before_connect(fd: c_int, dst: Option<SocketAddr>) -> Option<Connecting> 
 }
 
 /// After a real connect that succeeded or is in progress: offer the channel.
-pub fn after_connect(fd: c_int, c: Connecting) {
+pub fn after_connect(fd: c_int, mut c: Connecting) {
     let fresh = fresh_epolls(fd);
     let (engine, dst) = (c.engine.clone(), c.dst);
     let Some(ep) = &c.ep else {
-        if let Some(p) = crate::late::unlisted(&engine, fd, dst) {
+        let looked = c
+            .looking
+            .take()
+            .and_then(|t| crate::late::unlisted(&engine, fd, dst, t));
+        if let Some(p) = looked {
             table::insert(fd, Entry::Plain(p));
         }
         return;

@@ -1262,6 +1262,20 @@ fn late_ring_not_tried_with_a_plain_client() {
             "a late ring with a plain client: late {late}, failed {failed}"
         ))
     );
+    // Nobody announced, no offer, no member client looking: the server knows its client runs
+    // without the library and publishes no decline marker (it would hold a channel slot, and
+    // arm the connection, for a late offer that cannot come).
+    let fallback = |name: &str| status["fallbacks"][name].as_u64().unwrap_or(0);
+    assert!(
+        fallback("peer_not_preloaded") == 1 && fallback("no_offer") == 0,
+        "{}",
+        o.report(&format!(
+            "the server's fallback for a plain client: peer_not_preloaded {}, no_offer {} \
+             (want 1 and 0)",
+            fallback("peer_not_preloaded"),
+            fallback("no_offer")
+        ))
+    );
 }
 
 /// A connection passed to this process itself and claimed at once, then closed; the next

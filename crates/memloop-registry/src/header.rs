@@ -94,8 +94,14 @@ pub(crate) const H_MEMBERSHIP: u64 = H_SWEPT_AT + 8;
 /// Channels published without an entry in the offer index (`tables/index.rs`): while not
 /// zero, readers scan the channel table.
 pub(crate) const H_UNINDEXED: u64 = H_MEMBERSHIP + 8;
-const _: () = assert!(H_UNINDEXED + 8 <= HEADER_BYTES);
-const _: () = assert!(H_UNINDEXED + 8 <= H_COUNTERS2);
+/// Member clients that may look for a server's decline marker (a late ring, `markers.rs`):
+/// while none does, a server whose accepted connection came with neither an offer nor an
+/// announced connect knows its client runs without the library, and publishes no marker.
+/// Zero in regions made before it: a server there publishes none for such clients either,
+/// and a client of an older build that falls back stays on TCP.
+pub(crate) const H_LATE_CLIENTS: u64 = H_UNINDEXED + 8;
+const _: () = assert!(H_LATE_CLIENTS + 8 <= HEADER_BYTES);
+const _: () = assert!(H_LATE_CLIENTS + 8 <= H_COUNTERS2);
 const _: () = assert!(cfg!(loom) || H_COUNTERS2 + 8 * COUNTER_BLOCK as u64 <= HEADER_BYTES);
 /// Kick lanes: a futex word per lane, bumped to wake a member's heartbeat early (zero and
 /// unused in regions made before them: a member there only beats on its period).

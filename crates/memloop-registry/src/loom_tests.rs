@@ -175,3 +175,67 @@ fn serve(r: &Registry, s: MemberId, ep: EndpointId, t: &ConnTuple) -> (Option<Ch
     let ring = late.is_some_and(|(id, _)| r.accept(id, s).is_ok());
     (Some(m), ring)
 }
+
+/// A client whose offer goes unanswered cancels it and stays on TCP, armed for a late ring: it
+/// will look for the server's decline marker. A server that accepts the connection finds
+/// neither an offer nor an announced connect, and publishes a marker only while some client
+/// counts as looking (`late_clients_looking`). So the client counts itself *before* it cancels
+/// its offer and withdraws its announcement: then a server that skips the marker never leaves
+/// a looking client without one. `count_first == false` is the control (counted after).
+fn late_client_seen_by_a_server_after_its_connect(count_first: bool) {
+    use loom::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::Arc;
+    model(move || {
+        let r = Registry::init(ShmSlice::new_model(SIZE as usize), &tiny()).unwrap();
+        let c = r.join(&ident(1)).unwrap();
+        let s = r.join(&ident(2)).unwrap();
+        let ep = r.add_endpoint(s, &EndpointKey::Native("s".into())).unwrap();
+        let t = ConnTuple {
+            client: "10.0.0.1:4000".parse().unwrap(),
+            server: "10.0.0.2:80".parse().unwrap(),
+        };
+        // The kernel's handshake: the server's accept returns after the client's connect.
+        let connected = Arc::new(AtomicBool::new(false));
+        let (rc, conn) = (r.clone(), connected.clone());
+        let client = thread::spawn(move || {
+            let announced = rc.endpoint_connecting(ep).unwrap();
+            announced.fetch_add(1, SeqCst);
+            let ch = rc.offer(c, ep, 64, Some(t)).unwrap();
+            conn.store(true, SeqCst);
+            // The decide wait ran out: cancel (unless accepted), then stop announcing.
+            if count_first {
+                rc.late_clients_add(true);
+            }
+            let looking = rc.cancel(ch, c).is_ok();
+            announced.fetch_sub(1, SeqCst);
+            if !count_first && looking {
+                rc.late_clients_add(true);
+            }
+            looking
+        });
+        while !connected.load(SeqCst) {
+            thread::yield_now();
+        }
+        let announced = r.endpoint_connecting(ep).unwrap().load(SeqCst) > 0;
+        let offer = r.find_offer_by_tuple(ep, &t);
+        let skipped = !announced && offer.is_none() && !r.late_clients_looking();
+        let ring = offer.is_some_and(|id| r.accept(id, s).is_ok());
+        let looking = client.join().unwrap();
+        assert!(
+            !(skipped && looking),
+            "the server published no marker for a client that looks for one"
+        );
+        assert!(!(ring && looking), "accepted and cancelled");
+    });
+}
+
+#[test]
+fn late_client_counts_itself_before_it_stops_being_seen() {
+    late_client_seen_by_a_server_after_its_connect(true);
+}
+
+#[test]
+#[should_panic(expected = "no marker for a client that looks")]
+fn late_client_counted_after_it_withdrew_is_missed() {
+    late_client_seen_by_a_server_after_its_connect(false);
+}

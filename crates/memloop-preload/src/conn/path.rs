@@ -135,9 +135,7 @@ impl Conn {
                 }
                 Ok(ChannelState::Offered) if Instant::now() >= deadline => {
                     // The CAS decides: either our cancel wins or the server's accept did.
-                    if reg.cancel(self.ch, self.engine.me()).is_ok() {
-                        self.to_tcp(FallbackReason::Cancelled);
-                    }
+                    self.cancel_to_tcp();
                 }
                 Ok(ChannelState::Offered) if !wait => return Path::Pending,
                 Ok(ChannelState::Offered) => {
@@ -147,9 +145,7 @@ impl Conn {
                     } else if self.connection_failed() {
                         // Reset before any accept (listener closed, backlog dropped): TCP,
                         // where the program meets the kernel's error.
-                        if reg.cancel(self.ch, self.engine.me()).is_ok() {
-                            self.to_tcp(FallbackReason::Cancelled);
-                        }
+                        self.cancel_to_tcp();
                     }
                 }
                 Ok(state) => {
@@ -172,7 +168,29 @@ impl Conn {
         matches!(r, Ok(ev) if ev & (libc::POLLERR | libc::POLLHUP) != 0)
     }
 
+    /// Withdraws our offer — the CAS decides against the server's accept — and, if it went,
+    /// stays on TCP (`Cancelled`), counted as a client that may look for a decline marker
+    /// from before the withdrawal: a server that accepts right after it finds neither our
+    /// offer nor our announced connect (withdrawn at the connect), and must still publish one.
+    fn cancel_to_tcp(&self) {
+        let looking = self
+            .late_ring_possible()
+            .then(|| crate::late::LookToken::take(&self.engine));
+        if self
+            .engine
+            .registry()
+            .cancel(self.ch, self.engine.me())
+            .is_ok()
+        {
+            self.to_tcp_looking(FallbackReason::Cancelled, looking);
+        }
+    }
+
     pub(super) fn to_tcp(&self, reason: FallbackReason) {
+        self.to_tcp_looking(reason, None);
+    }
+
+    fn to_tcp_looking(&self, reason: FallbackReason, looking: Option<crate::late::LookToken>) {
         real::set_sockopt_int(
             self.kfd(),
             libc::IPPROTO_TCP,
@@ -181,7 +199,7 @@ impl Conn {
         );
         let late = self
             .late_ring_possible()
-            .then(|| crate::late::Late::client(&self.engine, self.tuple, reason))
+            .then(|| crate::late::Late::client(&self.engine, self.tuple, reason, looking))
             .flatten();
         let plain = PlainTcp::record(&self.engine, &self.tuple, reason, None, late);
         *self.decision.plain.lock() = Some(plain);

@@ -95,6 +95,44 @@ pub struct Late {
     forgotten: AtomicBool,
     /// Counted in [`UNLISTED`] while armed.
     unlisted: AtomicBool,
+    /// Client: counted among the region's clients that may look for a marker while armed
+    /// ([`LookToken`]).
+    looking: AtomicBool,
+}
+
+/// A member client that may look for a server's decline marker, counted in the region while
+/// it lives (`Registry::late_clients_add`): a server that finds neither an announced connect
+/// nor such a client for a connection it accepted without an offer knows the client runs
+/// without the library, and publishes no marker for it (no late ring can come).
+pub struct LookToken {
+    engine: Arc<Engine>,
+    /// The process that counted it (a fork child's copy must not uncount the parent's).
+    pid: u32,
+    counted: bool,
+}
+
+impl LookToken {
+    pub fn take(engine: &Arc<Engine>) -> LookToken {
+        engine.registry().late_clients_add(true);
+        LookToken {
+            engine: engine.clone(),
+            pid: crate::real::getpid(),
+            counted: true,
+        }
+    }
+
+    /// The count passes to an armed connection (uncounted when it leaves the armed states).
+    fn hand_over(mut self) -> bool {
+        std::mem::replace(&mut self.counted, false) && self.pid == crate::real::getpid()
+    }
+}
+
+impl Drop for LookToken {
+    fn drop(&mut self) {
+        if self.counted && self.pid == crate::real::getpid() {
+            self.engine.registry().late_clients_add(false);
+        }
+    }
 }
 
 /// Armed connections to a co-resident address where nobody listened in the region at the
@@ -133,6 +171,7 @@ impl Late {
             epolls: ForkMutex::new(Vec::new()),
             forgotten: AtomicBool::new(false),
             unlisted: AtomicBool::new(false),
+            looking: AtomicBool::new(false),
         });
         let mut armed = ARMED.lock();
         // Pruned here too, not only by the heartbeat: a forking server accepts thousands of
@@ -149,27 +188,40 @@ impl Late {
         l
     }
 
-    /// A client connection that fell back for `reason`: armed if the reason may pass.
+    /// A client connection that fell back for `reason`: armed if the reason may pass. It is
+    /// counted as looking with `looking`, taken before the server could have stopped seeing
+    /// this client otherwise, or — while the client is still announced on the endpoint —
+    /// here.
     pub fn client(
         engine: &Arc<Engine>,
         tuple: ConnTuple,
         reason: memloop::registry::FallbackReason,
+        looking: Option<LookToken>,
     ) -> Option<Arc<Late>> {
         use memloop::registry::FallbackReason as F;
         if !matches!(reason, F::Cancelled | F::RegionFull | F::NoOffer) || !allowed(engine) {
             return None;
         }
-        Some(Late::new(engine, Role::Client, tuple))
+        let looking = looking.unwrap_or_else(|| LookToken::take(engine));
+        let l = Late::new(engine, Role::Client, tuple);
+        l.looking.store(looking.hand_over(), Release);
+        Some(l)
     }
 
     /// A client connection to `tuple.server`, where nobody listened in the region at the
-    /// connect: armed if fewer than [`MAX_UNLISTED`] such are.
-    fn client_unlisted(engine: &Arc<Engine>, tuple: ConnTuple) -> Option<Arc<Late>> {
+    /// connect (counted as looking since before it, `looking`): armed if fewer than
+    /// [`MAX_UNLISTED`] such are.
+    fn client_unlisted(
+        engine: &Arc<Engine>,
+        tuple: ConnTuple,
+        looking: LookToken,
+    ) -> Option<Arc<Late>> {
         if !allowed(engine) || !take_unlisted() {
             return None;
         }
         let l = Late::new(engine, Role::Client, tuple);
         l.unlisted.store(true, Release);
+        l.looking.store(looking.hand_over(), Release);
         Some(l)
     }
 
@@ -178,6 +230,9 @@ impl Late {
     fn unarmed(&self) {
         if self.unlisted.swap(false, AcqRel) {
             UNLISTED.fetch_sub(1, AcqRel);
+        }
+        if self.looking.swap(false, AcqRel) {
+            self.reg().late_clients_add(false);
         }
     }
 
@@ -281,6 +336,7 @@ impl Late {
         self.forgotten.store(true, Release);
         self.state.store(OFF, Release);
         self.unlisted.store(false, Release); // (the child's count starts at 0)
+        self.looking.store(false, Release); // (the parent's, in the region's count)
     }
 }
 
@@ -863,20 +919,22 @@ pub fn may_arm_unlisted(engine: &Engine) -> bool {
     allowed(engine) && UNLISTED.load(Acquire) < MAX_UNLISTED
 }
 
-/// After the real connect of `fd` to `dst`, where nobody listened in the region: the plain
-/// connection, armed for a late ring (the server publishes a decline marker for it if it
-/// joins the region and accepts it), or `None` if no place is free.
+/// After the real connect of `fd` to `dst`, where nobody listened in the region (the client
+/// counted as looking since before the connect: `looking`): the plain connection, armed for a
+/// late ring (the server publishes a decline marker for it if it joins the region and accepts
+/// it), or `None` if no place is free.
 pub fn unlisted(
     engine: &Arc<Engine>,
     fd: c_int,
     dst: std::net::SocketAddr,
+    looking: LookToken,
 ) -> Option<Arc<PlainTcp>> {
     let local = crate::real::local_addr(fd)?;
     let tuple = ConnTuple {
         client: crate::agree::canonical(local),
         server: crate::agree::canonical(dst),
     };
-    let l = Late::client_unlisted(engine, tuple)?;
+    let l = Late::client_unlisted(engine, tuple, looking)?;
     tracing::debug!(
         fd,
         ?tuple,

@@ -137,6 +137,30 @@ impl Registry {
         }
     }
 
+    fn late_clients_word(&self) -> Result<memloop_shm::ShmU64, RegistryError> {
+        Ok(self.view.u64_at(crate::header::H_LATE_CLIENTS)?)
+    }
+
+    /// One more (`up`) or one less member client that may look for a decline marker. A client
+    /// counts itself before the server could stop seeing it otherwise: before withdrawing its
+    /// announced connect or cancelling its offer, or — nobody listening in the region — before
+    /// its connect (saturating, like the other hints: one that stays too high only costs
+    /// markers nobody looks for).
+    pub fn late_clients_add(&self, up: bool) {
+        if let Ok(w) = self.late_clients_word() {
+            super::step_count(&w, up);
+        }
+    }
+
+    /// Whether a member client may look for a decline marker now. The server reads it after
+    /// its look at the endpoint's announced connects and its offers, with a SeqCst fence in
+    /// between: a client that withdrew from those had counted itself first. Unreadable: yes.
+    pub fn late_clients_looking(&self) -> bool {
+        fence(SeqCst);
+        self.late_clients_word()
+            .map_or(true, |w| w.load(SeqCst) > 0)
+    }
+
     fn offers_word(&self) -> Result<memloop_shm::ShmU64, RegistryError> {
         Ok(self.view.u64_at(crate::header::H_OFFERS)?)
     }
