@@ -231,14 +231,23 @@ def fill(sock, seed, limit=256 << 20):
     raise Fail(f"send never said EAGAIN after {total} bytes")
 
 
+def sockaddr(host, port):
+    """(family, address) for `host` — IPv4, IPv6, or link-local IPv6 scoped as `fe80::1%eth0`
+    (the scope as the interface's index: the form bind and connect take)."""
+    if ":" not in host:
+        return socket.AF_INET, (host, port)
+    addr, _, scope = host.partition("%")
+    return socket.AF_INET6, (addr, port, 0, socket.if_nametoindex(scope) if scope else 0)
+
+
 def connect(host, port, timeout=10.0, **kw):
     """A connected TCP socket; retries while the peer's network is still coming up."""
     end = now() + timeout
-    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    fam, to = sockaddr(host, port)
     while True:
         s = socket.socket(fam, socket.SOCK_STREAM)
         try:
-            s.connect((host, port))
+            s.connect(to)
             return s
         except (ConnectionRefusedError, OSError) as e:
             s.close()
@@ -254,12 +263,12 @@ def dial(args, **kw):
 
 
 def listener(host, backlog=64):
-    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    fam, at = sockaddr(host, 0)
     s = socket.socket(fam, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if fam == socket.AF_INET6 and host == "::":
         s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-    s.bind((host, 0))
+    s.bind(at)
     s.listen(backlog)
     return s
 

@@ -5,7 +5,7 @@
 use crate::error::{fail, CliResult, Context};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -19,6 +19,10 @@ const GUEST_IF: &str = "eth0";
 const MAX_IFNAME: usize = 15;
 /// Host part of the bridge's address; domains use .1 ..= .253.
 const BRIDGE_HOST: u32 = 254;
+/// The IPv6 /64 of a layout: a unique local prefix ("ml") whose last 32 bits are the IPv4
+/// subnet's network address, so two layouts on one host never share it. Hosts as in IPv4.
+const ULA_HIGH: u128 = 0xfd6d_6c00 << 96;
+const V6_PREFIX_LEN: u8 = 64;
 
 #[derive(clap::Args)]
 pub struct PrefixArg {
@@ -35,7 +39,9 @@ pub enum DomainsCmd {
         n: u32,
         #[command(flatten)]
         prefix: PrefixArg,
-        /// IPv4 subnet: domain i gets host .(i+1), the bridge .254.
+        /// IPv4 subnet: domain i gets host .(i+1), the bridge .254. Each domain also gets an
+        /// IPv6 address in fd6d:6c00:XXXX:YYYY::/64 (XXXX:YYYY: the IPv4 network address),
+        /// host ::(i+1), the bridge ::fe.
         #[arg(long, default_value = "10.77.0.0/24")]
         subnet: String,
     },
@@ -81,6 +87,7 @@ pub struct Plan {
     pub bridge: String,
     pub bridge_addr: Ipv4Addr,
     pub prefix_len: u8,
+    pub bridge_addr6: Ipv6Addr,
     pub domains: Vec<DomainPlan>,
 }
 
@@ -92,6 +99,7 @@ pub struct DomainPlan {
     /// Root-namespace end of the veth pair, attached to the bridge.
     pub host_if: String,
     pub addr: Ipv4Addr,
+    pub addr6: Ipv6Addr,
 }
 
 /// Names and addresses for `n` domains with this prefix in this subnet (`a.b.c.d/len`, len ≤ 24).
@@ -110,6 +118,7 @@ pub fn plan(n: u32, prefix: &str, subnet: &str) -> CliResult<Plan> {
             netns: netns_name(prefix, i),
             host_if: host_if_name(prefix, i),
             addr: Ipv4Addr::from(base + i + 1),
+            addr6: ipv6_of(Ipv4Addr::from(base), i + 1),
         })
         .collect::<Vec<_>>();
     let bridge = bridge_name(prefix);
@@ -121,8 +130,39 @@ pub fn plan(n: u32, prefix: &str, subnet: &str) -> CliResult<Plan> {
         bridge,
         bridge_addr: Ipv4Addr::from(base + BRIDGE_HOST),
         prefix_len,
+        bridge_addr6: ipv6_of(Ipv4Addr::from(base), BRIDGE_HOST),
         domains,
     })
+}
+
+/// How much IPv6 this host allows a layout: none (a kernel without it), the domains' own
+/// addresses (IPv6 switched off in the root namespace: domains still reach each other over the
+/// bridge, which needs no address), or also the bridge's address and the domains' routes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum V6 {
+    Off,
+    DomainsOnly,
+    Full,
+}
+
+fn v6_here() -> V6 {
+    if !Path::new("/proc/net/if_inet6").exists() {
+        return V6::Off;
+    }
+    let off = |f: &str| {
+        std::fs::read_to_string(format!("/proc/sys/net/ipv6/conf/{f}/disable_ipv6"))
+            .is_ok_and(|s| s.trim() == "1")
+    };
+    if off("all") || off("default") {
+        V6::DomainsOnly
+    } else {
+        V6::Full
+    }
+}
+
+/// Host `host`'s IPv6 address in the layout whose IPv4 network address is `net`.
+pub fn ipv6_of(net: Ipv4Addr, host: u32) -> Ipv6Addr {
+    Ipv6Addr::from(ULA_HIGH | (u128::from(u32::from(net)) << 64) | u128::from(host))
 }
 
 fn netns_name(prefix: &str, i: u32) -> String {
@@ -262,20 +302,46 @@ fn up(p: &Plan) -> CliResult<()> {
         let _ = remove_all(&p.prefix);
         return Err(e);
     }
+    let v6 = v6_here();
+    let six = |a: Ipv6Addr, on: bool| {
+        if on {
+            format!("  {a}/{V6_PREFIX_LEN}")
+        } else {
+            String::new()
+        }
+    };
     for d in &p.domains {
         println!(
-            "domain {}  {}  {}/{}",
-            d.index, d.netns, d.addr, p.prefix_len
+            "domain {}  {}  {}/{}{}",
+            d.index,
+            d.netns,
+            d.addr,
+            p.prefix_len,
+            six(d.addr6, v6 != V6::Off)
         );
     }
-    println!("bridge    {}  {}/{}", p.bridge, p.bridge_addr, p.prefix_len);
+    println!(
+        "bridge    {}  {}/{}{}",
+        p.bridge,
+        p.bridge_addr,
+        p.prefix_len,
+        six(p.bridge_addr6, v6 == V6::Full)
+    );
+    if v6 == V6::Off {
+        println!("(no IPv6 in this kernel: IPv4 only)");
+    }
     Ok(())
 }
 
 fn build(p: &Plan) -> CliResult<()> {
     let br_addr = format!("{}/{}", p.bridge_addr, p.prefix_len);
+    let br_addr6 = format!("{}/{V6_PREFIX_LEN}", p.bridge_addr6);
     ip(&["link", "add", &p.bridge, "type", "bridge"])?;
     ip(&["addr", "add", &br_addr, "dev", &p.bridge])?;
+    if v6_here() == V6::Full {
+        // (nodad: usable at once; the layout's addresses are unique by construction.)
+        ip(&["-6", "addr", "add", &br_addr6, "dev", &p.bridge, "nodad"])?;
+    }
     ip(&["link", "set", &p.bridge, "up"])?;
     p.domains.iter().try_for_each(|d| build_domain(p, d))
 }
@@ -283,7 +349,9 @@ fn build(p: &Plan) -> CliResult<()> {
 fn build_domain(p: &Plan, d: &DomainPlan) -> CliResult<()> {
     let (ns, host) = (d.netns.as_str(), d.host_if.as_str());
     let addr = format!("{}/{}", d.addr, p.prefix_len);
+    let addr6 = format!("{}/{V6_PREFIX_LEN}", d.addr6);
     let gw = p.bridge_addr.to_string();
+    let gw6 = p.bridge_addr6.to_string();
     ip(&["netns", "add", ns])?;
     ip(&["-n", ns, "link", "set", "lo", "up"])?;
     // Create the peer directly inside the namespace: the root namespace may have an eth0.
@@ -293,8 +361,17 @@ fn build_domain(p: &Plan, d: &DomainPlan) -> CliResult<()> {
     ip(&["link", "set", host, "master", &p.bridge])?;
     ip(&["link", "set", host, "up"])?;
     ip(&["-n", ns, "addr", "add", &addr, "dev", GUEST_IF])?;
+    let v6 = v6_here();
+    if v6 != V6::Off {
+        ip(&[
+            "-n", ns, "-6", "addr", "add", &addr6, "dev", GUEST_IF, "nodad",
+        ])?;
+    }
     ip(&["-n", ns, "link", "set", GUEST_IF, "up"])?;
     ip(&["-n", ns, "route", "add", "default", "via", &gw])?;
+    if v6 == V6::Full {
+        ip(&["-n", ns, "-6", "route", "add", "default", "via", &gw6])?;
+    }
     Ok(())
 }
 
@@ -309,7 +386,9 @@ fn is_up(p: &Plan) -> bool {
 
 fn bridge_ok(p: &Plan) -> CliResult<bool> {
     let br = first(ip_json(&["addr", "show", "dev", &p.bridge])?);
-    Ok(is_if_up(&br) && has_addr(&br, p.bridge_addr, p.prefix_len))
+    Ok(is_if_up(&br)
+        && has_addr(&br, p.bridge_addr.into(), p.prefix_len)
+        && (v6_here() != V6::Full || has_addr(&br, p.bridge_addr6.into(), V6_PREFIX_LEN)))
 }
 
 fn domain_ok(p: &Plan, d: &DomainPlan) -> bool {
@@ -324,7 +403,8 @@ fn domain_ok(p: &Plan, d: &DomainPlan) -> bool {
             // The guest end is the peer of this host end.
             && guest["link_index"] == host["ifindex"]
             && is_if_up(&guest)
-            && has_addr(&guest, d.addr, p.prefix_len)
+            && has_addr(&guest, d.addr.into(), p.prefix_len)
+            && (v6_here() == V6::Off || has_addr(&guest, d.addr6.into(), V6_PREFIX_LEN))
             && is_if_up(&lo)
             && route["gateway"] == p.bridge_addr.to_string().as_str())
     };
@@ -341,7 +421,7 @@ fn is_if_up(link: &Value) -> bool {
         .is_some_and(|f| f.iter().any(|x| x == "UP"))
 }
 
-fn has_addr(link: &Value, addr: Ipv4Addr, len: u8) -> bool {
+fn has_addr(link: &Value, addr: std::net::IpAddr, len: u8) -> bool {
     link["addr_info"].as_array().is_some_and(|a| {
         a.iter()
             .any(|i| i["local"] == addr.to_string().as_str() && i["prefixlen"] == len)
@@ -441,6 +521,7 @@ struct Listed {
     index: u32,
     netns: String,
     addr: Option<String>,
+    addr6: Option<String>,
     inode: Option<u64>,
 }
 
@@ -462,10 +543,11 @@ fn list(prefix: &str, as_json: bool) -> CliResult<()> {
     }
     for d in &domains {
         let addr = d.addr.as_deref().unwrap_or("-");
+        let addr6 = d.addr6.as_deref().unwrap_or("-");
         let inode = d.inode.map_or_else(|| "-".to_owned(), |i| i.to_string());
         println!(
-            "{:<4} {:<16} {:<18} netns inode {inode}",
-            d.index, d.netns, addr
+            "{:<4} {:<16} {:<18} {:<28} netns inode {inode}",
+            d.index, d.netns, addr, addr6
         );
     }
     Ok(())
@@ -476,25 +558,38 @@ fn describe(index: u32, netns: String) -> Listed {
     let inode = std::fs::metadata(Path::new(NETNS_DIR).join(&netns))
         .ok()
         .map(|m| m.ino());
-    let addr = guest_addr(&netns);
+    let link = ip_json(&["-n", &netns, "addr", "show", "dev", GUEST_IF])
+        .ok()
+        .map(first);
+    let addr = link.as_ref().and_then(|l| guest_addr(l, "inet"));
+    let addr6 = link.as_ref().and_then(|l| guest_addr(l, "inet6"));
     Listed {
         index,
         netns,
         addr,
+        addr6,
         inode,
     }
 }
 
-/// `a.b.c.d/len` of the domain's eth0 (None if it has none or we may not look: needs root).
-fn guest_addr(netns: &str) -> Option<String> {
-    let link = first(ip_json(&["-n", netns, "addr", "show", "dev", GUEST_IF]).ok()?);
+/// `address/len` of the domain's eth0 in `family` (`inet`, or `inet6`: its global scope, not
+/// the link-local one); None if it has none or we may not look (needs root).
+fn guest_addr(link: &Value, family: &str) -> Option<String> {
     let info = link["addr_info"].as_array()?;
-    let v4 = info.iter().find(|i| i["family"] == "inet")?;
-    Some(format!("{}/{}", v4["local"].as_str()?, v4["prefixlen"]))
+    let a = info
+        .iter()
+        .find(|i| i["family"] == family && i["scope"] == "global")?;
+    Some(format!("{}/{}", a["local"].as_str()?, a["prefixlen"]))
 }
 
 fn listed_json(d: &Listed) -> Value {
-    json!({ "index": d.index, "netns": d.netns, "address": d.addr, "netns_inode": d.inode })
+    json!({
+        "index": d.index,
+        "netns": d.netns,
+        "address": d.addr,
+        "address6": d.addr6,
+        "netns_inode": d.inode,
+    })
 }
 
 #[cfg(test)]
@@ -513,6 +608,15 @@ mod tests {
         assert_eq!(hosts, ["ml-v0", "ml-v1", "ml-v2"]);
         let addrs: Vec<_> = p.domains.iter().map(|d| d.addr.to_string()).collect();
         assert_eq!(addrs, ["10.77.0.1", "10.77.0.2", "10.77.0.3"]);
+        let addrs6: Vec<_> = p.domains.iter().map(|d| d.addr6.to_string()).collect();
+        assert_eq!(
+            addrs6,
+            ["fd6d:6c00:a4d::1", "fd6d:6c00:a4d::2", "fd6d:6c00:a4d::3"]
+        );
+        assert_eq!(p.bridge_addr6.to_string(), "fd6d:6c00:a4d::fe");
+        // Another IPv4 subnet, another IPv6 prefix.
+        let q = plan(1, "ml", "10.200.7.0/24").unwrap();
+        assert_eq!(q.domains[0].addr6.to_string(), "fd6d:6c00:ac8:700::1");
         assert!(p
             .domains
             .iter()

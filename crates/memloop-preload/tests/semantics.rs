@@ -174,6 +174,9 @@ fn main() -> std::process::ExitCode {
         test!(xdom_fork_child_serves).needs(needs_domains()),
         test!(xdom_exec_keeps_an_inherited_connection).needs(needs_domains()),
         test!(xdom_ipv4_client_on_a_dual_stack_listener).needs(needs_domains()),
+        test!(xdom_echo_10mb_over_ipv6).needs(needs_domains()),
+        test!(xdom_echo_10mb_over_ipv6_link_local).needs(needs_domains()),
+        test!(xdom_names_over_ipv6).needs(needs_domains()),
         test!(xdom_peer_killed_mid_stream).needs(needs_domains()),
         test!(xdom_peer_killed_while_idle).needs(needs_domains()),
         test!(xdom_selectors_echo_server_20_clients).needs(needs_domains()),
@@ -210,6 +213,16 @@ struct Domains {
     prefix: String,
     /// Domain 0's address (the server's).
     server: String,
+}
+
+/// The address family a scenario across domains dials (domain 0's address of that kind).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    V4,
+    /// The domain's global IPv6 address (`memloop domains up` gives each one).
+    V6,
+    /// Its link-local IPv6 address, scoped to the client's `eth0`.
+    LinkLocal,
 }
 
 static SUBNETS: Mutex<u32> = Mutex::new(0);
@@ -253,6 +266,42 @@ impl Domains {
             String::from_utf8_lossy(&out.stderr)
         );
         d
+    }
+
+    /// The address of domain 0 (the server's) a client dials for `family`.
+    fn server_addr(&self, family: Family) -> String {
+        let ns = format!("{}-d0", self.prefix);
+        let scope = match family {
+            Family::V4 => return self.server.clone(),
+            Family::V6 => "global",
+            Family::LinkLocal => "link",
+        };
+        // (A link-local address is tentative for a moment after the link came up: until its
+        // duplicate address detection is done, nothing can bind or reach it.)
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = Command::new("ip")
+                .args(["-n", &ns, "-j", "-6", "addr", "show", "dev", "eth0"])
+                .output()
+                .expect("ip -6 addr show");
+            let v: serde_json::Value =
+                serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+            let found = v[0]["addr_info"].as_array().and_then(|a| {
+                a.iter()
+                    .find(|i| i["scope"] == scope && i["tentative"].as_bool() != Some(true))
+            });
+            if let Some(a) = found.and_then(|i| i["local"].as_str()) {
+                return match family {
+                    Family::LinkLocal => format!("{a}%eth0"),
+                    _ => a.to_string(),
+                };
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "domain 0 has no usable {scope} IPv6 address: {v}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// `cmd` wrapped to run in domain `i`.
@@ -310,6 +359,8 @@ struct Scenario {
     /// Channel slots of the scenario's region (default: in proportion to its 64 MiB): one
     /// makes a connection take its predecessor's slot (slots are handed out next-fit).
     channels: Option<u32>,
+    /// Across domains: the address family dialled.
+    family: Family,
 }
 
 const fn sc(script: &'static str, case: &'static str) -> Scenario {
@@ -326,6 +377,7 @@ const fn sc(script: &'static str, case: &'static str) -> Scenario {
         repeat: 1,
         server_env: None,
         channels: None,
+        family: Family::V4,
     }
 }
 
@@ -336,6 +388,10 @@ impl Scenario {
     }
     const fn dies(mut self) -> Self {
         self.server_dies = true;
+        self
+    }
+    const fn family(mut self, f: Family) -> Self {
+        self.family = f;
         self
     }
     const fn bind(mut self, b: &'static str) -> Self {
@@ -419,7 +475,7 @@ fn run_pair(s: &Scenario, mode: Mode, region: Option<&str>, doms: Option<&Domain
     let dir = &scratch.0;
     let port_file = dir.join("port");
     let host = match doms {
-        Some(d) => d.server.clone(),
+        Some(d) => d.server_addr(s.family),
         None => s.host.unwrap_or("127.0.0.1").to_string(),
     };
     let mut sargs = vec![
@@ -1807,6 +1863,20 @@ fn xdom_exec_keeps_an_inherited_connection() {
 
 fn xdom_ipv4_client_on_a_dual_stack_listener() {
     check_domains(sc("names", "names").bind("::").extra("dualstack"));
+}
+
+/// Across domains over IPv6: each domain's global (ULA) address, and its link-local one
+/// (scoped to the client's interface) — both on a ring, every byte checked.
+fn xdom_echo_10mb_over_ipv6() {
+    check_domains(sc("stream", "echo_10mb").family(Family::V6));
+}
+
+fn xdom_echo_10mb_over_ipv6_link_local() {
+    check_domains(sc("stream", "echo_10mb").family(Family::LinkLocal));
+}
+
+fn xdom_names_over_ipv6() {
+    check_domains(sc("names", "names").family(Family::V6));
 }
 
 fn xdom_peer_killed_mid_stream() {

@@ -8,6 +8,7 @@
 //! | --- | --- | --- | --- |
 //! | memloop | domain 0 | domain 1, via the bridge address | both, one region |
 //! | veth+bridge | domain 0 | domain 1 | no |
+//! | memloop-v6, veth+bridge-v6 | the same over the domains' IPv6 addresses | | both / no |
 //! | memloop-lo | domain 0, 127.0.0.1 | domain 0 | both, one region |
 //! | tcp-loopback | domain 0, 127.0.0.1 | domain 0 | no |
 //! | unix | domain 0, abstract socket | domain 0 | no |
@@ -62,6 +63,8 @@ pub struct TcpArgs {
 // Path names, as in the table and the JSON.
 pub(super) const MEMLOOP: &str = "memloop";
 pub(super) const VETH: &str = "veth+bridge";
+pub(super) const MEMLOOP6: &str = "memloop-v6";
+pub(super) const VETH6: &str = "veth+bridge-v6";
 pub(super) const MEMLOOP_LO: &str = "memloop-lo";
 pub(super) const TCP_LO: &str = "tcp-loopback";
 const UNIX: &str = "unix";
@@ -76,6 +79,8 @@ const SLEEP_US: u64 = 1000;
 enum Net {
     /// Server in domain 0 on its bridge address, client in domain 1.
     Veth,
+    /// The same over the domains' IPv6 addresses.
+    Veth6,
     /// Both in domain 0 over 127.0.0.1.
     Loopback,
     /// Both in domain 0 over an abstract Unix socket.
@@ -98,7 +103,7 @@ struct PathDef {
     what: &'static str,
 }
 
-const PATHS: [PathDef; 6] = [
+const PATHS: [PathDef; 8] = [
     PathDef {
         name: MEMLOOP,
         net: Net::Veth,
@@ -110,6 +115,18 @@ const PATHS: [PathDef; 6] = [
         net: Net::Veth,
         preload: Preload::No,
         what: "domain 0 ↔ domain 1 through veth pairs and the bridge",
+    },
+    PathDef {
+        name: MEMLOOP6,
+        net: Net::Veth6,
+        preload: Preload::Ring,
+        what: "domain 0 ↔ domain 1 over IPv6, both under `memloop run`",
+    },
+    PathDef {
+        name: VETH6,
+        net: Net::Veth6,
+        preload: Preload::No,
+        what: "domain 0 ↔ domain 1 over IPv6 through veth pairs and the bridge",
     },
     PathDef {
         name: MEMLOOP_LO,
@@ -455,6 +472,7 @@ fn start(
 ) -> CliResult<(Proc, Proc)> {
     let (server_domain, client_domain, listen) = match def.net {
         Net::Veth => (0, 1, format!("{}:0", bed.addr(0))),
+        Net::Veth6 => (0, 1, format!("[{}]:0", bed.addr6(0))),
         Net::Loopback => (0, 0, "127.0.0.1:0".into()),
         Net::Unix => (
             0,

@@ -307,6 +307,12 @@ impl Testbed {
         Ipv4Addr::new(a, b, c, i + 1)
     }
 
+    /// Domain `i`'s IPv6 address (as `memloop domains up` gives it).
+    pub fn addr6(&self, i: u8) -> std::net::Ipv6Addr {
+        let [a, b, c] = self.net;
+        memloop_cli::domains::ipv6_of(Ipv4Addr::new(a, b, c, 0), u32::from(i) + 1)
+    }
+
     /// Creates a region for this run (removed on drop).
     pub fn create_region(&mut self, name: &str) -> CliResult<()> {
         self.create_region_with(name, &CreateRegion::default())

@@ -1,7 +1,7 @@
 //! `memloop bench tcp` results as tables: the paths side by side with ratios, the preload's cost
 //! on traffic that cannot use a ring, and the brief's targets.
 
-use super::{MEMLOOP, MEMLOOP_LO, REMOTE, TCP_LO, UNIX, VETH};
+use super::{MEMLOOP, MEMLOOP6, MEMLOOP_LO, REMOTE, TCP_LO, UNIX, VETH, VETH6};
 use crate::bench::report::{fmt_num, Record};
 use crate::units::fmt_size;
 use serde::Serialize;
@@ -19,12 +19,13 @@ pub const GBIT: &str = "Gbit/s";
 pub const MSGS: &str = "msg/s";
 
 /// Main table columns.
-const COLUMNS: [&str; 5] = [MEMLOOP, VETH, MEMLOOP_LO, TCP_LO, UNIX];
+const COLUMNS: [&str; 7] = [MEMLOOP, VETH, MEMLOOP6, VETH6, MEMLOOP_LO, TCP_LO, UNIX];
 /// Ratio columns: (heading, column of the memloop path, column of the baseline).
-const RATIOS: [(&str, usize, usize); 3] = [
+const RATIOS: [(&str, usize, usize); 4] = [
     ("memloop vs veth", 0, 1),
-    ("memloop vs lo", 0, 3),
-    ("memloop-lo vs lo", 2, 3),
+    ("memloop vs lo", 0, 5),
+    ("memloop-lo vs lo", 4, 5),
+    ("v6: memloop vs veth", 2, 3),
 ];
 
 fn lower_is_better(unit: &str) -> bool {
@@ -284,6 +285,7 @@ pub fn targets(records: &[Record], remote: &[RemoteRow]) -> Vec<String> {
             .map(|r| r.size)
             .collect();
         s.sort_unstable();
+        s.dedup();
         s
     };
     let x = |r: Option<f64>| fmt_ratio(r);
@@ -305,6 +307,23 @@ pub fn targets(records: &[Record], remote: &[RemoteRow]) -> Vec<String> {
             x(vs(MEMLOOP, VETH, "stream", s, GBIT, false)),
             x(vs(MEMLOOP_LO, TCP_LO, "stream", s, GBIT, false)),
         ));
+    }
+    let (rr_sizes, stream_sizes) = (sizes("rr"), sizes("stream"));
+    // (64 B where measured: the issue's RR size.)
+    let rr = rr_sizes.iter().find(|&&s| s == 64).or(rr_sizes.first());
+    if let (Some(&rr), Some(&st)) = (rr, stream_sizes.last()) {
+        if get(MEMLOOP6, "rr", rr, RTT).is_some() {
+            out.push(format!(
+                "TCP over IPv6 across domains (target: the IPv4 ratios, within noise): RR {} RTT p50 \
+                 memloop-v6 {} veth+bridge-v6 (IPv4: {}); STREAM {} {} (IPv4: {})",
+                fmt_size(rr),
+                x(vs(MEMLOOP6, VETH6, "rr", rr, RTT, false)),
+                x(vs(MEMLOOP, VETH, "rr", rr, RTT, false)),
+                fmt_size(st),
+                x(vs(MEMLOOP6, VETH6, "stream", st, GBIT, false)),
+                x(vs(MEMLOOP, VETH, "stream", st, GBIT, false)),
+            ));
+        }
     }
     if get(MEMLOOP, "crr", 1, CPS).is_some() {
         out.push(format!(
