@@ -9,8 +9,14 @@
 # with assert_ring_used / assert_tcp_fallback below (py/ringcheck.py reads the status JSON).
 #
 # Environment set by run.sh: ML (memloop binary), PY (python3), HERE (this directory), PREFIX,
-# NS0/NS1 (namespaces), ADDR0/ADDR1 (their addresses), SUBNET, CASE_DIR (this case's files),
-# SRV_REGION, CLI_REGION, SERVER_TIMEOUT.
+# NS0/NS1 (namespaces), ADDR0/ADDR1 (their addresses), ADDR0_6/ADDR1_6 and SUBNET6 (their IPv6
+# addresses, empty without IPv6), SUBNET, CASE_DIR (this case's files), SRV_REGION, CLI_REGION,
+# SERVER_TIMEOUT.
+
+# need_ipv6: the *6 cases need the domains' IPv6 addresses.
+need_ipv6() {
+  [ -n "${ADDR0_6:-}" ] && [ -n "${ADDR1_6:-}" ] || fail "the domains have no IPv6 addresses"
+}
 
 log() { printf '[%(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
@@ -94,7 +100,8 @@ stop_server() {
 run_client() {
   local name=$1 secs=$2 rc=0 snap
   shift 2
-  dom_cmd 1 "$CLI_REGION"
+  # (CLIENT_DOMAIN=0: a client beside the server, e.g. over ::1.)
+  dom_cmd "${CLIENT_DOMAIN:-1}" "$CLI_REGION"
   log "client $name: $*"
   # A client that hangs: what every region and program looked like just before the timeout.
   (sleep $((secs > 10 ? secs - 3 : secs)) && hang_snapshot "$CASE_DIR/$name.hang") &

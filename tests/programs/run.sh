@@ -38,11 +38,11 @@ export HERE
 ALL_CASES=(
   python-blocking python-selectors python-asyncio python-forking python-prefork
   python-sockopts python-http
-  nginx-curl
-  redis-cli redis-benchmark redis-storm redis-late
+  nginx-curl nginx-curl6
+  redis-cli redis-benchmark redis-storm redis-late redis-v6
   iperf3
   sockperf-pingpong sockperf-throughput
-  postgres-psql postgres-pgbench postgres-storm postgres-late
+  postgres-psql postgres-pgbench postgres-storm postgres-late postgres-v6
 )
 
 usage() {
@@ -202,7 +202,15 @@ for ns in "$NS0" "$NS1"; do
   printf '127.0.0.1 localhost\n%s %s\n%s %s\n' "$ADDR0" "$NS0" "$ADDR1" "$NS1" >"/etc/netns/$ns/hosts"
   printf 'options timeout:1 attempts:1\n' >"/etc/netns/$ns/resolv.conf"
 done
-log "domains $NS0 ($ADDR0) and $NS1 ($ADDR1), logs in $RUN_DIR"
+# Their IPv6 addresses (`memloop domains up` gives each one; the *6 cases need them).
+addr6() {
+  "$ML" domains list --prefix "$PREFIX" --json |
+    jq -r --argjson i "$1" '.domains[] | select(.index == $i) | .address6 // empty | sub("/.*"; "")'
+}
+ADDR0_6=$(addr6 0) ADDR1_6=$(addr6 1)
+SUBNET6=${ADDR0_6%::*}::/64
+export ADDR0_6 ADDR1_6 SUBNET6
+log "domains $NS0 ($ADDR0, ${ADDR0_6:-no IPv6}) and $NS1 ($ADDR1, ${ADDR1_6:-no IPv6}), logs in $RUN_DIR"
 
 # ---------------------------------------------------------------------------------------------
 # The cases.

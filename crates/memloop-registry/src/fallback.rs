@@ -39,7 +39,8 @@ pub enum FallbackReason {
     Unsupported,
     /// The socket was shared across fork or exec in a way the ring path cannot follow.
     ForkOrExec,
-    /// The peer process does not run the transparent layer.
+    /// The peer process does not run the transparent layer here: no library, or a member of
+    /// another region (a server that sees no member client announced or looking for a marker).
     PeerNotPreloaded,
     /// Any other error on the way to a ring.
     Error,
@@ -166,7 +167,7 @@ impl FallbackReason {
             Self::Disabled => "disabled by MEMLOOP_DISABLE",
             Self::Unsupported => "socket option or flag not emulated",
             Self::ForkOrExec => "shared across fork or exec",
-            Self::PeerNotPreloaded => "peer not preloaded",
+            Self::PeerNotPreloaded => "peer not preloaded, or in another region",
             Self::Error => "error",
             Self::RegistryCorrupt => "corrupt registry entry",
             Self::RingCorrupt => "corrupt ring",

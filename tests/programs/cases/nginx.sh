@@ -3,6 +3,21 @@
 # without sendfile, checked by SHA-256.
 
 case_nginx_curl() {
+  nginx_curl "$ADDR0:8080" "$ADDR0" "$ADDR1"
+}
+
+# Over IPv6: nginx listening on [::] (IPv6 only), curl -6 to domain 0's IPv6 address.
+case_nginx_curl6() {
+  need_ipv6
+  # (-g: the brackets of the address are no URL glob.)
+  nginx_curl "[::]:8080" "[$ADDR0_6]" "$ADDR1_6" -6 -g
+}
+
+# nginx_curl LISTEN HOST CLIENT [CURL_OPTS...]: nginx on LISTEN, curl to http://HOST:8080/ from
+# domain 1, whose address nginx must log as CLIENT.
+nginx_curl() {
+  local listen=$1 host=$2 client=$3
+  shift 3
   local port=8080 www=$CASE_DIR/www got=$CASE_DIR/got conf=$CASE_DIR/nginx.conf
   local sizes=(0 1 1000 65536 1048576 3000000 $((8 << 20))) s args=() loc
   mkdir -p "$www" "$got" "$CASE_DIR/tmp"
@@ -27,7 +42,7 @@ http {
   sendfile on;
   tcp_nopush on;
   server {
-    listen $ADDR0:$port;
+    listen $listen;
     root $www;
     location /plain/ { alias $www/; sendfile off; }
   }
@@ -39,10 +54,10 @@ CONF
   # reuse the connection.
   for loc in "" plain/; do
     for s in "${sizes[@]}"; do
-      args+=(-o "$got/${loc%/}f$s" "http://$ADDR0:$port/${loc}f$s")
+      args+=(-o "$got/${loc%/}f$s" "http://$host:$port/${loc}f$s")
     done
   done
-  run_client curl 120 curl -sS --fail --http1.1 --max-time 100 \
+  run_client curl 120 curl "$@" -sS --fail --http1.1 --max-time 100 \
     -w '%{http_code} %{size_download} %{num_connects} %{url_effective}\n' "${args[@]}"
   stop_server nginx
   local lines connects bad
@@ -59,6 +74,6 @@ CONF
     done
   done
   # nginx logged each request from domain 1's address.
-  bad=$(awk -v a="$ADDR1" '$1 != a' "$CASE_DIR/nginx-access.log" | head -n 3)
+  bad=$(awk -v a="$client" '$1 != a' "$CASE_DIR/nginx-access.log" | head -n 3)
   [ -z "$bad" ] || fail "nginx saw other client addresses: $bad"
 }

@@ -22,8 +22,9 @@ start_postgres() {
   as_postgres "$bin/initdb" -D "$pg/data" -U postgres --auth=trust -E UTF8 --no-sync \
     >"$CASE_DIR/initdb.log" 2>&1 || { tail -n 20 "$CASE_DIR/initdb.log" >&2; fail "initdb failed"; }
   echo "host all all $SUBNET trust" >>"$pg/data/pg_hba.conf"
+  [ -z "${SUBNET6:-}" ] || echo "host all all $SUBNET6 trust" >>"$pg/data/pg_hba.conf"
   start_server postgres setpriv --reuid=postgres --regid=postgres --init-groups -- \
-    "$bin/postgres" -D "$pg/data" -p $PG_PORT -c listen_addresses="$ADDR0" \
+    "$bin/postgres" -D "$pg/data" -p $PG_PORT -c listen_addresses="${PG_LISTEN:-$ADDR0}" \
     -c unix_socket_directories="$pg/sock" -c fsync=off -c synchronous_commit=off \
     -c full_page_writes=off -c max_connections=40 -c shared_buffers=64MB -c logging_collector=off
   wait_listen postgres $PG_PORT 30
@@ -35,12 +36,36 @@ start_postgres() {
   fail "postgres not ready after 20s"
 }
 
-# psql_c NAME SQL...: psql over TCP from domain 1, stopping at the first error.
+# psql_c NAME SQL...: psql over TCP from domain 1 (to PG_HOST, default domain 0's address),
+# stopping at the first error.
 psql_c() {
   local name=$1
   shift
-  run_client "$name" 120 psql -X -q -A -t -v ON_ERROR_STOP=1 -h "$ADDR0" -p $PG_PORT -U postgres \
-    -d postgres "$@"
+  run_client "$name" 120 psql -X -q -A -t -v ON_ERROR_STOP=1 -h "${PG_HOST:-$ADDR0}" -p $PG_PORT \
+    -U postgres -d postgres "$@"
+}
+
+# Over IPv6: postgres listening on domain 0's IPv6 address, psql from domain 1 — the addresses
+# each end sees, and 40000 rows in and out again with \copy.
+case_postgres_v6() {
+  need_ipv6
+  local d=$CASE_DIR
+  PG_LISTEN=$ADDR0_6 start_postgres
+  export PG_HOST=$ADDR0_6
+  psql_c peer -c "SELECT inet_client_addr(), inet_server_addr()"
+  [ "$(cat "$d/peer.out")" = "$ADDR1_6|$ADDR0_6" ] || fail "client|server address: $(cat "$d/peer.out")"
+  "$PY" - "$d/rows.csv" <<'PYEOF'
+import random, sys
+rng = random.Random(9)
+with open(sys.argv[1], "w") as f:
+    for i in range(1, 40001):
+        f.write(f"{i},{rng.randbytes(rng.randint(1, 60)).hex()}\n")
+PYEOF
+  psql_c create -c "CREATE TABLE t (id int PRIMARY KEY, payload text NOT NULL)"
+  psql_c copyin -c "\\copy t FROM '$d/rows.csv' CSV"
+  psql_c copyout -c "\\copy (SELECT * FROM t ORDER BY id) TO '$d/rows-back.csv' CSV"
+  [ "$(sha256 "$d/rows.csv")" = "$(sha256 "$d/rows-back.csv")" ] || fail "COPY round trip differs"
+  stop_server postgres
 }
 
 case_postgres_psql() {

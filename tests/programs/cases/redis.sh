@@ -232,3 +232,30 @@ case_redis_late() {
   note "redis-late: ${late:-no (across regions)} late rings, $cmds commands, 0 errors"
   stop_server redis
 }
+
+# Over IPv6: redis-server bound to domain 0's IPv6 address and ::1; redis-cli from domain 1
+# over the former (a 1 MiB value both ways, a batch), and from domain 0 over ::1.
+case_redis_v6() {
+  need_ipv6
+  local d=$CASE_DIR i
+  start_server redis redis-server --bind "$ADDR0_6" ::1 --port $REDIS_PORT --protected-mode no \
+    --save "" --appendonly no --daemonize no --dir "$CASE_DIR" --logfile ""
+  wait_listen redis $REDIS_PORT
+  run_client ping 60 redis-cli -h "$ADDR0_6" -p $REDIS_PORT PING
+  [ "$(cat "$d/ping.out")" = PONG ] || fail "PING answered $(cat "$d/ping.out")"
+  head -c $((512 << 10)) /dev/urandom | od -An -vtx1 | tr -d ' \n' >"$d/big.txt"
+  client_stdin setbig 60 "$d/big.txt" redis-cli -h "$ADDR0_6" -p $REDIS_PORT -x SET big
+  [ "$(cat "$d/setbig.out")" = OK ] || fail "SET big: $(head -c 200 "$d/setbig.out")"
+  run_client getbig 60 redis-cli -h "$ADDR0_6" -p $REDIS_PORT GET big
+  [ "$(head -c $((1 << 20)) "$d/getbig.out" | sha256sum)" = "$(sha256sum <"$d/big.txt")" ] ||
+    fail "GET big over IPv6: value differs"
+  for ((i = 0; i < 1000; i++)); do echo "INCR counter"; done >"$d/batch.txt"
+  client_stdin batch 60 "$d/batch.txt" redis-cli -h "$ADDR0_6" -p $REDIS_PORT
+  [ "$(tail -n 1 "$d/batch.out")" = 1000 ] || fail "batch: last INCR gave $(tail -n 1 "$d/batch.out")"
+  run_client clients 60 redis-cli -h "$ADDR0_6" -p $REDIS_PORT CLIENT LIST
+  grep -qF "addr=[$ADDR1_6]:" "$d/clients.out" || fail "the server saw: $(cat "$d/clients.out")"
+  # ::1 beside the server (its own client, loopback in domain 0).
+  CLIENT_DOMAIN=0 run_client loopback 60 redis-cli -h ::1 -p $REDIS_PORT GET counter
+  [ "$(cat "$d/loopback.out")" = 1000 ] || fail "GET counter over ::1: $(cat "$d/loopback.out")"
+  stop_server redis
+}
