@@ -64,6 +64,8 @@ fn quick_run_reports_positive_figures_for_every_path() {
         [
             "memloop",
             "veth+bridge",
+            "memloop-v6",
+            "veth+bridge-v6",
             "memloop-lo",
             "tcp-loopback",
             "unix",

@@ -115,14 +115,7 @@ fn concurrent_segment_allocations_never_overlap() {
 #[test]
 fn offer_races_decline_marker_and_both_agree() {
     model(|| {
-        let r = Registry::init(ShmSlice::new_model(SIZE as usize), &tiny()).unwrap();
-        let c = r.join(&ident(1)).unwrap();
-        let s = r.join(&ident(2)).unwrap();
-        let ep = r.add_endpoint(s, &EndpointKey::Native("s".into())).unwrap();
-        let t = ConnTuple {
-            client: "10.0.0.1:4000".parse().unwrap(),
-            server: "10.0.0.2:80".parse().unwrap(),
-        };
+        let (r, c, s, ep, t) = client_and_server();
         let rc = r.clone();
         let client = thread::spawn(move || {
             let ch = rc.offer(c, ep, 64, Some(t)).unwrap();
@@ -159,6 +152,20 @@ fn offer_races_decline_marker_and_both_agree() {
     });
 }
 
+/// A fresh tiny region with a client member, a server member, the server's endpoint and the
+/// connection's 4-tuple.
+fn client_and_server() -> (Registry, MemberId, MemberId, EndpointId, ConnTuple) {
+    let r = Registry::init(ShmSlice::new_model(SIZE as usize), &tiny()).unwrap();
+    let c = r.join(&ident(1)).unwrap();
+    let s = r.join(&ident(2)).unwrap();
+    let ep = r.add_endpoint(s, &EndpointKey::Native("s".into())).unwrap();
+    let t = ConnTuple {
+        client: "10.0.0.1:4000".parse().unwrap(),
+        server: "10.0.0.2:80".parse().unwrap(),
+    };
+    (r, c, s, ep, t)
+}
+
 /// The server side: look for the offer; if none, publish a marker and look once more.
 /// Returns (the marker, whether the connection is on the ring).
 fn serve(r: &Registry, s: MemberId, ep: EndpointId, t: &ConnTuple) -> (Option<ChannelId>, bool) {
@@ -186,14 +193,7 @@ fn late_client_seen_by_a_server_after_its_connect(count_first: bool) {
     use loom::sync::atomic::{AtomicBool, Ordering::SeqCst};
     use std::sync::Arc;
     model(move || {
-        let r = Registry::init(ShmSlice::new_model(SIZE as usize), &tiny()).unwrap();
-        let c = r.join(&ident(1)).unwrap();
-        let s = r.join(&ident(2)).unwrap();
-        let ep = r.add_endpoint(s, &EndpointKey::Native("s".into())).unwrap();
-        let t = ConnTuple {
-            client: "10.0.0.1:4000".parse().unwrap(),
-            server: "10.0.0.2:80".parse().unwrap(),
-        };
+        let (r, c, s, ep, t) = client_and_server();
         // The kernel's handshake: the server's accept returns after the client's connect.
         let connected = Arc::new(AtomicBool::new(false));
         let (rc, conn) = (r.clone(), connected.clone());

@@ -156,7 +156,9 @@ fn allowed(engine: &Engine) -> bool {
 }
 
 impl Late {
-    fn new(engine: &Arc<Engine>, role: Role, tuple: ConnTuple) -> Arc<Late> {
+    /// `looking`: counted among the clients that may look for a marker (set before the
+    /// heartbeat can see it, so its first disarm uncounts it).
+    fn new(engine: &Arc<Engine>, role: Role, tuple: ConnTuple, looking: bool) -> Arc<Late> {
         let l = Arc::new(Late {
             engine: engine.clone(),
             role,
@@ -171,7 +173,7 @@ impl Late {
             epolls: ForkMutex::new(Vec::new()),
             forgotten: AtomicBool::new(false),
             unlisted: AtomicBool::new(false),
-            looking: AtomicBool::new(false),
+            looking: AtomicBool::new(looking),
         });
         let mut armed = ARMED.lock();
         // Pruned here too, not only by the heartbeat: a forking server accepts thousands of
@@ -203,9 +205,7 @@ impl Late {
             return None;
         }
         let looking = looking.unwrap_or_else(|| LookToken::take(engine));
-        let l = Late::new(engine, Role::Client, tuple);
-        l.looking.store(looking.hand_over(), Release);
-        Some(l)
+        Some(Late::new(engine, Role::Client, tuple, looking.hand_over()))
     }
 
     /// A client connection to `tuple.server`, where nobody listened in the region at the
@@ -219,9 +219,8 @@ impl Late {
         if !allowed(engine) || !take_unlisted() {
             return None;
         }
-        let l = Late::new(engine, Role::Client, tuple);
+        let l = Late::new(engine, Role::Client, tuple, looking.hand_over());
         l.unlisted.store(true, Release);
-        l.looking.store(looking.hand_over(), Release);
         Some(l)
     }
 
@@ -250,7 +249,7 @@ impl Late {
             return None;
         }
         let marker = MarkerHold::new(engine.registry(), marker?)?;
-        Some(Late::new(engine, Role::Server { ep, marker }, tuple))
+        Some(Late::new(engine, Role::Server { ep, marker }, tuple, false))
     }
 
     fn reg(&self) -> &Registry {
