@@ -278,7 +278,9 @@ fn preflight(what: &str) -> CliResult<()> {
 
 fn up(p: &Plan) -> CliResult<()> {
     preflight("up")?;
-    if is_up(p) {
+    // (Once: what this host allows does not change while we build.)
+    let v6 = v6_here();
+    if is_up(p, v6) {
         println!(
             "{} domain(s) {}-d0..{} already up on bridge {} ({}/{})",
             p.domains.len(),
@@ -298,11 +300,10 @@ fn up(p: &Plan) -> CliResult<()> {
             p.prefix
         );
     }
-    if let Err(e) = build(p) {
+    if let Err(e) = build(p, v6) {
         let _ = remove_all(&p.prefix);
         return Err(e);
     }
-    let v6 = v6_here();
     let six = |a: Ipv6Addr, on: bool| {
         if on {
             format!("  {a}/{V6_PREFIX_LEN}")
@@ -333,20 +334,20 @@ fn up(p: &Plan) -> CliResult<()> {
     Ok(())
 }
 
-fn build(p: &Plan) -> CliResult<()> {
+fn build(p: &Plan, v6: V6) -> CliResult<()> {
     let br_addr = format!("{}/{}", p.bridge_addr, p.prefix_len);
     let br_addr6 = format!("{}/{V6_PREFIX_LEN}", p.bridge_addr6);
     ip(&["link", "add", &p.bridge, "type", "bridge"])?;
     ip(&["addr", "add", &br_addr, "dev", &p.bridge])?;
-    if v6_here() == V6::Full {
+    if v6 == V6::Full {
         // (nodad: usable at once; the layout's addresses are unique by construction.)
         ip(&["-6", "addr", "add", &br_addr6, "dev", &p.bridge, "nodad"])?;
     }
     ip(&["link", "set", &p.bridge, "up"])?;
-    p.domains.iter().try_for_each(|d| build_domain(p, d))
+    p.domains.iter().try_for_each(|d| build_domain(p, d, v6))
 }
 
-fn build_domain(p: &Plan, d: &DomainPlan) -> CliResult<()> {
+fn build_domain(p: &Plan, d: &DomainPlan, v6: V6) -> CliResult<()> {
     let (ns, host) = (d.netns.as_str(), d.host_if.as_str());
     let addr = format!("{}/{}", d.addr, p.prefix_len);
     let addr6 = format!("{}/{V6_PREFIX_LEN}", d.addr6);
@@ -361,7 +362,6 @@ fn build_domain(p: &Plan, d: &DomainPlan) -> CliResult<()> {
     ip(&["link", "set", host, "master", &p.bridge])?;
     ip(&["link", "set", host, "up"])?;
     ip(&["-n", ns, "addr", "add", &addr, "dev", GUEST_IF])?;
-    let v6 = v6_here();
     if v6 != V6::Off {
         ip(&[
             "-n", ns, "-6", "addr", "add", &addr6, "dev", GUEST_IF, "nodad",
@@ -376,22 +376,22 @@ fn build_domain(p: &Plan, d: &DomainPlan) -> CliResult<()> {
 }
 
 /// True if exactly the planned layout exists (any query failing means "no").
-fn is_up(p: &Plan) -> bool {
+fn is_up(p: &Plan, v6: V6) -> bool {
     let want_ns: BTreeSet<String> = p.domains.iter().map(|d| d.netns.clone()).collect();
     let want_if: BTreeSet<String> = p.domains.iter().map(|d| d.host_if.clone()).collect();
     let same_sets = existing_netns(&p.prefix) == want_ns
         && existing_host_ifs(&p.prefix).is_ok_and(|s| s == want_if);
-    same_sets && bridge_ok(p).unwrap_or(false) && p.domains.iter().all(|d| domain_ok(p, d))
+    same_sets && bridge_ok(p, v6).unwrap_or(false) && p.domains.iter().all(|d| domain_ok(p, d, v6))
 }
 
-fn bridge_ok(p: &Plan) -> CliResult<bool> {
+fn bridge_ok(p: &Plan, v6: V6) -> CliResult<bool> {
     let br = first(ip_json(&["addr", "show", "dev", &p.bridge])?);
     Ok(is_if_up(&br)
         && has_addr(&br, p.bridge_addr.into(), p.prefix_len)
-        && (v6_here() != V6::Full || has_addr(&br, p.bridge_addr6.into(), V6_PREFIX_LEN)))
+        && (v6 != V6::Full || has_addr(&br, p.bridge_addr6.into(), V6_PREFIX_LEN)))
 }
 
-fn domain_ok(p: &Plan, d: &DomainPlan) -> bool {
+fn domain_ok(p: &Plan, d: &DomainPlan, v6: V6) -> bool {
     let check = || -> CliResult<bool> {
         let ns = d.netns.as_str();
         let host = first(ip_json(&["link", "show", "dev", &d.host_if])?);
@@ -404,7 +404,7 @@ fn domain_ok(p: &Plan, d: &DomainPlan) -> bool {
             && guest["link_index"] == host["ifindex"]
             && is_if_up(&guest)
             && has_addr(&guest, d.addr.into(), p.prefix_len)
-            && (v6_here() == V6::Off || has_addr(&guest, d.addr6.into(), V6_PREFIX_LEN))
+            && (v6 == V6::Off || has_addr(&guest, d.addr6.into(), V6_PREFIX_LEN))
             && is_if_up(&lo)
             && route["gateway"] == p.bridge_addr.to_string().as_str())
     };
