@@ -265,24 +265,23 @@ pub(super) fn table(figs: &[Figure]) -> String {
 /// The targets this run speaks to.
 pub(super) fn targets(figs: &[Figure], paths: &[Path]) -> Vec<String> {
     let mut out = Vec::new();
+    let fig = |path: &str, variant: &str, metric: &str| {
+        figs.iter()
+            .find(|f| f.path == path && f.variant == variant && f.metric == metric)
+    };
     for p in paths
         .iter()
         .filter(|p| p.def.preload && p.unavailable.is_none())
     {
         let name = p.def.name;
         let rtt = fmt_num(slower_rtt(&p.s).unwrap_or(0.0));
-        let find = |variant: &str, metric: &str| {
-            figs.iter()
-                .find(|f| f.path == name && f.variant == variant && f.metric == metric)
-        };
+        let find = |variant: &str, metric: &str| fig(name, variant, metric);
         // The kernel path's own first round trip after the same pause or stream: what a round
         // trip costs in the state the switch starts from (after an idle pause both CPUs have
         // gone to sleep, and waking one costs more than a warm round trip).
         let control = if name == MEMLOOP_LO { TCP_LO } else { VETH };
         for variant in ["busy", "idle"] {
-            let same = figs
-                .iter()
-                .find(|f| f.path == control && f.variant == variant && f.metric == FIRST_RTT)
+            let same = fig(control, variant, FIRST_RTT)
                 .map(|f| f.p50)
                 .filter(|&r| r > 0.0);
             let cost = |what: &str, this: &str, peer: &str, peer_what: &str, note: &str| {
@@ -326,10 +325,7 @@ pub(super) fn targets(figs: &[Figure], paths: &[Path]) -> Vec<String> {
         let worse_on = |path: &str, metrics: &[&str; 2]| -> Option<(f64, f64)> {
             let f: Vec<&Figure> = metrics
                 .iter()
-                .filter_map(|m| {
-                    figs.iter()
-                        .find(|f| f.path == path && f.variant == "busy" && f.metric == *m)
-                })
+                .filter_map(|m| fig(path, "busy", m))
                 .collect();
             let max = |q: fn(&Figure) -> f64| f.iter().map(|&x| q(x)).fold(0.0, f64::max);
             (!f.is_empty()).then(|| (max(|x| x.p50), max(|x| x.p99)))
