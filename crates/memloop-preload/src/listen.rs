@@ -50,6 +50,11 @@ impl Listener {
     /// Publishes the key in `engine`'s region unless done already; false if it is not
     /// published (now, or by a thread doing it right now).
     pub fn publish(&self, engine: &Arc<Engine>) -> bool {
+        // (A load first: every accept asks, and a failing CAS still writes the line — after
+        // each fork of a forking server, a copy-on-write fault on this page.)
+        if self.state.load(Acquire) == PUBLISHED {
+            return true;
+        }
         match self
             .state
             .compare_exchange(DORMANT, PUBLISHING, AcqRel, Acquire)
