@@ -11,7 +11,8 @@ use memloop_ring::RingKind;
 pub enum ChannelKind {
     /// Two byte-stream rings, client→server and server→client (TCP, native streams).
     StreamPair = 1,
-    /// Two record rings (datagrams). Not creatable yet.
+    /// Two record rings (datagrams): one sender socket and one receiver socket, replies on
+    /// the same pair.
     DatagramPair = 2,
     /// A descriptor ring and a completion ring of fixed slots (zero-copy). Not creatable yet.
     DescriptorCompletion = 3,
@@ -48,7 +49,7 @@ impl ChannelKind {
 
     /// Whether this build can create and attach channels of this kind.
     pub fn supported(self) -> bool {
-        matches!(self, Self::StreamPair)
+        matches!(self, Self::StreamPair | Self::DatagramPair)
     }
 
     /// `Ok(self)` if supported, else `UnsupportedChannelKind`.

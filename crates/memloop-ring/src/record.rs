@@ -221,6 +221,20 @@ impl RecordConsumer {
         Ok(Some(RecvInfo { len, copied }))
     }
 
+    /// Copies the next record's head into `dst` without consuming it (`MSG_PEEK`).
+    pub fn peek(&mut self, dst: &mut [u8]) -> Result<Option<RecvInfo>, RingError> {
+        let Some(len) = self.peek_len()? else {
+            return Ok(None);
+        };
+        let copied = dst.len().min(len as usize);
+        let off = self.core.head & (self.core.cap() - 1);
+        self.core
+            .h
+            .data
+            .read(off + RECORD_HEADER_BYTES, &mut dst[..copied])?;
+        Ok(Some(RecvInfo { len, copied }))
+    }
+
     /// True when the writer shut down and every record has been received.
     pub fn is_eof(&mut self) -> Result<bool, RingError> {
         if !self.core.writer_shut()? {

@@ -7,7 +7,7 @@
 use crate::error::Error;
 use crate::node::Node;
 use memloop_registry::{ChannelId, ChannelKind, ChannelState, MemberId, Registry, Side};
-use memloop_ring::{StreamConsumer, StreamProducer, WaitCell};
+use memloop_ring::{RecordConsumer, RecordProducer, StreamConsumer, StreamProducer, WaitCell};
 use memloop_shm::futex;
 use memloop_shm::sync::{fence, Ordering::SeqCst};
 use memloop_shm::{ShmSlice, ShmU32};
@@ -36,6 +36,28 @@ impl StreamEnds {
             rx: StreamConsumer::attach(rx_view.clone())?,
             tx_view,
             rx_view,
+        })
+    }
+}
+
+/// Our two ends of a datagram channel: the record ring we send on and the one we receive from.
+pub struct RecordEnds {
+    pub tx: RecordProducer,
+    pub rx: RecordConsumer,
+}
+
+impl RecordEnds {
+    /// Attaches `side`'s ends of channel `ch`, which must be a datagram pair (validated as
+    /// [`StreamEnds::attach`] validates a stream pair).
+    pub fn attach(reg: &Registry, ch: ChannelId, side: Side) -> Result<RecordEnds, Error> {
+        let rings = reg.rings_of(ch, ChannelKind::DatagramPair)?;
+        let (tx, rx) = match side {
+            Side::Client => (rings.c2s, rings.s2c),
+            Side::Server => (rings.s2c, rings.c2s),
+        };
+        Ok(RecordEnds {
+            tx: RecordProducer::attach(tx)?,
+            rx: RecordConsumer::attach(rx)?,
         })
     }
 }

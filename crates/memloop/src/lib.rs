@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod channel;
+pub mod datagram;
 mod error;
 pub mod identity;
 pub mod ivshmem;
@@ -23,6 +24,7 @@ mod node;
 pub mod region;
 mod stream;
 
+pub use datagram::{DatagramSocket, Sent};
 pub use error::Error;
 pub use listener::Listener;
 pub use memloop_registry::DEFAULT_RING_CAPACITY;

@@ -465,9 +465,11 @@ impl Registry {
             self.free_channel(id, reserved).ok();
             return Err(e);
         }
+        // Only TCP's agreement looks offers up by the client's address; a datagram pair is
+        // found by its receiver's endpoint, so no TCP server ever sees one.
         let key = match tuple {
-            Some(t) => IndexKey::Client(t.client),
-            None => IndexKey::Endpoint(pack_id(ep.idx, ep.gen)),
+            Some(t) if kind == ChannelKind::StreamPair => IndexKey::Client(t.client),
+            _ => IndexKey::Endpoint(pack_id(ep.idx, ep.gen)),
         };
         self.publish_offer(id, reserved, client, (ep, key), kind, false)
     }

@@ -69,9 +69,33 @@ mod kind_tests {
     }
 
     #[test]
+    fn a_datagram_pair_has_record_rings_and_is_invisible_to_tcp_agreement() {
+        let (r, m, ep) = setup();
+        let tuple = ConnTuple {
+            client: "127.0.0.1:5000".parse().unwrap(),
+            server: "127.0.0.1:53".parse().unwrap(),
+        };
+        let ch = r
+            .offer_kind(m, ep, ChannelKind::DatagramPair, 1 << 17, Some(tuple))
+            .unwrap();
+        let info = r.channel(ch).unwrap();
+        assert_eq!(info.kind, Some(ChannelKind::DatagramPair));
+        assert_eq!(
+            info.tuple,
+            Some(tuple),
+            "the sender's address travels with it"
+        );
+        assert!(r.rings_of(ch, ChannelKind::DatagramPair).is_ok());
+        // A TCP server accepting a connection with the same addresses never takes it.
+        assert_eq!(r.find_offer_by_tuple(ep, &tuple), None);
+        assert!(r.offers_from_client(tuple.client).is_empty());
+        assert_eq!(r.take_offer(ep, m).unwrap(), Some(ch));
+    }
+
+    #[test]
     fn kinds_not_supported_yet_cannot_be_offered() {
         let (r, m, ep) = setup();
-        for k in [ChannelKind::DatagramPair, ChannelKind::DescriptorCompletion] {
+        for k in [ChannelKind::DescriptorCompletion] {
             assert!(matches!(
                 r.offer_kind(m, ep, k, 4096, None),
                 Err(RegistryError::UnsupportedChannelKind(x)) if x == k
@@ -97,12 +121,12 @@ mod kind_tests {
         assert!(r.channels().is_empty(), "listing skips it");
         // A recorded kind that is known but not usable here: accept refuses, take_offer
         // declines it so the client falls back instead of waiting.
-        slot.set_kind_for_test(ChannelKind::DatagramPair.code() as u32)
+        slot.set_kind_for_test(ChannelKind::DescriptorCompletion.code() as u32)
             .unwrap();
         assert!(matches!(
             r.accept(ch, m),
             Err(RegistryError::UnsupportedChannelKind(
-                ChannelKind::DatagramPair
+                ChannelKind::DescriptorCompletion
             ))
         ));
         assert_eq!(r.take_offer(ep, m).unwrap(), None);

@@ -1,0 +1,606 @@
+//! Datagram sockets over shared memory: UDP's model (any number of peers per socket, message
+//! boundaries kept, a full receiver drops) on datagram-pair channels.
+//!
+//! A socket is published as a `udp` endpoint under its bound address. A sender makes one
+//! channel per (sender socket, receiver socket) pair on its first datagram to a member's
+//! address — a record ring each way, the sender's address in the channel's tuple — and the
+//! receiver takes it when it next looks; replies go back on the same pair. One peer's
+//! datagrams always travel on one pair (the pair a socket first sends on stays its pair to
+//! that peer), so they are never reordered; across peers there is no order, as with UDP.
+//!
+//! **Waking.** Every socket sleeps on one word, its endpoint's doorbell (the registry's
+//! sequence word and waiting flag, bumped by every offer too): a sender rings the receiver's
+//! after each datagram, which costs a load unless the receiver armed it. So a receiver with a
+//! thousand peers sleeps on one futex.
+//!
+//! **Never blocking a sender.** A datagram that does not fit the receiver's ring is dropped
+//! and counted ([`DatagramSocket::dropped`]), as a full UDP receive buffer drops it; one to a
+//! socket that closed is dropped too (UDP would answer with an ICMP error nobody sees on an
+//! unconnected socket). Nothing else is ever lost or reordered.
+//!
+//! This is the core the transparent layer's UDP builds on; the native API uses it directly.
+
+use crate::channel::{self, PeerWatch, RecordEnds};
+use crate::error::Error;
+use crate::node::{Node, NodeInner};
+use memloop_registry::{
+    ChannelId, ChannelKind, ConnTuple, EndpointId, EndpointKey, Proto, RegistryError, Side,
+};
+use memloop_ring::{RecvInfo, RingError, Spinner, WaitCell, WaitPolicy, WakeMode};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Ring bytes per direction of a pair: a 64 KiB datagram fits (a record is at most half a
+/// ring), and a little more than Linux's default UDP receive buffer (208 KiB) queues.
+pub const DATAGRAM_RING_CAPACITY: u64 = 1 << 18;
+
+/// How often a receiver that finds nothing looks for pairs whose peer is gone.
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
+
+/// What became of a datagram handed to [`DatagramSocket::send_to`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sent {
+    /// In the receiver's ring.
+    Delivered,
+    /// Dropped, as UDP drops it; counted.
+    Dropped(DropReason),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    /// The receiver's ring is full (it reads slower than we send).
+    Full,
+    /// The receiving socket closed or its process died.
+    Closed,
+}
+
+/// The address of a socket as the registry keys it: the network scope that owns the address
+/// (a namespace of one kernel) and the address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ScopedAddr {
+    pub scope: u64,
+    pub addr: SocketAddr,
+}
+
+impl ScopedAddr {
+    fn key(&self) -> EndpointKey {
+        EndpointKey::Socket {
+            proto: Proto::Udp,
+            scope: self.scope,
+            addr: self.addr.ip(),
+            port: self.addr.port(),
+        }
+    }
+}
+
+/// The address as both ends compare it: IPv4-mapped IPv6 as IPv4, no flow info or scope id.
+pub fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
+}
+
+/// One pair this socket sends or receives on.
+struct Pair {
+    ch: ChannelId,
+    side: Side,
+    peer: SocketAddr,
+    ends: RecordEnds,
+    /// The peer socket's doorbell (none if it has no endpoint we can find: it cannot be
+    /// woken, only polled, and its sleeps are bounded).
+    peer_bell: Option<WaitCell>,
+    watch: PeerWatch,
+}
+
+impl Pair {
+    fn release(mut self, reg: &memloop_registry::Registry) {
+        self.ends.tx.shutdown();
+        self.ends.rx.close();
+        self.ring_peer();
+        channel::release(reg, self.ch, self.side);
+    }
+
+    fn ring_peer(&self) {
+        if let Some(b) = &self.peer_bell {
+            b.notify();
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    pairs: Vec<Pair>,
+    /// Peer → the pair we send to it on (the first one used; never changed while it lives).
+    send_on: std::collections::HashMap<SocketAddr, usize>,
+    /// Where the next receive starts (round robin over the pairs).
+    next: usize,
+    /// The doorbell's sequence value when we last took offers.
+    offers_seen: Option<u32>,
+    swept: Option<Instant>,
+    /// Some pair's peer runs in another kernel: sleeps poll instead of using a futex.
+    remote_peer: bool,
+}
+
+/// A datagram socket over shared memory (see the module text).
+pub struct DatagramSocket {
+    node: Arc<NodeInner>,
+    ep: EndpointId,
+    me: ScopedAddr,
+    bell: WaitCell,
+    state: Mutex<State>,
+    spinner: Spinner,
+    nonblocking: AtomicBool,
+    read_timeout: Mutex<Option<Duration>>,
+    dropped: AtomicU64,
+    capacity: u64,
+    /// Holds the kernel's port for a socket the native API bound (no other socket, ours or
+    /// not, can take the address meanwhile).
+    _reserved: Option<std::net::UdpSocket>,
+}
+
+impl DatagramSocket {
+    /// Binds `addr` for the native API: the kernel reserves the address (port 0 picks a
+    /// free one) and the socket is published under it in our network scope.
+    pub fn bind(node: &Node, addr: SocketAddr) -> Result<DatagramSocket, Error> {
+        let reserved = std::net::UdpSocket::bind(addr)?;
+        let local = reserved.local_addr()?;
+        let scope = own_scope(&node.inner)?;
+        let mut s = Self::publish(node, ScopedAddr { scope, addr: local })?;
+        s._reserved = Some(reserved);
+        Ok(s)
+    }
+
+    /// Publishes a socket already bound (by the caller, in the kernel) to `me`.
+    pub fn publish(node: &Node, me: ScopedAddr) -> Result<DatagramSocket, Error> {
+        let n = &node.inner;
+        let me = ScopedAddr {
+            scope: me.scope,
+            addr: canonical(me.addr),
+        };
+        let reg = n.region.registry();
+        let ep = match reg.add_endpoint(n.id, &me.key()) {
+            Err(RegistryError::AddrInUse) => {
+                // Only a dead member's leftover can hold an address the kernel gave us.
+                let holder = reg.lookup(&me.key()).map(|e| e.owner);
+                if holder.is_some_and(|h| n.check_peer(h)) {
+                    return Err(Error::AddrInUse(me.addr.to_string()));
+                }
+                reg.add_endpoint(n.id, &me.key())?
+            }
+            other => other?,
+        };
+        let bell = channel::endpoint_bell(reg, ep)?;
+        Ok(DatagramSocket {
+            node: n.clone(),
+            ep,
+            me,
+            bell,
+            state: Mutex::new(State::default()),
+            spinner: Spinner::new(WaitPolicy::default().spin),
+            nonblocking: AtomicBool::new(false),
+            read_timeout: Mutex::new(None),
+            dropped: AtomicU64::new(0),
+            capacity: DATAGRAM_RING_CAPACITY,
+            _reserved: None,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.me.addr
+    }
+
+    pub fn endpoint(&self) -> EndpointId {
+        self.ep
+    }
+
+    pub fn set_nonblocking(&self, on: bool) {
+        self.nonblocking.store(on, Relaxed);
+    }
+
+    pub fn set_read_timeout(&self, t: Option<Duration>) {
+        *lock(&self.read_timeout) = t;
+    }
+
+    /// Datagrams this socket sent that were dropped (full or closed receivers).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Relaxed)
+    }
+
+    /// Pairs this socket has (peers it exchanged datagrams with).
+    pub fn pairs(&self) -> usize {
+        self.state().pairs.len()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    fn reg(&self) -> &memloop_registry::Registry {
+        self.node.region.registry()
+    }
+
+    /// Sends one datagram to `dst`, a member's socket address (found in the registry under
+    /// the scope that owns it). `NoService` if no member socket is bound there: the caller
+    /// sends it by the kernel instead.
+    pub fn send_to(&self, buf: &[u8], dst: SocketAddr) -> Result<Sent, Error> {
+        let dst = canonical(dst);
+        let scope = self.scope_of(dst.ip())?;
+        let src = self.source_for(dst)?;
+        self.send_parts_to(&[buf], src, ScopedAddr { scope, addr: dst })
+    }
+
+    /// [`DatagramSocket::send_to`] with the destination's scope and our source address as
+    /// the receiver must see it already known (the transparent layer's case), the datagram
+    /// the concatenation of `parts`.
+    pub fn send_parts_to(
+        &self,
+        parts: &[&[u8]],
+        src: SocketAddr,
+        dst: ScopedAddr,
+    ) -> Result<Sent, Error> {
+        let mut st = self.state();
+        let i = match st.send_on.get(&dst.addr) {
+            Some(&i) => i,
+            None => self.new_pair(&mut st, src, dst)?,
+        };
+        let pair = &mut st.pairs[i];
+        match pair.ends.tx.send_parts(parts) {
+            Ok(true) => {
+                pair.ring_peer();
+                Ok(Sent::Delivered)
+            }
+            // A full ring may be one nobody reads any more: a receiver that died before it
+            // took our offer (a clean close takes and closes it).
+            Ok(false) if !pair.watch.lost() => Ok(self.drop_one(DropReason::Full)),
+            Ok(false) | Err(RingError::Closed) => {
+                let p = remove_pair(&mut st, i);
+                p.release(self.reg());
+                Ok(self.drop_one(DropReason::Closed))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn drop_one(&self, why: DropReason) -> Sent {
+        self.dropped.fetch_add(1, Relaxed);
+        Sent::Dropped(why)
+    }
+
+    /// Offers a pair to the member socket bound at `dst` (exact address, then the wildcard
+    /// of its family) and makes it our pair to that address.
+    fn new_pair(&self, st: &mut State, src: SocketAddr, dst: ScopedAddr) -> Result<usize, Error> {
+        let n = &self.node;
+        let reg = self.reg();
+        let ep = find_endpoint(reg, dst).ok_or_else(|| Error::NoService(dst.addr.to_string()))?;
+        if !n.check_peer(ep.owner) {
+            return Err(Error::NoService(dst.addr.to_string()));
+        }
+        let tuple = ConnTuple {
+            client: canonical(src),
+            server: dst.addr,
+        };
+        let offer = || {
+            reg.offer_kind(
+                n.id,
+                ep.id,
+                ChannelKind::DatagramPair,
+                self.capacity,
+                Some(tuple),
+            )
+        };
+        let ch = match offer() {
+            Err(RegistryError::RegionFull { .. }) if n.reclaim_dead() > 0 => offer()?,
+            other => other?,
+        };
+        let attached = RecordEnds::attach(reg, ch, Side::Client);
+        let ends = match attached {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = reg.cancel(ch, n.id);
+                return Err(e);
+            }
+        };
+        let peer_bell = channel::endpoint_bell(reg, ep.id).ok();
+        // The offer bumped the receiver's doorbell: wake it if it sleeps.
+        if let Some(b) = &peer_bell {
+            b.notify();
+        }
+        let node = Node { inner: n.clone() };
+        st.remote_peer |= !n.same_kernel(ep.owner);
+        st.pairs.push(Pair {
+            ch,
+            side: Side::Client,
+            peer: dst.addr,
+            ends,
+            peer_bell,
+            watch: PeerWatch::new(&node, ch, Side::Client),
+        });
+        let i = st.pairs.len() - 1;
+        st.send_on.insert(dst.addr, i);
+        tracing::debug!(?ch, src = %tuple.client, dst = %dst.addr, "datagram pair offered");
+        Ok(i)
+    }
+
+    /// Takes every pair offered to us since we last looked.
+    fn take_offers(&self, st: &mut State) {
+        let seq = self.bell.seq_now();
+        if st.offers_seen == Some(seq) {
+            return;
+        }
+        st.offers_seen = Some(seq);
+        let reg = self.reg();
+        while let Ok(Some(ch)) = reg.take_offer(self.ep, self.node.id) {
+            match self.attach_offered(ch) {
+                Ok(p) => {
+                    st.remote_peer |= !p.watch.same_kernel();
+                    // A peer we never sent to: our replies go on its pair.
+                    st.send_on.entry(p.peer).or_insert(st.pairs.len());
+                    st.pairs.push(p);
+                }
+                Err(e) => {
+                    tracing::debug!(?ch, "refusing a datagram pair: {e}");
+                    channel::release(reg, ch, Side::Server);
+                }
+            }
+        }
+    }
+
+    fn attach_offered(&self, ch: ChannelId) -> Result<Pair, Error> {
+        let reg = self.reg();
+        let info = reg.channel(ch)?;
+        let tuple = info.tuple.ok_or_else(|| RegistryError::Corrupt {
+            what: "datagram pair",
+            detail: "no sender address".into(),
+        })?;
+        let ends = RecordEnds::attach(reg, ch, Side::Server)?;
+        let peer = canonical(tuple.client);
+        let scope = reg.member(info.client)?.identity.net_scope();
+        let peer_bell = find_endpoint(reg, ScopedAddr { scope, addr: peer })
+            .filter(|e| e.owner == info.client)
+            .and_then(|e| channel::endpoint_bell(reg, e.id).ok());
+        let node = Node {
+            inner: self.node.clone(),
+        };
+        tracing::debug!(?ch, %peer, "datagram pair taken");
+        Ok(Pair {
+            ch,
+            side: Side::Server,
+            peer,
+            ends,
+            peer_bell,
+            watch: PeerWatch::new(&node, ch, Side::Server),
+        })
+    }
+
+    /// Receives the next datagram from any peer without waiting: what fitted `buf`, its full
+    /// length and its sender. `peek` leaves it queued (`MSG_PEEK`).
+    pub fn try_recv(
+        &self,
+        buf: &mut [u8],
+        peek: bool,
+    ) -> Result<Option<(RecvInfo, SocketAddr)>, Error> {
+        let mut st = self.state();
+        self.take_offers(&mut st);
+        let n = st.pairs.len();
+        for k in 0..n {
+            let i = (st.next + k) % n;
+            let pair = &mut st.pairs[i];
+            let got = match peek {
+                true => pair.ends.rx.peek(buf)?,
+                false => pair.ends.rx.recv(buf)?,
+            };
+            if let Some(info) = got {
+                let peer = pair.peer;
+                if !peek {
+                    // The next call starts at the next pair: no peer starves the others.
+                    st.next = (i + 1) % n;
+                }
+                return Ok(Some((info, peer)));
+            }
+        }
+        self.sweep(&mut st);
+        Ok(None)
+    }
+
+    /// The length of the next datagram (`FIONREAD` on a UDP socket), if one is queued.
+    pub fn next_len(&self) -> Result<Option<u64>, Error> {
+        let mut st = self.state();
+        self.take_offers(&mut st);
+        let n = st.pairs.len();
+        for k in 0..n {
+            let i = (st.next + k) % n;
+            if let Some(len) = st.pairs[i].ends.rx.peek_len()? {
+                return Ok(Some(len));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Drops pairs whose peer is gone and whose ring holds nothing more (at most every
+    /// [`SWEEP_EVERY`]: each look reads the channel's slot).
+    fn sweep(&self, st: &mut State) {
+        if st.swept.is_some_and(|t| t.elapsed() < SWEEP_EVERY) {
+            return;
+        }
+        st.swept = Some(Instant::now());
+        let mut i = 0;
+        while i < st.pairs.len() {
+            let p = &mut st.pairs[i];
+            let empty = matches!(p.ends.rx.peek_len(), Ok(None) | Err(_));
+            if empty && (p.watch.lost() || p.ends.tx.reader_closed()) {
+                let p = remove_pair(st, i);
+                tracing::debug!(ch = ?p.ch, peer = %p.peer, "datagram pair closed: peer gone");
+                p.release(self.reg());
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Receives the next datagram, waiting as the socket's blocking mode and read timeout
+    /// say (`WouldBlock`, `TimedOut`).
+    pub fn recv_from(&self, buf: &mut [u8]) -> Result<(RecvInfo, SocketAddr), Error> {
+        if let Some(got) = self.try_recv(buf, false)? {
+            return Ok(got);
+        }
+        if self.nonblocking.load(Relaxed) {
+            return Err(Error::WouldBlock);
+        }
+        let timeout = *lock(&self.read_timeout);
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if !self.wait_readable(left)? {
+                return Err(Error::TimedOut);
+            }
+            if let Some(got) = self.try_recv(buf, false)? {
+                return Ok(got);
+            }
+        }
+    }
+
+    /// Waits until a datagram is queued (true) or `timeout` passes (false; `None`: no limit):
+    /// spin while that can pay, then sleep on our doorbell.
+    pub fn wait_readable(&self, timeout: Option<Duration>) -> Result<bool, Error> {
+        let mut ready = || self.next_len().map(|l| l.is_some());
+        let policy = self.policy();
+        let spin = policy.spin.min(timeout.unwrap_or(Duration::MAX));
+        if self.spinner.try_spin(spin, &mut ready)? {
+            return Ok(true);
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut backoff = memloop_ring::wait::MIN_BACKOFF;
+        loop {
+            let old = self.bell.arm();
+            if ready()? {
+                self.bell.disarm();
+                return Ok(true);
+            }
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => policy.max_sleep,
+            };
+            if left.is_zero() {
+                self.bell.disarm();
+                return Ok(false);
+            }
+            self.bell.sleep(old, &policy, left, &mut backoff);
+            self.bell.disarm();
+        }
+    }
+
+    fn policy(&self) -> WaitPolicy {
+        let remote = self.state().remote_peer;
+        let futex = !remote && self.node.region.futex_usable();
+        WaitPolicy {
+            mode: if futex {
+                WakeMode::Futex
+            } else {
+                WakeMode::SleepPoll
+            },
+            max_sleep: Duration::from_millis(if futex { 100 } else { 5 }),
+            ..WaitPolicy::default()
+        }
+    }
+
+    /// Where a datagram to `dst` comes from, as the receiver sees it: our address, or for a
+    /// wildcard bind the address the kernel's route picks (asked of the kernel once per
+    /// destination address family and route by connecting a throw-away socket).
+    fn source_for(&self, dst: SocketAddr) -> Result<SocketAddr, Error> {
+        if !self.me.addr.ip().is_unspecified() {
+            return Ok(self.me.addr);
+        }
+        let probe = match dst {
+            SocketAddr::V4(_) => std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?,
+            SocketAddr::V6(_) => std::net::UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0))?,
+        };
+        probe.connect(dst)?;
+        let ip = canonical(probe.local_addr()?).ip();
+        Ok(SocketAddr::new(ip, self.me.addr.port()))
+    }
+
+    /// The scope that owns `ip`: ours for loopback, else the one member scope advertising it.
+    fn scope_of(&self, ip: IpAddr) -> Result<u64, Error> {
+        if ip.is_loopback() {
+            return own_scope(&self.node);
+        }
+        let mut owners: Vec<u64> = self
+            .reg()
+            .members()
+            .into_iter()
+            .filter(|m| m.addresses.iter().any(|a| a.to_canonical() == ip))
+            .map(|m| m.identity.net_scope())
+            .collect();
+        owners.sort_unstable();
+        owners.dedup();
+        match owners[..] {
+            [one] => Ok(one),
+            _ => Err(Error::NoService(ip.to_string())),
+        }
+    }
+}
+
+impl Drop for DatagramSocket {
+    fn drop(&mut self) {
+        let reg = self.node.region.registry();
+        let mut st = std::mem::take(&mut *lock(&self.state));
+        // Offers not taken yet are taken and closed, so their senders see the close at once.
+        st.offers_seen = None;
+        self.take_offers(&mut st);
+        if let Err(e) = reg.remove_endpoint(self.ep) {
+            tracing::debug!("removing a datagram endpoint: {e}");
+        }
+        for p in st.pairs {
+            p.release(reg);
+        }
+    }
+}
+
+/// Removes pair `i`, keeping the send map's indices right.
+fn remove_pair(st: &mut State, i: usize) -> Pair {
+    let p = st.pairs.swap_remove(i);
+    let moved = st.pairs.len(); // the old index of the pair now at `i`
+    st.send_on.retain(|_, v| *v != i);
+    for v in st.send_on.values_mut() {
+        if *v == moved {
+            *v = i;
+        }
+    }
+    // Another pair to the same peer (both sent first at once) takes over its sending.
+    if let Some(j) = st.pairs.iter().position(|q| q.peer == p.peer) {
+        st.send_on.entry(p.peer).or_insert(j);
+    }
+    st.next = 0;
+    p
+}
+
+/// The endpoint of the socket bound at `at`: exactly there, or on its family's wildcard.
+fn find_endpoint(
+    reg: &memloop_registry::Registry,
+    at: ScopedAddr,
+) -> Option<memloop_registry::EndpointInfo> {
+    let wild: &[IpAddr] = match at.addr.ip() {
+        IpAddr::V4(_) => &[
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        ],
+        IpAddr::V6(_) => &[IpAddr::V6(Ipv6Addr::UNSPECIFIED)],
+    };
+    std::iter::once(at.addr.ip())
+        .chain(wild.iter().copied())
+        .find_map(|ip| {
+            let key = ScopedAddr {
+                scope: at.scope,
+                addr: SocketAddr::new(ip, at.addr.port()),
+            };
+            reg.lookup(&key.key())
+        })
+}
+
+fn own_scope(n: &NodeInner) -> Result<u64, Error> {
+    Ok(n.region.registry().member(n.id)?.identity.net_scope())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
