@@ -101,6 +101,11 @@ fn scan_owners(engine: &Engine, ip: IpAddr) -> Result<Owner, FallbackReason> {
     }
 }
 
+/// The network scope that owns `ip` (see [`owner_of`]), for keys of other protocols.
+pub(crate) fn scope_of(engine: &Engine, ip: IpAddr) -> Result<u64, FallbackReason> {
+    owner_of(engine, ip.to_canonical()).map(|o| o.scope)
+}
+
 pub fn listener_key(scope: u64, addr: SocketAddr) -> EndpointKey {
     let addr = canonical(addr);
     EndpointKey::Socket {

@@ -80,6 +80,8 @@ pub fn on_socket(fd: c_int, domain: c_int, ty: c_int, proto: c_int) {
     let inet = domain == libc::AF_INET || domain == libc::AF_INET6;
     if fd >= 0 && stream && inet && (proto == 0 || proto == libc::IPPROTO_TCP) {
         table::mark_tcp(fd);
+    } else if fd >= 0 && crate::udp::is_udp(domain, ty, proto) && !engine::disabled() {
+        table::mark_udp(fd);
     }
 }
 
@@ -402,6 +404,11 @@ pub fn epoll_ctl(
         return None;
     }
     let mut e = table::get(fd)?;
+    if let Entry::Udp(u) = &*e {
+        // Not readiness the epoll emulation answers yet: the kernel's socket, for good.
+        u.leave("put into an epoll set");
+        return None;
+    }
     loop {
         match crate::late::epoll_ctl(fd, &e, epfd, op, ev) {
             crate::late::Ctl::Pass => break,
@@ -478,6 +485,8 @@ pub fn epoll_of(epfd: c_int) -> Option<Arc<EpollSet>> {
 pub fn set_nonblock(fd: c_int, on: bool) {
     if let Some(c) = table::conn(fd) {
         c.nonblock.store(on, std::sync::atomic::Ordering::Relaxed);
+    } else if let Some(u) = table::udp(fd) {
+        u.nonblock.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -499,6 +508,7 @@ pub fn before_exec(keeps_library: bool) -> Result<(), c_int> {
     }
     crate::plain::finish_resends();
     crate::late::taint_all("exec");
+    crate::udp::leave_all("exec");
     // The old image's holds on switched connections pass to the new image if it runs the
     // library (it adopts them); else they end, and the connection stays on TCP for good.
     for c in table::conns() {
@@ -571,6 +581,7 @@ pub fn before_spawn() -> Result<(), c_int> {
     // The child may run anything and adopts nothing (no exec hook ran).
     demote_inheritable(SwitchReason::Spawn, "posix_spawn")?;
     crate::plain::finish_resends();
+    crate::udp::leave_inheritable("posix_spawn");
     Ok(())
 }
 
@@ -596,6 +607,7 @@ pub fn before_urgent(fd: c_int) {
 pub fn before_passing(fds: &[c_int]) -> Result<(), c_int> {
     let mut passed = Vec::new();
     for &fd in fds {
+        crate::udp::kernel_only(fd, "passed with SCM_RIGHTS");
         crate::late::taint(fd, "passed with SCM_RIGHTS");
         if let Some(c) = table::conn(fd) {
             match c.demote(SwitchReason::FdPassed) {
@@ -688,6 +700,7 @@ pub fn fork_parent() {
     // The child holds every socket too: no late ring for any of them, in either process,
     // except a server's that the child was counted as a holder of.
     crate::late::after_fork_in_parent();
+    crate::udp::leave_all("shared with a forked child");
 }
 
 pub fn fork_child() {
@@ -700,6 +713,7 @@ pub fn fork_child() {
     crate::conn::handoff::release_after_fork();
     crate::late::after_fork_in_child();
     crate::conn::handoff::forget_in_child();
+    crate::udp::forget_in_child();
     table::conns().iter().for_each(|c| {
         c.free_locks_in_child(); // first: forgetting the grab takes one of them
         c.forget_grab_in_child();

@@ -10,6 +10,7 @@
 //! - `conn` is one ring connection: data, readiness, doorbells, shutdown, close.
 //! - `pollsel` and `epoll` answer readiness for mixed ring and kernel fds.
 //! - `inherit` re-adopts ring connections inherited across `exec`.
+//! - `udp` carries datagrams of UDP sockets between members on datagram pairs.
 //!
 //! `unsafe` lives in `hooks`, `real` (the C ABI boundary) and `forklock` (a mutex that can be
 //! released by the fork handlers); shared memory is still only touched through `memloop-shm`.
@@ -32,6 +33,7 @@ mod pollsel;
 mod real;
 mod table;
 mod testpoint;
+mod udp;
 mod wake;
 
 /// Logging is off unless `MEMLOOP_LOG` holds a filter (e.g. `debug`).

@@ -30,6 +30,8 @@ enum Watch {
     Set(Arc<EpollSet>),
     /// Armed for a late ring: no conversion while this poll is in flight.
     Late(#[allow(dead_code)] crate::late::Held),
+    /// A UDP socket of ours: the kernel answers for its socket, its rings add `POLLIN`.
+    Udp(Arc<crate::udp::UdpSock>),
 }
 
 /// The ring connections and epoll sets among `fds` (index, what), settling pending
@@ -67,6 +69,7 @@ fn members(fds: &[pollfd]) -> Vec<(usize, Watch)> {
                 _ => {}
             },
             Entry::Epoll(s) => out.push((i, Watch::Set(s.clone()))),
+            Entry::Udp(u) => out.push((i, Watch::Udp(u.clone()))),
             _ => {}
         }
     }
@@ -87,7 +90,7 @@ fn stale(members: &[(usize, Watch)]) -> bool {
     members.iter().any(|(_, w)| match w {
         Watch::Ring(c) => c.switch_pending() || c.path() != Path::Ring,
         Watch::OffRing(c) => c.path() == Path::Ring,
-        Watch::Set(_) | Watch::Late(_) => false,
+        Watch::Set(_) | Watch::Late(_) | Watch::Udp(_) => false,
     })
 }
 
@@ -104,6 +107,8 @@ fn own_revents(w: &Watch, events: i16) -> i16 {
         Watch::OffRing(_) | Watch::Late(_) => 0,
         Watch::Set(s) if s.peek().is_some() => events & libc::POLLIN,
         Watch::Set(_) => 0,
+        Watch::Udp(u) if u.ring_readable() => events & (libc::POLLIN | libc::POLLRDNORM),
+        Watch::Udp(_) => 0,
     }
 }
 
@@ -162,6 +167,7 @@ fn scan(fds: &mut [pollfd], members: &[(usize, Watch)]) -> Result<usize, c_int> 
             }
             // The kernel's answer stands.
             Watch::Late(_) => {}
+            Watch::Udp(_) => p.revents |= own,
         }
     }
     Ok(fds.iter().filter(|p| p.revents != 0).count())
@@ -235,9 +241,11 @@ pub fn poll(
 fn spin(fds: &mut [pollfd], members: &[(usize, Watch)]) -> bool {
     let first = members.iter().find_map(|(_, w)| match w {
         Watch::Ring(c) => Some(c.clone()),
-        Watch::OffRing(_) | Watch::Set(_) | Watch::Late(_) => None,
+        Watch::OffRing(_) | Watch::Set(_) | Watch::Late(_) | Watch::Udp(_) => None,
     });
-    let Some(first) = first else { return false };
+    let Some(first) = first else {
+        return spin_udp(fds, members);
+    };
     let rings: Vec<&Conn> = members
         .iter()
         .filter_map(|(_, w)| match w {
@@ -254,6 +262,26 @@ fn spin(fds: &mut [pollfd], members: &[(usize, Watch)]) -> bool {
             any_own(fds, members)
         };
         found > 0 || stale(members)
+    })
+}
+
+/// A set with UDP sockets of ours but no ring connection spins in the first one's window.
+fn spin_udp(fds: &mut [pollfd], members: &[(usize, Watch)]) -> bool {
+    let Some(first) = members.iter().find_map(|(_, w)| match w {
+        Watch::Udp(u) => Some(u.clone()),
+        _ => None,
+    }) else {
+        return false;
+    };
+    let mut i = 0u32;
+    first.spin(|| {
+        i += 1;
+        let found = if i % 8 == 0 {
+            scan(fds, members).unwrap_or(0)
+        } else {
+            any_own(fds, members)
+        };
+        found > 0
     })
 }
 
@@ -278,6 +306,7 @@ fn enter(fds: &[pollfd], members: &[(usize, Watch)], target: Option<u32>) -> Vec
             // (A nested set's members with a switch asked are dealt with by its own waits
             // and the heartbeat's sweep.)
             Watch::Set(s) => drop(s.sleep_enter()),
+            Watch::Udp(u) => u.enter_sleep(),
         }
     }
     targeted
@@ -295,6 +324,7 @@ fn leave(fds: &[pollfd], members: &[(usize, Watch)], targeted: &[bool]) {
             }
             Watch::OffRing(_) | Watch::Late(_) => {}
             Watch::Set(s) => s.sleep_leave(),
+            Watch::Udp(u) => u.leave_sleep(),
         }
     }
 }
@@ -383,6 +413,22 @@ fn block_with(
             },
         })
         .collect();
+    // Each UDP socket's own wake socket: its senders' wake-ups.
+    let udp_wakes: Vec<(usize, &crate::udp::UdpSock)> = members
+        .iter()
+        .filter_map(|(_, w)| match w {
+            Watch::Udp(u) => Some(&**u),
+            _ => None,
+        })
+        .map(|u| {
+            set.push(pollfd {
+                fd: u.wake_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            (set.len() - 1, u)
+        })
+        .collect();
     if let Some((fd, _)) = wake {
         set.push(pollfd {
             fd,
@@ -398,6 +444,11 @@ fn block_with(
     if let (Some((fd, _)), Some(p)) = (wake, set.last()) {
         if p.revents != 0 {
             real::drain_own(fd); // (the caller's scan of the rings comes after)
+        }
+    }
+    for (k, u) in udp_wakes {
+        if set[k].revents != 0 {
+            u.drain_wake();
         }
     }
     // A ring's socket the kernel found readable holds a doorbell or the peer's FIN: read by

@@ -48,6 +48,7 @@ fn resolve(name: &str) -> usize {
 real_fns! {
     socket: fn(c_int, c_int, c_int) -> c_int;
     connect: fn(c_int, *const sockaddr, socklen_t) -> c_int;
+    bind: fn(c_int, *const sockaddr, socklen_t) -> c_int;
     listen: fn(c_int, c_int) -> c_int;
     accept: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
     accept4: fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int;
@@ -877,7 +878,7 @@ pub fn move_high(fd: c_int, max: usize) -> c_int {
 pub fn bind_unix(fd: c_int, path: &std::ffi::CStr) -> Result<(), c_int> {
     let (a, len) = unix_addr(path).ok_or(libc::ENAMETOOLONG)?;
     // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
-    check(unsafe { libc::bind(fd, (&a as *const libc::sockaddr_un).cast(), len) } as isize)?;
+    check(unsafe { bind()(fd, (&a as *const libc::sockaddr_un).cast(), len) } as isize)?;
     // SAFETY: a NUL-terminated path. (A failure leaves the umask's mode: senders may fail.)
     unsafe { libc::chmod(path.as_ptr(), 0o666) };
     Ok(())
@@ -1005,4 +1006,102 @@ mod tests {
         a.read_exact(&mut buf[..700]).unwrap();
         assert_eq!(super::tcp_positions(a.as_raw_fd()).unwrap().1 - r0, 700);
     }
+}
+
+// ---- UDP ----------------------------------------------------------------------------------------
+
+/// `a` as a `sockaddr` of `family` (an IPv4 address as IPv4-mapped for an `AF_INET6` socket,
+/// as the kernel reports it), in storage, with its length.
+fn encode_sockaddr(a: SocketAddr, family: c_int) -> (libc::sockaddr_storage, socklen_t) {
+    // SAFETY: all-zero bytes are a valid sockaddr_storage (plain integers).
+    let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let v6 = match (a, family) {
+        (SocketAddr::V4(v4), libc::AF_INET) => {
+            // SAFETY: sockaddr_in fits in sockaddr_storage and has its alignment.
+            let sin = unsafe { &mut *(&mut st as *mut _ as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = v4.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+            return (st, std::mem::size_of::<libc::sockaddr_in>() as socklen_t);
+        }
+        (SocketAddr::V4(v4), _) => SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0),
+        (SocketAddr::V6(v6), _) => v6,
+    };
+    // SAFETY: sockaddr_in6 fits in sockaddr_storage and has its alignment.
+    let sin6 = unsafe { &mut *(&mut st as *mut _ as *mut libc::sockaddr_in6) };
+    sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+    sin6.sin6_port = v6.port().to_be();
+    sin6.sin6_addr.s6_addr = v6.ip().octets();
+    sin6.sin6_flowinfo = v6.flowinfo();
+    sin6.sin6_scope_id = v6.scope_id();
+    (st, std::mem::size_of::<libc::sockaddr_in6>() as socklen_t)
+}
+
+/// Writes a datagram's source into a caller's (`addr`, `alen`) as `recvfrom` does: as much
+/// as fits, and the full length into `*alen`.
+///
+/// # Safety
+/// `addr` must be null or writable for `*alen` bytes; `alen` null or a writable socklen_t.
+pub unsafe fn write_sockaddr(
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+    a: SocketAddr,
+    family: c_int,
+) {
+    // SAFETY: the caller's contract.
+    let Some(alen) = (unsafe { alen.as_mut() }) else {
+        return;
+    };
+    let (st, len) = encode_sockaddr(a, family);
+    if !addr.is_null() {
+        let n = (*alen).min(len) as usize;
+        // SAFETY: `addr` has room for `*alen` >= `n` bytes; `st` holds `len` >= `n`.
+        unsafe { std::ptr::copy_nonoverlapping(&st as *const _ as *const u8, addr.cast(), n) };
+    }
+    *alen = len;
+}
+
+/// Binds an inet socket to its family's wildcard address and a port the kernel picks (what
+/// the kernel does by itself at a UDP socket's first send).
+pub fn bind_any(fd: c_int, family: c_int) -> Result<(), c_int> {
+    let any = match family {
+        libc::AF_INET6 => SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), 0),
+        _ => SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
+    };
+    let (st, len) = encode_sockaddr(any, family);
+    // SAFETY: `st` is a valid sockaddr of `len` bytes.
+    check(unsafe { bind()(fd, (&st as *const libc::sockaddr_storage).cast(), len) } as isize)
+        .map(|_| ())
+}
+
+/// The source address the kernel's routing picks for datagrams to `dst` (asked of a
+/// throw-away socket of the library's own, connected there).
+pub fn route_source(dst: SocketAddr, family: c_int) -> Option<std::net::IpAddr> {
+    let ty = libc::SOCK_DGRAM | libc::SOCK_CLOEXEC;
+    // SAFETY: plain socket creation.
+    let fd = unsafe { socket()(family, ty, 0) };
+    if fd < 0 {
+        return None;
+    }
+    let (st, len) = encode_sockaddr(dst, family);
+    // SAFETY: `st` is a valid sockaddr of `len` bytes.
+    let ok = unsafe { connect()(fd, (&st as *const libc::sockaddr_storage).cast(), len) } == 0;
+    let src = ok.then(|| local_addr(fd)).flatten();
+    close_own(fd);
+    src.map(|a| a.ip().to_canonical())
+}
+
+/// Whether an interrupted untimed socket wait would be restarted by the kernel: every signal
+/// handler installed was installed with `SA_RESTART` (which signal came is not known).
+pub fn signals_restart() -> bool {
+    (1..=libc::SIGRTMAX()).all(|sig| {
+        // SAFETY: all-zero is a valid sigaction to fill; a null new action only queries.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: querying the disposition of `sig`.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+            return true;
+        }
+        let handled = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
+        !handled || old.sa_flags & libc::SA_RESTART != 0
+    })
 }

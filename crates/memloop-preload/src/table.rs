@@ -22,6 +22,9 @@ pub const K_OBJ: u8 = 2;
 /// The library's own (a wake socket): a close, `dup2` over it or `closefrom` by the program
 /// turns it back to [`K_NONE`], and the library stops using the number.
 pub const K_OWN: u8 = 3;
+/// An inet datagram socket created under us that is not published (not bound yet, or bound
+/// before a region was there): its first send to a member's socket publishes it.
+pub const K_UDP: u8 = 4;
 
 static KIND: [AtomicU8; MAX_FD] = [const { AtomicU8::new(K_NONE) }; MAX_FD];
 static SLOTS: [ArcSwapOption<Entry>; MAX_FD] = [const { ArcSwapOption::const_empty() }; MAX_FD];
@@ -40,6 +43,8 @@ pub enum Entry {
     /// A TCP connection on the kernel path, recorded for `memloop status`.
     Plain(Arc<PlainTcp>),
     Epoll(Arc<EpollSet>),
+    /// A UDP socket published as a datagram endpoint.
+    Udp(Arc<crate::udp::UdpSock>),
 }
 
 /// Epoll registrations made before the socket connected: (epoll fd, events, data).
@@ -61,6 +66,13 @@ pub fn kind(fd: i32) -> u8 {
 pub fn mark_tcp(fd: i32) {
     if let Some(i) = index(fd) {
         KIND[i].store(K_TCP, Relaxed);
+        HIGH.fetch_max(i + 1, Relaxed);
+    }
+}
+
+pub fn mark_udp(fd: i32) {
+    if let Some(i) = index(fd) {
+        KIND[i].store(K_UDP, Relaxed);
         HIGH.fetch_max(i + 1, Relaxed);
     }
 }
@@ -94,6 +106,26 @@ pub fn conn(fd: i32) -> Option<Arc<Conn>> {
     }
 }
 
+pub fn udp(fd: i32) -> Option<Arc<crate::udp::UdpSock>> {
+    match &*get(fd)? {
+        Entry::Udp(u) => Some(u.clone()),
+        _ => None,
+    }
+}
+
+/// Every published UDP socket, once each.
+pub fn udps() -> Vec<Arc<crate::udp::UdpSock>> {
+    let mut v: Vec<Arc<crate::udp::UdpSock>> = Vec::new();
+    for (_, e) in all() {
+        if let Entry::Udp(u) = &*e {
+            if !v.iter().any(|x| Arc::ptr_eq(x, u)) {
+                v.push(u.clone());
+            }
+        }
+    }
+    v
+}
+
 /// Installs `e` for `fd` (false if the fd is too large to track).
 pub fn insert(fd: i32, e: Entry) -> bool {
     let Some(i) = index(fd) else { return false };
@@ -124,6 +156,7 @@ pub fn duplicate(old: i32, new: i32) {
     remove(new);
     match kind(old) {
         K_TCP => mark_tcp(new),
+        K_UDP => mark_udp(new),
         K_OBJ => {
             let (Some(i), Some(e)) = (index(new), get(old)) else {
                 return;

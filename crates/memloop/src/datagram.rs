@@ -93,16 +93,20 @@ struct Pair {
 }
 
 impl Pair {
-    fn release(mut self, reg: &memloop_registry::Registry) {
+    fn release(mut self, reg: &memloop_registry::Registry, waker: Option<fn(u32)>) {
         self.ends.tx.shutdown();
         self.ends.rx.close();
-        self.ring_peer();
+        self.ring_peer(waker);
         channel::release(reg, self.ch, self.side);
     }
 
-    fn ring_peer(&self) {
-        if let Some(b) = &self.peer_bell {
-            b.notify();
+    /// Wakes the peer if it sleeps: its futex here; a sleeper outside (poll, epoll) named
+    /// by the flag's target through `waker`.
+    fn ring_peer(&self, waker: Option<fn(u32)>) {
+        let Some(b) = &self.peer_bell else { return };
+        let rest = b.notify();
+        if let (Some(w), true) = (waker, rest != 0) {
+            w(rest);
         }
     }
 }
@@ -119,6 +123,8 @@ struct State {
     swept: Option<Instant>,
     /// Some pair's peer runs in another kernel: sleeps poll instead of using a futex.
     remote_peer: bool,
+    /// No more offers taken, nothing sent by the ring ([`DatagramSocket::retire`]).
+    retired: bool,
 }
 
 /// A datagram socket over shared memory (see the module text).
@@ -133,6 +139,8 @@ pub struct DatagramSocket {
     read_timeout: Mutex<Option<Duration>>,
     dropped: AtomicU64,
     capacity: u64,
+    /// Reaches sleepers that wait outside the ring (see [`DatagramSocket::set_waker`]).
+    waker: Option<fn(u32)>,
     /// Holds the kernel's port for a socket the native API bound (no other socket, ours or
     /// not, can take the address meanwhile).
     _reserved: Option<std::net::UdpSocket>,
@@ -181,8 +189,21 @@ impl DatagramSocket {
             read_timeout: Mutex::new(None),
             dropped: AtomicU64::new(0),
             capacity: DATAGRAM_RING_CAPACITY,
+            waker: None,
             _reserved: None,
         })
+    }
+
+    /// How a peer's sleeper outside the ring is woken: `f` gets the flag its doorbell held
+    /// (a wake target, see [`memloop_ring::wait::flag_target`]), as the transparent layer's
+    /// poll and epoll sleepers arm it.
+    pub fn set_waker(&mut self, f: fn(u32)) {
+        self.waker = Some(f);
+    }
+
+    /// Our doorbell: what a sleeper outside the ring arms with its wake target.
+    pub fn bell(&self) -> &WaitCell {
+        &self.bell
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -219,6 +240,29 @@ impl DatagramSocket {
         self.node.region.registry()
     }
 
+    /// Whether a member socket is bound at `at`.
+    pub fn member_at(&self, at: ScopedAddr) -> bool {
+        member_socket_at(self.reg(), at)
+    }
+
+    /// Stops taking datagrams by the ring: the endpoint goes (new senders find nobody) and
+    /// every pair's receiving ring is closed (its sender's next datagram finds it closed and
+    /// goes elsewhere). What the rings hold stays readable; emptied pairs go at the sweeps.
+    pub fn retire(&self) {
+        let mut st = self.state();
+        st.offers_seen = None;
+        self.take_offers(&mut st);
+        if let Err(e) = self.reg().remove_endpoint(self.ep) {
+            tracing::debug!("removing a datagram endpoint: {e}");
+        }
+        st.offers_seen = Some(u32::MAX); // (never looked at again: the endpoint is gone)
+        st.retired = true;
+        for p in st.pairs.iter_mut() {
+            p.ends.rx.close();
+        }
+        st.send_on.clear();
+    }
+
     /// Sends one datagram to `dst`, a member's socket address (found in the registry under
     /// the scope that owns it). `NoService` if no member socket is bound there: the caller
     /// sends it by the kernel instead.
@@ -239,6 +283,9 @@ impl DatagramSocket {
         dst: ScopedAddr,
     ) -> Result<Sent, Error> {
         let mut st = self.state();
+        if st.retired {
+            return Err(Error::NoService(dst.addr.to_string()));
+        }
         let i = match st.send_on.get(&dst.addr) {
             Some(&i) => i,
             None => self.new_pair(&mut st, src, dst)?,
@@ -246,7 +293,7 @@ impl DatagramSocket {
         let pair = &mut st.pairs[i];
         match pair.ends.tx.send_parts(parts) {
             Ok(true) => {
-                pair.ring_peer();
+                pair.ring_peer(self.waker);
                 Ok(Sent::Delivered)
             }
             // A full ring may be one nobody reads any more: a receiver that died before it
@@ -254,7 +301,7 @@ impl DatagramSocket {
             Ok(false) if !pair.watch.lost() => Ok(self.drop_one(DropReason::Full)),
             Ok(false) | Err(RingError::Closed) => {
                 let p = remove_pair(&mut st, i);
-                p.release(self.reg());
+                p.release(self.reg(), self.waker);
                 Ok(self.drop_one(DropReason::Closed))
             }
             Err(e) => Err(e.into()),
@@ -301,10 +348,7 @@ impl DatagramSocket {
             }
         };
         let peer_bell = channel::endpoint_bell(reg, ep.id).ok();
-        // The offer bumped the receiver's doorbell: wake it if it sleeps.
-        if let Some(b) = &peer_bell {
-            b.notify();
-        }
+        // (The offer bumped the receiver's doorbell; our first datagram wakes it.)
         let node = Node { inner: n.clone() };
         st.remote_peer |= !n.same_kernel(ep.owner);
         st.pairs.push(Pair {
@@ -324,7 +368,7 @@ impl DatagramSocket {
     /// Takes every pair offered to us since we last looked.
     fn take_offers(&self, st: &mut State) {
         let seq = self.bell.seq_now();
-        if st.offers_seen == Some(seq) {
+        if st.retired || st.offers_seen == Some(seq) {
             return;
         }
         st.offers_seen = Some(seq);
@@ -379,12 +423,27 @@ impl DatagramSocket {
         buf: &mut [u8],
         peek: bool,
     ) -> Result<Option<(RecvInfo, SocketAddr)>, Error> {
+        self.try_recv_from(buf, peek, None)
+    }
+
+    /// [`DatagramSocket::try_recv`] for a connected socket: only datagrams from `only` are
+    /// received; those from others are dropped on the way (the kernel drops them too).
+    pub fn try_recv_from(
+        &self,
+        buf: &mut [u8],
+        peek: bool,
+        only: Option<SocketAddr>,
+    ) -> Result<Option<(RecvInfo, SocketAddr)>, Error> {
         let mut st = self.state();
         self.take_offers(&mut st);
         let n = st.pairs.len();
         for k in 0..n {
             let i = (st.next + k) % n;
             let pair = &mut st.pairs[i];
+            if only.is_some_and(|o| o != pair.peer) {
+                while pair.ends.rx.recv(&mut [])?.is_some() {}
+                continue;
+            }
             let got = match peek {
                 true => pair.ends.rx.peek(buf)?,
                 false => pair.ends.rx.recv(buf)?,
@@ -430,7 +489,7 @@ impl DatagramSocket {
             if empty && (p.watch.lost() || p.ends.tx.reader_closed()) {
                 let p = remove_pair(st, i);
                 tracing::debug!(ch = ?p.ch, peer = %p.peer, "datagram pair closed: peer gone");
-                p.release(self.reg());
+                p.release(self.reg(), self.waker);
             } else {
                 i += 1;
             }
@@ -551,9 +610,14 @@ impl Drop for DatagramSocket {
             tracing::debug!("removing a datagram endpoint: {e}");
         }
         for p in st.pairs {
-            p.release(reg);
+            p.release(reg, self.waker);
         }
     }
+}
+
+/// Whether a member socket is bound at `at` (exactly, or on its family's wildcard).
+pub fn member_socket_at(reg: &memloop_registry::Registry, at: ScopedAddr) -> bool {
+    find_endpoint(reg, at).is_some()
 }
 
 /// Removes pair `i`, keeping the send map's indices right.

@@ -2,6 +2,7 @@
 //! sendfile and splice. A ring connection copies through its rings; a recorded TCP
 //! connection goes to the kernel with byte counts; anything else straight to the kernel.
 
+use super::datagram;
 use super::{fail, hook, iovecs, iovecs_mut, slice, slice_mut, track};
 use crate::conn::{Conn, SWITCHED};
 use crate::dispatch::{self, Route};
@@ -143,6 +144,10 @@ hook! {
     on_panic fail(libc::EIO);
     {
         // SAFETY: read's contract: `buf` is writable for `count` bytes.
+        if let Some(r) = unsafe { datagram::recv_one(fd, buf, count, 0, (std::ptr::null_mut(), std::ptr::null_mut())) } {
+            return r;
+        }
+        // SAFETY: as above.
         unsafe { recv_one(fd, buf, count, 0, kernel, || {}) }
     }
 }
@@ -162,6 +167,10 @@ hook! {
     on_panic fail(libc::EIO);
     {
         // SAFETY: recv's contract: `buf` is writable for `n` bytes.
+        if let Some(r) = unsafe { datagram::recv_one(fd, buf, n, flags, (std::ptr::null_mut(), std::ptr::null_mut())) } {
+            return r;
+        }
+        // SAFETY: as above.
         unsafe { recv_one(fd, buf, n, flags, kernel, || {}) }
     }
 }
@@ -188,6 +197,10 @@ hook! {
     real kernel = real::recvfrom, pass if table::kind(fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
+        // SAFETY: recvfrom's contract: `buf` writable for `n` bytes, `addr`/`alen` valid.
+        if let Some(r) = unsafe { datagram::recv_one(fd, buf, n, flags, (addr, alen)) } {
+            return r;
+        }
         let no_source = || {
             // SAFETY: recvfrom's contract: `alen` is null or a writable socklen_t.
             if let Some(alen) = unsafe { alen.as_mut() } {
@@ -221,6 +234,10 @@ hook! {
     real kernel = real::readv, pass if table::kind(fd) != table::K_OBJ;
     on_panic fail(libc::EIO);
     {
+        // SAFETY: readv's contract: `iov` holds `n` iovecs of writable buffers.
+        if let Some(r) = unsafe { datagram::readv(fd, iov, n) } {
+            return Ok(r);
+        }
         data_call(
             fd,
             // SAFETY: readv's contract: `iov` holds `n` iovecs of writable buffers.
@@ -248,6 +265,10 @@ hook! {
                 }
             }
             return Ok(r);
+        }
+        // SAFETY: recvmsg's contract: `msg` is null or a valid msghdr.
+        if let Some(r) = unsafe { datagram::recvmsg(fd, msg, flags) } {
+            return r;
         }
         let ring = |c: &Conn| {
             if flags & libc::MSG_OOB != 0 && c.path() == crate::conn::Path::Ring {
@@ -295,9 +316,10 @@ hook! {
             }
             return Ok(r);
         }
-        let (Route::Ring(_) | Route::Switched(_)) = dispatch::route(fd) else {
+        let udp = datagram::udp(fd).is_some();
+        if !udp && !matches!(dispatch::route(fd), Route::Ring(_) | Route::Switched(_)) {
             return Ok(kernel());
-        };
+        }
         let mut done = 0;
         let mut f = flags & !libc::MSG_WAITFORONE;
         for i in 0..n as usize {
@@ -328,20 +350,28 @@ hook! {
 
 hook! {
     fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t;
-    real kernel = real::write, pass if table::kind(fd) != table::K_OBJ;
+    real kernel = real::write, pass if !ours_to_send(fd);
     on_panic fail(libc::EIO);
     {
         // SAFETY: write's contract: `buf` is readable for `count` bytes.
+        if let Some(r) = datagram::send(fd, &[unsafe { slice(buf, count) }], 0, None) {
+            return Ok(r);
+        }
+        // SAFETY: as above.
         unsafe { send_one(fd, buf, count, 0, kernel) }
     }
 }
 
 hook! {
     fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t;
-    real kernel = real::send, pass if table::kind(fd) != table::K_OBJ;
+    real kernel = real::send, pass if !ours_to_send(fd);
     on_panic fail(libc::EIO);
     {
         // SAFETY: send's contract: `buf` is readable for `n` bytes.
+        if let Some(r) = datagram::send(fd, &[unsafe { slice(buf, n) }], flags, None) {
+            return Ok(r);
+        }
+        // SAFETY: as above.
         unsafe { send_one(fd, buf, n, flags, kernel) }
     }
 }
@@ -355,19 +385,31 @@ hook! {
         addr: *const sockaddr,
         alen: socklen_t,
     ) -> ssize_t;
-    real kernel = real::sendto, pass if table::kind(fd) != table::K_OBJ;
+    real kernel = real::sendto, pass if !ours_to_send(fd);
     on_panic fail(libc::EIO);
     {
+        // SAFETY: sendto's contract: `addr` readable for `alen` bytes (or null).
+        let dst = unsafe { real::decode_sockaddr(addr, alen) };
         // SAFETY: sendto's contract: `buf` is readable for `n` bytes.
+        if let Some(r) = datagram::send(fd, &[unsafe { slice(buf, n) }], flags, dst) {
+            return Ok(r);
+        }
+        // SAFETY: as above.
         unsafe { send_one(fd, buf, n, flags, kernel) }
     }
 }
 
 hook! {
     fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t;
-    real kernel = real::writev, pass if table::kind(fd) != table::K_OBJ;
+    real kernel = real::writev, pass if !ours_to_send(fd);
     on_panic fail(libc::EIO);
     {
+        // SAFETY: writev's contract: `iov` holds `n` iovecs of readable buffers.
+        let bufs = unsafe { iovecs(iov, n) };
+        let parts: Vec<&[u8]> = bufs.iter().map(|b| &**b).collect();
+        if let Some(r) = datagram::send(fd, &parts, 0, None) {
+            return Ok(r);
+        }
         data_call(
             fd,
             // SAFETY: writev's contract: `iov` holds `n` iovecs of readable buffers.
@@ -381,9 +423,13 @@ hook! {
     fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t;
     real kernel = real::sendmsg,
         // SAFETY: sendmsg's contract: `msg` is null or a readable msghdr.
-        pass if table::kind(fd) != table::K_OBJ && !unsafe { has_control(msg) };
+        pass if !ours_to_send(fd) && !unsafe { has_control(msg) };
     on_panic fail(libc::EIO);
     {
+        // SAFETY: sendmsg's contract: `msg` is null or a readable msghdr with valid control.
+        if let Some(r) = unsafe { send_datagram_msg(fd, msg, flags) } {
+            return Ok(r);
+        }
         // SAFETY: sendmsg's contract: `msg` is null or a readable msghdr with valid control.
         let passed = unsafe { passed_fds(msg) };
         if !passed.is_empty() {
@@ -407,7 +453,7 @@ hook! {
     fn sendmmsg(fd: c_int, msgs: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int) -> c_int;
     real kernel = real::sendmmsg,
         // SAFETY: sendmmsg's contract: `msgs` holds `n` readable mmsghdrs.
-        pass if table::kind(fd) != table::K_OBJ && !unsafe { any_control(msgs, n) };
+        pass if !ours_to_send(fd) && !unsafe { any_control(msgs, n) };
     on_panic fail(libc::EIO);
     {
         // SAFETY: sendmmsg's contract: `msgs` holds `n` readable mmsghdrs with valid control.
@@ -415,12 +461,13 @@ hook! {
         if !passed.is_empty() {
             dispatch::before_passing(&passed)?; // EBUSY: it must not go (nothing sent)
         }
-        if table::kind(fd) != table::K_OBJ {
+        let udp = table::kind(fd) == table::K_UDP || datagram::udp(fd).is_some();
+        if !udp && table::kind(fd) != table::K_OBJ {
             return Ok(kernel());
         }
-        let (Route::Ring(_) | Route::Switched(_)) = dispatch::route(fd) else {
+        if !udp && !matches!(dispatch::route(fd), Route::Ring(_) | Route::Switched(_)) {
             return Ok(kernel());
-        };
+        }
         let mut done = 0;
         for i in 0..n as usize {
             // SAFETY: sendmmsg's contract: `msgs` holds `n` writable mmsghdrs.
@@ -716,4 +763,36 @@ unsafe fn passed_fds(msg: *const libc::msghdr) -> Vec<c_int> {
         }
     }
     out
+}
+
+/// Whether a send on `fd` may be ours: a connection or UDP socket of ours, or a UDP socket
+/// not published yet (its first datagram to a member's socket publishes it).
+fn ours_to_send(fd: c_int) -> bool {
+    matches!(table::kind(fd), table::K_OBJ | table::K_UDP)
+}
+
+/// `sendmsg` of a datagram on a UDP socket of ours: `None` when it is the kernel's (control
+/// data, a connection, or no member at the destination).
+///
+/// # Safety
+/// `msg` must be null or a readable msghdr with valid name and iovecs.
+unsafe fn send_datagram_msg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> Option<ssize_t> {
+    // SAFETY: the caller's contract.
+    if unsafe { has_control(msg) } {
+        if let Some(u) = datagram::udp(fd) {
+            // SAFETY: the caller's contract.
+            u.sent_by_kernel(unsafe { msg.as_ref().and_then(|m| datagram::msg_dst(m)) });
+        }
+        return None;
+    }
+    if table::kind(fd) != table::K_UDP && datagram::udp(fd).is_none() {
+        return None;
+    }
+    // SAFETY: the caller's contract.
+    let m = unsafe { msg.as_ref() }?;
+    // SAFETY: the caller's contract: `msg_iov` holds `msg_iovlen` readable iovecs.
+    let bufs = unsafe { iovecs(m.msg_iov, m.msg_iovlen as c_int) };
+    let parts: Vec<&[u8]> = bufs.iter().map(|b| &**b).collect();
+    // SAFETY: the caller's contract for the name.
+    datagram::send(fd, &parts, flags, unsafe { datagram::msg_dst(m) })
 }

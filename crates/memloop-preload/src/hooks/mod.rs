@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
 mod data;
+mod datagram;
 mod process;
 mod socket;
 mod wait;

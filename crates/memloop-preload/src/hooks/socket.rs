@@ -27,6 +27,9 @@ hook! {
     {
         // SAFETY: connect's contract: `addr` is readable for `len` bytes.
         let dst = unsafe { real::decode_sockaddr(addr, len) };
+        if let Some(r) = crate::udp::connect(fd, dst, kernel) {
+            return Ok(r);
+        }
         let found = dispatch::before_connect(fd, dst);
         let r = kernel();
         let err = real::errno();
@@ -36,6 +39,21 @@ hook! {
             } else {
                 drop(c);
             }
+            set_errno(err);
+        }
+        Ok(r)
+    }
+}
+
+hook! {
+    fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+    real kernel = real::bind, pass if table::kind(fd) != table::K_UDP;
+    on_panic kernel();
+    {
+        let r = kernel();
+        if r == 0 {
+            let err = real::errno();
+            track("bind", || crate::udp::after_bind(fd));
             set_errno(err);
         }
         Ok(r)
@@ -225,6 +243,13 @@ hook! {
         // Only the queue sizes depend on the ring (and so on the connection's decision);
         // anything else (FIONBIO right after connect, say) must not wait for the server.
         let queue = req == libc::FIONREAD || req == libc::TIOCOUTQ;
+        if req == libc::FIONREAD && arg != 0 {
+            if let Some(len) = table::udp(fd).and_then(|u| u.next_len()) {
+                // SAFETY: FIONREAD's argument points to an int (`arg` is non-null).
+                unsafe { *(arg as *mut c_int) = len.min(c_int::MAX as u64) as c_int };
+                return Ok(0);
+            }
+        }
         if queue && arg != 0 {
             if let Route::Ring(c) = dispatch::route(fd) {
                 // FIONREAD = SIOCINQ; TIOCOUTQ = SIOCOUTQ: bytes sent the peer has not read.
@@ -255,9 +280,14 @@ fn ring_conn(fd: c_int) -> Option<std::sync::Arc<crate::conn::Conn>> {
 hook! {
     fn setsockopt(fd: c_int, level: c_int, opt: c_int, val: *const c_void, len: socklen_t)
         -> c_int;
-    real kernel = real::setsockopt, pass if table::kind(fd) != table::K_OBJ;
+    real kernel = real::setsockopt,
+        pass if !matches!(table::kind(fd), table::K_OBJ | table::K_UDP);
     on_panic fail(libc::EIO);
     {
+        if crate::udp::kernel_only_option(level, opt) {
+            track("setsockopt", || crate::udp::kernel_only(fd, "a socket option the ring \
+                cannot honour (ancillary data, SO_REUSEPORT, segmentation)"));
+        }
         let nodelay = level == libc::IPPROTO_TCP && opt == libc::TCP_NODELAY;
         if nodelay && !val.is_null() && len as usize >= 4 {
             if let Some(c) = ring_conn(fd) {

@@ -19,7 +19,7 @@ fn watched(fd: c_int) -> bool {
             Some(e @ Entry::Conn(c)) => {
                 c.path() != conn::Path::Tcp || c.was_ring() || crate::late::is_armed(e)
             }
-            Some(Entry::Epoll(_)) => true,
+            Some(Entry::Epoll(_) | Entry::Udp(_)) => true,
             Some(e @ Entry::Plain(_)) => crate::late::is_armed(e),
             _ => false,
         }

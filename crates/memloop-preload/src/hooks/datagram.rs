@@ -1,0 +1,267 @@
+//! The data calls of published UDP sockets (`crate::udp`): a receive serves the socket's
+//! rings, then its kernel socket (non-blocking), then waits on both; a send to a member's
+//! socket goes into its ring, anything else to the kernel. Each helper answers `None` when
+//! the call is simply the kernel's.
+
+use super::{slice_mut, IoSliceMut};
+use crate::real::{self, errno};
+use crate::table;
+use crate::udp::UdpSock;
+use libc::{c_int, c_void, size_t, sockaddr, socklen_t, ssize_t};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Flags whose meaning only the kernel has (error queue, urgent data).
+const KERNEL_ONLY_RECV: c_int = libc::MSG_ERRQUEUE | libc::MSG_OOB;
+/// Send flags the ring cannot honour: the datagram goes by the kernel (and its destination
+/// stays there).
+const KERNEL_ONLY_SEND: c_int = libc::MSG_OOB | libc::MSG_MORE | libc::MSG_DONTROUTE;
+
+/// What a ring receive delivered, for the caller to report.
+pub(super) struct Delivered {
+    pub len: u64,
+    pub copied: usize,
+    pub from: SocketAddr,
+}
+
+/// The published UDP socket behind `fd`, if it is one.
+pub(super) fn udp(fd: c_int) -> Option<Arc<UdpSock>> {
+    if table::kind(fd) != table::K_OBJ {
+        return None;
+    }
+    table::udp(fd)
+}
+
+/// A receive on `u`: `ring(peek)` tries the rings (into the caller's buffers), `kernel(f)`
+/// makes the program's call with flags `f` (`MSG_DONTWAIT` added: never sleeps there).
+pub(super) fn recv(
+    u: &UdpSock,
+    fd: c_int,
+    flags: c_int,
+    mut ring: impl FnMut(bool) -> Result<Option<Delivered>, c_int>,
+    mut kernel: impl FnMut(c_int) -> ssize_t,
+) -> Result<Result<Delivered, ssize_t>, c_int> {
+    let peek = flags & libc::MSG_PEEK != 0;
+    let nowait =
+        flags & libc::MSG_DONTWAIT != 0 || u.nonblock.load(std::sync::atomic::Ordering::Relaxed);
+    let mut deadline: Option<Option<Instant>> = None;
+    loop {
+        if let Some(d) = ring(peek)? {
+            return Ok(Ok(d));
+        }
+        let r = kernel(flags | libc::MSG_DONTWAIT);
+        if r >= 0 {
+            return Ok(Err(r));
+        }
+        let e = errno();
+        if e != libc::EAGAIN || nowait {
+            return Err(e);
+        }
+        let until = *deadline.get_or_insert_with(|| {
+            real::sockopt_timeout(fd, libc::SO_RCVTIMEO).map(|t| Instant::now() + t)
+        });
+        u.wait(fd, until)?;
+    }
+}
+
+/// The return value of a receive that delivered `d` (`MSG_TRUNC`: the datagram's length).
+pub(super) fn returned(d: &Delivered, flags: c_int) -> ssize_t {
+    match flags & libc::MSG_TRUNC != 0 {
+        true => d.len as ssize_t,
+        false => d.copied as ssize_t,
+    }
+}
+
+/// A single-buffer receive on a published UDP socket; `None`: not one (or the kernel's).
+///
+/// # Safety
+/// `buf` writable for `n` bytes; `addr`/`alen` as `recvfrom` documents them (or null).
+pub(super) unsafe fn recv_one(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    (addr, alen): (*mut sockaddr, *mut socklen_t),
+) -> Option<Result<ssize_t, c_int>> {
+    let u = udp(fd)?;
+    if flags & KERNEL_ONLY_RECV != 0 {
+        return None;
+    }
+    let ring = |peek| {
+        // SAFETY: the caller's contract.
+        let b = unsafe { slice_mut(buf, n) };
+        Ok(u.try_ring(b, peek)?.map(|(info, from)| Delivered {
+            len: info.len,
+            copied: info.copied,
+            from,
+        }))
+    };
+    // SAFETY: the caller's arguments, to the real recvfrom.
+    let kernel = |f| unsafe { real::recvfrom()(fd, buf, n, f, addr, alen) };
+    Some(recv(&u, fd, flags, ring, kernel).map(|r| match r {
+        Ok(d) => {
+            // SAFETY: the caller's contract for `addr`/`alen`.
+            unsafe { real::write_sockaddr(addr, alen, d.from, u.family()) };
+            returned(&d, flags)
+        }
+        Err(n) => n,
+    }))
+}
+
+thread_local! {
+    /// A datagram received for scattering over several buffers.
+    static SCATTER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A ring receive into several buffers (through one staging copy when there are several).
+fn ring_into(
+    u: &UdpSock,
+    bufs: &mut [IoSliceMut<'_>],
+    peek: bool,
+) -> Result<Option<Delivered>, c_int> {
+    if let [one] = bufs {
+        return Ok(u.try_ring(one, peek)?.map(|(i, from)| Delivered {
+            len: i.len,
+            copied: i.copied,
+            from,
+        }));
+    }
+    let room: usize = bufs.iter().map(|b| b.len()).sum();
+    SCATTER.with(|s| {
+        let mut s = s.borrow_mut();
+        s.resize(room.min(1 << 17), 0);
+        let Some((info, from)) = u.try_ring(&mut s, peek)? else {
+            return Ok(None);
+        };
+        let mut at = 0;
+        for b in bufs.iter_mut() {
+            let k = b.len().min(info.copied - at);
+            b[..k].copy_from_slice(&s[at..at + k]);
+            at += k;
+        }
+        Ok(Some(Delivered {
+            len: info.len,
+            copied: info.copied,
+            from,
+        }))
+    })
+}
+
+/// `recvmsg` on a published UDP socket (no control data is ever delivered from a ring: a
+/// socket that asks for any leaves its ring).
+///
+/// # Safety
+/// `msg` as `recvmsg` documents it.
+pub(super) unsafe fn recvmsg(
+    fd: c_int,
+    msg: *mut libc::msghdr,
+    flags: c_int,
+) -> Option<Result<ssize_t, c_int>> {
+    let u = udp(fd)?;
+    if flags & KERNEL_ONLY_RECV != 0 {
+        return None;
+    }
+    // SAFETY: recvmsg's contract: a valid msghdr.
+    let Some(m) = (unsafe { msg.as_mut() }) else {
+        return Some(Err(libc::EFAULT));
+    };
+    let (iov, iovlen) = (m.msg_iov, m.msg_iovlen as c_int);
+    let ring = |peek| {
+        // SAFETY: recvmsg's contract: `msg_iov` holds `msg_iovlen` writable iovecs.
+        let mut bufs = unsafe { super::iovecs_mut(iov, iovlen) };
+        ring_into(&u, &mut bufs, peek)
+    };
+    // SAFETY: the caller's header, to the real recvmsg.
+    let kernel = |f| unsafe { real::recvmsg()(fd, msg, f) };
+    Some(recv(&u, fd, flags, ring, kernel).map(|r| match r {
+        Ok(d) => {
+            // SAFETY: the caller's header: name buffer of `msg_namelen` bytes (or null).
+            let m = unsafe { &mut *msg };
+            // SAFETY: as above.
+            unsafe {
+                real::write_sockaddr(m.msg_name.cast(), &mut m.msg_namelen, d.from, u.family())
+            };
+            m.msg_controllen = 0;
+            m.msg_flags = if (d.copied as u64) < d.len {
+                libc::MSG_TRUNC
+            } else {
+                0
+            };
+            returned(&d, flags)
+        }
+        Err(n) => n,
+    }))
+}
+
+/// `read`/`readv` on a published UDP socket: a receive without flags or source.
+///
+/// # Safety
+/// `iov` holds `n` writable iovecs.
+pub(super) unsafe fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> Option<ssize_t> {
+    let mut m: libc::msghdr = unsafe_zeroed_msghdr();
+    m.msg_iov = iov.cast_mut();
+    m.msg_iovlen = n.max(0) as _;
+    // SAFETY: a header over the caller's iovecs, no name or control.
+    match unsafe { recvmsg(fd, &mut m, 0) }? {
+        Ok(r) => Some(r),
+        Err(e) => {
+            real::set_errno(e);
+            Some(-1)
+        }
+    }
+}
+
+fn unsafe_zeroed_msghdr() -> libc::msghdr {
+    // SAFETY: all-zero is a valid msghdr (null pointers, zero lengths).
+    unsafe { std::mem::zeroed() }
+}
+
+/// The published UDP socket to send from, publishing a candidate whose destination is a
+/// member's socket; `None`: the kernel's send.
+fn sender(fd: c_int, dst: Option<SocketAddr>) -> Option<(Arc<UdpSock>, SocketAddr)> {
+    match table::kind(fd) {
+        table::K_OBJ => {
+            let u = table::udp(fd)?;
+            let dst = dst.or_else(|| u.connected())?;
+            Some((u, dst))
+        }
+        table::K_UDP => {
+            let dst = dst.or_else(|| real::peer_addr(fd))?;
+            let u = crate::udp::before_first_send(fd, dst)?;
+            Some((u, dst))
+        }
+        _ => None,
+    }
+}
+
+/// A send of the datagram `parts` on `fd` to `dst` (the connected peer if `None`):
+/// `None` when the kernel must make the call.
+pub(super) fn send(
+    fd: c_int,
+    parts: &[&[u8]],
+    flags: c_int,
+    dst: Option<SocketAddr>,
+) -> Option<ssize_t> {
+    let (u, to) = sender(fd, dst)?;
+    if flags & KERNEL_ONLY_SEND != 0 {
+        u.sent_by_kernel(Some(to));
+        return None;
+    }
+    match u.send(parts, to) {
+        Some(n) => Some(n as ssize_t),
+        None => {
+            u.sent_by_kernel(Some(to));
+            None
+        }
+    }
+}
+
+/// The destination in a `sendmsg` header (none: the connected peer's).
+///
+/// # Safety
+/// `m`'s name buffer valid for `msg_namelen` bytes (or null).
+pub(super) unsafe fn msg_dst(m: &libc::msghdr) -> Option<SocketAddr> {
+    // SAFETY: the caller's contract.
+    unsafe { real::decode_sockaddr(m.msg_name.cast(), m.msg_namelen) }
+}

@@ -1,0 +1,548 @@
+//! Transparent UDP: a UDP socket of the program, published as a datagram endpoint once it is
+//! bound, sends to member sockets through datagram pairs (`memloop::datagram`) and receives
+//! from its pairs and from its kernel socket (non-members, broadcast, multicast) at once.
+//!
+//! - **Order.** A receive serves the rings before the kernel socket, so a peer that moved
+//!   from its ring to the kernel path (the receiver left the ring, a datagram too large for
+//!   the ring) never has a later datagram overtake an earlier one.
+//! - **Never blocking a sender.** A full receiver drops the datagram and counts it (the send
+//!   succeeds, as UDP's does); a receiver that closed or left the ring gets it by the kernel.
+//! - **Waking.** Every socket has a wake socket of its own (`wake.rs`): its sleepers — a
+//!   blocking receive, `poll`/`select` — sleep in the kernel on the UDP socket and the wake
+//!   socket at once, with the socket's doorbell armed with the wake socket's target; a
+//!   sender's datagram into an empty ring sends one wake-up. One target per socket means any
+//!   number of threads may sleep on it.
+//! - **The kernel path, for good** (counted `unsupported`): a socket put into an epoll set,
+//!   shared with another process (fork, exec, `SCM_RIGHTS`), with `SO_REUSEPORT`, or asking
+//!   for ancillary data (`IP_PKTINFO`…) leaves its ring: its endpoint goes, its peers' next
+//!   datagrams go by the kernel, and what its rings still hold is received first.
+
+use crate::engine::{self, Engine};
+use crate::real;
+use crate::wake::WakeSocket;
+use libc::c_int;
+use memloop::datagram::{canonical, DatagramSocket, ScopedAddr, Sent};
+use memloop::registry::FallbackReason;
+use memloop::ring::RecvInfo;
+use memloop::Error;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Longest sleep of a receive before it looks at its rings again without a wake-up (a
+/// wake-up cannot be lost, but a sender in another kernel sends none).
+const SLICE: Duration = Duration::from_millis(200);
+/// Destinations whose path a socket remembers (beyond this the memory starts over).
+const MAX_PATHS: usize = 4096;
+
+/// How datagrams to one destination travel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PeerPath {
+    /// A member socket's address in this scope.
+    Ring(u64),
+    /// The kernel's: no member there, or the ring cannot carry what we sent it.
+    Kernel,
+}
+
+pub struct UdpSock {
+    engine: Arc<Engine>,
+    family: c_int,
+    core: DatagramSocket,
+    wake: WakeSocket,
+    /// Threads (and polls) asleep on this socket; the doorbell is armed while there are any.
+    sleepers: Mutex<u32>,
+    /// The adaptive spin window of waits on this socket (a blocking receive, a poll).
+    spinner: crate::conn::Spinner,
+    /// The peer of a connected socket (canonical): the default destination and the only
+    /// source received from.
+    connected: Mutex<Option<SocketAddr>>,
+    paths: Mutex<HashMap<SocketAddr, PeerPath>>,
+    /// For a wildcard bind: the source address the kernel's route picks, per destination.
+    routes: Mutex<HashMap<IpAddr, IpAddr>>,
+    pub(crate) nonblock: AtomicBool,
+    /// Left the ring for good (see the module text).
+    off: AtomicBool,
+    pub(crate) ring_sent: AtomicU64,
+    pub(crate) ring_received: AtomicU64,
+    pub(crate) kernel_sent: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A datagram socket created under the library: a candidate until it is published.
+pub fn is_udp(domain: c_int, ty: c_int, proto: c_int) -> bool {
+    let inet = domain == libc::AF_INET || domain == libc::AF_INET6;
+    inet && ty & 0xf == libc::SOCK_DGRAM && (proto == 0 || proto == libc::IPPROTO_UDP)
+}
+
+/// Sends the wake-up a sleeper outside the ring asked for (the flag's target).
+fn wake_target(flag: u32) {
+    let t = memloop::ring::wait::flag_target(flag);
+    if t != 0 {
+        crate::wake::send(t, 0);
+    }
+}
+
+impl UdpSock {
+    /// Publishes the bound socket `fd`; `Err` with the reason it stays on the kernel path.
+    pub fn publish(fd: c_int) -> Result<Arc<UdpSock>, FallbackReason> {
+        let engine = engine::get().ok_or(FallbackReason::Disabled)?;
+        if crate::dispatch::io_uring_used() {
+            return Err(FallbackReason::Unsupported);
+        }
+        if real::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT) == Some(1) {
+            return Err(FallbackReason::Unsupported); // the kernel's hash picks the socket
+        }
+        let local = real::local_addr(fd).ok_or(FallbackReason::Error)?;
+        let family = match local {
+            SocketAddr::V4(_) => libc::AF_INET,
+            SocketAddr::V6(_) => libc::AF_INET6,
+        };
+        // An IPv6-only wildcard socket must not be found by IPv4 senders: not ours.
+        let v6only = real::sockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) == Some(1);
+        if family == libc::AF_INET6 && v6only && local.ip().is_unspecified() {
+            return Err(FallbackReason::Unsupported);
+        }
+        let wake = WakeSocket::create().ok_or(FallbackReason::Unsupported)?;
+        let me = ScopedAddr {
+            scope: engine.scope,
+            addr: canonical(local),
+        };
+        let mut core = DatagramSocket::publish(&engine.node, me).map_err(|e| {
+            tracing::debug!(fd, %local, "UDP socket not published: {e}");
+            e.fallback_reason()
+        })?;
+        core.set_waker(wake_target);
+        tracing::debug!(fd, %local, "UDP socket published");
+        let spinner = crate::conn::Spinner::new(engine.cfg.spin);
+        Ok(Arc::new(UdpSock {
+            engine,
+            family,
+            core,
+            wake,
+            sleepers: Mutex::new(0),
+            spinner,
+            connected: Mutex::new(real::peer_addr(fd).map(canonical)),
+            paths: Mutex::new(HashMap::new()),
+            routes: Mutex::new(HashMap::new()),
+            nonblock: AtomicBool::new(real::status_flags(fd) & libc::O_NONBLOCK != 0),
+            off: AtomicBool::new(false),
+            ring_sent: AtomicU64::new(0),
+            ring_received: AtomicU64::new(0),
+            kernel_sent: AtomicU64::new(0),
+        }))
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.core.local_addr()
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.core.dropped()
+    }
+
+    pub fn on_ring(&self) -> bool {
+        !self.off.load(Relaxed)
+    }
+
+    /// Leaves the ring for good (counted once): the endpoint goes and every pair is closed,
+    /// so peers send by the kernel from their next datagram; queued datagrams stay readable.
+    pub fn leave(&self, why: &str) {
+        if self.off.swap(true, Relaxed) {
+            return;
+        }
+        tracing::debug!(addr = %self.local_addr(), "UDP socket leaves its ring: {why}");
+        self.core.retire();
+        self.engine
+            .registry()
+            .count_fallback(FallbackReason::Unsupported);
+    }
+
+    pub fn set_connected(&self, peer: Option<SocketAddr>) {
+        *lock(&self.connected) = peer.map(canonical);
+    }
+
+    pub fn connected(&self) -> Option<SocketAddr> {
+        *lock(&self.connected)
+    }
+
+    // ---- sending ----------------------------------------------------------------------------
+
+    /// Sends the datagram `parts` to `dst` by the ring if a member socket is bound there:
+    /// `Some(len)` if the ring took it (or dropped it, as a full UDP receiver would), `None`
+    /// if the kernel must send it.
+    pub fn send(&self, parts: &[&[u8]], dst: SocketAddr) -> Option<usize> {
+        if !self.on_ring() {
+            return None;
+        }
+        let dst = canonical(dst);
+        let PeerPath::Ring(scope) = self.path_to(dst) else {
+            return None;
+        };
+        let src = self.source_for(dst)?;
+        let len = parts.iter().map(|p| p.len()).sum();
+        match self
+            .core
+            .send_parts_to(parts, src, ScopedAddr { scope, addr: dst })
+        {
+            Ok(Sent::Delivered) => {
+                self.ring_sent.fetch_add(1, Relaxed);
+                Some(len)
+            }
+            Ok(Sent::Dropped(memloop::datagram::DropReason::Full)) => Some(len),
+            // The receiver closed or left its ring: the kernel delivers it (or says why not).
+            Ok(Sent::Dropped(_)) | Err(Error::NoService(_)) => None,
+            Err(e) => {
+                // Too large for this pair's ring, or a ring error: the kernel path from now
+                // on for this destination (after what the ring holds: no reordering).
+                tracing::debug!(%dst, "UDP datagram to the kernel path: {e}");
+                self.remember(dst, PeerPath::Kernel);
+                None
+            }
+        }
+    }
+
+    fn remember(&self, dst: SocketAddr, p: PeerPath) {
+        let mut paths = lock(&self.paths);
+        if paths.len() >= MAX_PATHS {
+            paths.clear();
+        }
+        paths.insert(dst, p);
+    }
+
+    /// The path to `dst`, looked up once: a member's socket address on the ring. A
+    /// destination once sent to by the kernel stays there (its datagrams may still be in
+    /// the receiver's kernel queue, where a ring datagram would overtake them).
+    fn path_to(&self, dst: SocketAddr) -> PeerPath {
+        if let Some(&p) = lock(&self.paths).get(&dst) {
+            return p;
+        }
+        let p = match crate::agree::scope_of(&self.engine, dst.ip()) {
+            Ok(scope) if self.core.member_at(ScopedAddr { scope, addr: dst }) => {
+                PeerPath::Ring(scope)
+            }
+            _ => PeerPath::Kernel,
+        };
+        self.remember(dst, p);
+        p
+    }
+
+    /// Our address as the receiver must see it: the bound one, or the route's for a
+    /// wildcard bind.
+    fn source_for(&self, dst: SocketAddr) -> Option<SocketAddr> {
+        let me = self.local_addr();
+        if !me.ip().is_unspecified() {
+            return Some(me);
+        }
+        if let Some(&ip) = lock(&self.routes).get(&dst.ip()) {
+            return Some(SocketAddr::new(ip, me.port()));
+        }
+        let ip = real::route_source(dst, self.family)?;
+        let mut routes = lock(&self.routes);
+        if routes.len() >= MAX_PATHS {
+            routes.clear();
+        }
+        routes.insert(dst.ip(), ip);
+        Some(SocketAddr::new(ip, me.port()))
+    }
+
+    /// A datagram we sent by the kernel to `dst`: that destination stays there.
+    pub fn sent_by_kernel(&self, dst: Option<SocketAddr>) {
+        self.kernel_sent.fetch_add(1, Relaxed);
+        if let Some(d) = dst.map(canonical) {
+            if lock(&self.paths).get(&d) != Some(&PeerPath::Kernel) {
+                self.remember(d, PeerPath::Kernel);
+            }
+        }
+    }
+
+    // ---- receiving --------------------------------------------------------------------------
+
+    /// The next datagram from the rings, without waiting (connected: only from the peer).
+    pub fn try_ring(
+        &self,
+        buf: &mut [u8],
+        peek: bool,
+    ) -> Result<Option<(RecvInfo, SocketAddr)>, c_int> {
+        let got = self
+            .core
+            .try_recv_from(buf, peek, self.connected())
+            .map_err(|e| {
+                tracing::debug!("UDP ring receive: {e}");
+                libc::EIO
+            })?;
+        if got.is_some() && !peek {
+            self.ring_received.fetch_add(1, Relaxed);
+        }
+        Ok(got)
+    }
+
+    /// Length of the next ring datagram (`FIONREAD`).
+    pub fn next_len(&self) -> Option<u64> {
+        self.core.next_len().ok().flatten()
+    }
+
+    pub fn ring_readable(&self) -> bool {
+        self.next_len().is_some()
+    }
+
+    /// Waits until the rings or the kernel socket `fd` may have a datagram, or `deadline`
+    /// passes (`Err(EAGAIN)`), or a signal (`Err(EINTR)`, or a restart as the kernel would).
+    pub fn wait(&self, fd: c_int, deadline: Option<Instant>) -> Result<(), c_int> {
+        let mut n = 0u32;
+        let ready = || {
+            n += 1;
+            self.ring_readable() || (n % 16 == 0 && kernel_readable(fd))
+        };
+        if self.spin(ready) {
+            return Ok(());
+        }
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(libc::EAGAIN);
+            }
+            match self.sleep(fd, libc::POLLIN, left.map_or(SLICE, |l| l.min(SLICE))) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(libc::EINTR) if deadline.is_none() && real::signals_restart() => {}
+                Err(e) => return Err(e),
+            }
+            if crate::cancel::asked_here() {
+                return Err(libc::EINTR);
+            }
+        }
+    }
+
+    /// Spins (while spinning can pay, in the socket's adaptive window) until `ready`.
+    pub fn spin(&self, ready: impl FnMut() -> bool) -> bool {
+        self.spinner.spin(self.engine.cfg.spin, ready)
+    }
+
+    /// One sleep in the kernel on `fd` (for `events`) and our wake socket, the doorbell
+    /// armed: `Ok(true)` if something may be ready.
+    fn sleep(&self, fd: c_int, events: i16, left: Duration) -> Result<bool, c_int> {
+        self.enter_sleep();
+        if self.ring_readable() {
+            self.leave_sleep();
+            return Ok(true);
+        }
+        let mut set = [
+            libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.wake.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let r = real::ppoll_raw(&mut set, Some(left), std::ptr::null());
+        if set[1].revents != 0 {
+            self.wake.drain();
+        }
+        self.leave_sleep();
+        r.map(|n| n > 0)
+    }
+
+    /// Arms the doorbell with our wake socket's target for one more sleeper.
+    pub fn enter_sleep(&self) {
+        let mut n = lock(&self.sleepers);
+        *n += 1;
+        let t = self.wake.target();
+        if t != 0 {
+            self.core
+                .bell()
+                .set_flag(memloop::ring::wait::target_bits(t));
+        }
+    }
+
+    pub fn leave_sleep(&self) {
+        let mut n = lock(&self.sleepers);
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.core.bell().set_flag(0);
+        }
+    }
+
+    /// Our wake socket's fd (a poll sleeping on this socket listens on it too).
+    pub fn wake_fd(&self) -> c_int {
+        self.wake.fd()
+    }
+
+    pub fn drain_wake(&self) {
+        self.wake.drain();
+    }
+
+    pub fn family(&self) -> c_int {
+        self.family
+    }
+}
+
+fn kernel_readable(fd: c_int) -> bool {
+    matches!(real::wait_fd(fd, libc::POLLIN, Some(Duration::ZERO)), Ok(ev) if ev != 0)
+}
+
+/// After a successful `bind` of a candidate: publish it (or leave it to the kernel, counted).
+pub fn after_bind(fd: c_int) {
+    match UdpSock::publish(fd) {
+        Ok(u) => {
+            crate::table::insert(fd, crate::table::Entry::Udp(u));
+        }
+        Err(reason) => {
+            tracing::debug!(fd, %reason, "UDP socket stays on the kernel path");
+            if let Some(e) = engine::get() {
+                e.registry().count_fallback(reason);
+            }
+            crate::table::remove(fd);
+        }
+    }
+}
+
+/// Before a send on a candidate that is not published: if `dst` is a member's socket,
+/// bind it as the kernel would (wildcard, a free port) and publish it.
+pub fn before_first_send(fd: c_int, dst: SocketAddr) -> Option<Arc<UdpSock>> {
+    let engine = engine::get()?;
+    let dst = canonical(dst);
+    let scope = crate::agree::scope_of(&engine, dst.ip()).ok()?;
+    let probe = ScopedAddr { scope, addr: dst };
+    if !memloop::datagram::member_socket_at(engine.registry(), probe) {
+        return None;
+    }
+    let bound = real::local_addr(fd).is_some_and(|a| a.port() != 0);
+    if !bound {
+        let family = match real::local_addr(fd) {
+            Some(SocketAddr::V6(_)) => libc::AF_INET6,
+            _ => libc::AF_INET,
+        };
+        real::bind_any(fd, family).ok()?;
+    }
+    after_bind(fd);
+    crate::table::udp(fd)
+}
+
+/// `connect` on a UDP socket of ours (`None`: not one): the kernel's connect, then the
+/// connected peer recorded (`AF_UNSPEC`: none); a candidate connecting to a member's socket
+/// is published (the kernel bound it).
+pub fn connect(
+    fd: c_int,
+    dst: Option<SocketAddr>,
+    kernel: impl FnOnce() -> c_int,
+) -> Option<c_int> {
+    let u = match crate::table::kind(fd) {
+        crate::table::K_UDP => None,
+        crate::table::K_OBJ => Some(crate::table::udp(fd)?),
+        _ => return None,
+    };
+    let r = kernel();
+    if r != 0 {
+        return Some(r);
+    }
+    let err = real::errno();
+    match (u, dst) {
+        (Some(u), d) => u.set_connected(d),
+        (None, Some(d)) => {
+            if let Some(u) = before_first_send(fd, d) {
+                u.set_connected(Some(d));
+            }
+        }
+        (None, None) => {}
+    }
+    real::set_errno(err);
+    Some(r)
+}
+
+/// Socket options whose effect the ring cannot reproduce: ancillary data on receive,
+/// `SO_REUSEPORT` groups, segmentation offload, corking.
+pub fn kernel_only_option(level: c_int, opt: c_int) -> bool {
+    match level {
+        libc::SOL_SOCKET => matches!(
+            opt,
+            libc::SO_REUSEPORT
+                | libc::SO_TIMESTAMP
+                | libc::SO_TIMESTAMPNS
+                | libc::SO_TIMESTAMPING
+                | libc::SO_RXQ_OVFL
+                | libc::SO_BINDTODEVICE
+        ),
+        libc::IPPROTO_IP => matches!(
+            opt,
+            libc::IP_PKTINFO
+                | libc::IP_RECVTOS
+                | libc::IP_RECVTTL
+                | libc::IP_RECVERR
+                | libc::IP_RECVOPTS
+                | libc::IP_RETOPTS
+                | libc::IP_RECVORIGDSTADDR
+                | libc::IP_TRANSPARENT
+        ),
+        libc::IPPROTO_IPV6 => matches!(
+            opt,
+            libc::IPV6_RECVPKTINFO
+                | libc::IPV6_RECVHOPLIMIT
+                | libc::IPV6_RECVTCLASS
+                | libc::IPV6_RECVERR
+                | libc::IPV6_RECVPATHMTU
+                | libc::IPV6_RECVORIGDSTADDR
+        ),
+        libc::IPPROTO_UDP => matches!(opt, libc::UDP_CORK | libc::UDP_SEGMENT | libc::UDP_GRO),
+        _ => false,
+    }
+}
+
+/// The UDP socket `fd` takes the kernel path for good (`why` logged, counted once).
+pub fn kernel_only(fd: c_int, why: &str) {
+    match crate::table::kind(fd) {
+        crate::table::K_UDP => {
+            tracing::debug!(fd, "UDP socket stays on the kernel path: {why}");
+            if let Some(e) = engine::get() {
+                e.registry().count_fallback(FallbackReason::Unsupported);
+            }
+            crate::table::remove(fd);
+        }
+        crate::table::K_OBJ => {
+            if let Some(u) = crate::table::udp(fd) {
+                u.leave(why);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Every UDP socket of ours that another process may now hold (fork, exec, fds passed)
+/// leaves its ring: two processes must not read one socket's rings.
+pub fn leave_all(why: &str) {
+    for u in crate::table::udps() {
+        u.leave(why);
+    }
+}
+
+/// In a fork child: the parent's UDP sockets are the parent's to carry (it left their rings
+/// in its own handler); ours become plain kernel sockets, forgotten without touching the
+/// region (dropping them would remove the parent's endpoints).
+pub fn forget_in_child() {
+    for (fd, e) in crate::table::all() {
+        if let crate::table::Entry::Udp(_) = &*e {
+            if let Some(e) = crate::table::remove(fd) {
+                std::mem::forget(e);
+            }
+        }
+    }
+}
+
+/// [`leave_all`] for the sockets a spawned child inherits (no close-on-exec).
+pub fn leave_inheritable(why: &str) {
+    for (fd, e) in crate::table::all() {
+        if let crate::table::Entry::Udp(u) = &*e {
+            if real::fd_flags(fd) & libc::FD_CLOEXEC == 0 {
+                u.leave(why);
+            }
+        }
+    }
+}
