@@ -76,6 +76,17 @@ fn main() -> std::process::ExitCode {
         test!(nonblocking_read_eagain),
         test!(accept4_flags_visible_via_fcntl),
         test!(readv_writev_recvmsg_sendmsg_recvfrom_sendto),
+        test!(udp_echo_sizes_and_sources),
+        test!(udp_connected_send_recv_read_write_and_unspec),
+        test!(udp_peek_trunc_fionread),
+        test!(udp_dontwait_nonblock_and_rcvtimeo),
+        test!(udp_sleepers_in_poll_select_recvfrom_are_woken),
+        test!(udp_sendmsg_recvmsg_scatter_gather),
+        test!(udp_eight_peers_on_one_socket),
+        test!(udp_members_and_a_kernel_only_peer_at_once),
+        test!(udp_flood_never_blocks_and_keeps_order),
+        test!(udp_socket_in_epoll_takes_the_kernel_path),
+        test!(udp_echo_over_ipv6_loopback_and_dual_stack),
         test!(fionread_counts_unread_bytes),
         test!(shutdown_wr_eof_after_data_and_peer_still_sends),
         test!(close_delivers_queued_data_then_eof),
@@ -1863,6 +1874,62 @@ fn xdom_exec_keeps_an_inherited_connection() {
 
 fn xdom_ipv4_client_on_a_dual_stack_listener() {
     check_domains(sc("names", "names").bind("::").extra("dualstack"));
+}
+
+/// What the server's log shows when its UDP socket received by a ring.
+const PAIR_TAKEN: &str = "datagram pair taken";
+
+fn udp_echo_sizes_and_sources() {
+    check(sc("udp", "echo").evidence(PAIR_TAKEN));
+}
+
+fn udp_connected_send_recv_read_write_and_unspec() {
+    check(sc("udp", "connected").evidence(PAIR_TAKEN));
+}
+
+fn udp_peek_trunc_fionread() {
+    check(sc("udp", "peek_trunc").evidence(PAIR_TAKEN));
+}
+
+fn udp_dontwait_nonblock_and_rcvtimeo() {
+    check(sc("udp", "nowait").evidence(PAIR_TAKEN));
+}
+
+fn udp_sleepers_in_poll_select_recvfrom_are_woken() {
+    check(sc("udp", "readiness").evidence(PAIR_TAKEN));
+}
+
+fn udp_sendmsg_recvmsg_scatter_gather() {
+    check(sc("udp", "vectored").evidence(PAIR_TAKEN));
+}
+
+fn udp_eight_peers_on_one_socket() {
+    check(sc("udp", "many_peers").evidence(PAIR_TAKEN));
+}
+
+fn udp_members_and_a_kernel_only_peer_at_once() {
+    check(sc("udp", "mixed").evidence(PAIR_TAKEN));
+}
+
+fn udp_flood_never_blocks_and_keeps_order() {
+    check(sc("udp", "flood").evidence(PAIR_TAKEN));
+}
+
+/// Readiness in epoll is not emulated for UDP yet: the socket leaves its ring (counted) and
+/// the kernel carries its datagrams, correctly.
+fn udp_socket_in_epoll_takes_the_kernel_path() {
+    check(sc("udp", "epoll").evidence("leaves its ring: put into an epoll set"));
+}
+
+/// `::1`, and a dual-stack `[::]` server reached at 127.0.0.1 (IPv4-mapped on its side).
+fn udp_echo_over_ipv6_loopback_and_dual_stack() {
+    check(sc("udp", "echo").host("::1").evidence(PAIR_TAKEN));
+    check(
+        sc("udp", "echo")
+            .bind("::")
+            .host("127.0.0.1")
+            .evidence(PAIR_TAKEN),
+    );
 }
 
 /// Across domains over IPv6: each domain's global (ULA) address, and its link-local one

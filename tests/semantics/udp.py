@@ -1,0 +1,459 @@
+#!/usr/bin/env python3
+"""UDP semantics. The server binds a UDP socket on the port number of its TCP listener, then
+accepts the client's TCP control connection and says "R": only then does the client send
+datagrams (so none can arrive before the socket is bound). Cases:
+  echo          2,000 datagrams of 0..65,507 bytes echoed with sendto/recvfrom; contents and
+                the source address checked both ways;
+  connected     connect() on UDP: send/recv/read/write, only the peer's datagrams received
+                (another socket's are dropped), connect(AF_UNSPEC) undoes it;
+  peek_trunc    MSG_PEEK, MSG_TRUNC (the true length), FIONREAD (the next datagram's size),
+                recvmsg's MSG_TRUNC flag, empty datagrams;
+  nowait        MSG_DONTWAIT and O_NONBLOCK on an empty socket: EAGAIN; SO_RCVTIMEO ends a
+                blocking receive with EAGAIN after its time;
+  readiness     a receiver asleep in poll, select and a blocking recvfrom is woken by a datagram
+                sent later; POLLOUT at once; a kernel fd (a pipe) in the same poll;
+  vectored      sendmsg/recvmsg with several buffers, a datagram scattered and gathered;
+  many_peers    eight client sockets interleaved with one server socket: each peer's datagrams
+                in order, each reply to its own sender;
+  mixed         one socket talks to the server and to a socket that can only use the kernel
+                (it asked for IP_PKTINFO) at once: both answer, per-peer order kept;
+  flood         100,000 datagrams of 1 KiB at a receiver that reads none: every send returns at
+                once (never EAGAIN on a blocking socket), later the receiver gets an increasing
+                subsequence of them, then a datagram sent after it drained;
+  epoll         a socket in an epoll set (the kernel's path, for good): echo through it."""
+
+import ctypes
+import errno
+import fcntl
+import os
+import select
+import socket
+import struct
+import termios
+import time
+
+from semlib import check, eq, now, pattern, run, sockaddr, within
+
+MAX = 65507
+
+
+def udp_socket(host):
+    fam, _ = sockaddr(host, 0)
+    return socket.socket(fam, socket.SOCK_DGRAM)
+
+
+def bind_udp(lsock, host):
+    """The server's UDP socket on the TCP listener's port number."""
+    fam, at = sockaddr(host, lsock.getsockname()[1])
+    u = socket.socket(fam, socket.SOCK_DGRAM)
+    if fam == socket.AF_INET6 and at[0] == "::":
+        u.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    u.bind(at)
+    return u
+
+
+def control(lsock):
+    """Accepts the client's control connection and tells it the UDP socket is bound."""
+    conn, _ = lsock.accept()
+    conn.sendall(b"R")
+    return conn
+
+
+def dial_control(args):
+    from semlib import dial
+
+    c = dial(args)
+    eq(c.recv(1), b"R", "the server's UDP socket is bound")
+    return c
+
+
+def wait_done(conn):
+    """Until the client closes the control connection."""
+    conn.settimeout(60)
+    while conn.recv(64):
+        pass
+
+
+def server_addr(args):
+    return sockaddr(args.host, args.port)[1]
+
+
+def same(a, b):
+    """Two socket addresses as Python reports them (IPv4-mapped and flow info aside)."""
+
+    def norm(x):
+        h = x[0]
+        if h.startswith("::ffff:"):
+            h = h[7:]
+        return (h, x[1])
+
+    return norm(a) == norm(b)
+
+
+def datagram(i, seed=0):
+    n = [0, 1, 7, 100, 1472, 9000, MAX][i % 7] if i % 3 else 1 + (i * 7919) % 4000
+    return pattern(n, i + seed)
+
+
+# ---- echo ------------------------------------------------------------------------------------
+
+
+def echo_loop(u, until_empty=b""):
+    """Echoes datagrams back to their senders until the datagram `b"end"`."""
+    while True:
+        d, a = u.recvfrom(70000)
+        if d == b"end":
+            return a
+        u.sendto(d, a)
+
+
+def echo_server(lsock, args):
+    u = bind_udp(lsock, args.bind or args.host)
+    conn = control(lsock)
+    echo_loop(u)
+    wait_done(conn)
+
+
+def echo_client(args):
+    c = dial_control(args)
+    u = udp_socket(args.host)
+    to = server_addr(args)
+    for i in range(2000):
+        d = datagram(i)
+        eq(u.sendto(d, to), len(d), "sendto's return")
+        got, frm = u.recvfrom(70000)
+        check(same(frm, to), f"the echo comes from the server's address: {frm} vs {to}")
+        eq(got, d, f"echo {i} ({len(d)} bytes)")
+    u.sendto(b"end", to)
+    c.close()
+
+
+# ---- connected -------------------------------------------------------------------------------
+
+
+def connected_server(lsock, args):
+    u = bind_udp(lsock, args.bind or args.host)
+    other = udp_socket(args.bind or args.host)
+    conn = control(lsock)
+    d, a = u.recvfrom(100)
+    eq(d, b"hello", "first datagram")
+    # Another socket writes to the client first: a connected client never sees it.
+    other.sendto(b"intruder", a)
+    u.sendto(b"from-peer", a)
+    eq(u.recvfrom(100)[0], b"write", "a write() on the connected socket")
+    u.sendto(b"r1", a)
+    d, a2 = u.recvfrom(100)
+    eq(d, b"after-unspec", "sendto after connect(AF_UNSPEC)")
+    other.sendto(b"now-welcome", a2)
+    wait_done(conn)
+
+
+def connected_client(args):
+    c = dial_control(args)
+    u = udp_socket(args.host)
+    to = server_addr(args)
+    u.connect(to)
+    eq(u.send(b"hello"), 5, "send on a connected socket")
+    eq(u.recv(100), b"from-peer", "only the peer's datagram (the other was dropped)")
+    eq(os.write(u.fileno(), b"write"), 5, "write()")
+    eq(os.read(u.fileno(), 100), b"r1", "read()")
+    # Disconnect (AF_UNSPEC), then anyone may write to us again.
+    sa = struct.pack("H", socket.AF_UNSPEC) + b"\0" * 14
+    libc = ctypes.CDLL(None, use_errno=True)
+    eq(libc.connect(u.fileno(), sa, len(sa)), 0, "connect(AF_UNSPEC)")
+    u.sendto(b"after-unspec", to)
+    d, _ = u.recvfrom(100)
+    eq(d, b"now-welcome", "a datagram from a third socket after the disconnect")
+    c.close()
+
+
+# ---- peek / trunc ----------------------------------------------------------------------------
+
+
+def cmd_server(lsock, args):
+    """Sends what the client asks for: `N SEED` → a datagram of N bytes; `END` stops."""
+    u = bind_udp(lsock, args.bind or args.host)
+    conn = control(lsock)
+    while True:
+        d, a = u.recvfrom(100)
+        if d == b"END":
+            break
+        n, seed = map(int, d.split())
+        u.sendto(pattern(n, seed), a)
+    wait_done(conn)
+
+
+def ioctl_int(fd, req):
+    return struct.unpack("i", fcntl.ioctl(fd, req, b"\0\0\0\0"))[0]
+
+
+def ask(u, to, n, seed):
+    u.sendto(b"%d %d" % (n, seed), to)
+
+
+def peek_trunc_client(args):
+    c = dial_control(args)
+    u = udp_socket(args.host)
+    to = server_addr(args)
+    ask(u, to, 1000, 5)
+    ask(u, to, 0, 6)
+    ask(u, to, 300, 7)
+    select.select([u], [], [], 5)
+    time.sleep(0.1)  # all three queued
+    eq(ioctl_int(u.fileno(), termios.FIONREAD), 1000, "FIONREAD: the next datagram's size")
+    eq(u.recv(10, socket.MSG_PEEK), pattern(1000, 5)[:10], "a peek")
+    eq(u.recv(10, socket.MSG_PEEK), pattern(1000, 5)[:10], "a second peek: still there")
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(20)
+    n = libc.recv(u.fileno(), buf, 20, socket.MSG_TRUNC)
+    eq(n, 1000, "MSG_TRUNC returns the datagram's true length")
+    eq(buf.raw, pattern(1000, 5)[:20], "what fitted")
+    d, _, flags, _ = u.recvmsg(100)
+    eq((d, flags & socket.MSG_TRUNC), (b"", 0), "an empty datagram is a datagram")
+    d, _, flags, _ = u.recvmsg(100)
+    eq((d, flags & socket.MSG_TRUNC != 0), (pattern(300, 7)[:100], True), "recvmsg's MSG_TRUNC flag")
+    u.setblocking(False)
+    try:
+        u.recv(10)
+        check(False, "the rest of a truncated datagram is gone")
+    except BlockingIOError:
+        pass
+    eq(ioctl_int(u.fileno(), termios.FIONREAD), 0, "FIONREAD on an empty socket")
+    u.sendto(b"END", to)
+    c.close()
+
+
+# ---- nowait ----------------------------------------------------------------------------------
+
+
+def nowait_client(args):
+    c = dial_control(args)
+    u = udp_socket(args.host)
+    to = server_addr(args)
+    ask(u, to, 10, 1)  # binds us, and one datagram comes back
+    eq(u.recv(100), pattern(10, 1), "the first reply")
+    try:
+        u.recv(100, socket.MSG_DONTWAIT)
+        check(False, "MSG_DONTWAIT on an empty socket")
+    except BlockingIOError:
+        pass
+    u.setblocking(False)
+    try:
+        u.recvfrom(100)
+        check(False, "O_NONBLOCK on an empty socket")
+    except BlockingIOError:
+        pass
+    u.setblocking(True)
+    u.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 200000))
+    t0 = now()
+    r = ctypes.CDLL(None, use_errno=True).recv(u.fileno(), ctypes.create_string_buffer(10), 10, 0)
+    eq((r, ctypes.get_errno()), (-1, errno.EAGAIN), "SO_RCVTIMEO ends the receive with EAGAIN")
+    within(now() - t0, 0.15, 3, "SO_RCVTIMEO's wait")
+    ask(u, to, 20, 2)
+    eq(u.recv(100), pattern(20, 2), "a datagram after the timeout")
+    u.sendto(b"END", to)
+    c.close()
+
+
+# ---- readiness -------------------------------------------------------------------------------
+
+
+def readiness_server(lsock, args):
+    """Answers `DELAY_MS N SEED` with a datagram of N bytes after DELAY_MS."""
+    u = bind_udp(lsock, args.bind or args.host)
+    conn = control(lsock)
+    while True:
+        d, a = u.recvfrom(100)
+        if d == b"END":
+            break
+        ms, n, seed = map(int, d.split())
+        time.sleep(ms / 1000)
+        u.sendto(pattern(n, seed), a)
+    wait_done(conn)
+
+
+def readiness_client(args):
+    c = dial_control(args)
+    u = udp_socket(args.host)
+    to = server_addr(args)
+    r, w = os.pipe()
+    p = select.poll()
+    p.register(u, select.POLLIN | select.POLLOUT)
+    u.sendto(b"0 1 1", to)
+    eq(u.recv(10), pattern(1, 1), "warm-up")
+    eq(p.poll(0), [(u.fileno(), select.POLLOUT)], "POLLOUT at once, no POLLIN")
+    q = select.poll()
+    q.register(u, select.POLLIN)
+    q.register(r, select.POLLIN)
+    # poll, asleep when the datagram comes
+    u.sendto(b"150 10 2", to)
+    t0 = now()
+    ev = q.poll(5000)
+    eq(ev, [(u.fileno(), select.POLLIN)], "poll woken by the datagram")
+    within(now() - t0, 0.1, 4, "poll slept until it came")
+    eq(u.recv(100), pattern(10, 2), "its data")
+    # the pipe wakes the same poll
+    os.write(w, b"x")
+    eq(q.poll(1000), [(r, select.POLLIN)], "a kernel fd in the same poll")
+    os.read(r, 1)
+    # select
+    u.sendto(b"150 11 3", to)
+    t0 = now()
+    rl, _, _ = select.select([u, r], [], [], 5)
+    eq(rl, [u], "select woken by the datagram")
+    within(now() - t0, 0.1, 4, "select slept until it came")
+    eq(u.recv(100), pattern(11, 3), "its data")
+    # blocking recvfrom
+    u.sendto(b"150 12 4", to)
+    t0 = now()
+    d, a = u.recvfrom(100)
+    eq(d, pattern(12, 4), "a blocking recvfrom woken by the datagram")
+    within(now() - t0, 0.1, 4, "recvfrom slept until it came")
+    u.sendto(b"END", to)
+    c.close()
+
+
+# ---- vectored --------------------------------------------------------------------------------
+
+
+def vectored_client(args):
+    c = dial_control(args)
+    u = udp_socket(args.host)
+    to = server_addr(args)
+    eq(u.sendmsg([b"1000 ", b"9"], [], 0, to), 6, "sendmsg gathers its buffers")
+    a, b = bytearray(300), bytearray(1000)
+    n, _, flags, frm = u.recvmsg_into([a, b])
+    eq(n, 1000, "recvmsg_into's length")
+    eq(bytes(a) + bytes(b[:700]), pattern(1000, 9), "scattered over both buffers")
+    check(same(frm, to), "the source")
+    u.sendto(b"END", to)
+    c.close()
+
+
+# ---- many peers ------------------------------------------------------------------------------
+
+
+def many_peers_client(args):
+    c = dial_control(args)
+    to = server_addr(args)
+    socks = [udp_socket(args.host) for _ in range(8)]
+    for i in range(300):
+        for k, s in enumerate(socks):
+            s.sendto(datagram(i, k * 1000), to)
+        for k, s in enumerate(socks):
+            got, frm = s.recvfrom(70000)
+            eq(got, datagram(i, k * 1000), f"socket {k}'s echo {i}")
+    socks[0].sendto(b"end", to)
+    c.close()
+
+
+# ---- mixed -----------------------------------------------------------------------------------
+
+
+def mixed_client(args):
+    c = dial_control(args)
+    to = server_addr(args)
+    fam, at = sockaddr(args.host, 0)
+    # A receiver that only the kernel can serve (it asks for ancillary data).
+    k = socket.socket(fam, socket.SOCK_DGRAM)
+    if fam == socket.AF_INET:
+        k.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_PKTINFO", 8), 1)
+    else:
+        k.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+    k.bind(at)
+    u = socket.socket(fam, socket.SOCK_DGRAM)
+    for i in range(500):
+        u.sendto(datagram(i), to)
+        u.sendto(b"k%d" % i, k.getsockname())
+        d, frm = k.recvfrom(100)
+        eq(d, b"k%d" % i, f"the kernel-only socket's datagram {i}, in order")
+        k.sendto(b"K%d" % i, frm)
+        got = {}
+        for _ in range(2):
+            d, frm = u.recvfrom(70000)
+            got["server" if same(frm, to) else "kernel"] = d
+        eq(got, {"server": datagram(i), "kernel": b"K%d" % i}, f"both answers {i}")
+    u.sendto(b"end", to)
+    c.close()
+
+
+# ---- flood -----------------------------------------------------------------------------------
+
+
+def flood_server(lsock, args):
+    u = bind_udp(lsock, args.bind or args.host)
+    conn = control(lsock)
+    eq(conn.recv(10), b"F", "the flood is over")
+    u.setblocking(False)
+    seen = []
+    while True:
+        try:
+            d, a = u.recvfrom(2000)
+        except BlockingIOError:
+            break
+        seen.append(struct.unpack("I", d[:4])[0])
+    check(seen, "some datagrams of the flood arrived")
+    check(all(x < y for x, y in zip(seen, seen[1:])), "an increasing subsequence: no reordering")
+    check(len(seen) < 100000 or True, "(drops allowed)")
+    conn.sendall(b"D")
+    u.setblocking(True)
+    u.settimeout(10)
+    d, a = u.recvfrom(2000)
+    eq(d, b"after", "a datagram after the receiver drained")
+    conn.sendall(b"%d" % len(seen))
+    wait_done(conn)
+
+
+def flood_client(args):
+    c = dial_control(args)
+    u = udp_socket(args.host)
+    to = server_addr(args)
+    body = bytes(1020)
+    t0 = now()
+    for i in range(100000):
+        eq(u.sendto(struct.pack("I", i) + body, to), 1024, "every send succeeds")
+    check(now() - t0 < 30, "the sender never blocked for long")
+    c.sendall(b"F")
+    eq(c.recv(1), b"D", "the receiver drained")
+    u.sendto(b"after", to)
+    n = int(c.recv(20))
+    check(0 < n <= 100000, f"{n} of 100,000 delivered")
+    c.close()
+
+
+# ---- epoll -----------------------------------------------------------------------------------
+
+
+def epoll_server(lsock, args):
+    u = bind_udp(lsock, args.bind or args.host)
+    ep = select.epoll()
+    ep.register(u.fileno(), select.EPOLLIN)
+    conn = control(lsock)
+    u.setblocking(False)
+    done = False
+    while not done:
+        for _ in ep.poll(10):
+            while True:
+                try:
+                    d, a = u.recvfrom(70000)
+                except BlockingIOError:
+                    break
+                if d == b"end":
+                    done = True
+                    break
+                u.sendto(d, a)
+    wait_done(conn)
+
+
+run({
+    "echo": (echo_server, echo_client),
+    "connected": (connected_server, connected_client),
+    "peek_trunc": (cmd_server, peek_trunc_client),
+    "nowait": (cmd_server, nowait_client),
+    "readiness": (readiness_server, readiness_client),
+    "vectored": (cmd_server, vectored_client),
+    "many_peers": (echo_server, many_peers_client),
+    "mixed": (echo_server, mixed_client),
+    "flood": (flood_server, flood_client),
+    "epoll": (epoll_server, echo_client),
+})
