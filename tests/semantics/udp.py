@@ -20,7 +20,9 @@ datagrams (so none can arrive before the socket is bound). Cases:
   flood         100,000 datagrams of 1 KiB at a receiver that reads none: every send returns at
                 once (never EAGAIN on a blocking socket), later the receiver gets an increasing
                 subsequence of them, then a datagram sent after it drained;
-  epoll         a socket in an epoll set (the kernel's path, for good): echo through it."""
+  epoll         echo through a socket in an epoll set (level-triggered);
+  epoll_et_sleepy  an edge-triggered epoll server asleep when each datagram comes;
+  asyncio       an asyncio datagram server (its epoll loop) with eight client sockets."""
 
 import ctypes
 import errno
@@ -337,12 +339,16 @@ def many_peers_client(args):
     c = dial_control(args)
     to = server_addr(args)
     socks = [udp_socket(args.host) for _ in range(8)]
+    # (Small enough that eight at once fit the kernel's receive buffer: no drops there.)
+    def dg(i, k):
+        return pattern(1 + (i * 31 + k * 977) % 8000, i * 8 + k)
+
     for i in range(300):
         for k, s in enumerate(socks):
-            s.sendto(datagram(i, k * 1000), to)
+            s.sendto(dg(i, k), to)
         for k, s in enumerate(socks):
             got, frm = s.recvfrom(70000)
-            eq(got, datagram(i, k * 1000), f"socket {k}'s echo {i}")
+            eq(got, dg(i, k), f"socket {k}'s echo {i}")
     socks[0].sendto(b"end", to)
     c.close()
 
@@ -424,10 +430,10 @@ def flood_client(args):
 # ---- epoll -----------------------------------------------------------------------------------
 
 
-def epoll_server(lsock, args):
+def epoll_server(lsock, args, et=False):
     u = bind_udp(lsock, args.bind or args.host)
     ep = select.epoll()
-    ep.register(u.fileno(), select.EPOLLIN)
+    ep.register(u.fileno(), select.EPOLLIN | (select.EPOLLET if et else 0))
     conn = control(lsock)
     u.setblocking(False)
     done = False
@@ -445,6 +451,56 @@ def epoll_server(lsock, args):
     wait_done(conn)
 
 
+def epoll_et_server(lsock, args):
+    epoll_server(lsock, args, et=True)
+
+
+def sleepy_client(args):
+    """Echoes with pauses: the server is asleep in its wait when each datagram comes."""
+    c = dial_control(args)
+    u = udp_socket(args.host)
+    to = server_addr(args)
+    for i in range(40):
+        time.sleep(0.02)
+        d = datagram(i)
+        u.sendto(d, to)
+        got, frm = u.recvfrom(70000)
+        eq(got, d, f"echo {i} after a pause")
+    u.sendto(b"end", to)
+    c.close()
+
+
+def asyncio_server(lsock, args):
+    import asyncio
+
+    u = bind_udp(lsock, args.bind or args.host)
+    u.setblocking(False)
+    conn = control(lsock)
+
+    class Echo(asyncio.DatagramProtocol):
+        def __init__(self, done):
+            self.done = done
+
+        def connection_made(self, transport):
+            self.t = transport
+
+        def datagram_received(self, data, addr):
+            if data == b"end":
+                self.done.set_result(True)
+            else:
+                self.t.sendto(data, addr)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        t, _ = await loop.create_datagram_endpoint(lambda: Echo(done), sock=u)
+        await asyncio.wait_for(done, 30)
+        t.close()
+
+    asyncio.run(main())
+    wait_done(conn)
+
+
 run({
     "echo": (echo_server, echo_client),
     "connected": (connected_server, connected_client),
@@ -456,4 +512,6 @@ run({
     "mixed": (echo_server, mixed_client),
     "flood": (flood_server, flood_client),
     "epoll": (epoll_server, echo_client),
+    "epoll_et_sleepy": (epoll_et_server, sleepy_client),
+    "asyncio": (asyncio_server, many_peers_client),
 })

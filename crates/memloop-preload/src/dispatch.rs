@@ -361,6 +361,13 @@ pub fn before_close(fd: c_int) {
             }
         }
         Entry::Epoll(set) => epoll_closed(fd, set),
+        Entry::Udp(u) => {
+            let last = !table::shared_with_another_fd(fd, &e);
+            let target = Target::Udp(u.clone());
+            for s in table::epoll_sets() {
+                s.fd_closed(fd, &target, last);
+            }
+        }
         // A listener stays published while a dup of it is open (the kernel keeps listening).
         Entry::Listener(l) if !table::shared_with_another_fd(fd, &e) => l.unregister(),
         _ => {}
@@ -400,15 +407,15 @@ pub fn epoll_ctl(
     fd: c_int,
     ev: Option<(u32, u64)>,
 ) -> Option<Result<(), c_int>> {
+    if table::kind(fd) == table::K_UDP && op == libc::EPOLL_CTL_ADD {
+        // Its kernel registration could not report the rings once it is published.
+        crate::udp::kernel_only(fd, "in an epoll set before it was bound");
+        return None;
+    }
     if table::kind(fd) != table::K_OBJ {
         return None;
     }
     let mut e = table::get(fd)?;
-    if let Entry::Udp(u) = &*e {
-        // Not readiness the epoll emulation answers yet: the kernel's socket, for good.
-        u.leave("put into an epoll set");
-        return None;
-    }
     loop {
         match crate::late::epoll_ctl(fd, &e, epfd, op, ev) {
             crate::late::Ctl::Pass => break,
@@ -429,6 +436,7 @@ pub fn epoll_ctl(
             return None;
         }
         Entry::Epoll(s) => Target::Set(s.clone()),
+        Entry::Udp(u) => Target::Udp(u.clone()),
         _ => return None,
     };
     match epoll_set(epfd) {

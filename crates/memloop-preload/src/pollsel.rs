@@ -413,22 +413,16 @@ fn block_with(
             },
         })
         .collect();
-    // Each UDP socket's own wake socket: its senders' wake-ups.
-    let udp_wakes: Vec<(usize, &crate::udp::UdpSock)> = members
-        .iter()
-        .filter_map(|(_, w)| match w {
-            Watch::Udp(u) => Some(&**u),
-            _ => None,
-        })
-        .map(|u| {
+    // Each UDP socket's own wake socket: its senders' wake-ups (read by its last sleeper out).
+    for (_, w) in members {
+        if let Watch::Udp(u) = w {
             set.push(pollfd {
                 fd: u.wake_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             });
-            (set.len() - 1, u)
-        })
-        .collect();
+        }
+    }
     if let Some((fd, _)) = wake {
         set.push(pollfd {
             fd,
@@ -446,11 +440,7 @@ fn block_with(
             real::drain_own(fd); // (the caller's scan of the rings comes after)
         }
     }
-    for (k, u) in udp_wakes {
-        if set[k].revents != 0 {
-            u.drain_wake();
-        }
-    }
+
     // A ring's socket the kernel found readable holds a doorbell or the peer's FIN: read by
     // the last sleeper out (`leave_wait`).
     for (i, w) in members {

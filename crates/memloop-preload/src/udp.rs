@@ -89,13 +89,16 @@ fn wake_target(flag: u32) {
 
 impl UdpSock {
     /// Publishes the bound socket `fd`; `Err` with the reason it stays on the kernel path.
-    pub fn publish(fd: c_int) -> Result<Arc<UdpSock>, FallbackReason> {
+    /// `chosen`: the kernel picked the port (a bind to port 0, or the first send's): no
+    /// other socket can share it, whatever `SO_REUSEPORT` says.
+    pub fn publish(fd: c_int, chosen: bool) -> Result<Arc<UdpSock>, FallbackReason> {
         let engine = engine::get().ok_or(FallbackReason::Disabled)?;
         if crate::dispatch::io_uring_used() {
             return Err(FallbackReason::Unsupported);
         }
-        if real::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT) == Some(1) {
-            return Err(FallbackReason::Unsupported); // the kernel's hash picks the socket
+        let reuseport = real::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT) == Some(1);
+        if reuseport && !chosen {
+            return Err(FallbackReason::Unsupported); // a group: the kernel's hash picks
         }
         let local = real::local_addr(fd).ok_or(FallbackReason::Error)?;
         let family = match local {
@@ -344,9 +347,6 @@ impl UdpSock {
             },
         ];
         let r = real::ppoll_raw(&mut set, Some(left), std::ptr::null());
-        if set[1].revents != 0 {
-            self.wake.drain();
-        }
         self.leave_sleep();
         r.map(|n| n > 0)
     }
@@ -363,21 +363,42 @@ impl UdpSock {
         }
     }
 
+    /// Sets the doorbell again for the sleepers there are (a sender's wake-up cleared it).
+    pub fn rearm(&self) {
+        let n = lock(&self.sleepers);
+        let t = self.wake.target();
+        if *n > 0 && t != 0 {
+            self.core
+                .bell()
+                .set_flag(memloop::ring::wait::target_bits(t));
+        }
+    }
+
+    /// Datagrams the program received from the rings so far (part of an epoll edge
+    /// signature).
+    pub fn ring_received(&self) -> u64 {
+        self.ring_received.load(Relaxed)
+    }
+
+    /// The spin window of waits on this socket.
+    pub fn spin_window(&self) -> Duration {
+        self.engine.cfg.spin
+    }
+
+    /// One sleeper less; the last one out disarms and reads the wake-ups (never earlier:
+    /// a wake-up read while another thread sleeps could be the one that thread needed).
     pub fn leave_sleep(&self) {
         let mut n = lock(&self.sleepers);
         *n = n.saturating_sub(1);
         if *n == 0 {
             self.core.bell().set_flag(0);
+            self.wake.drain();
         }
     }
 
     /// Our wake socket's fd (a poll sleeping on this socket listens on it too).
     pub fn wake_fd(&self) -> c_int {
         self.wake.fd()
-    }
-
-    pub fn drain_wake(&self) {
-        self.wake.drain();
     }
 
     pub fn family(&self) -> c_int {
@@ -389,9 +410,11 @@ fn kernel_readable(fd: c_int) -> bool {
     matches!(real::wait_fd(fd, libc::POLLIN, Some(Duration::ZERO)), Ok(ev) if ev != 0)
 }
 
-/// After a successful `bind` of a candidate: publish it (or leave it to the kernel, counted).
-pub fn after_bind(fd: c_int) {
-    match UdpSock::publish(fd) {
+/// After a successful `bind` of a candidate to `asked` (its port 0: the kernel's choice):
+/// publish it (or leave it to the kernel, counted).
+pub fn after_bind(fd: c_int, asked: Option<SocketAddr>) {
+    let chosen = asked.is_none_or(|a| a.port() == 0);
+    match UdpSock::publish(fd, chosen) {
         Ok(u) => {
             crate::table::insert(fd, crate::table::Entry::Udp(u));
         }
@@ -423,7 +446,7 @@ pub fn before_first_send(fd: c_int, dst: SocketAddr) -> Option<Arc<UdpSock>> {
         };
         real::bind_any(fd, family).ok()?;
     }
-    after_bind(fd);
+    after_bind(fd, None);
     crate::table::udp(fd)
 }
 
@@ -462,10 +485,10 @@ pub fn connect(
 /// `SO_REUSEPORT` groups, segmentation offload, corking.
 pub fn kernel_only_option(level: c_int, opt: c_int) -> bool {
     match level {
+        // (SO_REUSEPORT counts at bind: `UdpSock::publish`.)
         libc::SOL_SOCKET => matches!(
             opt,
-            libc::SO_REUSEPORT
-                | libc::SO_TIMESTAMP
+            libc::SO_TIMESTAMP
                 | libc::SO_TIMESTAMPNS
                 | libc::SO_TIMESTAMPING
                 | libc::SO_RXQ_OVFL

@@ -85,7 +85,7 @@ fn main() -> std::process::ExitCode {
         test!(udp_eight_peers_on_one_socket),
         test!(udp_members_and_a_kernel_only_peer_at_once),
         test!(udp_flood_never_blocks_and_keeps_order),
-        test!(udp_socket_in_epoll_takes_the_kernel_path),
+        test!(udp_socket_in_epoll_sets),
         test!(udp_echo_over_ipv6_loopback_and_dual_stack),
         test!(fionread_counts_unread_bytes),
         test!(shutdown_wr_eof_after_data_and_peer_still_sends),
@@ -1915,10 +1915,12 @@ fn udp_flood_never_blocks_and_keeps_order() {
     check(sc("udp", "flood").evidence(PAIR_TAKEN));
 }
 
-/// Readiness in epoll is not emulated for UDP yet: the socket leaves its ring (counted) and
-/// the kernel carries its datagrams, correctly.
-fn udp_socket_in_epoll_takes_the_kernel_path() {
-    check(sc("udp", "epoll").evidence("leaves its ring: put into an epoll set"));
+/// A UDP socket in epoll sets: level- and edge-triggered, asleep when datagrams come, and an
+/// asyncio event loop with eight peers.
+fn udp_socket_in_epoll_sets() {
+    check(sc("udp", "epoll").evidence(PAIR_TAKEN));
+    check(sc("udp", "epoll_et_sleepy").evidence(PAIR_TAKEN));
+    check(sc("udp", "asyncio").evidence(PAIR_TAKEN));
 }
 
 /// `::1`, and a dual-stack `[::]` server reached at 127.0.0.1 (IPv4-mapped on its side).

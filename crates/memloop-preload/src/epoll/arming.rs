@@ -23,6 +23,7 @@ pub(super) fn arm(it: &mut Item) {
         }
         Target::Conn(_) => return,
         Target::Set(s) => drop(s.sleep_enter()),
+        Target::Udp(u) => u.enter_sleep(),
     }
     (it.armed, it.lasting) = (true, false);
 }
@@ -74,6 +75,7 @@ pub(super) fn rearm(it: &mut Item) {
             }
         }
         Target::Set(s) => s.rearm_all(),
+        Target::Udp(u) => u.rearm(),
     }
 }
 
@@ -101,6 +103,10 @@ pub(super) fn disarm(it: &mut Item) -> bool {
         }
         Target::Set(s) => {
             s.sleep_leave();
+            false
+        }
+        Target::Udp(u) => {
+            u.leave_sleep();
             false
         }
     }
@@ -132,8 +138,8 @@ pub(super) fn kick_if_ready(epfd: c_int, id: u32, it: &mut Item) {
 pub(super) fn kick(epfd: c_int, id: u32, it: &mut Item) {
     match &it.target {
         Target::Set(s) => s.kick_ready(),
-        Target::Conn(_) if !it.fd_open || it.kicked => {}
-        Target::Conn(_) => {
+        Target::Conn(_) | Target::Udp(_) if !it.fd_open || it.kicked => {}
+        Target::Conn(_) | Target::Udp(_) => {
             let op = if it.reg == Reg::Dormant {
                 it.reg = Reg::Ring;
                 libc::EPOLL_CTL_ADD

@@ -84,6 +84,14 @@ impl EpollSet {
                 })?,
             None => kernel::ctl(epfd, op, fd, kev, kernel::tag(id))?,
         }
+        if let Target::Udp(u) = &it.target {
+            // Its senders' wake-ups: edge-triggered, read by the socket's last sleeper out.
+            let ev = IN | ET;
+            if let Err(e) = kernel::ctl(epfd, libc::EPOLL_CTL_ADD, u.wake_fd(), ev, kernel::tag(id))
+            {
+                tracing::debug!(fd, e, "UDP wake socket not in the epoll set");
+            }
+        }
         if st.sleepers > 0 {
             arm(&mut it);
             kick_if_ready(epfd, id, &mut it);
@@ -156,6 +164,10 @@ impl EpollSet {
 
     pub(super) fn remove(&self, st: &mut State, id: u32) -> Option<Item> {
         let it = st.items.remove(&id)?;
+        if let Target::Udp(u) = &it.target {
+            let epfd = self.fd();
+            kernel::ctl_or_log("udp wake", epfd, libc::EPOLL_CTL_DEL, u.wake_fd(), 0, 0);
+        }
         if st.by_fd.get(&it.fd) == Some(&id) {
             st.by_fd.remove(&it.fd);
         }
@@ -226,7 +238,7 @@ impl EpollSet {
         unpark(&mut st, self.fd(), fd);
         let candidates = match target {
             Target::Conn(c) => st.ids_of(c),
-            Target::Set(_) => st.items.keys().copied().collect(),
+            Target::Set(_) | Target::Udp(_) => st.items.keys().copied().collect(),
         };
         let ids: Vec<u32> = candidates
             .into_iter()
@@ -306,6 +318,8 @@ impl EpollSet {
             match t {
                 Target::Conn(c) => c.drain_owed(),
                 Target::Set(s) => s.drain_owed(),
+                // (Its wake socket is registered edge-triggered: never readable twice.)
+                Target::Udp(_) => {}
             }
         }
     }

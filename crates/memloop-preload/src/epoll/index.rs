@@ -208,6 +208,7 @@ impl State {
         match target {
             Target::Conn(c) => self.by_channel.entry(c.ch.idx).or_default().push(id),
             Target::Set(_) => self.nested += 1,
+            Target::Udp(_) => {}
         }
         self.look(id);
     }
@@ -224,6 +225,7 @@ impl State {
                 }
             }
             Target::Set(_) => self.nested = self.nested.saturating_sub(1),
+            Target::Udp(_) => {}
         }
         if let Some(l) = &mut self.looks {
             l.ids.remove(&id);

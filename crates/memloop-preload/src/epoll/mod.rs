@@ -61,6 +61,9 @@ thread_local! {
 pub enum Target {
     Conn(Arc<Conn>),
     Set(Arc<EpollSet>),
+    /// A UDP socket of ours: its kernel socket and its own wake socket are registered in the
+    /// kernel set (both under the item's tag), its rings answered here.
+    Udp(Arc<crate::udp::UdpSock>),
 }
 
 impl Target {
@@ -68,6 +71,7 @@ impl Target {
         match (self, other) {
             (Target::Conn(a), Target::Conn(b)) => Arc::ptr_eq(a, b),
             (Target::Set(a), Target::Set(b)) => Arc::ptr_eq(a, b),
+            (Target::Udp(a), Target::Udp(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -89,6 +93,9 @@ enum Reg {
     /// A connection of ours off its ring: edge-triggered in the kernel (unread bytes — data
     /// or doorbells — never wake a sleeper twice), each edge a cue to look again.
     OffRing,
+    /// A UDP socket of ours: like [`Reg::OffRing`] for its kernel socket (edges are cues to
+    /// look), plus its wake socket's registration.
+    Udp,
 }
 
 impl Reg {
@@ -100,6 +107,7 @@ impl Reg {
                 _ => Reg::OffRing,
             },
             Target::Set(_) => Reg::Set,
+            Target::Udp(_) => Reg::Udp,
         }
     }
 
@@ -124,8 +132,8 @@ impl Reg {
             // quiet in the kernel too (an epoll fd never reports hang-up or error).
             Reg::Set if disabled => Some(ONESHOT),
             Reg::Set => Some(IN | (events & (ET | ONESHOT))),
-            Reg::OffRing if disabled => Some(ET),
-            Reg::OffRing => Some(ET | kick | (events & (IN | OUT | RDHUP))),
+            Reg::OffRing | Reg::Udp if disabled => Some(ET),
+            Reg::OffRing | Reg::Udp => Some(ET | kick | (events & (IN | OUT | RDHUP))),
         }
     }
 }
@@ -188,7 +196,30 @@ impl Item {
                 let rep = rules::report(IN, self.events);
                 Some((rep, (sig, 0, rep)))
             }
+            Target::Udp(u) => Some(self.udp(u)),
         }
+    }
+
+    /// [`Self::readiness`] of a UDP socket: its rings, and a look at its kernel socket when
+    /// an edge came or the last look found something (or the program wants `EPOLLOUT`).
+    fn udp(&self, u: &crate::udp::UdpSock) -> (u32, (u64, u64, u32)) {
+        let events = rules::poll_events(self.events);
+        let mut rev = 0;
+        if self.fd_open && (self.hot.get() || self.events & OUT != 0) {
+            rev = crate::real::wait_fd(self.fd, events, Some(Duration::ZERO)).unwrap_or(0);
+            self.hot.set(rev & libc::POLLIN != 0);
+        }
+        let ring = u.ring_readable();
+        if ring {
+            rev |= libc::POLLIN;
+        }
+        let rep = rules::report(rules::poll_to_epoll(rev), self.events);
+        let sig = (
+            u.ring_received(),
+            self.edges.wrapping_add(ring as u64),
+            false,
+        );
+        (rep, rules::edge_signature(self.events, sig, rep))
     }
 
     /// [`Self::readiness`] of a connection off its ring: a fresh, filtered look at its

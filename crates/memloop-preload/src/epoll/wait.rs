@@ -237,6 +237,15 @@ impl EpollSet {
         };
         Settled::Ours(match target {
             (Target::Conn(c), _) => self.settle_conn(epfd, id, &c, kernel_ev),
+            (Target::Udp(_), _) => {
+                // An edge on its socket or a wake-up: the next collection looks.
+                let mut st = self.st.lock();
+                if let Some(it) = st.items.get_mut(&id) {
+                    it.hot.set(true);
+                    it.edges = it.edges.wrapping_add(1);
+                }
+                None
+            }
             (Target::Set(s), fd) => {
                 // (As poll does: not readable for late wake-ups of data read since.)
                 let readable = (libc::EPOLLIN | libc::EPOLLRDNORM) as u32;
@@ -370,6 +379,7 @@ impl EpollSet {
             .values()
             .find_map(|it| match &it.target {
                 Target::Conn(c) if it.reg != Reg::OffRing => Some(c.spin_window()),
+                Target::Udp(u) => Some(u.spin_window()),
                 _ => None,
             })
             .unwrap_or(Duration::ZERO)
@@ -404,7 +414,7 @@ impl EpollSet {
             Target::Conn(c) if it.reg == Reg::OffRing && !it.disabled => {
                 c.off_ring_sleep(rules::poll_events(it.events)).1
             }
-            Target::Conn(_) => false,
+            Target::Conn(_) | Target::Udp(_) => false,
             Target::Set(s) => s.in_flight(),
         })
     }

@@ -53,7 +53,9 @@ hook! {
         let r = kernel();
         if r == 0 {
             let err = real::errno();
-            track("bind", || crate::udp::after_bind(fd));
+            // SAFETY: bind's contract: `addr` readable for `len` bytes.
+            let asked = unsafe { real::decode_sockaddr(addr, len) };
+            track("bind", || crate::udp::after_bind(fd, asked));
             set_errno(err);
         }
         Ok(r)
@@ -285,8 +287,10 @@ hook! {
     on_panic fail(libc::EIO);
     {
         if crate::udp::kernel_only_option(level, opt) {
-            track("setsockopt", || crate::udp::kernel_only(fd, "a socket option the ring \
-                cannot honour (ancillary data, SO_REUSEPORT, segmentation)"));
+            track("setsockopt", || {
+                let why = format!("socket option {level}/{opt}: not one the ring can honour");
+                crate::udp::kernel_only(fd, &why)
+            });
         }
         let nodelay = level == libc::IPPROTO_TCP && opt == libc::TCP_NODELAY;
         if nodelay && !val.is_null() && len as usize >= 4 {
