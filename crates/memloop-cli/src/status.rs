@@ -821,15 +821,30 @@ fn write_members(out: &mut dyn Write, s: &Snapshot) -> io::Result<()> {
 }
 
 fn write_endpoints(out: &mut dyn Write, s: &Snapshot) -> io::Result<()> {
-    let mut rows = vec![row(&["id", "key", "owner"])];
+    let mut rows = vec![row(&["id", "key", "owner", "dropped"])];
     rows.extend(s.endpoints.iter().map(|e| {
         vec![
             id_str(e.id.idx, e.id.gen),
             e.key.to_string(),
             s.member_name(e.owner),
+            dropped_at(s.reg, e).map_or("-".into(), |n| n.to_string()),
         ]
     }));
     print_rows(out, &rows)
+}
+
+/// Datagrams dropped at a UDP endpoint because its ring was full (`None` for other kinds).
+fn dropped_at(reg: &Registry, e: &EndpointInfo) -> Option<u32> {
+    let udp = matches!(
+        e.key,
+        memloop::registry::EndpointKey::Socket {
+            proto: memloop::registry::Proto::Udp,
+            ..
+        }
+    );
+    udp.then(|| reg.endpoint_dropped(e.id).ok())
+        .flatten()
+        .map(|w| w.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 fn bytes_cells(c: &Chan) -> (String, String) {
@@ -1094,7 +1109,10 @@ fn json_lists<'s>(s: &'s Snapshot) -> Lists<'s> {
     let reg = s.reg;
     vec![
         ("members", Box::new(s.members.iter().map(member_json))),
-        ("endpoints", Box::new(s.endpoints.iter().map(endpoint_json))),
+        (
+            "endpoints",
+            Box::new(s.endpoints.iter().map(move |e| endpoint_json(reg, e))),
+        ),
         (
             "channels",
             Box::new(s.channels.iter().map(move |c| channel_json(reg, c))),
@@ -1298,9 +1316,9 @@ fn member_json(m: &Member) -> Value {
     })
 }
 
-fn endpoint_json(e: &EndpointInfo) -> Value {
+fn endpoint_json(reg: &Registry, e: &EndpointInfo) -> Value {
     json!({ "idx": e.id.idx, "gen": e.id.gen, "key": e.key.to_string(),
-            "owner": idgen(e.owner.idx, e.owner.gen) })
+            "owner": idgen(e.owner.idx, e.owner.gen), "dropped": dropped_at(reg, e) })
 }
 
 fn channel_json(reg: &Registry, ch: &Chan) -> Value {

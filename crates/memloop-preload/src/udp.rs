@@ -144,10 +144,6 @@ impl UdpSock {
         self.core.local_addr()
     }
 
-    pub fn dropped(&self) -> u64 {
-        self.core.dropped()
-    }
-
     pub fn on_ring(&self) -> bool {
         !self.off.load(Relaxed)
     }
@@ -224,11 +220,13 @@ impl UdpSock {
         if let Some(&p) = lock(&self.paths).get(&dst) {
             return p;
         }
-        let p = match crate::agree::scope_of(&self.engine, dst.ip()) {
-            Ok(scope) if self.core.member_at(ScopedAddr { scope, addr: dst }) => {
-                PeerPath::Ring(scope)
+        let p = match member_path(&self.engine, dst) {
+            Ok(scope) => PeerPath::Ring(scope),
+            Err(reason) => {
+                tracing::debug!(%dst, %reason, "UDP datagrams to the kernel path");
+                self.engine.registry().count_fallback(reason);
+                PeerPath::Kernel
             }
-            _ => PeerPath::Kernel,
         };
         self.remember(dst, p);
         p
@@ -428,14 +426,40 @@ pub fn after_bind(fd: c_int, asked: Option<SocketAddr>) {
     }
 }
 
+/// The scope of the member socket bound at `dst`, or why datagrams to it take the kernel
+/// path (no member owns the address, or none of its sockets is bound there).
+fn member_path(engine: &Engine, dst: SocketAddr) -> Result<u64, FallbackReason> {
+    let scope = crate::agree::scope_of(engine, dst.ip())?;
+    match memloop::datagram::member_socket_at(engine.registry(), ScopedAddr { scope, addr: dst }) {
+        true => Ok(scope),
+        false => Err(FallbackReason::NoListener),
+    }
+}
+
+/// Destinations of sockets not published whose kernel path was counted already (a socket
+/// without state of its own sends there on every datagram: counted once per destination).
+static COUNTED: crate::forklock::ForkMutex<Vec<SocketAddr>> =
+    crate::forklock::ForkMutex::new(Vec::new());
+
+fn count_once(engine: &Engine, dst: SocketAddr, reason: FallbackReason) {
+    let mut seen = COUNTED.lock();
+    if seen.contains(&dst) {
+        return;
+    }
+    if seen.len() >= 256 {
+        seen.clear();
+    }
+    seen.push(dst);
+    engine.registry().count_fallback(reason);
+}
+
 /// Before a send on a candidate that is not published: if `dst` is a member's socket,
 /// bind it as the kernel would (wildcard, a free port) and publish it.
 pub fn before_first_send(fd: c_int, dst: SocketAddr) -> Option<Arc<UdpSock>> {
     let engine = engine::get()?;
     let dst = canonical(dst);
-    let scope = crate::agree::scope_of(&engine, dst.ip()).ok()?;
-    let probe = ScopedAddr { scope, addr: dst };
-    if !memloop::datagram::member_socket_at(engine.registry(), probe) {
+    if let Err(reason) = member_path(&engine, dst) {
+        count_once(&engine, dst, reason);
         return None;
     }
     let bound = real::local_addr(fd).is_some_and(|a| a.port() != 0);

@@ -93,15 +93,20 @@ mod tests {
     }
 
     #[test]
-    fn only_stream_pairs_are_supported_today() {
+    fn stream_and_datagram_pairs_are_supported_today() {
         assert!(ChannelKind::StreamPair.require_supported().is_ok());
-        for k in [ChannelKind::DatagramPair, ChannelKind::DescriptorCompletion] {
-            let e = k.require_supported().unwrap_err();
-            assert!(e.to_string().contains("not supported"), "{e}");
-        }
+        assert!(ChannelKind::DatagramPair.require_supported().is_ok());
+        let e = ChannelKind::DescriptorCompletion
+            .require_supported()
+            .unwrap_err();
+        assert!(e.to_string().contains("not supported"), "{e}");
         assert_eq!(
             ChannelKind::StreamPair.ring_kinds(),
             (RingKind::Stream, RingKind::Stream)
+        );
+        assert_eq!(
+            ChannelKind::DatagramPair.ring_kinds(),
+            (RingKind::Record, RingKind::Record)
         );
     }
 }

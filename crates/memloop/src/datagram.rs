@@ -89,6 +89,8 @@ struct Pair {
     /// The peer socket's doorbell (none if it has no endpoint we can find: it cannot be
     /// woken, only polled, and its sleeps are bounded).
     peer_bell: Option<WaitCell>,
+    /// The peer socket's count of datagrams dropped at it (`memloop status`).
+    peer_dropped: Option<memloop_shm::ShmU32>,
     watch: PeerWatch,
 }
 
@@ -298,7 +300,12 @@ impl DatagramSocket {
             }
             // A full ring may be one nobody reads any more: a receiver that died before it
             // took our offer (a clean close takes and closes it).
-            Ok(false) if !pair.watch.lost() => Ok(self.drop_one(DropReason::Full)),
+            Ok(false) if !pair.watch.lost() => {
+                if let Some(d) = &pair.peer_dropped {
+                    d.fetch_add(1, Relaxed);
+                }
+                Ok(self.drop_one(DropReason::Full))
+            }
             Ok(false) | Err(RingError::Closed) => {
                 let p = remove_pair(&mut st, i);
                 p.release(self.reg(), self.waker);
@@ -348,6 +355,7 @@ impl DatagramSocket {
             }
         };
         let peer_bell = channel::endpoint_bell(reg, ep.id).ok();
+        let peer_dropped = reg.endpoint_dropped(ep.id).ok();
         // (The offer bumped the receiver's doorbell; our first datagram wakes it.)
         let node = Node { inner: n.clone() };
         st.remote_peer |= !n.same_kernel(ep.owner);
@@ -357,6 +365,7 @@ impl DatagramSocket {
             peer: dst.addr,
             ends,
             peer_bell,
+            peer_dropped,
             watch: PeerWatch::new(&node, ch, Side::Client),
         });
         let i = st.pairs.len() - 1;
@@ -399,9 +408,12 @@ impl DatagramSocket {
         let ends = RecordEnds::attach(reg, ch, Side::Server)?;
         let peer = canonical(tuple.client);
         let scope = reg.member(info.client)?.identity.net_scope();
-        let peer_bell = find_endpoint(reg, ScopedAddr { scope, addr: peer })
-            .filter(|e| e.owner == info.client)
+        let peer_ep =
+            find_endpoint(reg, ScopedAddr { scope, addr: peer }).filter(|e| e.owner == info.client);
+        let peer_bell = peer_ep
+            .as_ref()
             .and_then(|e| channel::endpoint_bell(reg, e.id).ok());
+        let peer_dropped = peer_ep.and_then(|e| reg.endpoint_dropped(e.id).ok());
         let node = Node {
             inner: self.node.clone(),
         };
@@ -412,6 +424,7 @@ impl DatagramSocket {
             peer,
             ends,
             peer_bell,
+            peer_dropped,
             watch: PeerWatch::new(&node, ch, Side::Server),
         })
     }

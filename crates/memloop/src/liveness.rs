@@ -49,7 +49,15 @@ impl Liveness {
 
     pub fn is_alive(&self, m: &MemberInfo) -> bool {
         if self.same_pid_space(&m.identity) {
-            return matches!(proc_start_time(m.identity.pid), Some((t, false)) if t == m.identity.start_time);
+            match proc_start_time(m.identity.pid) {
+                Some((t, zombie)) => return t == m.identity.start_time && !zombie,
+                // Gone. (A `/proc` we could not read — out of fds, say — proves nothing: the
+                // heartbeat decides then.)
+                None if !std::path::Path::new(&format!("/proc/{}", m.identity.pid)).exists() => {
+                    return false
+                }
+                None => {}
+            }
         }
         self.heartbeat_fresh(m.id, m.heartbeat, Instant::now())
     }

@@ -226,8 +226,12 @@ impl NodeInner {
         let reg = self.region.registry();
         match reg.member(peer) {
             Ok(info) if self.liveness.is_alive(&info) => true,
-            Ok(_) => {
-                tracing::debug!(?peer, "peer found dead: reclaiming");
+            Ok(info) => {
+                tracing::debug!(
+                    ?peer,
+                    pid = info.identity.pid,
+                    "peer found dead: reclaiming"
+                );
                 let _ = reg.reclaim(peer, self.id);
                 false
             }

@@ -238,11 +238,15 @@ hook! {
         f: libc::c_long,
     ) -> libc::c_long;
     real kernel = real::syscall,
-        pass if n != libc::SYS_io_uring_setup && n != libc::SYS_pidfd_getfd;
+        pass if n != libc::SYS_io_uring_setup && n != libc::SYS_pidfd_getfd
+            && !socket_call_on_ours(n, a);
     // (A panic outside our contained logic: before the real call, as the fd's number is
     // only known after it.)
     on_panic if n == libc::SYS_pidfd_getfd { fail(libc::EIO) } else { kernel() };
     {
+        if let Some(r) = socket_call(n, [a, b, c, d, e, f]) {
+            return Ok(r);
+        }
         if n == libc::SYS_pidfd_getfd {
             let r = kernel();
             if r < 0 {
@@ -253,6 +257,67 @@ hook! {
         dispatch::note_io_uring();
         Ok(kernel())
     }
+}
+
+/// A data system call (or `close`) made through `syscall` on an fd of ours — libuv sends and
+/// receives datagrams and closes fds so: it must see our rings and records as the C
+/// library's function would.
+fn socket_call_on_ours(n: libc::c_long, fd: libc::c_long) -> bool {
+    let data = matches!(
+        n,
+        libc::SYS_close
+            | libc::SYS_sendmmsg
+            | libc::SYS_recvmmsg
+            | libc::SYS_sendmsg
+            | libc::SYS_recvmsg
+            | libc::SYS_sendto
+            | libc::SYS_recvfrom
+    );
+    data && c_int::try_from(fd).is_ok_and(|fd| crate::table::kind(fd) != crate::table::K_NONE)
+}
+
+/// [`socket_call_on_ours`]'s calls, answered by our hooks of the same functions (which set
+/// errno and return -1 on failure, as `syscall` does).
+fn socket_call(n: libc::c_long, a: [libc::c_long; 6]) -> Option<libc::c_long> {
+    if !socket_call_on_ours(n, a[0]) {
+        return None;
+    }
+    let fd = a[0] as c_int;
+    let p = |i: usize| a[i] as usize as *mut libc::c_void;
+    // SAFETY: the caller's system call arguments, passed to the functions that take the
+    // same ones (the kernel would have read them just so).
+    let r = unsafe {
+        match n {
+            // (libuv closes fds so, to avoid a cancellation point: our record must go too.)
+            libc::SYS_close => super::socket::close(fd) as isize,
+            libc::SYS_sendmmsg => {
+                super::data::sendmmsg(fd, p(1).cast(), a[2] as c_uint, a[3] as c_int) as isize
+            }
+            libc::SYS_recvmmsg => {
+                super::data::recvmmsg(fd, p(1).cast(), a[2] as c_uint, a[3] as c_int, p(4).cast())
+                    as isize
+            }
+            libc::SYS_sendmsg => super::data::sendmsg(fd, p(1).cast(), a[2] as c_int),
+            libc::SYS_recvmsg => super::data::recvmsg(fd, p(1).cast(), a[2] as c_int),
+            libc::SYS_sendto => super::data::sendto(
+                fd,
+                p(1),
+                a[2] as usize,
+                a[3] as c_int,
+                p(4).cast(),
+                a[5] as libc::socklen_t,
+            ),
+            _ => super::data::recvfrom(
+                fd,
+                p(1),
+                a[2] as usize,
+                a[3] as c_int,
+                p(4).cast(),
+                p(5).cast(),
+            ),
+        }
+    };
+    Some(r as libc::c_long)
 }
 
 hook! {

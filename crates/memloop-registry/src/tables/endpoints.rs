@@ -16,6 +16,7 @@
 //! | 0 | state · 8 doorbell seq u32 · 12 listener-waiting u32 · 16 accept backlog |
 //! | 24 | owner (packed member id) · 32 key hash · 40 key (72 B) |
 //! | 112 | connecting u32: clients between their real `connect` and their offer (a hint) |
+//! | 116 | dropped u32: datagrams senders dropped because this (UDP) socket's ring was full |
 
 use crate::error::RegistryError;
 use crate::key::{
@@ -41,6 +42,7 @@ const O_OWNER: u64 = 24;
 const O_HASH: u64 = 32;
 const O_KEY: u64 = 40;
 const O_CONNECTING: u64 = 112;
+const O_DROPPED: u64 = 116;
 /// How long the lower-indexed of two racing inserters waits for the other to resolve.
 const RESOLVE_SPINS: usize = 100_000;
 
@@ -63,6 +65,7 @@ impl<'a> EndpointSlot<'a> {
         self.0.st(O_OWNER, owner)?;
         self.0.st(O_HASH, hash)?;
         self.connecting()?.store(0, Relaxed);
+        self.dropped()?.store(0, Relaxed);
         self.0.st(O_BACKLOG, 0)?;
         self.waiting()?.store(0, Relaxed);
         self.0.write(O_KEY, key)
@@ -84,6 +87,9 @@ impl<'a> EndpointSlot<'a> {
     }
     fn backlog(&self) -> Result<ShmU64, RegistryError> {
         self.0.u64(O_BACKLOG)
+    }
+    fn dropped(&self) -> Result<ShmU32, RegistryError> {
+        self.0.u32(O_DROPPED)
     }
     fn connecting(&self) -> Result<ShmU32, RegistryError> {
         self.0.u32(O_CONNECTING)
@@ -351,6 +357,12 @@ impl Registry {
     /// leaves it high, which costs servers a bounded wait, never a wrong decision.
     pub fn endpoint_connecting(&self, id: EndpointId) -> Result<ShmU32, RegistryError> {
         self.live_endpoint(id)?.connecting()
+    }
+
+    /// Datagrams dropped at a LIVE (UDP) endpoint because its ring was full: senders count
+    /// them here, `memloop status` shows them per socket.
+    pub fn endpoint_dropped(&self, id: EndpointId) -> Result<ShmU32, RegistryError> {
+        self.live_endpoint(id)?.dropped()
     }
 
     /// Offers currently waiting for the endpoint (a hint: maintained by offer/accept/cancel).

@@ -1,0 +1,106 @@
+# shellcheck shell=bash
+# UDP programs: sockperf (UDP ping-pong: nothing dropped, duplicated or reordered; throughput),
+# iperf3 -u (datagram and byte counts of both ends agree, loss reported), dnsmasq answering
+# dig, and an asyncio datagram server with many client sockets.
+
+# wait_udp NAME PORT [SECS]: until a UDP socket is bound to PORT in domain 0.
+wait_udp() {
+  local name=$1 port=$2 secs=${3:-20} i
+  for ((i = 0; i < secs * 10; i++)); do
+    ip netns exec "$NS0" ss -Hlun "sport = :$port" 2>/dev/null | grep -q . && return 0
+    server_alive "$name" || { tail -n 30 "$CASE_DIR/$name.log" >&2; fail "server $name exited"; }
+    sleep 0.1
+  done
+  fail "server $name not bound to UDP port $port after ${secs}s"
+}
+
+case_sockperf_udp_pingpong() {
+  local port=11113 m out sent recvd lat
+  start_server sockperf sockperf server -i "$ADDR0" -p $port
+  wait_udp sockperf $port
+  for m in 64 1472; do
+    run_client "pp$m" 30 sockperf ping-pong -i "$ADDR0" -p $port -t 2 -m $m --mps 20000000
+    out=$(sockperf_out "pp$m")
+    if grep -qiE 'error|fail' <<<"$out"; then
+      fail "sockperf UDP ping-pong -m $m reported: $(grep -iE 'error|fail' <<<"$out" | head -n 3)"
+    fi
+    grep -q '# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0' <<<"$out" ||
+      fail "sockperf UDP ping-pong -m $m: $(grep 'dropped messages' <<<"$out")"
+    sent=$(sed -n 's/.*\[Valid Duration\].*SentMessages=\([0-9]*\).*/\1/p' <<<"$out")
+    recvd=$(sed -n 's/.*\[Valid Duration\].*ReceivedMessages=\([0-9]*\).*/\1/p' <<<"$out")
+    lat=$(sed -n 's/.*Summary: Latency is \([0-9.]*\) usec.*/\1/p' <<<"$out")
+    [ "${sent:-0}" -gt 0 ] && [ "$sent" = "$recvd" ] ||
+      fail "sockperf UDP ping-pong -m $m: sent ${sent:-?}, received ${recvd:-?}"
+    note "sockperf UDP ping-pong -m $m: $sent round trips, latency $lat us"
+  done
+  stop_server sockperf
+}
+
+case_sockperf_udp_throughput() {
+  local port=11114 m out rate
+  start_server sockperf sockperf server -i "$ADDR0" -p $port
+  wait_udp sockperf $port
+  for m in 1024 8192; do
+    run_client "tp$m" 30 sockperf throughput -i "$ADDR0" -p $port -t 2 -m $m
+    out=$(sockperf_out "tp$m")
+    if grep -qiE 'error|fail' <<<"$out"; then
+      fail "sockperf UDP throughput -m $m reported: $(grep -iE 'error|fail' <<<"$out" | head -n 3)"
+    fi
+    rate=$(sed -n 's/.*Summary: Message Rate is \([0-9]*\) \[msg\/sec\].*/\1/p' <<<"$out")
+    [ "${rate:-0}" -gt 0 ] || fail "sockperf UDP throughput -m $m: no message rate"
+    note "sockperf UDP throughput -m $m: $rate msg/s sent"
+  done
+  server_alive sockperf || fail "sockperf server died"
+  run_client after 30 sockperf ping-pong -i "$ADDR0" -p $port -t 1 -m 64 --mps 20000000
+  stop_server sockperf
+}
+
+case_iperf3_udp() {
+  local port=5202 f=$CASE_DIR/u.out sp rp lost sb rb
+  start_server iperf3 iperf3 -s -J -B "$ADDR0" -p $port
+  wait_listen iperf3 $port
+  run_client u 90 iperf3 -c "$ADDR0" -p $port -u -b 400M -l 1400 -n 50M --json --get-server-output
+  stop_server iperf3
+  jq -e 'has("error") | not' "$f" >/dev/null || fail "iperf3 -u: $(jq -r .error "$f")"
+  jq -e '.server_output_json.end.sum' "$f" >/dev/null || fail "iperf3 -u: no server report"
+  sp=$(jq '.end.sum.packets' "$f")
+  rp=$(jq '.server_output_json.end.sum.packets' "$f")
+  lost=$(jq '.server_output_json.end.sum.lost_packets' "$f")
+  sb=$(jq '.end.sum.bytes' "$f")
+  rb=$(jq '.server_output_json.end.sum.bytes' "$f")
+  log "iperf3 -u: client sent $sp datagrams ($sb bytes); server: $rp datagrams, $lost lost, $rb bytes"
+  [ "$sp" -gt 0 ] && [ "$sb" -ge $((50 << 20)) ] || fail "iperf3 -u: the client sent $sp datagrams, $sb bytes"
+  # The server counts what arrived plus the gaps in the sequence numbers: every datagram the
+  # client sent is one or the other (iperf3 stops counting at TEST_END: a few may be in flight).
+  [ "$rp" -le "$sp" ] && [ $((sp - rp)) -le 64 ] || fail "iperf3 -u: server counted $rp of $sp datagrams"
+  [ "$lost" -le "$rp" ] || fail "iperf3 -u: $lost lost of $rp"
+  [ "$rb" -le "$sb" ] || fail "iperf3 -u: server received $rb > sent $sb bytes"
+  note "iperf3 -u: $sp datagrams sent, $lost lost ($(jq '.server_output_json.end.sum.lost_percent | . * 100 | round / 100' "$f")%)"
+}
+
+case_dnsmasq_dig() {
+  local port=5353 hosts=$CASE_DIR/hosts i out
+  command -v dnsmasq >/dev/null || fail "dnsmasq is not installed"
+  for ((i = 1; i <= 50; i++)); do printf '10.77.%d.%d host%d.memloop.test\n' $((i / 200)) $((i % 200 + 1)) "$i"; done >"$hosts"
+  start_server dnsmasq dnsmasq -k -p $port --listen-address="$ADDR0" --bind-interfaces \
+    --no-resolv --no-hosts --addn-hosts="$hosts" --log-facility=- --user=root
+  wait_udp dnsmasq $port
+  for ((i = 1; i <= 50; i++)); do printf 'host%d.memloop.test\n' "$i"; done >"$CASE_DIR/names"
+  run_client dig 60 dig @"$ADDR0" -p $port +short +tries=1 +time=3 -f "$CASE_DIR/names"
+  out=$(cat "$CASE_DIR/dig.out")
+  for ((i = 1; i <= 50; i++)); do
+    grep -qx "10.77.$((i / 200)).$((i % 200 + 1))" <<<"$out" || fail "dig: no answer for host$i"
+  done
+  [ "$(wc -l <<<"$out")" = 50 ] || fail "dig: $(wc -l <<<"$out") answers for 50 names"
+  stop_server dnsmasq
+  note "dnsmasq answered 50 names to dig"
+}
+
+case_python_udp_asyncio() {
+  local port=7010
+  start_server srv "$PY" "$HERE/py/udp_progs.py" asyncio-server --host "$ADDR0" --port $port --clients 8
+  wait_udp srv $port
+  run_client c 120 "$PY" "$HERE/py/udp_progs.py" client --host "$ADDR0" --port $port --clients 8 --count 500
+  grep -q '^OK 8x500$' "$CASE_DIR/c.out" || fail "udp client: $(cat "$CASE_DIR/c.out")"
+  wait_server srv
+}
