@@ -312,8 +312,10 @@ fn enter(fds: &[pollfd], members: &[(usize, Watch)], target: Option<u32>) -> Vec
     targeted
 }
 
-fn leave(fds: &[pollfd], members: &[(usize, Watch)], targeted: &[bool]) {
+/// `udp_saw`: for each UDP member in order, whether its wake socket was readable.
+fn leave(fds: &[pollfd], members: &[(usize, Watch)], targeted: &[bool], udp_saw: &[bool]) {
     let mut t = targeted.iter();
+    let mut saw = udp_saw.iter();
     for (i, w) in members {
         match w {
             Watch::Ring(c) => {
@@ -324,7 +326,7 @@ fn leave(fds: &[pollfd], members: &[(usize, Watch)], targeted: &[bool]) {
             }
             Watch::OffRing(_) | Watch::Late(_) => {}
             Watch::Set(s) => s.sleep_leave(),
-            Watch::Udp(u) => u.leave_sleep(),
+            Watch::Udp(u) => u.leave_sleep(saw.next().copied().unwrap_or(true)),
         }
     }
 }
@@ -414,8 +416,10 @@ fn block_with(
         })
         .collect();
     // Each UDP socket's own wake socket: its senders' wake-ups (read by its last sleeper out).
+    let mut udp_at = Vec::new();
     for (_, w) in members {
         if let Watch::Udp(u) = w {
+            udp_at.push(set.len());
             set.push(pollfd {
                 fd: u.wake_fd(),
                 events: libc::POLLIN,
@@ -450,6 +454,7 @@ fn block_with(
             }
         }
     }
-    leave(fds, members, &targeted);
+    let udp_saw: Vec<bool> = udp_at.iter().map(|&k| set[k].revents != 0).collect();
+    leave(fds, members, &targeted, &udp_saw);
     r.map(|_| ())
 }

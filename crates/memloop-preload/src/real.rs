@@ -981,33 +981,6 @@ pub fn unlink_own(path: &std::ffi::CStr) {
     unsafe { libc::unlink(path.as_ptr()) };
 }
 
-#[cfg(test)]
-mod tests {
-    use std::io::{Read, Write};
-    use std::os::fd::AsRawFd;
-
-    /// Differences of the positions are exactly the bytes the program wrote and read, with
-    /// some still unacknowledged or unread in the kernel's queues.
-    #[test]
-    fn tcp_positions_follow_what_the_program_wrote_and_read() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut b, _) = l.accept().unwrap();
-        let (w0, r0) = super::tcp_positions(a.as_raw_fd()).unwrap();
-        let (bw0, br0) = super::tcp_positions(b.as_raw_fd()).unwrap();
-        a.write_all(&[1; 100_000]).unwrap();
-        let mut buf = vec![0; 30_000];
-        b.read_exact(&mut buf).unwrap();
-        b.write_all(&[2; 777]).unwrap();
-        let (w1, r1) = super::tcp_positions(a.as_raw_fd()).unwrap();
-        let (bw1, br1) = super::tcp_positions(b.as_raw_fd()).unwrap();
-        assert_eq!((w1 - w0, r1 - r0), (100_000, 0));
-        assert_eq!((bw1 - bw0, br1 - br0), (777, 30_000));
-        a.read_exact(&mut buf[..700]).unwrap();
-        assert_eq!(super::tcp_positions(a.as_raw_fd()).unwrap().1 - r0, 700);
-    }
-}
-
 // ---- UDP ----------------------------------------------------------------------------------------
 
 /// `a` as a `sockaddr` of `family` (an IPv4 address as IPv4-mapped for an `AF_INET6` socket,
@@ -1104,4 +1077,31 @@ pub fn signals_restart() -> bool {
         let handled = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
         !handled || old.sa_flags & libc::SA_RESTART != 0
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+
+    /// Differences of the positions are exactly the bytes the program wrote and read, with
+    /// some still unacknowledged or unread in the kernel's queues.
+    #[test]
+    fn tcp_positions_follow_what_the_program_wrote_and_read() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut b, _) = l.accept().unwrap();
+        let (w0, r0) = super::tcp_positions(a.as_raw_fd()).unwrap();
+        let (bw0, br0) = super::tcp_positions(b.as_raw_fd()).unwrap();
+        a.write_all(&[1; 100_000]).unwrap();
+        let mut buf = vec![0; 30_000];
+        b.read_exact(&mut buf).unwrap();
+        b.write_all(&[2; 777]).unwrap();
+        let (w1, r1) = super::tcp_positions(a.as_raw_fd()).unwrap();
+        let (bw1, br1) = super::tcp_positions(b.as_raw_fd()).unwrap();
+        assert_eq!((w1 - w0, r1 - r0), (100_000, 0));
+        assert_eq!((bw1 - bw0, br1 - br0), (777, 30_000));
+        a.read_exact(&mut buf[..700]).unwrap();
+        assert_eq!(super::tcp_positions(a.as_raw_fd()).unwrap().1 - r0, 700);
+    }
 }

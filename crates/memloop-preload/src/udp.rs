@@ -62,6 +62,8 @@ pub struct UdpSock {
     /// For a wildcard bind: the source address the kernel's route picks, per destination.
     routes: Mutex<HashMap<IpAddr, IpAddr>>,
     pub(crate) nonblock: AtomicBool,
+    /// `SO_RCVTIMEO` in µs (0: none), kept as the program sets it.
+    rcvtimeo_us: AtomicU64,
     /// Left the ring for good (see the module text).
     off: AtomicBool,
     pub(crate) ring_sent: AtomicU64,
@@ -133,6 +135,7 @@ impl UdpSock {
             paths: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
             nonblock: AtomicBool::new(real::status_flags(fd) & libc::O_NONBLOCK != 0),
+            rcvtimeo_us: AtomicU64::new(rcvtimeo_us(fd)),
             off: AtomicBool::new(false),
             ring_sent: AtomicU64::new(0),
             ring_received: AtomicU64::new(0),
@@ -159,6 +162,18 @@ impl UdpSock {
         self.engine
             .registry()
             .count_fallback(FallbackReason::Unsupported);
+    }
+
+    /// The program set `SO_RCVTIMEO` on `fd`.
+    pub fn refresh_timeout(&self, fd: c_int) {
+        self.rcvtimeo_us.store(rcvtimeo_us(fd), Relaxed);
+    }
+
+    pub fn rcvtimeo(&self) -> Option<Duration> {
+        match self.rcvtimeo_us.load(Relaxed) {
+            0 => None,
+            us => Some(Duration::from_micros(us)),
+        }
     }
 
     pub fn set_connected(&self, peer: Option<SocketAddr>) {
@@ -291,25 +306,18 @@ impl UdpSock {
         self.next_len().is_some()
     }
 
-    /// Waits until the rings or the kernel socket `fd` may have a datagram, or `deadline`
-    /// passes (`Err(EAGAIN)`), or a signal (`Err(EINTR)`, or a restart as the kernel would).
-    pub fn wait(&self, fd: c_int, deadline: Option<Instant>) -> Result<(), c_int> {
-        let mut n = 0u32;
-        let ready = || {
-            n += 1;
-            self.ring_readable() || (n % 16 == 0 && kernel_readable(fd))
-        };
-        if self.spin(ready) {
-            return Ok(());
-        }
+    /// Waits until the rings or the kernel socket `fd` may have a datagram (`Ok(true)`: the
+    /// kernel's), or `deadline` passes (`Err(EAGAIN)`), or a signal (`Err(EINTR)`, or a
+    /// restart as the kernel would).
+    pub fn wait(&self, fd: c_int, deadline: Option<Instant>) -> Result<bool, c_int> {
         loop {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             if left.is_some_and(|l| l.is_zero()) {
                 return Err(libc::EAGAIN);
             }
             match self.sleep(fd, libc::POLLIN, left.map_or(SLICE, |l| l.min(SLICE))) {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
+                Ok(Some(kernel)) => return Ok(kernel),
+                Ok(None) => {}
                 Err(libc::EINTR) if deadline.is_none() && real::signals_restart() => {}
                 Err(e) => return Err(e),
             }
@@ -319,18 +327,30 @@ impl UdpSock {
         }
     }
 
-    /// Spins (while spinning can pay, in the socket's adaptive window) until `ready`.
+    /// Spins (while spinning can pay, in the socket's adaptive window) until `ready`. Only a
+    /// socket with ring peers spins: for the kernel's datagrams a sleep costs what it did.
     pub fn spin(&self, ready: impl FnMut() -> bool) -> bool {
-        self.spinner.spin(self.engine.cfg.spin, ready)
+        self.core.has_pairs() && self.spinner.spin(self.engine.cfg.spin, ready)
+    }
+
+    /// [`Self::spin`] until a ring datagram is there, or the kernel socket `fd` is readable
+    /// (looked at now and then: a system call costs as much as many looks at the rings).
+    pub fn spin_for_data(&self, fd: c_int) -> bool {
+        let mut n = 0u32;
+        self.spin(|| {
+            n = n.wrapping_add(1);
+            self.ring_readable() || (n % 128 == 0 && kernel_readable(fd))
+        })
     }
 
     /// One sleep in the kernel on `fd` (for `events`) and our wake socket, the doorbell
-    /// armed: `Ok(true)` if something may be ready.
-    fn sleep(&self, fd: c_int, events: i16, left: Duration) -> Result<bool, c_int> {
+    /// armed: `Ok(Some(kernel))` if something may be ready (`kernel`: on `fd`), `Ok(None)` if
+    /// the time ran out.
+    fn sleep(&self, fd: c_int, events: i16, left: Duration) -> Result<Option<bool>, c_int> {
         self.enter_sleep();
         if self.ring_readable() {
-            self.leave_sleep();
-            return Ok(true);
+            self.leave_sleep(false);
+            return Ok(Some(false));
         }
         let mut set = [
             libc::pollfd {
@@ -345,8 +365,8 @@ impl UdpSock {
             },
         ];
         let r = real::ppoll_raw(&mut set, Some(left), std::ptr::null());
-        self.leave_sleep();
-        r.map(|n| n > 0)
+        self.leave_sleep(set[1].revents != 0);
+        r.map(|n| (n > 0).then_some(set[0].revents != 0))
     }
 
     /// Arms the doorbell with our wake socket's target for one more sleeper.
@@ -378,19 +398,26 @@ impl UdpSock {
         self.ring_received.load(Relaxed)
     }
 
-    /// The spin window of waits on this socket.
+    /// The spin window of waits on this socket (none without ring peers).
     pub fn spin_window(&self) -> Duration {
-        self.engine.cfg.spin
+        match self.core.has_pairs() {
+            true => self.engine.cfg.spin,
+            false => Duration::ZERO,
+        }
     }
 
     /// One sleeper less; the last one out disarms and reads the wake-ups (never earlier:
-    /// a wake-up read while another thread sleeps could be the one that thread needed).
-    pub fn leave_sleep(&self) {
+    /// a wake-up read while another thread sleeps could be the one that thread needed) —
+    /// only if one can be there: a sender cleared the flag, or a sleeper saw the socket
+    /// readable (`saw`).
+    pub fn leave_sleep(&self, saw: bool) {
         let mut n = lock(&self.sleepers);
         *n = n.saturating_sub(1);
         if *n == 0 {
-            self.core.bell().set_flag(0);
-            self.wake.drain();
+            let cleared = self.core.bell().set_flag(0) == 0;
+            if cleared || saw {
+                self.wake.drain();
+            }
         }
     }
 
@@ -404,6 +431,10 @@ impl UdpSock {
     }
 }
 
+fn rcvtimeo_us(fd: c_int) -> u64 {
+    real::sockopt_timeout(fd, libc::SO_RCVTIMEO).map_or(0, |t| (t.as_micros() as u64).max(1))
+}
+
 fn kernel_readable(fd: c_int) -> bool {
     matches!(real::wait_fd(fd, libc::POLLIN, Some(Duration::ZERO)), Ok(ev) if ev != 0)
 }
@@ -411,7 +442,7 @@ fn kernel_readable(fd: c_int) -> bool {
 /// After a successful `bind` of a candidate to `asked` (its port 0: the kernel's choice):
 /// publish it (or leave it to the kernel, counted).
 pub fn after_bind(fd: c_int, asked: Option<SocketAddr>) {
-    let chosen = asked.is_none_or(|a| a.port() == 0);
+    let chosen = asked.map_or(true, |a| a.port() == 0);
     match UdpSock::publish(fd, chosen) {
         Ok(u) => {
             crate::table::insert(fd, crate::table::Entry::Udp(u));

@@ -140,6 +140,8 @@ pub struct DatagramSocket {
     nonblocking: AtomicBool,
     read_timeout: Mutex<Option<Duration>>,
     dropped: AtomicU64,
+    /// Pairs held now (read without the state lock: whether spinning can pay).
+    npairs: std::sync::atomic::AtomicUsize,
     capacity: u64,
     /// Reaches sleepers that wait outside the ring (see [`DatagramSocket::set_waker`]).
     waker: Option<fn(u32)>,
@@ -190,6 +192,7 @@ impl DatagramSocket {
             nonblocking: AtomicBool::new(false),
             read_timeout: Mutex::new(None),
             dropped: AtomicU64::new(0),
+            npairs: std::sync::atomic::AtomicUsize::new(0),
             capacity: DATAGRAM_RING_CAPACITY,
             waker: None,
             _reserved: None,
@@ -232,6 +235,15 @@ impl DatagramSocket {
     /// Pairs this socket has (peers it exchanged datagrams with).
     pub fn pairs(&self) -> usize {
         self.state().pairs.len()
+    }
+
+    /// Whether the socket holds any pair (one load: no lock).
+    pub fn has_pairs(&self) -> bool {
+        self.npairs.load(Relaxed) > 0
+    }
+
+    fn count_pairs(&self, st: &State) {
+        self.npairs.store(st.pairs.len(), Relaxed);
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -308,6 +320,7 @@ impl DatagramSocket {
             }
             Ok(false) | Err(RingError::Closed) => {
                 let p = remove_pair(&mut st, i);
+                self.count_pairs(&st);
                 p.release(self.reg(), self.waker);
                 Ok(self.drop_one(DropReason::Closed))
             }
@@ -370,6 +383,7 @@ impl DatagramSocket {
         });
         let i = st.pairs.len() - 1;
         st.send_on.insert(dst.addr, i);
+        self.count_pairs(st);
         tracing::debug!(?ch, src = %tuple.client, dst = %dst.addr, "datagram pair offered");
         Ok(i)
     }
@@ -389,6 +403,7 @@ impl DatagramSocket {
                     // A peer we never sent to: our replies go on its pair.
                     st.send_on.entry(p.peer).or_insert(st.pairs.len());
                     st.pairs.push(p);
+                    self.count_pairs(st);
                 }
                 Err(e) => {
                     tracing::debug!(?ch, "refusing a datagram pair: {e}");
@@ -501,6 +516,7 @@ impl DatagramSocket {
             let empty = matches!(p.ends.rx.peek_len(), Ok(None) | Err(_));
             if empty && (p.watch.lost() || p.ends.tx.reader_closed()) {
                 let p = remove_pair(st, i);
+                self.count_pairs(st);
                 tracing::debug!(ch = ?p.ch, peer = %p.peer, "datagram pair closed: peer gone");
                 p.release(self.reg(), self.waker);
             } else {

@@ -99,7 +99,7 @@ fn wait_child(child: &mut Child, limit: Duration) -> Option<i32> {
 fn datagram(id: u64, seq: u64) -> Vec<u8> {
     let len = match seq % 7 {
         0 => 65_507,
-        1 => 0usize.max(16),
+        1 => 16,
         _ => 16 + ((seq * 7919 + id * 104_729) % 9000) as usize,
     };
     let mut v = vec![0u8; len];

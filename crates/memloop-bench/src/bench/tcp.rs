@@ -11,6 +11,10 @@
 //! | memloop-v6, veth+bridge-v6 | the same over the domains' IPv6 addresses | | both / no |
 //! | memloop-lo | domain 0, 127.0.0.1 | domain 0 | both, one region |
 //! | tcp-loopback | domain 0, 127.0.0.1 | domain 0 | no |
+//!
+//! The UDP rows (`udp-rr`, `udp-stream`) run on the same paths but Unix (the server's peer
+//! binds a UDP socket on its TCP listener's address: `tcp/udp.rs`); in them `tcp-loopback` is
+//! loopback UDP.
 //! | unix | domain 0, abstract socket | domain 0 | no |
 //! | veth+preload | domain 0 | domain 1 | both, different regions: no ring (remote cost) |
 //!
@@ -21,6 +25,7 @@ pub mod fan;
 pub mod peer;
 pub(crate) mod procs;
 mod table;
+mod udp;
 pub(crate) mod wire;
 
 use super::report::{median_of_rounds, Record};
@@ -72,6 +77,8 @@ const REMOTE: &str = "veth+preload";
 
 /// The message size of the "one end sleeps" test and of the remote-cost comparison.
 const SMALL: usize = 64;
+/// The datagram size of the UDP stream (the figure: 1 KiB datagrams).
+const UDP_STREAM: usize = 1024;
 /// The pause between requests in the "one end sleeps" test.
 const SLEEP_US: u64 = 1000;
 
@@ -184,7 +191,8 @@ impl Case {
     /// The side-by-side cases run on every path but veth+preload, which only takes part in the
     /// paired remote-cost runs.
     fn applies(&self, p: &PathDef) -> bool {
-        p.preload != Preload::Remote
+        let udp = matches!(self.test, Test::UdpRr | Test::UdpStream);
+        p.preload != Preload::Remote && !(udp && p.net == Net::Unix)
     }
 
     fn label(&self) -> String {
@@ -194,6 +202,8 @@ impl Case {
             Test::Crr => "crr",
             Test::SleepRr => "sleep-rr",
             Test::Fan => "fan",
+            Test::UdpRr => "udp-rr",
+            Test::UdpStream => "udp-stream",
         };
         format!("{t} {}", fmt_size(self.size as u64))
     }
@@ -262,6 +272,8 @@ impl Config {
         v.extend(self.stream_sizes.iter().map(|&s| case(Test::Stream, s)));
         v.push(case(Test::Crr, 1));
         v.push(case(Test::SleepRr, SMALL));
+        v.push(case(Test::UdpRr, SMALL));
+        v.push(case(Test::UdpStream, UDP_STREAM));
         v
     }
 
@@ -365,14 +377,19 @@ pub fn run(a: &TcpArgs) -> CliResult<()> {
     report(&records, &remote, &paths, &cfg, &bed, a)
 }
 
-/// The remote-cost cases: 64 B request/response and stream.
-const REMOTE_CASES: [Case; 2] = [
+/// The remote-cost cases: 64 B request/response and stream, and UDP request/response (to a
+/// non-member: DNS-like).
+const REMOTE_CASES: [Case; 3] = [
     Case {
         test: Test::Rr,
         size: SMALL,
     },
     Case {
         test: Test::Stream,
+        size: SMALL,
+    },
+    Case {
+        test: Test::UdpRr,
         size: SMALL,
     },
 ];
@@ -627,6 +644,20 @@ fn measure(p: &mut Path, case: &Case, cfg: &Config, dur: Duration) -> CliResult<
             Record::new("rr", path, size, table::TPS, rate),
         ],
         Test::SleepRr => vec![timed("sleep-rr", table::RTT)],
+        Test::UdpRr => vec![
+            timed("udp-rr", table::RTT),
+            Record::new("udp-rr", path, size, table::TPS, rate),
+        ],
+        Test::UdpStream => vec![
+            Record::new("udp-stream", path, size, table::MSGS, rate),
+            Record::new(
+                "udp-stream",
+                path,
+                size,
+                table::GBIT,
+                r.bytes as f64 * 8.0 / r.elapsed_s / 1e9,
+            ),
+        ],
         Test::Fan => vec![Record::new("fan", path, size, table::TPS, rate)],
         Test::Crr => {
             let mut cps = Record::new("crr", path, size, table::CPS, rate);

@@ -106,7 +106,9 @@ pub(super) fn disarm(it: &mut Item) -> bool {
             false
         }
         Target::Udp(u) => {
-            u.leave_sleep();
+            // (Its wake socket is registered edge-triggered: a wake-up left unread never
+            // wakes the set twice; the flag says when one was sent.)
+            u.leave_sleep(false);
             false
         }
     }

@@ -46,22 +46,33 @@ pub(super) fn recv(
     let nowait =
         flags & libc::MSG_DONTWAIT != 0 || u.nonblock.load(std::sync::atomic::Ordering::Relaxed);
     let mut deadline: Option<Option<Instant>> = None;
+    // Whether the kernel socket may hold a datagram: a blocking receive asks the kernel only
+    // once its wait says so (a failed non-blocking receive first would be one more system
+    // call per datagram).
+    let mut kernel_due = nowait;
+    let mut spun = nowait;
     loop {
         if let Some(d) = ring(peek)? {
             return Ok(Ok(d));
         }
-        let r = kernel(flags | libc::MSG_DONTWAIT);
-        if r >= 0 {
-            return Ok(Err(r));
+        // A blocking receive with ring peers spins first: a request/response partner answers
+        // within the window.
+        if !std::mem::replace(&mut spun, true) && u.spin_for_data(fd) {
+            kernel_due = true;
+            continue;
         }
-        let e = errno();
-        if e != libc::EAGAIN || nowait {
-            return Err(e);
+        if kernel_due {
+            let r = kernel(flags | libc::MSG_DONTWAIT);
+            if r >= 0 {
+                return Ok(Err(r));
+            }
+            let e = errno();
+            if e != libc::EAGAIN || nowait {
+                return Err(e);
+            }
         }
-        let until = *deadline.get_or_insert_with(|| {
-            real::sockopt_timeout(fd, libc::SO_RCVTIMEO).map(|t| Instant::now() + t)
-        });
-        u.wait(fd, until)?;
+        let until = *deadline.get_or_insert_with(|| u.rcvtimeo().map(|t| Instant::now() + t));
+        kernel_due = u.wait(fd, until)?;
     }
 }
 

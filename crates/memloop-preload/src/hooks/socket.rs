@@ -308,6 +308,8 @@ hook! {
         if r == 0 && level == libc::SOL_SOCKET && timeo {
             if let Some(c) = table::conn(fd) {
                 track("setsockopt", || c.refresh_timeout(fd, opt));
+            } else if let Some(u) = table::udp(fd) {
+                track("setsockopt", || u.refresh_timeout(fd));
             }
         }
         Ok(r)

@@ -70,6 +70,9 @@ fn say(v: serde_json::Value) {
 
 fn server(addr: &Addr) -> CliResult<()> {
     let listener = addr.listen().context("listening")?;
+    if let wire::Listener::Tcp(l) = &listener {
+        super::udp::serve(l.local_addr()?).context("binding the UDP socket")?;
+    }
     say(json!({ "ready": true, "pid": std::process::id(), "addr": listener.local()? }));
     exit_when_stdin_closes();
     serve(&listener)

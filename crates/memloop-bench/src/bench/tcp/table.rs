@@ -187,6 +187,8 @@ pub fn remote_rows(triples: &[Triple]) -> Vec<RemoteRow> {
         ("rr", RTT, true, 2.0),
         ("rr", TPS, false, 2.0),
         ("stream", GBIT, false, 1.0),
+        ("udp-rr", RTT, false, 2.0),
+        ("udp-rr", RTT, true, 2.0),
     ];
     let mut out = Vec::new();
     for (test, unit, p99, target) in metrics {
@@ -340,6 +342,25 @@ pub fn targets(records: &[Record], remote: &[RemoteRow]) -> Vec<String> {
             x(vs(MEMLOOP, VETH, "sleep-rr", 64, RTT, true)),
             x(vs(MEMLOOP_LO, TCP_LO, "sleep-rr", 64, RTT, false)),
             x(vs(MEMLOOP_LO, TCP_LO, "sleep-rr", 64, RTT, true)),
+        ));
+    }
+    if get(MEMLOOP, "udp-rr", 64, RTT).is_some() {
+        out.push(format!(
+            "UDP RR 64 B RTT p50: memloop {} loopback UDP (target ≥ 50×), {} veth+bridge (target ≥ 50×); memloop-lo {} loopback UDP; p99: {} / {}",
+            x(vs(MEMLOOP, TCP_LO, "udp-rr", 64, RTT, false)),
+            x(vs(MEMLOOP, VETH, "udp-rr", 64, RTT, false)),
+            x(vs(MEMLOOP_LO, TCP_LO, "udp-rr", 64, RTT, false)),
+            x(vs(MEMLOOP, TCP_LO, "udp-rr", 64, RTT, true)),
+            x(vs(MEMLOOP, VETH, "udp-rr", 64, RTT, true)),
+        ));
+    }
+    if let Some(&s) = sizes("udp-stream").first() {
+        out.push(format!(
+            "UDP stream {} datagrams, delivered msg/s: memloop {} loopback UDP (target ≥ 10×), {} veth+bridge; memloop-lo {} loopback UDP",
+            fmt_size(s),
+            x(vs(MEMLOOP, TCP_LO, "udp-stream", s, MSGS, false)),
+            x(vs(MEMLOOP, VETH, "udp-stream", s, MSGS, false)),
+            x(vs(MEMLOOP_LO, TCP_LO, "udp-stream", s, MSGS, false)),
         ));
     }
     for r in remote.iter().filter(|r| !r.metric.contains("p99")) {

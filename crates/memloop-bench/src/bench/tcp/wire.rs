@@ -148,6 +148,14 @@ impl Addr {
         Ok(Addr::Tcp(a))
     }
 
+    /// The server's UDP address: its TCP listener's (none for the other kinds).
+    pub fn udp(&self) -> io::Result<std::net::SocketAddr> {
+        match self {
+            Addr::Tcp(a) => Ok(*a),
+            _ => Err(invalid("UDP needs a host:port address".into())),
+        }
+    }
+
     fn unix(name: &str) -> io::Result<UnixAddr> {
         UnixAddr::from_abstract_name(name.as_bytes())
     }
@@ -376,6 +384,10 @@ pub enum Test {
     /// Request/response on `conns` connections at once, one request in flight on each,
     /// multiplexed with epoll at both ends.
     Fan,
+    /// Request/response of UDP datagrams (`udp.rs`).
+    UdpRr,
+    /// A one-way stream of UDP datagrams; the count is what the server received.
+    UdpStream,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug)]
@@ -425,6 +437,8 @@ impl Request {
             ),
             Test::Stream => stream(addr, self.size, warmup, dur),
             Test::Crr => crr(addr, warmup, dur),
+            Test::UdpRr => super::udp::rr(addr.udp()?, self.size, warmup, dur),
+            Test::UdpStream => super::udp::stream(addr.udp()?, self.size, warmup, dur),
             Test::Fan => {
                 let connect = || addr.connect(true);
                 let (count, secs) = super::fan::run(connect, self.size, self.conns, warmup, dur)?;
@@ -442,7 +456,7 @@ fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.clamp(0.0, 3600.0))
 }
 
-fn percentiles(mut v: Vec<u64>) -> (f64, f64) {
+pub(super) fn percentiles(mut v: Vec<u64>) -> (f64, f64) {
     if v.is_empty() {
         return (0.0, 0.0);
     }
