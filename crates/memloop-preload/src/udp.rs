@@ -459,11 +459,15 @@ pub fn after_bind(fd: c_int, asked: Option<SocketAddr>) {
 
 /// The scope of the member socket bound at `dst`, or why datagrams to it take the kernel
 /// path (no member owns the address, or none of its sockets is bound there).
+/// Sockets in another kernel (a VM) stay on the kernel path: their sleepers cannot be woken
+/// by our wake sockets, only polled.
 fn member_path(engine: &Engine, dst: SocketAddr) -> Result<u64, FallbackReason> {
     let scope = crate::agree::scope_of(engine, dst.ip())?;
-    match memloop::datagram::member_socket_at(engine.registry(), ScopedAddr { scope, addr: dst }) {
-        true => Ok(scope),
-        false => Err(FallbackReason::NoListener),
+    let at = ScopedAddr { scope, addr: dst };
+    match memloop::datagram::member_socket_owner(engine.registry(), at) {
+        Some(owner) if engine.node.same_kernel(owner) => Ok(scope),
+        Some(_) => Err(FallbackReason::Unsupported),
+        None => Err(FallbackReason::NoListener),
     }
 }
 

@@ -87,6 +87,7 @@ fn main() -> std::process::ExitCode {
         test!(udp_flood_never_blocks_and_keeps_order),
         test!(udp_socket_in_epoll_sets),
         test!(udp_echo_over_ipv6_loopback_and_dual_stack),
+        test!(xdom_udp_echo_and_epoll_across_domains),
         test!(fionread_counts_unread_bytes),
         test!(shutdown_wr_eof_after_data_and_peer_still_sends),
         test!(close_delivers_queued_data_then_eof),
@@ -1921,6 +1922,13 @@ fn udp_socket_in_epoll_sets() {
     check(sc("udp", "epoll").evidence(PAIR_TAKEN));
     check(sc("udp", "epoll_et_sleepy").evidence(PAIR_TAKEN));
     check(sc("udp", "asyncio").evidence(PAIR_TAKEN));
+}
+
+/// Across two domains (the server's bridge address, IPv4 and IPv6): sizes, sources, epoll.
+fn xdom_udp_echo_and_epoll_across_domains() {
+    check_domains(sc("udp", "echo").evidence(PAIR_TAKEN));
+    check_domains(sc("udp", "echo").family(Family::V6).evidence(PAIR_TAKEN));
+    check_domains(sc("udp", "epoll_et_sleepy").evidence(PAIR_TAKEN));
 }
 
 /// `::1`, and a dual-stack `[::]` server reached at 127.0.0.1 (IPv4-mapped on its side).

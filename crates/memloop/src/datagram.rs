@@ -649,6 +649,14 @@ pub fn member_socket_at(reg: &memloop_registry::Registry, at: ScopedAddr) -> boo
     find_endpoint(reg, at).is_some()
 }
 
+/// The member that owns the socket bound at `at`, if any.
+pub fn member_socket_owner(
+    reg: &memloop_registry::Registry,
+    at: ScopedAddr,
+) -> Option<memloop_registry::MemberId> {
+    find_endpoint(reg, at).map(|e| e.owner)
+}
+
 /// Removes pair `i`, keeping the send map's indices right.
 fn remove_pair(st: &mut State, i: usize) -> Pair {
     let p = st.pairs.swap_remove(i);
