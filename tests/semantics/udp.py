@@ -22,7 +22,9 @@ datagrams (so none can arrive before the socket is bound). Cases:
                 subsequence of them, then a datagram sent after it drained;
   epoll         echo through a socket in an epoll set (level-triggered);
   epoll_et_sleepy  an edge-triggered epoll server asleep when each datagram comes;
-  asyncio       an asyncio datagram server (its epoll loop) with eight client sockets."""
+  asyncio       an asyncio datagram server (its epoll loop) with eight client sockets;
+  wake          receivers asleep before any peer exists (a short buffer; a peek) are woken by
+                the first datagram, and nothing but it is ever seen."""
 
 import ctypes
 import errno
@@ -501,6 +503,39 @@ def asyncio_server(lsock, args):
     wait_done(conn)
 
 
+def wake_server(lsock, args):
+    """Receivers blocked before any peer exists: a short buffer, then a peek."""
+    u1 = bind_udp(lsock, args.bind or args.host)
+    fam, at = sockaddr(args.bind or args.host, 0)
+    u2 = socket.socket(fam, socket.SOCK_DGRAM)
+    u2.bind(at)
+    conn = control(lsock)
+    conn.sendall(b"%d\n" % u2.getsockname()[1])
+    eq(u1.recv(8), pattern(20, 1)[:8], "a short buffer, asleep before the first datagram")
+    eq(u2.recv(100, socket.MSG_PEEK), pattern(30, 2), "a peek, asleep before the first datagram")
+    eq(u2.recv(100), pattern(30, 2), "the peeked datagram")
+    for s in (u1, u2):
+        s.setblocking(False)
+        try:
+            d = s.recv(100)
+            check(False, f"nothing else may be queued, got {d!r}")
+        except BlockingIOError:
+            pass
+    wait_done(conn)
+
+
+def wake_client(args):
+    c = dial_control(args)
+    port2 = int(c.recv(20).split()[0])
+    u = udp_socket(args.host)
+    time.sleep(0.2)
+    u.sendto(pattern(20, 1), server_addr(args))
+    time.sleep(0.2)
+    u.sendto(pattern(30, 2), (server_addr(args)[0], port2) + server_addr(args)[2:])
+    time.sleep(0.3)
+    c.close()
+
+
 run({
     "echo": (echo_server, echo_client),
     "connected": (connected_server, connected_client),
@@ -514,4 +549,5 @@ run({
     "epoll": (epoll_server, echo_client),
     "epoll_et_sleepy": (epoll_et_server, sleepy_client),
     "asyncio": (asyncio_server, many_peers_client),
+    "wake": (wake_server, wake_client),
 })

@@ -1034,6 +1034,60 @@ pub unsafe fn write_sockaddr(
     *alen = len;
 }
 
+/// Sends `b` as one datagram from `fd` to `dst` (never blocking, no SIGPIPE); the kernel's
+/// result, errors ignored by the caller (a wake datagram is a hint).
+pub fn send_datagram(fd: c_int, b: &[u8], dst: SocketAddr, family: c_int) -> bool {
+    let (st, len) = encode_sockaddr(dst, family);
+    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+    // SAFETY: `b` is a live buffer; `st` a valid sockaddr of `len` bytes.
+    let r = unsafe {
+        sendto()(
+            fd,
+            b.as_ptr().cast(),
+            b.len(),
+            flags,
+            (&st as *const libc::sockaddr_storage).cast(),
+            len,
+        )
+    };
+    r >= 0
+}
+
+/// Reads and drops the next datagram of `fd` (a wake datagram a peek found), never blocking.
+pub fn drop_datagram(fd: c_int) {
+    let mut b = [0u8; 16];
+    // SAFETY: a 16-byte local buffer; no address wanted.
+    unsafe {
+        recvfrom()(
+            fd,
+            b.as_mut_ptr().cast(),
+            b.len(),
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+}
+
+/// The head (up to 16 bytes) of `fd`'s next datagram, without taking it: its length in the
+/// queue (`MSG_TRUNC`) and the bytes, or `None` if there is none now.
+pub fn peek_datagram(fd: c_int) -> Option<(usize, [u8; 16])> {
+    let mut b = [0u8; 16];
+    let flags = libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_DONTWAIT;
+    // SAFETY: a 16-byte local buffer; no address wanted.
+    let r = unsafe {
+        recvfrom()(
+            fd,
+            b.as_mut_ptr().cast(),
+            b.len(),
+            flags,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    (r >= 0).then_some((r as usize, b))
+}
+
 /// Binds an inet socket to its family's wildcard address and a port the kernel picks (what
 /// the kernel does by itself at a UDP socket's first send).
 pub fn bind_any(fd: c_int, family: c_int) -> Result<(), c_int> {

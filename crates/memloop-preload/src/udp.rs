@@ -189,7 +189,7 @@ impl UdpSock {
     /// Sends the datagram `parts` to `dst` by the ring if a member socket is bound there:
     /// `Some(len)` if the ring took it (or dropped it, as a full UDP receiver would), `None`
     /// if the kernel must send it.
-    pub fn send(&self, parts: &[&[u8]], dst: SocketAddr) -> Option<usize> {
+    pub fn send(&self, fd: c_int, parts: &[&[u8]], dst: SocketAddr) -> Option<usize> {
         if !self.on_ring() {
             return None;
         }
@@ -205,6 +205,11 @@ impl UdpSock {
         {
             Ok(Sent::Delivered) => {
                 self.ring_sent.fetch_add(1, Relaxed);
+                for ch in self.core.take_opened() {
+                    // A receiver that had no pair may be blocked in the kernel: wake it there.
+                    let wake = memloop::datagram::wake_payload(ch);
+                    real::send_datagram(fd, &wake, dst, self.family);
+                }
                 Some(len)
             }
             Ok(Sent::Dropped(memloop::datagram::DropReason::Full)) => Some(len),
@@ -304,6 +309,18 @@ impl UdpSock {
 
     pub fn ring_readable(&self) -> bool {
         self.next_len().is_some()
+    }
+
+    /// Whether the socket has ring peers: without any, a blocking receive sleeps in the
+    /// kernel (a new peer's first datagram comes with a wake datagram there).
+    pub fn has_ring_peers(&self) -> bool {
+        self.core.has_pairs()
+    }
+
+    /// Whether `b`, received from the kernel, is a wake datagram (swallowed: see
+    /// [`memloop::datagram::WAKE_MAGIC`]).
+    pub fn is_wake(&self, b: &[u8]) -> bool {
+        self.core.is_wake(b)
     }
 
     /// Waits until the rings or the kernel socket `fd` may have a datagram (`Ok(true)`: the

@@ -80,6 +80,7 @@ fn main() -> std::process::ExitCode {
         test!(udp_connected_send_recv_read_write_and_unspec),
         test!(udp_peek_trunc_fionread),
         test!(udp_dontwait_nonblock_and_rcvtimeo),
+        test!(udp_first_datagram_wakes_a_receiver_asleep_in_the_kernel),
         test!(udp_sleepers_in_poll_select_recvfrom_are_woken),
         test!(udp_sendmsg_recvmsg_scatter_gather),
         test!(udp_eight_peers_on_one_socket),
@@ -1894,6 +1895,12 @@ fn udp_peek_trunc_fionread() {
 
 fn udp_dontwait_nonblock_and_rcvtimeo() {
     check(sc("udp", "nowait").evidence(PAIR_TAKEN));
+}
+
+/// Receivers asleep in the kernel (no ring peer yet) are woken by a new peer's first datagram
+/// (its wake datagram, which they never see).
+fn udp_first_datagram_wakes_a_receiver_asleep_in_the_kernel() {
+    check(sc("udp", "wake").evidence(PAIR_TAKEN));
 }
 
 fn udp_sleepers_in_poll_select_recvfrom_are_woken() {

@@ -36,6 +36,22 @@ use std::time::{Duration, Instant};
 /// ring), and a little more than Linux's default UDP receive buffer (208 KiB) queues.
 pub const DATAGRAM_RING_CAPACITY: u64 = 1 << 18;
 
+/// A *wake datagram*'s first bytes: sent once by the kernel path after a new pair's first
+/// datagram, so that a receiver blocked in the kernel (it had no pair to watch) wakes up and
+/// looks at its rings. Receivers swallow it ([`DatagramSocket::is_wake`]).
+pub const WAKE_MAGIC: [u8; 8] = *b"mlwake\x00\x01";
+/// A wake datagram's length: the magic and the new pair's channel (index, generation).
+pub const WAKE_LEN: usize = 16;
+
+/// The wake datagram of pair `ch`.
+pub fn wake_payload(ch: ChannelId) -> [u8; WAKE_LEN] {
+    let mut b = [0u8; WAKE_LEN];
+    b[..8].copy_from_slice(&WAKE_MAGIC);
+    b[8..12].copy_from_slice(&ch.idx.to_le_bytes());
+    b[12..].copy_from_slice(&ch.gen.to_le_bytes());
+    b
+}
+
 /// How often a receiver that finds nothing looks for pairs whose peer is gone.
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
@@ -127,6 +143,8 @@ struct State {
     remote_peer: bool,
     /// No more offers taken, nothing sent by the ring ([`DatagramSocket::retire`]).
     retired: bool,
+    /// Pairs we opened whose wake datagram the caller has not sent yet.
+    opened: Vec<ChannelId>,
 }
 
 /// A datagram socket over shared memory (see the module text).
@@ -142,6 +160,8 @@ pub struct DatagramSocket {
     dropped: AtomicU64,
     /// Pairs held now (read without the state lock: whether spinning can pay).
     npairs: std::sync::atomic::AtomicUsize,
+    /// `State::opened` is not empty (one load on every send).
+    opened: AtomicBool,
     capacity: u64,
     /// Reaches sleepers that wait outside the ring (see [`DatagramSocket::set_waker`]).
     waker: Option<fn(u32)>,
@@ -193,6 +213,7 @@ impl DatagramSocket {
             read_timeout: Mutex::new(None),
             dropped: AtomicU64::new(0),
             npairs: std::sync::atomic::AtomicUsize::new(0),
+            opened: AtomicBool::new(false),
             capacity: DATAGRAM_RING_CAPACITY,
             waker: None,
             _reserved: None,
@@ -240,6 +261,34 @@ impl DatagramSocket {
     /// Whether the socket holds any pair (one load: no lock).
     pub fn has_pairs(&self) -> bool {
         self.npairs.load(Relaxed) > 0
+    }
+
+    /// The pairs opened since the last call, whose wake datagrams the caller sends (by the
+    /// kernel, to the pair's receiver) after their first datagram.
+    pub fn take_opened(&self) -> Vec<ChannelId> {
+        if !self.opened.load(Relaxed) {
+            return Vec::new();
+        }
+        let mut st = self.state();
+        self.opened.store(false, Relaxed);
+        std::mem::take(&mut st.opened)
+    }
+
+    /// Whether `b`, a datagram the kernel delivered, is a wake datagram for a pair of ours
+    /// (taking the offers made meanwhile first): the caller swallows it.
+    pub fn is_wake(&self, b: &[u8]) -> bool {
+        if b.len() != WAKE_LEN || b[..8] != WAKE_MAGIC {
+            return false;
+        }
+        let word =
+            |r: std::ops::Range<usize>| u32::from_le_bytes(b[r].try_into().expect("4 bytes"));
+        let ch = ChannelId {
+            idx: word(8..12),
+            gen: word(12..16),
+        };
+        let mut st = self.state();
+        self.take_offers(&mut st);
+        st.pairs.iter().any(|p| p.ch == ch)
     }
 
     fn count_pairs(&self, st: &State) {
@@ -384,6 +433,8 @@ impl DatagramSocket {
         let i = st.pairs.len() - 1;
         st.send_on.insert(dst.addr, i);
         self.count_pairs(st);
+        st.opened.push(ch);
+        self.opened.store(true, Relaxed);
         tracing::debug!(?ch, src = %tuple.client, dst = %dst.addr, "datagram pair offered");
         Ok(i)
     }

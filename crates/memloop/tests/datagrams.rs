@@ -193,8 +193,15 @@ fn a_full_receiver_drops_and_counts_and_the_sender_never_waits() {
     assert!(delivered > 0 && delivered < 5_000, "{delivered}");
     assert_eq!(tx.dropped(), 5_000 - delivered);
     // The receiver's endpoint counts them too (`memloop status` shows it per socket).
-    let at_rx = node.region().registry().endpoint_dropped(rx.endpoint()).unwrap();
-    assert_eq!(u64::from(at_rx.load(std::sync::atomic::Ordering::Relaxed)), 5_000 - delivered);
+    let at_rx = node
+        .region()
+        .registry()
+        .endpoint_dropped(rx.endpoint())
+        .unwrap();
+    assert_eq!(
+        u64::from(at_rx.load(std::sync::atomic::Ordering::Relaxed)),
+        5_000 - delivered
+    );
     rx.set_nonblocking(true);
     let mut buf = [0u8; 2048];
     for seq in 0..delivered {

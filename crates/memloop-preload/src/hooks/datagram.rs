@@ -8,6 +8,7 @@ use crate::real::{self, errno};
 use crate::table;
 use crate::udp::UdpSock;
 use libc::{c_int, c_void, size_t, sockaddr, socklen_t, ssize_t};
+use memloop::datagram::WAKE_LEN;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,14 +34,25 @@ pub(super) fn udp(fd: c_int) -> Option<Arc<UdpSock>> {
     table::udp(fd)
 }
 
+/// The caller's buffers, for a receive: their room, and the head of what the kernel put there
+/// (to recognise a wake datagram).
+pub(super) struct Room<H: FnMut() -> [u8; WAKE_LEN]> {
+    pub bytes: usize,
+    pub head: H,
+}
+
 /// A receive on `u`: `ring(peek)` tries the rings (into the caller's buffers), `kernel(f)`
-/// makes the program's call with flags `f` (`MSG_DONTWAIT` added: never sleeps there).
-pub(super) fn recv(
+/// makes the program's call with flags `f`. A socket without ring peers sleeps in that call
+/// itself (exactly the kernel's waiting: timeouts, signals); one with ring peers sleeps on
+/// both, and asks the kernel with `MSG_DONTWAIT`. Wake datagrams (a new peer's) are
+/// swallowed.
+pub(super) fn recv<H: FnMut() -> [u8; WAKE_LEN]>(
     u: &UdpSock,
     fd: c_int,
     flags: c_int,
     mut ring: impl FnMut(bool) -> Result<Option<Delivered>, c_int>,
     mut kernel: impl FnMut(c_int) -> ssize_t,
+    mut room: Room<H>,
 ) -> Result<Result<Delivered, ssize_t>, c_int> {
     let peek = flags & libc::MSG_PEEK != 0;
     let nowait =
@@ -61,18 +73,47 @@ pub(super) fn recv(
             kernel_due = true;
             continue;
         }
-        if kernel_due {
-            let r = kernel(flags | libc::MSG_DONTWAIT);
+        // (A buffer too small to tell a wake datagram from the program's: never blocks there.)
+        let in_kernel = !nowait && !u.has_ring_peers() && room.bytes >= WAKE_LEN;
+        if kernel_due || in_kernel {
+            let f = if in_kernel {
+                flags
+            } else {
+                flags | libc::MSG_DONTWAIT
+            };
+            if room.bytes < WAKE_LEN && swallow_small_wake(u, fd) {
+                continue;
+            }
+            let r = kernel(f);
             if r >= 0 {
+                let whole = r as usize == WAKE_LEN && room.bytes >= WAKE_LEN;
+                if whole && u.is_wake(&(room.head)()) {
+                    if peek {
+                        real::drop_datagram(fd);
+                    }
+                    continue;
+                }
                 return Ok(Err(r));
             }
             let e = errno();
-            if e != libc::EAGAIN || nowait {
+            if e != libc::EAGAIN || nowait || in_kernel {
                 return Err(e);
             }
         }
         let until = *deadline.get_or_insert_with(|| u.rcvtimeo().map(|t| Instant::now() + t));
         kernel_due = u.wait(fd, until)?;
+    }
+}
+
+/// Before a receive into a buffer smaller than a wake datagram: drops a wake datagram at the
+/// head of the kernel's queue (true: the caller looks again).
+fn swallow_small_wake(u: &UdpSock, fd: c_int) -> bool {
+    match real::peek_datagram(fd) {
+        Some((WAKE_LEN, head)) if u.is_wake(&head) => {
+            real::drop_datagram(fd);
+            true
+        }
+        _ => false,
     }
 }
 
@@ -110,7 +151,18 @@ pub(super) unsafe fn recv_one(
     };
     // SAFETY: the caller's arguments, to the real recvfrom.
     let kernel = |f| unsafe { real::recvfrom()(fd, buf, n, f, addr, alen) };
-    Some(recv(&u, fd, flags, ring, kernel).map(|r| match r {
+    let room = Room {
+        bytes: n,
+        head: || {
+            let mut h = [0u8; WAKE_LEN];
+            // SAFETY: the caller's contract (and the kernel just wrote `n` >= 16 bytes there).
+            let b = unsafe { slice_mut(buf, n) };
+            let k = b.len().min(WAKE_LEN);
+            h[..k].copy_from_slice(&b[..k]);
+            h
+        },
+    };
+    Some(recv(&u, fd, flags, ring, kernel, room).map(|r| match r {
         Ok(d) => {
             // SAFETY: the caller's contract for `addr`/`alen`.
             unsafe { real::write_sockaddr(addr, alen, d.from, u.family()) };
@@ -185,7 +237,27 @@ pub(super) unsafe fn recvmsg(
     };
     // SAFETY: the caller's header, to the real recvmsg.
     let kernel = |f| unsafe { real::recvmsg()(fd, msg, f) };
-    Some(recv(&u, fd, flags, ring, kernel).map(|r| match r {
+    // SAFETY: recvmsg's contract: `msg_iov` holds `msg_iovlen` writable iovecs.
+    let bytes = unsafe { super::iovecs_mut(iov, iovlen) }
+        .iter()
+        .map(|b| b.len())
+        .sum();
+    let head = || {
+        let mut h = [0u8; WAKE_LEN];
+        let mut at = 0;
+        // SAFETY: as above.
+        for b in unsafe { super::iovecs_mut(iov, iovlen) }.iter() {
+            let k = b.len().min(WAKE_LEN - at);
+            h[at..at + k].copy_from_slice(&b[..k]);
+            at += k;
+            if at == WAKE_LEN {
+                break;
+            }
+        }
+        h
+    };
+    let room = Room { bytes, head };
+    Some(recv(&u, fd, flags, ring, kernel, room).map(|r| match r {
         Ok(d) => {
             // SAFETY: the caller's header: name buffer of `msg_namelen` bytes (or null).
             let m = unsafe { &mut *msg };
@@ -259,7 +331,7 @@ pub(super) fn send(
         u.sent_by_kernel(Some(to));
         return None;
     }
-    match u.send(parts, to) {
+    match u.send(fd, parts, to) {
         Some(n) => Some(n as ssize_t),
         None => {
             u.sent_by_kernel(Some(to));
