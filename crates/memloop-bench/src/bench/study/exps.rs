@@ -38,7 +38,7 @@ pub const ALL: [Exp; 11] = [
         title: "Message size sweep",
         about: "Stream throughput (Nagle on) and request/response rate (TCP_NODELAY) of one \
                 connection, per message size, on each path.",
-        steps: |l| (sizes(l).len() * 2 * Kind::MAIN.len()) as u64,
+        steps: |l| ((sizes(l).len() * 2 + udp_sizes(l).len() * 2) * Kind::MAIN.len()) as u64,
         run: exp1,
         figures: fig1,
     },
@@ -84,7 +84,7 @@ pub const ALL: [Exp; 11] = [
                 regions, so no ring: the traffic stays on TCP). Each preloaded run sits between \
                 two plain runs and is compared with their mean. Then the same with 1, 100 and \
                 10 000 endpoints registered in the client's region.",
-        steps: |l| (remote_sizes(l).len() * 2 * 3 + ENDPOINTS.len() * 2 * 3) as u64,
+        steps: |l| (remote_sizes(l).len() * 2 * 3 + 3 + ENDPOINTS.len() * 2 * 3) as u64,
         run: exp3,
         figures: fig3,
     },
@@ -236,6 +236,15 @@ fn sizes(l: &Lab) -> Vec<usize> {
     }
 }
 
+/// UDP's sizes (a datagram carries at most 65,507 bytes).
+fn udp_sizes(l: &Lab) -> Vec<usize> {
+    if l.quick {
+        vec![64, KB]
+    } else {
+        vec![64, 256, KB, 4 * KB, 16 * KB]
+    }
+}
+
 fn rings(l: &Lab) -> Vec<usize> {
     if l.quick {
         vec![4 * KB, 64 * KB, 1 << 20]
@@ -327,6 +336,38 @@ fn exp1(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
             }
             bar.inc(1);
         }
+        exp1_udp(l, &mut p, kind, bar, out)?;
+    }
+    Ok(())
+}
+
+/// The study's UDP rows: request/response and a stream (datagrams delivered) by size; not
+/// over Unix sockets.
+fn exp1_udp(
+    l: &mut Lab,
+    p: &mut Pair,
+    kind: Kind,
+    bar: &ProgressBar,
+    out: &mut Vec<Rec>,
+) -> CliResult<()> {
+    let sizes = udp_sizes(l);
+    if kind == Kind::Unix {
+        bar.inc((sizes.len() * 2) as u64);
+        return Ok(());
+    }
+    for &s in &sizes {
+        bar.set_message(format!("1. UDP {} over {}", fmt_size(s as u64), kind.name()));
+        if let Some(m) = try_measure(l, 1, p, Test::UdpRr, s, false)? {
+            let r = Rec::new(1, "udp-rr", kind.name(), s as u64, "transactions/s", m.rate());
+            out.push(r);
+        }
+        bar.inc(1);
+        if let Some(m) = try_measure(l, 1, p, Test::UdpStream, s, false)? {
+            let name = kind.name();
+            out.push(Rec::new(1, "udp-stream", name, s as u64, "Gbit/s", m.gbit()));
+            out.push(Rec::new(1, "udp-stream", name, s as u64, "msg/s", m.rate()));
+        }
+        bar.inc(1);
     }
     Ok(())
 }
@@ -371,6 +412,16 @@ fn fig1(r: &[Rec]) -> Vec<Figure> {
             "1. Request/response rate by message size",
             "transactions/s",
             by_path(r, "rr", "transactions/s"),
+        ),
+        sizes_fig(
+            "1. UDP request/response rate by datagram size",
+            "transactions/s",
+            by_path(r, "udp-rr", "transactions/s"),
+        ),
+        sizes_fig(
+            "1. UDP stream: datagrams delivered, by size",
+            "Gbit/s",
+            by_path(r, "udp-stream", "Gbit/s"),
         ),
     ]
 }
@@ -599,6 +650,7 @@ fn aba(
     let (label, unit) = match test {
         Test::Stream => ("stream", "Gbit/s"),
         Test::Crr => ("crr", "connections/s"),
+        Test::UdpRr => ("udp-rr", "transactions/s"),
         _ => ("rr", "transactions/s"),
     };
     let a1 = figure(&l.measure(plain, test, size, false)?);
@@ -643,7 +695,7 @@ fn aba(
 
 fn exp3(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
     let sizes = remote_sizes(l);
-    let skip = (sizes.len() * 6 + ENDPOINTS.len() * 6) as u64;
+    let skip = (sizes.len() * 6 + 3 + ENDPOINTS.len() * 6) as u64;
     let Some(mut plain) = start(l, Kind::Veth, &Opts::default())? else {
         bar.inc(skip);
         return Ok(());
@@ -658,6 +710,9 @@ fn exp3(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
             aba(l, &mut plain, &mut pre, test, s, None, bar, out)?;
         }
     }
+    // UDP to a non-member (DNS-like: 64-byte request/response).
+    bar.set_message("3. remote cost, UDP 64 B");
+    aba(l, &mut plain, &mut pre, Test::UdpRr, 64, None, bar, out)?;
     drop(pre);
     // The endpoint-count variant: the client's region holds N endpoints (held by a member in
     // this process) when the preloaded client connects.
