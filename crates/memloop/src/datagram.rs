@@ -108,6 +108,9 @@ struct Pair {
     /// The peer socket's count of datagrams dropped at it (`memloop status`).
     peer_dropped: Option<memloop_shm::ShmU32>,
     watch: PeerWatch,
+    /// Datagrams dropped because the ring was full (the receiver's liveness is looked at on
+    /// the first and every [`Pair::full_for_good`] period after).
+    full_streak: u32,
 }
 
 impl Pair {
@@ -116,6 +119,16 @@ impl Pair {
         self.ends.rx.close();
         self.ring_peer(waker);
         channel::release(reg, self.ch, self.side);
+    }
+
+    /// After one more drop for a full ring: whether the receiver is gone for good (asked of
+    /// the registry on the first drop and every `LOOK_EVERY` drops after: a flood against a
+    /// slow receiver alternates drops and sends, and each look reads /proc).
+    fn full_for_good(&mut self) -> bool {
+        const LOOK_EVERY: u32 = 4096;
+        let look = self.full_streak % LOOK_EVERY == 0;
+        self.full_streak = self.full_streak.wrapping_add(1);
+        look && self.watch.lost()
     }
 
     /// Wakes the peer if it sleeps: its futex here; a sleeper outside (poll, epoll) named
@@ -360,8 +373,9 @@ impl DatagramSocket {
                 Ok(Sent::Delivered)
             }
             // A full ring may be one nobody reads any more: a receiver that died before it
-            // took our offer (a clean close takes and closes it).
-            Ok(false) if !pair.watch.lost() => {
+            // took our offer (a clean close takes and closes it). Looked at now and then
+            // only: the look reads the registry and /proc, a flood drops millions.
+            Ok(false) if !pair.full_for_good() => {
                 if let Some(d) = &pair.peer_dropped {
                     d.fetch_add(1, Relaxed);
                 }
@@ -429,6 +443,7 @@ impl DatagramSocket {
             peer_bell,
             peer_dropped,
             watch: PeerWatch::new(&node, ch, Side::Client),
+            full_streak: 0,
         });
         let i = st.pairs.len() - 1;
         st.send_on.insert(dst.addr, i);
@@ -492,6 +507,7 @@ impl DatagramSocket {
             peer_bell,
             peer_dropped,
             watch: PeerWatch::new(&node, ch, Side::Server),
+            full_streak: 0,
         })
     }
 

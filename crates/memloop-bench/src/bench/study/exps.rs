@@ -356,15 +356,33 @@ fn exp1_udp(
         return Ok(());
     }
     for &s in &sizes {
-        bar.set_message(format!("1. UDP {} over {}", fmt_size(s as u64), kind.name()));
+        bar.set_message(format!(
+            "1. UDP {} over {}",
+            fmt_size(s as u64),
+            kind.name()
+        ));
         if let Some(m) = try_measure(l, 1, p, Test::UdpRr, s, false)? {
-            let r = Rec::new(1, "udp-rr", kind.name(), s as u64, "transactions/s", m.rate());
+            let r = Rec::new(
+                1,
+                "udp-rr",
+                kind.name(),
+                s as u64,
+                "transactions/s",
+                m.rate(),
+            );
             out.push(r);
         }
         bar.inc(1);
         if let Some(m) = try_measure(l, 1, p, Test::UdpStream, s, false)? {
             let name = kind.name();
-            out.push(Rec::new(1, "udp-stream", name, s as u64, "Gbit/s", m.gbit()));
+            out.push(Rec::new(
+                1,
+                "udp-stream",
+                name,
+                s as u64,
+                "Gbit/s",
+                m.gbit(),
+            ));
             out.push(Rec::new(1, "udp-stream", name, s as u64, "msg/s", m.rate()));
         }
         bar.inc(1);
