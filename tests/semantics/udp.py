@@ -24,7 +24,10 @@ datagrams (so none can arrive before the socket is bound). Cases:
   epoll_et_sleepy  an edge-triggered epoll server asleep when each datagram comes;
   asyncio       an asyncio datagram server (its epoll loop) with eight client sockets;
   wake          receivers asleep before any peer exists (a short buffer; a peek) are woken by
-                the first datagram, and nothing but it is ever seen."""
+                the first datagram, and nothing but it is ever seen;
+  mmsg          sendmmsg of a batch and recvmmsg with MSG_WAITFORONE;
+  fork          a server that forks a child which serves the socket too (the socket leaves
+                its ring at the fork: every datagram is answered, by one process)."""
 
 import ctypes
 import errno
@@ -503,6 +506,94 @@ def asyncio_server(lsock, args):
     wait_done(conn)
 
 
+class Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class Msghdr(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32),
+                ("iov", ctypes.POINTER(Iovec)), ("iovlen", ctypes.c_size_t),
+                ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_int)]
+
+
+class Mmsghdr(ctypes.Structure):
+    _fields_ = [("hdr", Msghdr), ("len", ctypes.c_uint)]
+
+
+def mmsgs(bufs):
+    """An array of mmsghdrs, one iovec each over `bufs` (kept alive by the caller)."""
+    arr = (Mmsghdr * len(bufs))()
+    iovs = []
+    for i, b in enumerate(bufs):
+        iov = Iovec(ctypes.cast(b, ctypes.c_void_p), len(b))
+        iovs.append(iov)
+        arr[i].hdr.iov = ctypes.pointer(iov)
+        arr[i].hdr.iovlen = 1
+    return arr, iovs
+
+
+def mmsg_client(args):
+    """sendmmsg of a batch, recvmmsg of the echoes: MSG_WAITFORONE returns what is there."""
+    c = dial_control(args)
+    u = udp_socket(args.host)
+    u.connect(server_addr(args))
+    libc = ctypes.CDLL(None, use_errno=True)
+    out = [ctypes.create_string_buffer(pattern(100 + i, i), 100 + i) for i in range(5)]
+    arr, _keep = mmsgs(out)
+    eq(libc.sendmmsg(u.fileno(), arr, 5, 0), 5, "sendmmsg sent the batch")
+    eq([arr[i].len for i in range(5)], [100 + i for i in range(5)], "each message's length")
+    got = []
+    while len(got) < 5:
+        inb = [ctypes.create_string_buffer(200) for _ in range(8)]
+        rarr, _k = mmsgs(inb)
+        n = libc.recvmmsg(u.fileno(), rarr, 8, 0x10000, None)  # MSG_WAITFORONE
+        check(1 <= n <= 5 - len(got), f"recvmmsg with MSG_WAITFORONE returned {n}")
+        got += [inb[i].raw[:rarr[i].len] for i in range(n)]
+    eq(got, [pattern(100 + i, i) for i in range(5)], "the echoes, in order")
+    u.setblocking(False)
+    inb = [ctypes.create_string_buffer(200) for _ in range(2)]
+    rarr, _k = mmsgs(inb)
+    eq(libc.recvmmsg(u.fileno(), rarr, 2, 0, None), -1, "nothing more")
+    eq(ctypes.get_errno(), errno.EAGAIN, "EAGAIN")
+    u.sendto(b"end", server_addr(args))
+    c.close()
+
+
+def fork_server(lsock, args):
+    """inetd's 'nowait' shape: a parent that forks children which use the socket too."""
+    u = bind_udp(lsock, args.bind or args.host)
+    conn = control(lsock)
+    d, a = u.recvfrom(100)
+    eq(d, b"first", "before the fork")
+    u.sendto(b"r-first", a)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            d, a = u.recvfrom(100)
+            u.sendto(b"r-" + d, a)
+        finally:
+            os._exit(0)
+    conn.sendall(b"F")  # (a datagram already in a ring at the fork stays the parent's)
+    os.waitpid(pid, 0)
+    d, a = u.recvfrom(100)
+    u.sendto(b"r-" + d, a)
+    wait_done(conn)
+
+
+def fork_client(args):
+    c = dial_control(args)
+    u = udp_socket(args.host)
+    u.settimeout(10)
+    to = server_addr(args)
+    for m in (b"first", b"second", b"third"):
+        if m == b"second":
+            eq(c.recv(1), b"F", "the server forked")
+        u.sendto(m, to)
+        eq(u.recv(100), b"r-" + m, f"the answer to {m!r}, from the parent or its child")
+    c.close()
+
+
 def wake_server(lsock, args):
     """Receivers blocked before any peer exists: a short buffer, then a peek."""
     u1 = bind_udp(lsock, args.bind or args.host)
@@ -550,4 +641,6 @@ run({
     "epoll_et_sleepy": (epoll_et_server, sleepy_client),
     "asyncio": (asyncio_server, many_peers_client),
     "wake": (wake_server, wake_client),
+    "mmsg": (echo_server, mmsg_client),
+    "fork": (fork_server, fork_client),
 })

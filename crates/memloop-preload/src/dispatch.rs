@@ -676,6 +676,9 @@ fn inherited_sets() -> Vec<(c_int, Arc<EpollSet>)> {
 /// Before fork: every ring connection gets one more holder (the child) *now*, so a parent
 /// that closes its copy right after fork cannot shut the rings under the child.
 pub fn fork_prepare() {
+    // Before the fork, so a datagram sent from now on goes by the kernel, where the child
+    // can read it too (one already in a ring stays the parent's).
+    crate::udp::leave_all("shared with a forked child");
     engine::lock_for_fork();
     crate::plain::lock_for_fork();
     crate::conn::handoff::lock_for_fork();
@@ -708,7 +711,6 @@ pub fn fork_parent() {
     // The child holds every socket too: no late ring for any of them, in either process,
     // except a server's that the child was counted as a holder of.
     crate::late::after_fork_in_parent();
-    crate::udp::leave_all("shared with a forked child");
 }
 
 pub fn fork_child() {

@@ -81,6 +81,8 @@ fn main() -> std::process::ExitCode {
         test!(udp_peek_trunc_fionread),
         test!(udp_dontwait_nonblock_and_rcvtimeo),
         test!(udp_first_datagram_wakes_a_receiver_asleep_in_the_kernel),
+        test!(udp_sendmmsg_recvmmsg_waitforone),
+        test!(udp_socket_shared_by_fork_leaves_its_ring),
         test!(udp_sleepers_in_poll_select_recvfrom_are_woken),
         test!(udp_sendmsg_recvmsg_scatter_gather),
         test!(udp_eight_peers_on_one_socket),
@@ -1895,6 +1897,19 @@ fn udp_peek_trunc_fionread() {
 
 fn udp_dontwait_nonblock_and_rcvtimeo() {
     check(sc("udp", "nowait").evidence(PAIR_TAKEN));
+}
+
+fn udp_sendmmsg_recvmmsg_waitforone() {
+    check(sc("udp", "mmsg").evidence(PAIR_TAKEN));
+}
+
+/// A forked child serves the socket too: it leaves its ring at the fork (counted), and every
+/// datagram is answered by one of the processes.
+fn udp_socket_shared_by_fork_leaves_its_ring() {
+    check(
+        sc("udp", "fork")
+            .evidence("datagram pair taken && leaves its ring: shared with a forked child"),
+    );
 }
 
 /// Receivers asleep in the kernel (no ring peer yet) are woken by a new peer's first datagram
