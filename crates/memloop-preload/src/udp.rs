@@ -123,7 +123,7 @@ impl UdpSock {
         })?;
         core.set_waker(wake_target);
         tracing::debug!(fd, %local, "UDP socket published");
-        let spinner = crate::conn::Spinner::new(engine.cfg.spin);
+        let spinner = crate::conn::Spinner::new(udp_spin(&engine));
         Ok(Arc::new(UdpSock {
             engine,
             family,
@@ -347,7 +347,7 @@ impl UdpSock {
     /// Spins (while spinning can pay, in the socket's adaptive window) until `ready`. Only a
     /// socket with ring peers spins: for the kernel's datagrams a sleep costs what it did.
     pub fn spin(&self, ready: impl FnMut() -> bool) -> bool {
-        self.core.has_pairs() && self.spinner.spin(self.engine.cfg.spin, ready)
+        self.core.has_pairs() && self.spinner.spin(udp_spin(&self.engine), ready)
     }
 
     /// [`Self::spin`] until a ring datagram is there, or the kernel socket `fd` is readable
@@ -418,7 +418,7 @@ impl UdpSock {
     /// The spin window of waits on this socket (none without ring peers).
     pub fn spin_window(&self) -> Duration {
         match self.core.has_pairs() {
-            true => self.engine.cfg.spin,
+            true => udp_spin(&self.engine),
             false => Duration::ZERO,
         }
     }
@@ -446,6 +446,14 @@ impl UdpSock {
     pub fn family(&self) -> c_int {
         self.family
     }
+}
+
+/// A UDP wait's longest spin: four times a connection's. Its window shrinks to a quarter of
+/// this after misses, and must stay above what waking a sleeping peer costs (its wake socket,
+/// then its whole turn): below, two peers exchanging 16 KB datagrams settle into both
+/// sleeping at every exchange (35 µs round trips instead of 5).
+fn udp_spin(engine: &Engine) -> Duration {
+    engine.cfg.spin * 4
 }
 
 fn rcvtimeo_us(fd: c_int) -> u64 {
