@@ -117,9 +117,9 @@ fn seeds_table(md: &mut String, records: &[Rec]) {
     }
     let _ = writeln!(
         md,
-        "\nNot reproduced: UDP rows (XenLoop Tables 2-3, PIVOT Tables II and IV; the study \
-         measures TCP only), flood ping and lmbench latencies, netpipe-mpich, and the residency \
-         study's 10-lookup column (our lookup is per connection, not per packet)."
+        "\nNot reproduced: flood ping and lmbench latencies, netpipe-mpich, the residency \
+         study's 10-lookup column (our lookup is per connection or per UDP destination, not per \
+         packet), and its UDP rows on shared vs separate cores (experiment 4 places TCP only)."
     );
 }
 
