@@ -510,15 +510,17 @@ pub fn peek_blocking(fd: c_int, b: &mut [u8]) -> Result<usize, c_int> {
     // By raw system call: no cancellation point inside our logic (`crate::cancel`); the
     // kernel's restart rules are the same.
     // SAFETY: valid buffer of the given length; no address wanted.
+    // (Through the C library's `syscall`, not `libc::syscall`, which would resolve to our own
+    // export: it hands data calls on our fds to our hooks, and this is one — it would recurse.)
     let r = unsafe {
-        libc::syscall(
+        syscall()(
             libc::SYS_recvfrom,
-            fd,
-            b.as_mut_ptr(),
-            b.len(),
-            libc::MSG_PEEK,
-            std::ptr::null_mut::<libc::sockaddr>(),
-            std::ptr::null_mut::<libc::socklen_t>(),
+            fd as libc::c_long,
+            b.as_mut_ptr() as libc::c_long,
+            b.len() as libc::c_long,
+            libc::MSG_PEEK as libc::c_long,
+            0,
+            0,
         )
     };
     interruptible(r)
