@@ -570,6 +570,7 @@ def fork_server(lsock, args):
     pid = os.fork()
     if pid == 0:
         try:
+            u.settimeout(20)  # (the parent's watchdog thread is not in the child)
             d, a = u.recvfrom(100)
             u.sendto(b"r-" + d, a)
         finally:

@@ -1055,39 +1055,33 @@ pub fn send_datagram(fd: c_int, b: &[u8], dst: SocketAddr, family: c_int) -> boo
     r >= 0
 }
 
-/// Reads and drops the next datagram of `fd` (a wake datagram a peek found), never blocking.
-pub fn drop_datagram(fd: c_int) {
+/// The head (up to 16 bytes) of `fd`'s next datagram, never blocking, with `flags` added:
+/// its length (with `MSG_TRUNC`, the whole datagram's) and the bytes, `None` if there is none.
+fn datagram_head(fd: c_int, flags: c_int) -> Option<(usize, [u8; 16])> {
     let mut b = [0u8; 16];
-    // SAFETY: a 16-byte local buffer; no address wanted.
-    unsafe {
-        recvfrom()(
-            fd,
-            b.as_mut_ptr().cast(),
-            b.len(),
-            libc::MSG_DONTWAIT,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-    };
-}
-
-/// The head (up to 16 bytes) of `fd`'s next datagram, without taking it: its length in the
-/// queue (`MSG_TRUNC`) and the bytes, or `None` if there is none now.
-pub fn peek_datagram(fd: c_int) -> Option<(usize, [u8; 16])> {
-    let mut b = [0u8; 16];
-    let flags = libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_DONTWAIT;
     // SAFETY: a 16-byte local buffer; no address wanted.
     let r = unsafe {
         recvfrom()(
             fd,
             b.as_mut_ptr().cast(),
             b.len(),
-            flags,
+            flags | libc::MSG_DONTWAIT,
             std::ptr::null_mut(),
             std::ptr::null_mut(),
         )
     };
     (r >= 0).then_some((r as usize, b))
+}
+
+/// Reads and drops the next datagram of `fd` (a wake datagram a peek found), never blocking.
+pub fn drop_datagram(fd: c_int) {
+    datagram_head(fd, 0);
+}
+
+/// The head of `fd`'s next datagram, without taking it: its length in the queue and its first
+/// 16 bytes, or `None` if there is none now.
+pub fn peek_datagram(fd: c_int) -> Option<(usize, [u8; 16])> {
+    datagram_head(fd, libc::MSG_PEEK | libc::MSG_TRUNC)
 }
 
 /// Binds an inet socket to its family's wildcard address and a port the kernel picks (what

@@ -46,6 +46,35 @@ enum PeerPath {
     Kernel,
 }
 
+/// The paths of a socket's destinations, the last one used first (a socket usually sends to
+/// the same peer again: no hashing then).
+#[derive(Default)]
+struct Paths {
+    last: Option<(SocketAddr, PeerPath)>,
+    map: HashMap<SocketAddr, PeerPath>,
+}
+
+impl Paths {
+    fn get(&mut self, dst: SocketAddr) -> Option<PeerPath> {
+        match self.last {
+            Some((d, p)) if d == dst => Some(p),
+            _ => {
+                let p = *self.map.get(&dst)?;
+                self.last = Some((dst, p));
+                Some(p)
+            }
+        }
+    }
+
+    fn remember(&mut self, dst: SocketAddr, p: PeerPath) {
+        if self.map.len() >= MAX_PATHS {
+            self.map.clear();
+        }
+        self.map.insert(dst, p);
+        self.last = Some((dst, p));
+    }
+}
+
 pub struct UdpSock {
     engine: Arc<Engine>,
     family: c_int,
@@ -58,7 +87,7 @@ pub struct UdpSock {
     /// The peer of a connected socket (canonical): the default destination and the only
     /// source received from.
     connected: Mutex<Option<SocketAddr>>,
-    paths: Mutex<HashMap<SocketAddr, PeerPath>>,
+    paths: Mutex<Paths>,
     /// For a wildcard bind: the source address the kernel's route picks, per destination.
     routes: Mutex<HashMap<IpAddr, IpAddr>>,
     pub(crate) nonblock: AtomicBool,
@@ -132,7 +161,7 @@ impl UdpSock {
             sleepers: Mutex::new(0),
             spinner,
             connected: Mutex::new(real::peer_addr(fd).map(canonical)),
-            paths: Mutex::new(HashMap::new()),
+            paths: Mutex::new(Paths::default()),
             routes: Mutex::new(HashMap::new()),
             nonblock: AtomicBool::new(real::status_flags(fd) & libc::O_NONBLOCK != 0),
             rcvtimeo_us: AtomicU64::new(rcvtimeo_us(fd)),
@@ -226,18 +255,14 @@ impl UdpSock {
     }
 
     fn remember(&self, dst: SocketAddr, p: PeerPath) {
-        let mut paths = lock(&self.paths);
-        if paths.len() >= MAX_PATHS {
-            paths.clear();
-        }
-        paths.insert(dst, p);
+        lock(&self.paths).remember(dst, p);
     }
 
     /// The path to `dst`, looked up once: a member's socket address on the ring. A
     /// destination once sent to by the kernel stays there (its datagrams may still be in
     /// the receiver's kernel queue, where a ring datagram would overtake them).
     fn path_to(&self, dst: SocketAddr) -> PeerPath {
-        if let Some(&p) = lock(&self.paths).get(&dst) {
+        if let Some(p) = lock(&self.paths).get(dst) {
             return p;
         }
         let p = match member_path(&self.engine, dst) {
@@ -275,8 +300,9 @@ impl UdpSock {
     pub fn sent_by_kernel(&self, dst: Option<SocketAddr>) {
         self.kernel_sent.fetch_add(1, Relaxed);
         if let Some(d) = dst.map(canonical) {
-            if lock(&self.paths).get(&d) != Some(&PeerPath::Kernel) {
-                self.remember(d, PeerPath::Kernel);
+            let mut paths = lock(&self.paths);
+            if paths.get(d) != Some(PeerPath::Kernel) {
+                paths.remember(d, PeerPath::Kernel);
             }
         }
     }

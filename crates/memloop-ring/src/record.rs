@@ -208,17 +208,11 @@ impl RecordConsumer {
 
     /// Receives one record into `dst`: like UDP, copies what fits and reports the full length.
     pub fn recv(&mut self, dst: &mut [u8]) -> Result<Option<RecvInfo>, RingError> {
-        let Some(len) = self.peek_len()? else {
-            return Ok(None);
-        };
-        let copied = dst.len().min(len as usize);
-        let off = self.core.head & (self.core.cap() - 1);
-        self.core
-            .h
-            .data
-            .read(off + RECORD_HEADER_BYTES, &mut dst[..copied])?;
-        self.core.consume(RECORD_HEADER_BYTES + pad8(len));
-        Ok(Some(RecvInfo { len, copied }))
+        let got = self.peek(dst)?;
+        if let Some(info) = got {
+            self.core.consume(RECORD_HEADER_BYTES + pad8(info.len));
+        }
+        Ok(got)
     }
 
     /// Copies the next record's head into `dst` without consuming it (`MSG_PEEK`).

@@ -52,6 +52,9 @@ pub fn wake_payload(ch: ChannelId) -> [u8; WAKE_LEN] {
     b
 }
 
+/// The flag of [`DatagramSocket`]'s `seen` word: the offers were taken at least once.
+const SEEN: u64 = 1 << 32;
+
 /// How often a receiver that finds nothing looks for pairs whose peer is gone.
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
@@ -175,6 +178,9 @@ pub struct DatagramSocket {
     npairs: std::sync::atomic::AtomicUsize,
     /// `State::opened` is not empty (one load on every send).
     opened: AtomicBool,
+    /// The doorbell value the offers were last taken at, with [`SEEN`] set (0: never): with no
+    /// pair and the doorbell unmoved there is nothing to look at, known without the lock.
+    seen: AtomicU64,
     capacity: u64,
     /// Reaches sleepers that wait outside the ring (see [`DatagramSocket::set_waker`]).
     waker: Option<fn(u32)>,
@@ -227,6 +233,7 @@ impl DatagramSocket {
             dropped: AtomicU64::new(0),
             npairs: std::sync::atomic::AtomicUsize::new(0),
             opened: AtomicBool::new(false),
+            seen: AtomicU64::new(0),
             capacity: DATAGRAM_RING_CAPACITY,
             waker: None,
             _reserved: None,
@@ -302,6 +309,12 @@ impl DatagramSocket {
         let mut st = self.state();
         self.take_offers(&mut st);
         st.pairs.iter().any(|p| p.ch == ch)
+    }
+
+    /// Nothing can be received by the ring now: no pair, and no offer since the last look (a
+    /// load of our doorbell; no lock). A socket talking only to non-members is always idle.
+    fn idle(&self) -> bool {
+        !self.has_pairs() && self.seen.load(Relaxed) == SEEN | u64::from(self.bell.seq_now())
     }
 
     fn count_pairs(&self, st: &State) {
@@ -461,6 +474,7 @@ impl DatagramSocket {
             return;
         }
         st.offers_seen = Some(seq);
+        self.seen.store(SEEN | u64::from(seq), Relaxed);
         let reg = self.reg();
         while let Ok(Some(ch)) = reg.take_offer(self.ep, self.node.id) {
             match self.attach_offered(ch) {
@@ -529,6 +543,9 @@ impl DatagramSocket {
         peek: bool,
         only: Option<SocketAddr>,
     ) -> Result<Option<(RecvInfo, SocketAddr)>, Error> {
+        if self.idle() {
+            return Ok(None);
+        }
         let mut st = self.state();
         self.take_offers(&mut st);
         let n = st.pairs.len();
@@ -558,6 +575,9 @@ impl DatagramSocket {
 
     /// The length of the next datagram (`FIONREAD` on a UDP socket), if one is queued.
     pub fn next_len(&self) -> Result<Option<u64>, Error> {
+        if self.idle() {
+            return Ok(None);
+        }
         let mut st = self.state();
         self.take_offers(&mut st);
         let n = st.pairs.len();

@@ -14,28 +14,35 @@ sockperf_out() {
   sed 's/\x1b\[[0-9;]*m//g' "$CASE_DIR/$1.out" "$CASE_DIR/$1.err"
 }
 
+# sockperf_pingpong WHAT PORT SIZE [--tcp]: a 2 s ping-pong, checked: no error, nothing
+# dropped, duplicated or reordered, every message answered; logs (and notes) the latency.
+sockperf_pingpong() {
+  local what=$1 port=$2 m=$3 out sent recvd lat
+  shift 3
+  # sockperf sizes its sequence table for 600 k round trips/s unless told the rate; the ring
+  # goes faster than that ("_seqN > m_maxSequenceNo").
+  run_client "pp$m" 30 sockperf ping-pong "$@" -i "$ADDR0" -p "$port" -t 2 -m "$m" --mps 20000000
+  out=$(sockperf_out "pp$m")
+  if grep -qiE 'error|fail' <<<"$out"; then
+    fail "$what -m $m reported: $(grep -iE 'error|fail' <<<"$out" | head -n 3)"
+  fi
+  grep -q '# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0' <<<"$out" ||
+    fail "$what -m $m: $(grep 'dropped messages' <<<"$out")"
+  sent=$(sed -n 's/.*\[Valid Duration\].*SentMessages=\([0-9]*\).*/\1/p' <<<"$out")
+  recvd=$(sed -n 's/.*\[Valid Duration\].*ReceivedMessages=\([0-9]*\).*/\1/p' <<<"$out")
+  lat=$(sed -n 's/.*Summary: Latency is \([0-9.]*\) usec.*/\1/p' <<<"$out")
+  if [ "${sent:-0}" -le 0 ] || [ "$sent" != "$recvd" ]; then
+    fail "$what -m $m: sent ${sent:-?}, received ${recvd:-?}"
+  fi
+  [ -n "$lat" ] || fail "$what -m $m: no latency summary"
+  note "$what -m $m: $sent round trips, latency $lat us"
+}
+
 case_sockperf_pingpong() {
-  local m out sent recvd lat
+  local m
   start_sockperf
   for m in 64 16384; do
-    # sockperf sizes its sequence table for 600 k round trips/s unless told the rate; the ring
-    # goes faster than that ("_seqN > m_maxSequenceNo").
-    run_client "pp$m" 30 sockperf ping-pong --tcp -i "$ADDR0" -p $SOCKPERF_PORT -t 2 -m $m \
-      --mps 20000000
-    out=$(sockperf_out "pp$m")
-    if grep -qiE 'error|fail' <<<"$out"; then
-      fail "sockperf ping-pong -m $m reported: $(grep -iE 'error|fail' <<<"$out" | head -n 3)"
-    fi
-    grep -q '# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0' <<<"$out" ||
-      fail "sockperf ping-pong -m $m: $(grep 'dropped messages' <<<"$out")"
-    sent=$(sed -n 's/.*\[Valid Duration\].*SentMessages=\([0-9]*\).*/\1/p' <<<"$out")
-    recvd=$(sed -n 's/.*\[Valid Duration\].*ReceivedMessages=\([0-9]*\).*/\1/p' <<<"$out")
-    lat=$(sed -n 's/.*Summary: Latency is \([0-9.]*\) usec.*/\1/p' <<<"$out")
-    if [ "${sent:-0}" -le 0 ] || [ "$sent" != "$recvd" ]; then
-      fail "sockperf ping-pong -m $m: sent ${sent:-?}, received ${recvd:-?}"
-    fi
-    [ -n "$lat" ] || fail "sockperf ping-pong -m $m: no latency summary"
-    log "sockperf ping-pong -m $m: $sent round trips, latency $lat us"
+    sockperf_pingpong "sockperf ping-pong" $SOCKPERF_PORT $m --tcp
   done
   stop_server sockperf
 }

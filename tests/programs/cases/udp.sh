@@ -15,23 +15,11 @@ wait_udp() {
 }
 
 case_sockperf_udp_pingpong() {
-  local port=11113 m out sent recvd lat
+  local port=11113 m
   start_server sockperf sockperf server -i "$ADDR0" -p $port
   wait_udp sockperf $port
   for m in 64 1472; do
-    run_client "pp$m" 30 sockperf ping-pong -i "$ADDR0" -p $port -t 2 -m $m --mps 20000000
-    out=$(sockperf_out "pp$m")
-    if grep -qiE 'error|fail' <<<"$out"; then
-      fail "sockperf UDP ping-pong -m $m reported: $(grep -iE 'error|fail' <<<"$out" | head -n 3)"
-    fi
-    grep -q '# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0' <<<"$out" ||
-      fail "sockperf UDP ping-pong -m $m: $(grep 'dropped messages' <<<"$out")"
-    sent=$(sed -n 's/.*\[Valid Duration\].*SentMessages=\([0-9]*\).*/\1/p' <<<"$out")
-    recvd=$(sed -n 's/.*\[Valid Duration\].*ReceivedMessages=\([0-9]*\).*/\1/p' <<<"$out")
-    lat=$(sed -n 's/.*Summary: Latency is \([0-9.]*\) usec.*/\1/p' <<<"$out")
-    [ "${sent:-0}" -gt 0 ] && [ "$sent" = "$recvd" ] ||
-      fail "sockperf UDP ping-pong -m $m: sent ${sent:-?}, received ${recvd:-?}"
-    note "sockperf UDP ping-pong -m $m: $sent round trips, latency $lat us"
+    sockperf_pingpong "sockperf UDP ping-pong" $port $m
   done
   stop_server sockperf
 }
