@@ -168,7 +168,12 @@ static SETTINGS: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();
 fn settings() -> &'static Settings {
     SETTINGS.get_or_init(|| Settings {
         disabled: std::env::var_os("MEMLOOP_DISABLE").is_some_and(|v| v != "0" && !v.is_empty()),
-        region: RegionSpec::from_env(),
+        // (The crate's own unit tests run its hooks in the test binary: they must never join
+        // a region this machine happens to have, which would put their sockets on rings.)
+        region: match cfg!(test) {
+            true => RegionSpec::Named("memloop-preload-unit-tests-join-no-region".into()),
+            false => RegionSpec::from_env(),
+        },
         cfg: Config::from_env(),
     })
 }

@@ -907,20 +907,26 @@ pub fn send_word(fd: c_int, word: u32) -> Result<(), c_int> {
 /// SIGPIPE.
 pub fn send_unix(fd: c_int, path: &std::ffi::CStr, word: u32) -> Result<(), c_int> {
     let (a, len) = unix_addr(path).ok_or(libc::ENAMETOOLONG)?;
-    let b = word.to_le_bytes();
+    check(send_nowait(fd, &word.to_le_bytes(), &a, len)).map(|_| ())
+}
+
+/// `sendto` of `b` to the address `to` (`len` bytes of it), never blocking or raising
+/// SIGPIPE: the kernel's result.
+fn send_nowait<A>(fd: c_int, b: &[u8], to: &A, len: socklen_t) -> isize {
+    debug_assert!(len as usize <= std::mem::size_of::<A>());
     let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-    // SAFETY: a 4-byte buffer and a valid sockaddr_un of `len` bytes.
-    let r = unsafe {
+    // SAFETY: `b` is a live buffer; `to` a valid socket address of at least `len` bytes (the
+    // callers' encodings say so).
+    unsafe {
         sendto()(
             fd,
             b.as_ptr().cast(),
             b.len(),
             flags,
-            (&a as *const libc::sockaddr_un).cast(),
+            (to as *const A).cast(),
             len,
         )
-    };
-    check(r).map(|_| ())
+    }
 }
 
 /// Reads every datagram queued on a non-blocking socket of the library's own; the datagrams
@@ -1040,19 +1046,7 @@ pub unsafe fn write_sockaddr(
 /// result, errors ignored by the caller (a wake datagram is a hint).
 pub fn send_datagram(fd: c_int, b: &[u8], dst: SocketAddr, family: c_int) -> bool {
     let (st, len) = encode_sockaddr(dst, family);
-    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-    // SAFETY: `b` is a live buffer; `st` a valid sockaddr of `len` bytes.
-    let r = unsafe {
-        sendto()(
-            fd,
-            b.as_ptr().cast(),
-            b.len(),
-            flags,
-            (&st as *const libc::sockaddr_storage).cast(),
-            len,
-        )
-    };
-    r >= 0
+    send_nowait(fd, b, &st, len) >= 0
 }
 
 /// The head (up to 16 bytes) of `fd`'s next datagram, never blocking, with `flags` added:

@@ -543,38 +543,40 @@ impl DatagramSocket {
         peek: bool,
         only: Option<SocketAddr>,
     ) -> Result<Option<(RecvInfo, SocketAddr)>, Error> {
-        if self.idle() {
-            return Ok(None);
-        }
-        let mut st = self.state();
-        self.take_offers(&mut st);
-        let n = st.pairs.len();
-        for k in 0..n {
-            let i = (st.next + k) % n;
+        let got = self.each_pair(|st, i| {
             let pair = &mut st.pairs[i];
             if only.is_some_and(|o| o != pair.peer) {
                 while pair.ends.rx.recv(&mut [])?.is_some() {}
-                continue;
+                return Ok(None);
             }
             let got = match peek {
                 true => pair.ends.rx.peek(buf)?,
                 false => pair.ends.rx.recv(buf)?,
             };
-            if let Some(info) = got {
-                let peer = pair.peer;
-                if !peek {
-                    // The next call starts at the next pair: no peer starves the others.
-                    st.next = (i + 1) % n;
-                }
-                return Ok(Some((info, peer)));
+            let peer = pair.peer;
+            if got.is_some() && !peek {
+                // The next call starts at the next pair: no peer starves the others.
+                st.next = (i + 1) % st.pairs.len();
             }
+            Ok(got.map(|info| (info, peer)))
+        })?;
+        if got.is_none() && !self.idle() {
+            self.sweep(&mut self.state());
         }
-        self.sweep(&mut st);
-        Ok(None)
+        Ok(got)
     }
 
     /// The length of the next datagram (`FIONREAD` on a UDP socket), if one is queued.
     pub fn next_len(&self) -> Result<Option<u64>, Error> {
+        self.each_pair(|st, i| Ok(st.pairs[i].ends.rx.peek_len()?))
+    }
+
+    /// `f` on each pair (by index), round robin from the next one's turn, under the lock and
+    /// after taking new offers, until it finds something; nothing at all when [`Self::idle`].
+    fn each_pair<T>(
+        &self,
+        mut f: impl FnMut(&mut State, usize) -> Result<Option<T>, Error>,
+    ) -> Result<Option<T>, Error> {
         if self.idle() {
             return Ok(None);
         }
@@ -583,8 +585,8 @@ impl DatagramSocket {
         let n = st.pairs.len();
         for k in 0..n {
             let i = (st.next + k) % n;
-            if let Some(len) = st.pairs[i].ends.rx.peek_len()? {
-                return Ok(Some(len));
+            if let Some(v) = f(&mut st, i)? {
+                return Ok(Some(v));
             }
         }
         Ok(None)
