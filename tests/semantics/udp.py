@@ -178,14 +178,16 @@ def connected_client(args):
 
 
 def cmd_server(lsock, args):
-    """Sends what the client asks for: `N SEED` → a datagram of N bytes; `END` stops."""
+    """Sends what the client asks for: `N SEED [DELAY_MS]` → a datagram of N bytes (after
+    DELAY_MS); `END` stops."""
     u = bind_udp(lsock, args.bind or args.host)
     conn = control(lsock)
     while True:
         d, a = u.recvfrom(100)
         if d == b"END":
             break
-        n, seed = map(int, d.split())
+        n, seed, *ms = map(int, d.split())
+        time.sleep(ms[0] / 1000 if ms else 0)
         u.sendto(pattern(n, seed), a)
     wait_done(conn)
 
@@ -265,20 +267,6 @@ def nowait_client(args):
 # ---- readiness -------------------------------------------------------------------------------
 
 
-def readiness_server(lsock, args):
-    """Answers `DELAY_MS N SEED` with a datagram of N bytes after DELAY_MS."""
-    u = bind_udp(lsock, args.bind or args.host)
-    conn = control(lsock)
-    while True:
-        d, a = u.recvfrom(100)
-        if d == b"END":
-            break
-        ms, n, seed = map(int, d.split())
-        time.sleep(ms / 1000)
-        u.sendto(pattern(n, seed), a)
-    wait_done(conn)
-
-
 def readiness_client(args):
     c = dial_control(args)
     u = udp_socket(args.host)
@@ -286,14 +274,14 @@ def readiness_client(args):
     r, w = os.pipe()
     p = select.poll()
     p.register(u, select.POLLIN | select.POLLOUT)
-    u.sendto(b"0 1 1", to)
+    u.sendto(b"1 1 0", to)
     eq(u.recv(10), pattern(1, 1), "warm-up")
     eq(p.poll(0), [(u.fileno(), select.POLLOUT)], "POLLOUT at once, no POLLIN")
     q = select.poll()
     q.register(u, select.POLLIN)
     q.register(r, select.POLLIN)
     # poll, asleep when the datagram comes
-    u.sendto(b"150 10 2", to)
+    u.sendto(b"10 2 150", to)
     t0 = now()
     ev = q.poll(5000)
     eq(ev, [(u.fileno(), select.POLLIN)], "poll woken by the datagram")
@@ -304,14 +292,14 @@ def readiness_client(args):
     eq(q.poll(1000), [(r, select.POLLIN)], "a kernel fd in the same poll")
     os.read(r, 1)
     # select
-    u.sendto(b"150 11 3", to)
+    u.sendto(b"11 3 150", to)
     t0 = now()
     rl, _, _ = select.select([u, r], [], [], 5)
     eq(rl, [u], "select woken by the datagram")
     within(now() - t0, 0.1, 4, "select slept until it came")
     eq(u.recv(100), pattern(11, 3), "its data")
     # blocking recvfrom
-    u.sendto(b"150 12 4", to)
+    u.sendto(b"12 4 150", to)
     t0 = now()
     d, a = u.recvfrom(100)
     eq(d, pattern(12, 4), "a blocking recvfrom woken by the datagram")
@@ -633,7 +621,7 @@ run({
     "connected": (connected_server, connected_client),
     "peek_trunc": (cmd_server, peek_trunc_client),
     "nowait": (cmd_server, nowait_client),
-    "readiness": (readiness_server, readiness_client),
+    "readiness": (cmd_server, readiness_client),
     "vectored": (cmd_server, vectored_client),
     "many_peers": (echo_server, many_peers_client),
     "mixed": (echo_server, mixed_client),

@@ -329,11 +329,6 @@ impl DatagramSocket {
         self.node.region.registry()
     }
 
-    /// Whether a member socket is bound at `at`.
-    pub fn member_at(&self, at: ScopedAddr) -> bool {
-        member_socket_at(self.reg(), at)
-    }
-
     /// Stops taking datagrams by the ring: the endpoint goes (new senders find nobody) and
     /// every pair's receiving ring is closed (its sender's next datagram finds it closed and
     /// goes elsewhere). What the rings hold stays readable; emptied pairs go at the sweeps.
@@ -733,12 +728,7 @@ impl Drop for DatagramSocket {
     }
 }
 
-/// Whether a member socket is bound at `at` (exactly, or on its family's wildcard).
-pub fn member_socket_at(reg: &memloop_registry::Registry, at: ScopedAddr) -> bool {
-    find_endpoint(reg, at).is_some()
-}
-
-/// The member that owns the socket bound at `at`, if any.
+/// The member that owns the socket bound at `at` (exactly, or on its family's wildcard).
 pub fn member_socket_owner(
     reg: &memloop_registry::Registry,
     at: ScopedAddr,

@@ -404,11 +404,13 @@ hook! {
     real kernel = real::writev, pass if !ours_to_send(fd);
     on_panic fail(libc::EIO);
     {
-        // SAFETY: writev's contract: `iov` holds `n` iovecs of readable buffers.
-        let bufs = unsafe { iovecs(iov, n) };
-        let parts: Vec<&[u8]> = bufs.iter().map(|b| &**b).collect();
-        if let Some(r) = datagram::send(fd, &parts, 0, None) {
-            return Ok(r);
+        if datagram::may_send(fd) {
+            // SAFETY: writev's contract: `iov` holds `n` iovecs of readable buffers.
+            let bufs = unsafe { iovecs(iov, n) };
+            let parts: Vec<&[u8]> = bufs.iter().map(|b| &**b).collect();
+            if let Some(r) = datagram::send(fd, &parts, 0, None) {
+                return Ok(r);
+            }
         }
         data_call(
             fd,
@@ -785,7 +787,7 @@ unsafe fn send_datagram_msg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -
         }
         return None;
     }
-    if table::kind(fd) != table::K_UDP && datagram::udp(fd).is_none() {
+    if !datagram::may_send(fd) {
         return None;
     }
     // SAFETY: the caller's contract.

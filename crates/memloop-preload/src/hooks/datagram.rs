@@ -300,6 +300,11 @@ fn unsafe_zeroed_msghdr() -> libc::msghdr {
     unsafe { std::mem::zeroed() }
 }
 
+/// Whether `fd` is a UDP socket of ours, published or not (its sends are [`send`]'s).
+pub(super) fn may_send(fd: c_int) -> bool {
+    table::kind(fd) == table::K_UDP || udp(fd).is_some()
+}
+
 /// The published UDP socket to send from, publishing a candidate whose destination is a
 /// member's socket; `None`: the kernel's send.
 fn sender(fd: c_int, dst: Option<SocketAddr>) -> Option<(Arc<UdpSock>, SocketAddr)> {
