@@ -27,7 +27,13 @@ datagrams (so none can arrive before the socket is bound). Cases:
                 the first datagram, and nothing but it is ever seen;
   mmsg          sendmmsg of a batch and recvmmsg with MSG_WAITFORONE;
   fork          a server that forks a child which serves the socket too (the socket leaves
-                its ring at the fork: every datagram is answered, by one process)."""
+                its ring at the fork: every datagram is answered, by one process);
+  fork_queued   inetd's 'wait' shape without exec: the server sees the socket readable but
+                reads nothing, forks, and only the child reads — the datagrams queued on the
+                ring at the fork reach it (their sender, asleep in a blocking recvfrom, sends
+                them again by the kernel), in order, and no wake datagram is ever seen;
+  inetd_exec    the same with the child exec'ing a new program on the socket as its stdin (as
+                inetd starts a 'wait' service); the client waits with a timeout (poll)."""
 
 import ctypes
 import errno
@@ -36,6 +42,7 @@ import os
 import select
 import socket
 import struct
+import sys
 import termios
 import time
 
@@ -563,7 +570,7 @@ def fork_server(lsock, args):
             u.sendto(b"r-" + d, a)
         finally:
             os._exit(0)
-    conn.sendall(b"F")  # (a datagram already in a ring at the fork stays the parent's)
+    conn.sendall(b"F")
     os.waitpid(pid, 0)
     d, a = u.recvfrom(100)
     u.sendto(b"r-" + d, a)
@@ -580,6 +587,55 @@ def fork_client(args):
             eq(c.recv(1), b"F", "the server forked")
         u.sendto(m, to)
         eq(u.recv(100), b"r-" + m, f"the answer to {m!r}, from the parent or its child")
+    c.close()
+
+
+QUEUED = [b"q%d" % i + b"." * (i * 300) for i in range(6)]
+
+# The exec'd program of inetd_exec: reads len(QUEUED) datagrams from fd 0 and answers each.
+INETD_CHILD = """
+import socket, sys
+s = socket.socket(fileno=0)
+s.settimeout(20)
+for _ in range(int(sys.argv[1])):
+    d, a = s.recvfrom(70000)
+    s.sendto(b"r-" + d, a)
+"""
+
+
+def queued_server(lsock, args, exec_child):
+    """Waits until the socket is readable, reads nothing, forks; only the child reads."""
+    u = bind_udp(lsock, args.bind or args.host)
+    conn = control(lsock)
+    eq(conn.recv(1), b"S", "the client sent everything")
+    r, _, _ = select.select([u], [], [], 20)
+    check(r == [u], "the socket is readable")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if exec_child:
+                os.dup2(u.fileno(), 0)
+                os.execv(sys.executable, [sys.executable, "-c", INETD_CHILD, str(len(QUEUED))])
+            u.settimeout(20)  # (the parent's watchdog thread is not in the child)
+            for _ in QUEUED:
+                d, a = u.recvfrom(70000)
+                u.sendto(b"r-" + d, a)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    eq(status, 0, "the child served every datagram")
+    wait_done(conn)
+
+
+def queued_client(args, timeout):
+    c = dial_control(args)
+    u = udp_socket(args.host)
+    u.settimeout(timeout)
+    for m in QUEUED:
+        u.sendto(m, server_addr(args))
+    c.sendall(b"S")
+    for m in QUEUED:
+        eq(u.recv(70000), b"r-" + m, f"the answer to {m[:2]!r}, in order")
     c.close()
 
 
@@ -632,4 +688,6 @@ run({
     "wake": (wake_server, wake_client),
     "mmsg": (echo_server, mmsg_client),
     "fork": (fork_server, fork_client),
+    "fork_queued": (lambda l, a: queued_server(l, a, False), lambda a: queued_client(a, None)),
+    "inetd_exec": (lambda l, a: queued_server(l, a, True), lambda a: queued_client(a, 10)),
 })

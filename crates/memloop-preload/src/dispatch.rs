@@ -363,6 +363,9 @@ pub fn before_close(fd: c_int) {
         Entry::Epoll(set) => epoll_closed(fd, set),
         Entry::Udp(u) => {
             let last = !table::shared_with_another_fd(fd, &e);
+            if last {
+                u.flush_returned(Some(fd));
+            }
             let target = Target::Udp(u.clone());
             for s in table::epoll_sets() {
                 s.fd_closed(fd, &target, last);
@@ -677,7 +680,8 @@ fn inherited_sets() -> Vec<(c_int, Arc<EpollSet>)> {
 /// that closes its copy right after fork cannot shut the rings under the child.
 pub fn fork_prepare() {
     // Before the fork, so a datagram sent from now on goes by the kernel, where the child
-    // can read it too (one already in a ring stays the parent's).
+    // can read it too (one already in a ring is handed back to its sender, which sends it
+    // by the kernel as well).
     crate::udp::leave_all("shared with a forked child");
     engine::lock_for_fork();
     crate::plain::lock_for_fork();

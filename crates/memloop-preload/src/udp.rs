@@ -188,6 +188,7 @@ impl UdpSock {
         }
         tracing::debug!(addr = %self.local_addr(), "UDP socket leaves its ring: {why}");
         self.core.retire();
+        self.flush_returned(None);
         self.engine
             .registry()
             .count_fallback(FallbackReason::Unsupported);
@@ -219,6 +220,7 @@ impl UdpSock {
     /// `Some(len)` if the ring took it (or dropped it, as a full UDP receiver would), `None`
     /// if the kernel must send it.
     pub fn send(&self, fd: c_int, parts: &[&[u8]], dst: SocketAddr) -> Option<usize> {
+        self.flush_returned(Some(fd));
         if !self.on_ring() {
             return None;
         }
@@ -242,8 +244,12 @@ impl UdpSock {
                 Some(len)
             }
             Ok(Sent::Dropped(memloop::datagram::DropReason::Full)) => Some(len),
-            // The receiver closed or left its ring: the kernel delivers it (or says why not).
-            Ok(Sent::Dropped(_)) | Err(Error::NoService(_)) => None,
+            // The receiver closed or left its ring: the kernel delivers it (or says why not),
+            // after what the receiver handed back.
+            Ok(Sent::Dropped(_)) | Err(Error::NoService(_)) => {
+                self.flush_returned(Some(fd));
+                None
+            }
             Err(e) => {
                 // Too large for this pair's ring, or a ring error: the kernel path from now
                 // on for this destination (after what the ring holds: no reordering).
@@ -252,6 +258,39 @@ impl UdpSock {
                 None
             }
         }
+    }
+
+    /// Sends by the kernel what receivers handed back to us unread (they left their rings),
+    /// in order, so that whoever holds their sockets now gets it. From `fd`, or any fd of
+    /// ours for this socket. One load when there is nothing.
+    pub fn flush_returned(&self, fd: Option<c_int>) {
+        let back = self.core.take_returned();
+        if back.is_empty() {
+            return;
+        }
+        let Some(fd) = fd.or_else(|| self.some_fd()) else {
+            tracing::debug!(
+                n = back.len(),
+                "handed-back datagrams lost: the socket is closed"
+            );
+            return;
+        };
+        for (dst, d) in back {
+            if !real::send_datagram(fd, &d, dst, self.family) {
+                tracing::debug!(%dst, "a handed-back datagram refused by the kernel: dropped");
+            }
+            self.sent_by_kernel(Some(dst));
+        }
+    }
+
+    /// An fd of this process naming this socket.
+    fn some_fd(&self) -> Option<c_int> {
+        crate::table::all()
+            .into_iter()
+            .find_map(|(fd, e)| match &*e {
+                crate::table::Entry::Udp(u) if std::ptr::eq(Arc::as_ptr(u), self) => Some(fd),
+                _ => None,
+            })
     }
 
     fn remember(&self, dst: SocketAddr, p: PeerPath) {
@@ -322,6 +361,7 @@ impl UdpSock {
                 tracing::debug!("UDP ring receive: {e}");
                 libc::EIO
             })?;
+        self.flush_returned(None);
         if got.is_some() && !peek {
             self.ring_received.fetch_add(1, Relaxed);
         }
@@ -330,7 +370,9 @@ impl UdpSock {
 
     /// Length of the next ring datagram (`FIONREAD`).
     pub fn next_len(&self) -> Option<u64> {
-        self.core.next_len().ok().flatten()
+        let n = self.core.next_len().ok().flatten();
+        self.flush_returned(None);
+        n
     }
 
     pub fn ring_readable(&self) -> bool {

@@ -83,6 +83,7 @@ fn main() -> std::process::ExitCode {
         test!(udp_first_datagram_wakes_a_receiver_asleep_in_the_kernel),
         test!(udp_sendmmsg_recvmmsg_waitforone),
         test!(udp_socket_shared_by_fork_leaves_its_ring),
+        test!(udp_datagrams_queued_at_a_fork_reach_the_child_that_reads),
         test!(udp_sleepers_in_poll_select_recvfrom_are_woken),
         test!(udp_sendmsg_recvmsg_scatter_gather),
         test!(udp_eight_peers_on_one_socket),
@@ -1910,6 +1911,16 @@ fn udp_socket_shared_by_fork_leaves_its_ring() {
         sc("udp", "fork")
             .evidence("datagram pair taken && leaves its ring: shared with a forked child"),
     );
+}
+
+/// inetd's 'wait' shape: the server forks when its socket is readable and only the child
+/// (or the program it execs) reads. The datagrams queued on the ring at the fork are handed
+/// back to their sender, which sends them again by the kernel: all arrive, in order.
+fn udp_datagrams_queued_at_a_fork_reach_the_child_that_reads() {
+    let ev = "datagram pair taken && unread datagrams handed back";
+    check(sc("udp", "fork_queued").evidence(ev));
+    check(sc("udp", "inetd_exec").evidence(ev));
+    check_domains(sc("udp", "inetd_exec").evidence(ev));
 }
 
 /// Receivers asleep in the kernel (no ring peer yet) are woken by a new peer's first datagram

@@ -18,7 +18,7 @@
 //! | 80 | consumer futex seq `u32` |
 //! | 128 | magic `u64`, 136 kind `u32`, 140 slot size `u32`, 144 capacity `u64` |
 //! | 192 | producer-waiting `u32`, 196 consumer-waiting `u32` |
-//! | 200 | writer flags `u32` ([`WFLAG_SHUTDOWN`]), 204 reader flags `u32` ([`RFLAG_CLOSED`]) |
+//! | 200 | writer flags `u32` ([`WFLAG_SHUTDOWN`]), 204 reader flags `u32` ([`RFLAG_CLOSED`], [`RFLAG_RETURNED`]) |
 //! | 256 | data (`capacity` bytes) |
 //!
 //! **Window.** A stream ring's data area is reserved at its full `capacity` but only its first
@@ -58,6 +58,12 @@ pub const WFLAG_RESET: u32 = 2;
 pub const WFLAGS_KNOWN: u32 = WFLAG_SHUTDOWN | WFLAG_RESET;
 /// Reader flag: the consumer is gone; the producer gets [`RingError::Closed`].
 pub const RFLAG_CLOSED: u32 = 1;
+/// Reader flag (with [`RFLAG_CLOSED`]): the consumer left *handing back* what it had not
+/// read: it will never read again, and the producer may take the records from the head
+/// ([`crate::RecordProducer::take_back`]) to deliver them another way.
+pub const RFLAG_RETURNED: u32 = 2;
+/// Every reader flag a valid header may carry.
+pub const RFLAGS_KNOWN: u32 = RFLAG_CLOSED | RFLAG_RETURNED;
 /// Smallest allowed capacity.
 pub const MIN_CAPACITY: u64 = 64;
 

@@ -6,7 +6,8 @@
 //! more than `capacity` ahead of it), and stays a multiple of the flavour's granule.
 
 use crate::header::{
-    Header, Mapping, RingKind, RFLAG_CLOSED, WFLAGS_KNOWN, WFLAG_RESET, WFLAG_SHUTDOWN,
+    Header, Mapping, RingKind, RFLAGS_KNOWN, RFLAG_CLOSED, RFLAG_RETURNED, WFLAGS_KNOWN,
+    WFLAG_RESET, WFLAG_SHUTDOWN,
 };
 use crate::wait::{block_until, merge_wakes, Presences, Spinner, WaitPolicy};
 use crate::RingError;
@@ -206,11 +207,17 @@ impl ProdCore {
 
     /// `Err(Closed)` if the reader is gone, `Corrupt` on garbage flags.
     pub fn check_open(&self) -> Result<(), RingError> {
-        let f = load_flags(&self.h.rflags, RFLAG_CLOSED, "reader flags")?;
+        let f = load_flags(&self.h.rflags, RFLAGS_KNOWN, "reader flags")?;
         if f & RFLAG_CLOSED != 0 {
             return Err(RingError::Closed);
         }
         Ok(())
+    }
+
+    /// Whether the reader handed back what it had not read ([`RFLAG_RETURNED`]; acquire:
+    /// its last consumption is visible after it).
+    pub fn handed_back(&self) -> Result<bool, RingError> {
+        Ok(load_flags(&self.h.rflags, RFLAGS_KNOWN, "reader flags")? & RFLAG_RETURNED != 0)
     }
 
     pub fn reader_closed(&self) -> bool {
@@ -405,7 +412,16 @@ impl ConsCore {
     }
 
     pub fn close(&mut self) {
-        self.h.rflags.fetch_or(RFLAG_CLOSED, Release);
+        self.close_with(RFLAG_CLOSED);
+    }
+
+    /// Closes, leaving what is unread to the producer ([`RFLAG_RETURNED`]).
+    pub fn hand_back(&mut self) {
+        self.close_with(RFLAG_CLOSED | RFLAG_RETURNED);
+    }
+
+    fn close_with(&mut self, flags: u32) {
+        self.h.rflags.fetch_or(flags, Release);
         self.wake = merge_wakes(self.wake, self.h.prod.notify());
     }
 

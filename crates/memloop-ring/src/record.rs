@@ -40,15 +40,25 @@ fn encode_hdr(len: u64, flags: u32) -> [u8; 8] {
 }
 
 /// Sending end of a record ring.
-#[derive(Debug)]
 pub struct RecordProducer {
     core: ProdCore,
+    /// The ring, for taking back what a reader handed back ([`RecordProducer::take_back`]).
+    view: ShmSlice,
+}
+
+impl std::fmt::Debug for RecordProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordProducer")
+            .field("core", &self.core)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RecordProducer {
     pub fn attach(view: ShmSlice) -> Result<Self, RingError> {
         Ok(RecordProducer {
             core: ProdCore::attach(&view, RingKind::Record, 8)?,
+            view,
         })
     }
 
@@ -117,6 +127,24 @@ impl RecordProducer {
 
     pub fn reader_closed(&self) -> bool {
         self.core.reader_closed()
+    }
+
+    /// The records the reader handed back unread ([`RecordConsumer::hand_back`]), in order,
+    /// taken off the ring; none while it reads (or if it just closed: those are discarded).
+    /// Read as a consumer reads them, every header validated: a reader that has handed back
+    /// never touches the ring again, so the head is ours to move.
+    pub fn take_back(&mut self) -> Result<Vec<Vec<u8>>, RingError> {
+        if !self.core.handed_back()? {
+            return Ok(Vec::new());
+        }
+        let mut c = RecordConsumer::attach(self.view.clone())?;
+        let mut out = Vec::new();
+        while let Some(len) = c.peek_len()? {
+            let mut rec = vec![0u8; len as usize];
+            c.recv(&mut rec)?;
+            out.push(rec);
+        }
+        Ok(out)
     }
 
     /// Waits until a record of `len` bytes fits or the reader closed.
@@ -239,6 +267,12 @@ impl RecordConsumer {
 
     pub fn close(&mut self) {
         self.core.close();
+    }
+
+    /// Closes for good, leaving the records not read yet to the producer to deliver another
+    /// way ([`RecordProducer::take_back`]). Nothing may be read after it.
+    pub fn hand_back(&mut self) {
+        self.core.hand_back();
     }
 
     /// Waits until a record is available or EOF.

@@ -165,3 +165,41 @@ fn wait_writable_for_a_record() {
     let mut c = t.join().unwrap();
     assert!(c.wait_readable(&pol, Duration::ZERO).unwrap());
 }
+
+#[test]
+fn a_reader_that_hands_back_leaves_exactly_the_unread_records_to_the_writer() {
+    let (mut p, mut c) = pair(256);
+    for r in [&b"one"[..], b"two", b"three"] {
+        assert!(p.send(r).unwrap());
+    }
+    let mut buf = [0u8; 8];
+    assert_eq!(c.recv(&mut buf).unwrap().map(|i| i.len), Some(3));
+    assert!(p.take_back().unwrap().is_empty(), "nothing while it reads");
+    c.hand_back();
+    assert!(matches!(p.send(b"late"), Err(RingError::Closed)));
+    assert_eq!(p.take_back().unwrap(), [b"two".to_vec(), b"three".to_vec()]);
+    assert!(p.take_back().unwrap().is_empty(), "taken once");
+}
+
+#[test]
+fn a_plain_close_hands_nothing_back() {
+    let (mut p, mut c) = pair(256);
+    assert!(p.send(b"one").unwrap());
+    c.close();
+    assert!(p.take_back().unwrap().is_empty());
+}
+
+#[test]
+fn taken_back_records_cross_the_ring_end_whole() {
+    let (mut p, mut c) = pair(128);
+    let mut buf = [0u8; 64];
+    // Move the indices near the end so the next records pad and wrap.
+    for _ in 0..3 {
+        assert!(p.send(&[9u8; 24]).unwrap());
+        c.recv(&mut buf).unwrap();
+    }
+    assert!(p.send(&[1u8; 20]).unwrap());
+    assert!(p.send(&[2u8; 30]).unwrap());
+    c.hand_back();
+    assert_eq!(p.take_back().unwrap(), [vec![1u8; 20], vec![2u8; 30]]);
+}

@@ -28,7 +28,8 @@ use memloop_registry::{
 };
 use memloop_ring::{RecvInfo, RingError, Spinner, WaitCell, WaitPolicy, WakeMode};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,12 @@ pub fn wake_payload(ch: ChannelId) -> [u8; WAKE_LEN] {
     b[8..12].copy_from_slice(&ch.idx.to_le_bytes());
     b[12..].copy_from_slice(&ch.gen.to_le_bytes());
     b
+}
+
+/// Whether `b` has a wake datagram's shape. A socket that is not (or no longer) on a ring
+/// swallows every such datagram: it can only be a wake-up meant for a pair it had.
+pub fn looks_like_wake(b: &[u8]) -> bool {
+    b.len() == WAKE_LEN && b[..8] == WAKE_MAGIC
 }
 
 /// The flag of [`DatagramSocket`]'s `seen` word: the offers were taken at least once.
@@ -110,6 +117,8 @@ struct Pair {
     peer_bell: Option<WaitCell>,
     /// The peer socket's count of datagrams dropped at it (`memloop status`).
     peer_dropped: Option<memloop_shm::ShmU32>,
+    /// The peer socket's hand-back count (bumped when we hand its datagrams back).
+    peer_returned: Option<memloop_shm::ShmU32>,
     watch: PeerWatch,
     /// Datagrams dropped because the ring was full (the receiver's liveness is looked at on
     /// the first and every [`Pair::full_for_good`] period after).
@@ -122,6 +131,25 @@ impl Pair {
         self.ends.rx.close();
         self.ring_peer(waker);
         channel::release(reg, self.ch, self.side);
+    }
+
+    /// Leaves the pair handing what we have not read back to its sender (which sends it by
+    /// the kernel), and tells the sender's socket to look.
+    fn hand_back(mut self, reg: &memloop_registry::Registry, waker: Option<fn(u32)>) {
+        self.ends.rx.hand_back();
+        if let Some(r) = &self.peer_returned {
+            r.fetch_add(1, Release);
+        }
+        self.release(reg, waker);
+    }
+
+    /// What the peer handed back unread of what we sent it (see [`Pair::hand_back`]), into
+    /// `out` with its destination.
+    fn take_back(&mut self, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        match self.ends.tx.take_back() {
+            Ok(recs) => out.extend(recs.into_iter().map(|r| (self.peer, r))),
+            Err(e) => tracing::debug!(ch = ?self.ch, "taking datagrams back: {e}"),
+        }
     }
 
     /// After one more drop for a full ring: whether the receiver is gone for good (asked of
@@ -161,6 +189,9 @@ struct State {
     retired: bool,
     /// Pairs we opened whose wake datagram the caller has not sent yet.
     opened: Vec<ChannelId>,
+    /// Datagrams receivers handed back unread, with their destinations: the caller sends
+    /// them by the kernel ([`DatagramSocket::take_returned`]) before anything newer.
+    returned: Vec<(SocketAddr, Vec<u8>)>,
 }
 
 /// A datagram socket over shared memory (see the module text).
@@ -184,6 +215,12 @@ pub struct DatagramSocket {
     capacity: u64,
     /// Reaches sleepers that wait outside the ring (see [`DatagramSocket::set_waker`]).
     waker: Option<fn(u32)>,
+    /// Our endpoint's hand-back count (see [`Pair::hand_back`]).
+    returns: Option<memloop_shm::ShmU32>,
+    /// `State::returned` is not empty (one load per call).
+    has_returned: AtomicBool,
+    /// `returns` when we last looked at our pairs for hand-backs.
+    returns_seen: std::sync::atomic::AtomicU32,
     /// Holds the kernel's port for a socket the native API bound (no other socket, ours or
     /// not, can take the address meanwhile).
     _reserved: Option<std::net::UdpSocket>,
@@ -221,6 +258,7 @@ impl DatagramSocket {
             other => other?,
         };
         let bell = channel::endpoint_bell(reg, ep)?;
+        let returns = reg.endpoint_returned(ep).ok();
         Ok(DatagramSocket {
             node: n.clone(),
             ep,
@@ -236,6 +274,9 @@ impl DatagramSocket {
             seen: AtomicU64::new(0),
             capacity: DATAGRAM_RING_CAPACITY,
             waker: None,
+            returns,
+            has_returned: AtomicBool::new(false),
+            returns_seen: std::sync::atomic::AtomicU32::new(0),
             _reserved: None,
         })
     }
@@ -297,7 +338,7 @@ impl DatagramSocket {
     /// Whether `b`, a datagram the kernel delivered, is a wake datagram for a pair of ours
     /// (taking the offers made meanwhile first): the caller swallows it.
     pub fn is_wake(&self, b: &[u8]) -> bool {
-        if b.len() != WAKE_LEN || b[..8] != WAKE_MAGIC {
+        if !looks_like_wake(b) {
             return false;
         }
         let word =
@@ -308,7 +349,67 @@ impl DatagramSocket {
         };
         let mut st = self.state();
         self.take_offers(&mut st);
-        st.pairs.iter().any(|p| p.ch == ch)
+        // A retired socket's pairs are gone; any wake datagram was for one of them.
+        st.retired || st.pairs.iter().any(|p| p.ch == ch)
+    }
+
+    /// The datagrams receivers handed back to us unread (they left their rings: a fork, an
+    /// exec), with their destinations, oldest first: the caller sends them by the kernel
+    /// before any newer datagram to the same peer. Empty without a lock when there are none.
+    pub fn take_returned(&self) -> Vec<(SocketAddr, Vec<u8>)> {
+        if !self.has_returned.load(Relaxed) && !self.returns_moved() {
+            return Vec::new();
+        }
+        let mut st = self.state();
+        self.collect_returns(&mut st);
+        self.has_returned.store(false, Relaxed);
+        std::mem::take(&mut st.returned)
+    }
+
+    /// Whether a receiver handed datagrams back since we last looked (one load).
+    fn returns_moved(&self) -> bool {
+        let seen = self.returns_seen.load(Relaxed);
+        self.returns
+            .as_ref()
+            .is_some_and(|w| w.load(Acquire) != seen)
+    }
+
+    /// Looks at our pairs for hand-backs if our endpoint's count moved since the last look
+    /// (one load otherwise). A pair whose receiver handed back sends no more; it stays while
+    /// its other ring has datagrams for us.
+    fn collect_returns(&self, st: &mut State) {
+        let Some(word) = &self.returns else { return };
+        let now = word.load(Acquire);
+        if now == self.returns_seen.load(Relaxed) {
+            return;
+        }
+        self.returns_seen.store(now, Relaxed);
+        for i in 0..st.pairs.len() {
+            self.take_back_from(st, i);
+        }
+    }
+
+    /// Takes back what pair `i`'s receiver handed back, if it closed (then nothing more is
+    /// sent on the pair: its receiver is gone).
+    fn take_back_from(&self, st: &mut State, i: usize) {
+        let State {
+            pairs,
+            returned,
+            send_on,
+            ..
+        } = st;
+        let p = &mut pairs[i];
+        if !p.ends.tx.reader_closed() {
+            return;
+        }
+        let before = returned.len();
+        p.take_back(returned);
+        if send_on.get(&p.peer) == Some(&i) {
+            send_on.remove(&p.peer);
+        }
+        if returned.len() > before {
+            self.has_returned.store(true, Relaxed);
+        }
     }
 
     /// Nothing can be received by the ring now: no pair, and no offer since the last look (a
@@ -329,9 +430,10 @@ impl DatagramSocket {
         self.node.region.registry()
     }
 
-    /// Stops taking datagrams by the ring: the endpoint goes (new senders find nobody) and
-    /// every pair's receiving ring is closed (its sender's next datagram finds it closed and
-    /// goes elsewhere). What the rings hold stays readable; emptied pairs go at the sweeps.
+    /// Leaves the ring for good, losing nothing: the endpoint goes (new senders find
+    /// nobody), and every pair goes, what it holds unread *handed back* to its sender, which
+    /// sends it by the kernel — where whoever holds the socket now (a forked child, an exec'd
+    /// image) receives it. What peers handed back to us is in [`Self::take_returned`].
     pub fn retire(&self) {
         let mut st = self.state();
         st.offers_seen = None;
@@ -341,10 +443,22 @@ impl DatagramSocket {
         }
         st.offers_seen = Some(u32::MAX); // (never looked at again: the endpoint is gone)
         st.retired = true;
-        for p in st.pairs.iter_mut() {
-            p.ends.rx.close();
-        }
         st.send_on.clear();
+        let mut back = Vec::new();
+        let pairs = std::mem::take(&mut st.pairs);
+        tracing::debug!(
+            pairs = pairs.len(),
+            "datagram socket retires: unread datagrams handed back"
+        );
+        for mut p in pairs {
+            p.take_back(&mut back);
+            p.hand_back(self.reg(), self.waker);
+        }
+        if !back.is_empty() {
+            st.returned.extend(back);
+            self.has_returned.store(true, Relaxed);
+        }
+        self.count_pairs(&st);
     }
 
     /// Sends one datagram to `dst`, a member's socket address (found in the registry under
@@ -390,9 +504,15 @@ impl DatagramSocket {
                 Ok(self.drop_one(DropReason::Full))
             }
             Ok(false) | Err(RingError::Closed) => {
-                let p = remove_pair(&mut st, i);
-                self.count_pairs(&st);
-                p.release(self.reg(), self.waker);
+                self.take_back_from(&mut st, i);
+                // (Kept while it holds datagrams for us: they were sent before the close.)
+                if matches!(st.pairs[i].ends.rx.peek_len(), Ok(None) | Err(_)) {
+                    let p = remove_pair(&mut st, i);
+                    self.count_pairs(&st);
+                    p.release(self.reg(), self.waker);
+                } else {
+                    st.send_on.remove(&dst.addr);
+                }
                 Ok(self.drop_one(DropReason::Closed))
             }
             Err(e) => Err(e.into()),
@@ -440,6 +560,7 @@ impl DatagramSocket {
         };
         let peer_bell = channel::endpoint_bell(reg, ep.id).ok();
         let peer_dropped = reg.endpoint_dropped(ep.id).ok();
+        let peer_returned = reg.endpoint_returned(ep.id).ok();
         // (The offer bumped the receiver's doorbell; our first datagram wakes it.)
         let node = Node { inner: n.clone() };
         st.remote_peer |= !n.same_kernel(ep.owner);
@@ -450,6 +571,7 @@ impl DatagramSocket {
             ends,
             peer_bell,
             peer_dropped,
+            peer_returned,
             watch: PeerWatch::new(&node, ch, Side::Client),
             full_streak: 0,
         });
@@ -503,7 +625,10 @@ impl DatagramSocket {
         let peer_bell = peer_ep
             .as_ref()
             .and_then(|e| channel::endpoint_bell(reg, e.id).ok());
-        let peer_dropped = peer_ep.and_then(|e| reg.endpoint_dropped(e.id).ok());
+        let peer_dropped = peer_ep
+            .as_ref()
+            .and_then(|e| reg.endpoint_dropped(e.id).ok());
+        let peer_returned = peer_ep.and_then(|e| reg.endpoint_returned(e.id).ok());
         let node = Node {
             inner: self.node.clone(),
         };
@@ -515,6 +640,7 @@ impl DatagramSocket {
             ends,
             peer_bell,
             peer_dropped,
+            peer_returned,
             watch: PeerWatch::new(&node, ch, Side::Server),
             full_streak: 0,
         })
@@ -577,6 +703,7 @@ impl DatagramSocket {
         }
         let mut st = self.state();
         self.take_offers(&mut st);
+        self.collect_returns(&mut st);
         let n = st.pairs.len();
         for k in 0..n {
             let i = (st.next + k) % n;
@@ -599,6 +726,7 @@ impl DatagramSocket {
             let p = &mut st.pairs[i];
             let empty = matches!(p.ends.rx.peek_len(), Ok(None) | Err(_));
             if empty && (p.watch.lost() || p.ends.tx.reader_closed()) {
+                self.take_back_from(st, i);
                 let p = remove_pair(st, i);
                 self.count_pairs(st);
                 tracing::debug!(ch = ?p.ch, peer = %p.peer, "datagram pair closed: peer gone");
@@ -716,6 +844,9 @@ impl Drop for DatagramSocket {
     fn drop(&mut self) {
         let reg = self.node.region.registry();
         let mut st = std::mem::take(&mut *lock(&self.state));
+        if st.retired {
+            return; // (endpoint and pairs gone already)
+        }
         // Offers not taken yet are taken and closed, so their senders see the close at once.
         st.offers_seen = None;
         self.take_offers(&mut st);

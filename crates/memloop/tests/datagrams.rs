@@ -55,6 +55,8 @@ fn main() -> std::process::ExitCode {
         test!(a_sleeping_receiver_is_woken_and_a_timeout_ends_its_wait),
         test!(a_killed_senders_datagrams_are_delivered_then_its_pair_goes),
         test!(datagrams_to_an_address_nobody_bound_are_refused_for_the_kernel_path),
+        test!(a_retiring_receiver_hands_what_it_did_not_read_back_to_its_sender),
+        test!(a_sender_in_another_process_gets_back_what_a_retiring_receiver_did_not_read),
     ])
 }
 
@@ -66,6 +68,7 @@ fn child_entry(role: &str) -> ! {
     let code = match role {
         "rr-client" => child_rr_client(&node, dst, arg),
         "blaster" => child_blaster(&node, dst),
+        "hand-back-sender" => child_hand_back_sender(&node, dst, arg as u16),
         other => panic!("unknown role {other}"),
     };
     std::process::exit(code);
@@ -138,6 +141,25 @@ fn child_blaster(node: &Node, dst: SocketAddr) -> i32 {
             seq += 1;
         }
     }
+}
+
+/// Sends `one`, `two`, `three` to `dst` (then `sent` to port `done` of its host), and
+/// waits until the last two come back unread.
+fn child_hand_back_sender(node: &Node, dst: SocketAddr, done: u16) -> i32 {
+    let s = DatagramSocket::bind(node, "127.0.0.1:0".parse().unwrap()).unwrap();
+    for d in [&b"one"[..], b"two", b"three"] {
+        assert_eq!(s.send_to(d, dst).unwrap(), Sent::Delivered);
+    }
+    let done = SocketAddr::new(dst.ip(), done);
+    assert_eq!(s.send_to(b"sent", done).unwrap(), Sent::Delivered);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut back = Vec::new();
+    while back.len() < 2 && Instant::now() < deadline {
+        let _ = s.wait_readable(Some(Duration::from_millis(50)));
+        back.extend(s.take_returned());
+    }
+    let want = [(dst, b"two".to_vec()), (dst, b"three".to_vec())];
+    i32::from(back != want)
 }
 
 fn datagrams_keep_boundaries_order_and_senders_between_processes() {
@@ -345,4 +367,56 @@ fn datagrams_to_an_address_nobody_bound_are_refused_for_the_kernel_path() {
         Err(Error::NoService(_))
     ));
     assert_eq!(tx.pairs(), 0);
+}
+
+fn a_retiring_receiver_hands_what_it_did_not_read_back_to_its_sender() {
+    let r = TestRegion::new("handback");
+    let node = r.node("one");
+    let tx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let rx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = rx.local_addr();
+    for d in [&b"one"[..], b"two", b"three"] {
+        assert_eq!(tx.send_to(d, addr).unwrap(), Sent::Delivered);
+    }
+    let mut buf = [0u8; 16];
+    let (info, _) = rx.try_recv(&mut buf, false).unwrap().unwrap();
+    assert_eq!(&buf[..info.copied], b"one");
+    assert_eq!(
+        rx.send_to(b"reply", tx.local_addr()).unwrap(),
+        Sent::Delivered
+    );
+    rx.retire();
+    assert_eq!(
+        tx.take_returned(),
+        [(addr, b"two".to_vec()), (addr, b"three".to_vec())],
+        "exactly what it did not read, in order"
+    );
+    assert!(tx.take_returned().is_empty(), "once");
+    // What the retired socket sent before it left is still ours to read.
+    let (info, from) = tx.try_recv(&mut buf, false).unwrap().unwrap();
+    assert_eq!((&buf[..info.copied], from), (&b"reply"[..], addr));
+    assert!(matches!(
+        tx.send_to(b"four", addr),
+        Err(Error::NoService(_))
+    ));
+    assert!(rx.is_wake(&memloop::datagram::wake_payload(
+        memloop::registry::ChannelId { idx: 1, gen: 1 }
+    )));
+}
+
+fn a_sender_in_another_process_gets_back_what_a_retiring_receiver_did_not_read() {
+    let r = TestRegion::new("handback-x");
+    let node = r.node("server");
+    let rx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let done = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(20)));
+    done.set_read_timeout(Some(Duration::from_secs(20)));
+    let port = u64::from(done.local_addr().port());
+    let mut kid = spawn_child("hand-back-sender", &r, rx.local_addr(), port);
+    let mut buf = [0u8; 16];
+    let (info, _) = rx.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..info.copied], b"one");
+    done.recv_from(&mut buf).expect("all three sent");
+    rx.retire();
+    assert_eq!(wait_child(&mut kid, Duration::from_secs(30)), Some(0));
 }

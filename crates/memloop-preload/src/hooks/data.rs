@@ -140,7 +140,9 @@ unsafe fn send_one(
 
 hook! {
     fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t;
-    real kernel = real::read, pass if table::kind(fd) != table::K_OBJ;
+    real kernel = real::read, pass if table::kind(fd) != table::K_OBJ =>
+        // SAFETY: the hook's own buffer, as its contract gives it.
+        unsafe { datagram::without_stale_wakes(fd, buf, count, 0, kernel) };
     on_panic fail(libc::EIO);
     {
         // SAFETY: read's contract: `buf` is writable for `count` bytes.
@@ -163,7 +165,9 @@ hook! {
 
 hook! {
     fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t;
-    real kernel = real::recv, pass if table::kind(fd) != table::K_OBJ;
+    real kernel = real::recv, pass if table::kind(fd) != table::K_OBJ =>
+        // SAFETY: the hook's own buffer, as its contract gives it.
+        unsafe { datagram::without_stale_wakes(fd, buf, n, flags, kernel) };
     on_panic fail(libc::EIO);
     {
         // SAFETY: recv's contract: `buf` is writable for `n` bytes.
@@ -194,7 +198,9 @@ hook! {
         addr: *mut sockaddr,
         alen: *mut socklen_t,
     ) -> ssize_t;
-    real kernel = real::recvfrom, pass if table::kind(fd) != table::K_OBJ;
+    real kernel = real::recvfrom, pass if table::kind(fd) != table::K_OBJ =>
+        // SAFETY: the hook's own buffer, as its contract gives it.
+        unsafe { datagram::without_stale_wakes(fd, buf, n, flags, kernel) };
     on_panic fail(libc::EIO);
     {
         // SAFETY: recvfrom's contract: `buf` writable for `n` bytes, `addr`/`alen` valid.
@@ -251,7 +257,9 @@ hook! {
     fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t;
     real kernel = real::recvmsg,
         // SAFETY: recvmsg's contract: `msg` is null or a readable msghdr.
-        pass if table::kind(fd) != table::K_OBJ && !unsafe { has_control(msg) };
+        pass if table::kind(fd) != table::K_OBJ && !unsafe { has_control(msg) } =>
+        // SAFETY: as above.
+        unsafe { datagram::msg_without_stale_wakes(fd, msg, flags, kernel) };
     on_panic fail(libc::EIO);
     {
         if table::kind(fd) != table::K_OBJ {

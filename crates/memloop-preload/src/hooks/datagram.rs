@@ -34,6 +34,58 @@ pub(super) fn udp(fd: c_int) -> Option<Arc<UdpSock>> {
     table::udp(fd)
 }
 
+/// A receive on an fd that is not a published UDP socket, by `call` into `buf` (`n` bytes,
+/// `flags`): a wake datagram there was meant for a ring the socket had before it passed to
+/// this process or image (a fork, an exec) and is swallowed — the datagrams it announced
+/// come by the kernel too (handed back). One comparison unless 16 bytes came.
+///
+/// # Safety
+/// `buf` writable for `n` bytes, as the receive's contract says.
+pub(super) unsafe fn without_stale_wakes(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    call: impl Fn() -> ssize_t,
+) -> ssize_t {
+    loop {
+        let r = call();
+        if r != WAKE_LEN as ssize_t || n < WAKE_LEN || buf.is_null() {
+            return r;
+        }
+        // SAFETY: the kernel wrote `r` (16) bytes at `buf`.
+        let head = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), WAKE_LEN) };
+        let dgram =
+            || real::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_TYPE) == Some(libc::SOCK_DGRAM);
+        if !memloop::datagram::looks_like_wake(head) || !dgram() {
+            return r;
+        }
+        if flags & libc::MSG_PEEK != 0 {
+            real::drop_datagram(fd);
+        }
+    }
+}
+
+/// [`without_stale_wakes`] for a `recvmsg` (its first buffer looked at).
+///
+/// # Safety
+/// `msg` null or a valid msghdr whose iovecs are writable, as recvmsg's contract says.
+pub(super) unsafe fn msg_without_stale_wakes(
+    fd: c_int,
+    msg: *mut libc::msghdr,
+    flags: c_int,
+    call: impl Fn() -> ssize_t,
+) -> ssize_t {
+    // SAFETY: the caller's promise.
+    let first = unsafe { msg.as_ref() }
+        .filter(|m| m.msg_iovlen > 0 && !m.msg_iov.is_null())
+        // SAFETY: `msg_iov` holds `msg_iovlen` (> 0) iovecs.
+        .map(|m| unsafe { *m.msg_iov });
+    let (buf, n) = first.map_or((std::ptr::null_mut(), 0), |v| (v.iov_base, v.iov_len));
+    // SAFETY: the first iovec is writable for its length.
+    unsafe { without_stale_wakes(fd, buf, n, flags, call) }
+}
+
 /// The caller's buffers, for a receive: their room, and the head of what the kernel put there
 /// (to recognise a wake datagram).
 pub(super) struct Room<H: FnMut() -> [u8; WAKE_LEN]> {

@@ -52,7 +52,8 @@ mod wait;
 /// ```
 ///
 /// `real NAME = PATH` binds `NAME()` to the real function called with the hook's own
-/// arguments; `pass if COND` returns that at once (the fast path for fds that are not ours);
+/// arguments; `pass if COND` returns that at once (the fast path for fds that are not ours),
+/// `pass if COND => EXPR` returns `EXPR` instead (a fast path that looks at the result);
 /// the body runs under [`guard`] (`Err(e)` sets errno `e` and returns -1) and a panic in it
 /// returns `on_panic`'s value, which may use the arguments and `NAME()` too.
 macro_rules! hook {
@@ -75,6 +76,25 @@ macro_rules! hook {
                     return $fwd();
                 }
             )?
+        ] $fallback; $body);
+    };
+    (
+        $(#[$meta:meta])*
+        fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;
+        real $fwd:ident = $realfn:path, pass if $pass:expr => $passed:expr;
+        on_panic $fallback:expr;
+        $body:block
+    ) => {
+        $crate::hooks::hook!(@emit [$(#[$meta])*] $name [$($arg: $ty),*] $ret [
+            #[allow(unused_variables)]
+            let $fwd = move || {
+                // SAFETY: the caller's own arguments, unchanged, to the C library function it
+                // meant to call: its contract is the caller's promise.
+                unsafe { $realfn()($($arg),*) }
+            };
+            if $pass {
+                return $passed;
+            }
         ] $fallback; $body);
     };
     (

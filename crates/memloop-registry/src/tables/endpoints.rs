@@ -17,6 +17,7 @@
 //! | 24 | owner (packed member id) · 32 key hash · 40 key (72 B) |
 //! | 112 | connecting u32: clients between their real `connect` and their offer (a hint) |
 //! | 116 | dropped u32: datagrams senders dropped because this (UDP) socket's ring was full |
+//! | 120 | returned u32: bumped when a receiver hands this (UDP) socket's unread datagrams back |
 
 use crate::error::RegistryError;
 use crate::key::{
@@ -43,6 +44,7 @@ const O_HASH: u64 = 32;
 const O_KEY: u64 = 40;
 const O_CONNECTING: u64 = 112;
 const O_DROPPED: u64 = 116;
+const O_RETURNED: u64 = 120;
 /// How long the lower-indexed of two racing inserters waits for the other to resolve.
 const RESOLVE_SPINS: usize = 100_000;
 
@@ -66,6 +68,7 @@ impl<'a> EndpointSlot<'a> {
         self.0.st(O_HASH, hash)?;
         self.connecting()?.store(0, Relaxed);
         self.dropped()?.store(0, Relaxed);
+        self.returned()?.store(0, Relaxed);
         self.0.st(O_BACKLOG, 0)?;
         self.waiting()?.store(0, Relaxed);
         self.0.write(O_KEY, key)
@@ -90,6 +93,9 @@ impl<'a> EndpointSlot<'a> {
     }
     fn dropped(&self) -> Result<ShmU32, RegistryError> {
         self.0.u32(O_DROPPED)
+    }
+    fn returned(&self) -> Result<ShmU32, RegistryError> {
+        self.0.u32(O_RETURNED)
     }
     fn connecting(&self) -> Result<ShmU32, RegistryError> {
         self.0.u32(O_CONNECTING)
@@ -363,6 +369,13 @@ impl Registry {
     /// them here, `memloop status` shows them per socket.
     pub fn endpoint_dropped(&self, id: EndpointId) -> Result<ShmU32, RegistryError> {
         self.live_endpoint(id)?.dropped()
+    }
+
+    /// A LIVE (UDP) endpoint's hand-back count: a receiver that leaves its ring handing a
+    /// pair's unread datagrams back to their sender bumps the sender's, so the sender looks
+    /// at its pairs (one load per receive while nothing was handed back).
+    pub fn endpoint_returned(&self, id: EndpointId) -> Result<ShmU32, RegistryError> {
+        self.live_endpoint(id)?.returned()
     }
 
     /// Offers currently waiting for the endpoint (a hint: maintained by offer/accept/cancel).
