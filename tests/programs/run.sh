@@ -44,6 +44,7 @@ ALL_CASES=(
   sockperf-pingpong sockperf-throughput
   postgres-psql postgres-pgbench postgres-storm postgres-late postgres-v6
   sockperf-udp-pingpong sockperf-udp-throughput iperf3-udp dnsmasq-dig python-udp-asyncio
+  inetd-tftp
 )
 
 usage() {

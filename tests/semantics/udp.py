@@ -33,7 +33,9 @@ datagrams (so none can arrive before the socket is bound). Cases:
                 ring at the fork reach it (their sender, asleep in a blocking recvfrom, sends
                 them again by the kernel), in order, and no wake datagram is ever seen;
   inetd_exec    the same with the child exec'ing a new program on the socket as its stdin (as
-                inetd starts a 'wait' service); the client waits with a timeout (poll)."""
+                inetd starts a 'wait' service); the client waits with a timeout (poll);
+  inetd_plain   the same, the new program started without the library (its environment has
+                no LD_PRELOAD, as openbsd-inetd starts services)."""
 
 import ctypes
 import errno
@@ -603,7 +605,7 @@ for _ in range(int(sys.argv[1])):
 """
 
 
-def queued_server(lsock, args, exec_child):
+def queued_server(lsock, args, exec_child, plain=False):
     """Waits until the socket is readable, reads nothing, forks; only the child reads."""
     u = bind_udp(lsock, args.bind or args.host)
     conn = control(lsock)
@@ -615,7 +617,9 @@ def queued_server(lsock, args, exec_child):
         try:
             if exec_child:
                 os.dup2(u.fileno(), 0)
-                os.execv(sys.executable, [sys.executable, "-c", INETD_CHILD, str(len(QUEUED))])
+                env = {k: v for k, v in os.environ.items() if not (plain and k == "LD_PRELOAD")}
+                argv = [sys.executable, "-c", INETD_CHILD, str(len(QUEUED))]
+                os.execve(sys.executable, argv, env)
             u.settimeout(20)  # (the parent's watchdog thread is not in the child)
             for _ in QUEUED:
                 d, a = u.recvfrom(70000)
@@ -690,4 +694,5 @@ run({
     "fork": (fork_server, fork_client),
     "fork_queued": (lambda l, a: queued_server(l, a, False), lambda a: queued_client(a, None)),
     "inetd_exec": (lambda l, a: queued_server(l, a, True), lambda a: queued_client(a, 10)),
+    "inetd_plain": (lambda l, a: queued_server(l, a, True, True), lambda a: queued_client(a, 10)),
 })

@@ -520,6 +520,9 @@ pub fn before_exec(keeps_library: bool) -> Result<(), c_int> {
     crate::plain::finish_resends();
     crate::late::taint_all("exec");
     crate::udp::leave_all("exec");
+    if !keeps_library {
+        crate::udp::drop_stale_wakes_before_exec();
+    }
     // The old image's holds on switched connections pass to the new image if it runs the
     // library (it adopts them); else they end, and the connection stays on TCP for good.
     for c in table::conns() {

@@ -21,7 +21,7 @@ use crate::engine::{self, Engine};
 use crate::real;
 use crate::wake::WakeSocket;
 use libc::c_int;
-use memloop::datagram::{canonical, DatagramSocket, ScopedAddr, Sent};
+use memloop::datagram::{canonical, DatagramSocket, ScopedAddr, Sent, WAKE_LEN};
 use memloop::registry::FallbackReason;
 use memloop::ring::RecvInfo;
 use memloop::Error;
@@ -707,6 +707,32 @@ pub fn forget_in_child() {
             if let Some(e) = crate::table::remove(fd) {
                 std::mem::forget(e);
             }
+        }
+    }
+}
+
+/// Before an exec into an image without the library: the wake datagrams at the head of
+/// every inheritable UDP socket's queue are dropped (that image would read them as data; one
+/// with the library swallows them itself). The datagrams they announced were handed back and
+/// come by the kernel.
+pub fn drop_stale_wakes_before_exec() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<c_int>().ok()));
+    for fd in fds {
+        let dgram =
+            real::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_TYPE) == Some(libc::SOCK_DGRAM);
+        if !dgram || real::fd_flags(fd) & libc::FD_CLOEXEC != 0 {
+            continue;
+        }
+        while let Some((WAKE_LEN, head)) = real::peek_datagram(fd) {
+            if !memloop::datagram::looks_like_wake(&head) {
+                break;
+            }
+            real::drop_datagram(fd);
         }
     }
 }

@@ -1920,6 +1920,7 @@ fn udp_datagrams_queued_at_a_fork_reach_the_child_that_reads() {
     let ev = "datagram pair taken && unread datagrams handed back";
     check(sc("udp", "fork_queued").evidence(ev));
     check(sc("udp", "inetd_exec").evidence(ev));
+    check(sc("udp", "inetd_plain").evidence(ev));
     check_domains(sc("udp", "inetd_exec").evidence(ev));
 }
 

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # UDP programs: sockperf (UDP ping-pong: nothing dropped, duplicated or reordered; throughput),
 # iperf3 -u (datagram and byte counts of both ends agree, loss reported), dnsmasq answering
-# dig, and an asyncio datagram server with many client sockets.
+# dig, an asyncio datagram server with many client sockets, and inetd starting in.tftpd.
 
 # wait_udp NAME PORT [SECS]: until a UDP socket is bound to PORT in domain 0.
 wait_udp() {
@@ -91,4 +91,38 @@ case_python_udp_asyncio() {
   run_client c 120 "$PY" "$HERE/py/udp_progs.py" client --host "$ADDR0" --port $port --clients 8 --count 500
   grep -q '^OK 8x500$' "$CASE_DIR/c.out" || fail "udp client: $(cat "$CASE_DIR/c.out")"
   wait_server srv
+}
+
+# inetd's 'wait' UDP service: openbsd-inetd sees a TFTP request on its socket, forks, and the
+# child execs in.tftpd (without the library: inetd clears LD_PRELOAD) on the socket, which it
+# reads as stdin. A request still in the socket's ring at the fork is handed back to the tftp
+# client, which sends it again by the kernel: every transfer is intact and no request is ever
+# sent twice (a retransmission would mean a request was lost).
+case_inetd_tftp() {
+  local port=6969 dir=$CASE_DIR/tftp i f n
+  command -v inetd >/dev/null || fail "openbsd-inetd is not installed"
+  [ -x /usr/sbin/in.tftpd ] || fail "tftpd-hpa is not installed"
+  mkdir -p "$dir"
+  chmod 755 "$CASE_DIR" "$dir"
+  for n in 0 100 511 512 70000 1000000; do
+    random_file "$dir/f$n" $n
+  done
+  chmod 644 "$dir"/f*
+  printf '%s:%d dgram udp wait root /usr/sbin/in.tftpd in.tftpd -s %s -t 1\n' \
+    "$ADDR0" $port "$dir" >"$CASE_DIR/inetd.conf"
+  start_server inetd inetd -d "$CASE_DIR/inetd.conf"
+  wait_udp inetd $port
+  for i in 1 2; do
+    for n in 0 100 511 512 70000 1000000; do
+      f=$CASE_DIR/got-$i-$n
+      printf 'binary\ntrace\nget f%d %s\nquit\n' $n "$f" >"$CASE_DIR/cmds"
+      client_stdin "get$i-$n" 60 "$CASE_DIR/cmds" tftp "$ADDR0" $port
+      cmp -s "$dir/f$n" "$f" || fail "tftp get f$n (round $i): the file differs ($(cat "$CASE_DIR/get$i-$n.out" | tail -n 3))"
+      [ "$(grep -c 'sent RRQ' "$CASE_DIR/get$i-$n.out")" = 1 ] ||
+        fail "tftp get f$n (round $i): the request was sent $(grep -c 'sent RRQ' "$CASE_DIR/get$i-$n.out") times"
+    done
+    sleep 1.5 # (in.tftpd exits after 1 s idle: the next round's requests go to inetd again)
+  done
+  stop_server inetd
+  note "inetd + in.tftpd: 12 transfers intact, each request sent once"
 }
