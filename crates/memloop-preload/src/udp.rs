@@ -218,17 +218,20 @@ impl UdpSock {
 
     /// Sends the datagram `parts` to `dst` by the ring if a member socket is bound there:
     /// `Some(len)` if the ring took it (or dropped it, as a full UDP receiver would), `None`
-    /// if the kernel must send it.
+    /// if the kernel must send it (counted, and the destination kept on the kernel path).
     pub fn send(&self, fd: c_int, parts: &[&[u8]], dst: SocketAddr) -> Option<usize> {
         self.flush_returned(Some(fd));
         if !self.on_ring() {
-            return None;
+            return self.by_kernel(dst);
         }
         let dst = canonical(dst);
         let PeerPath::Ring(scope) = self.path_to(dst) else {
+            self.kernel_sent.fetch_add(1, Relaxed); // (remembered there already)
             return None;
         };
-        let src = self.source_for(dst)?;
+        let Some(src) = self.source_for(dst) else {
+            return self.by_kernel(dst);
+        };
         let len = parts.iter().map(|p| p.len()).sum();
         match self
             .core
@@ -248,16 +251,21 @@ impl UdpSock {
             // after what the receiver handed back.
             Ok(Sent::Dropped(_)) | Err(Error::NoService(_)) => {
                 self.flush_returned(Some(fd));
-                None
+                self.by_kernel(dst)
             }
             Err(e) => {
                 // Too large for this pair's ring, or a ring error: the kernel path from now
                 // on for this destination (after what the ring holds: no reordering).
                 tracing::debug!(%dst, "UDP datagram to the kernel path: {e}");
-                self.remember(dst, PeerPath::Kernel);
-                None
+                self.by_kernel(dst)
             }
         }
+    }
+
+    /// The datagram to `dst` goes by the kernel: counted, and `dst` stays there.
+    fn by_kernel(&self, dst: SocketAddr) -> Option<usize> {
+        self.sent_by_kernel(Some(dst));
+        None
     }
 
     /// Sends by the kernel what receivers handed back to us unread (they left their rings),
@@ -564,6 +572,28 @@ fn member_path(engine: &Engine, dst: SocketAddr) -> Result<u64, FallbackReason> 
     }
 }
 
+/// A few destinations this thread found no member socket at, with the registry's endpoints
+/// epoch of that moment: the answer stands while it has not moved, so a socket sending to a
+/// non-member (a DNS client) pays one load a datagram, not a lookup of three keys. Plain
+/// `Copy` data: no destructor to register for the thread.
+type KernelDest = Option<(SocketAddr, u64)>;
+thread_local! {
+    static KERNEL_DESTS: std::cell::Cell<([KernelDest; 4], usize)> =
+        const { std::cell::Cell::new(([None; 4], 0)) };
+}
+
+fn known_kernel(dst: SocketAddr, epoch: u64) -> bool {
+    KERNEL_DESTS.with(|c| c.get().0.contains(&Some((dst, epoch))))
+}
+
+fn remember_kernel(dst: SocketAddr, epoch: u64) {
+    KERNEL_DESTS.with(|c| {
+        let (mut v, next) = c.get();
+        v[next] = Some((dst, epoch));
+        c.set((v, (next + 1) % v.len()));
+    });
+}
+
 /// Destinations of sockets not published whose kernel path was counted already (a socket
 /// without state of its own sends there on every datagram: counted once per destination).
 static COUNTED: crate::forklock::ForkMutex<Vec<SocketAddr>> =
@@ -586,8 +616,14 @@ fn count_once(engine: &Engine, dst: SocketAddr, reason: FallbackReason) {
 pub fn before_first_send(fd: c_int, dst: SocketAddr) -> Option<Arc<UdpSock>> {
     let engine = engine::get()?;
     let dst = canonical(dst);
+    // (Read before the lookup: an endpoint added meanwhile moves it.)
+    let epoch = engine.registry().endpoints_epoch();
+    if known_kernel(dst, epoch) {
+        return None;
+    }
     if let Err(reason) = member_path(&engine, dst) {
         count_once(&engine, dst, reason);
+        remember_kernel(dst, epoch);
         return None;
     }
     let bound = real::local_addr(fd).is_some_and(|a| a.port() != 0);

@@ -33,8 +33,9 @@ use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 /// "MLREGN01", little endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"MLREGN01");
 /// Layout version; bump on any incompatible change (2: connection records, 3: channel kinds
-/// and 32 counters, 4: 64 counters, 5: the offer index and free-but-reserved segment tags).
-pub const VERSION: u32 = 5;
+/// and 32 counters, 4: 64 counters, 5: the offer index and free-but-reserved segment tags,
+/// 6: endpoint keys hashed a word at a time, the endpoint's hand-back count).
+pub const VERSION: u32 = 6;
 /// Bytes reserved for the header (one page; small under loom to keep the model tractable).
 pub const HEADER_BYTES: u64 = if cfg!(loom) { 512 } else { 4096 };
 /// Number of global counters in the header (two blocks of 32).
@@ -100,8 +101,11 @@ pub(crate) const H_UNINDEXED: u64 = H_MEMBERSHIP + 8;
 /// Zero in regions made before it: a server there publishes none for such clients either,
 /// and a client of an older build that falls back stays on TCP.
 pub(crate) const H_LATE_CLIENTS: u64 = H_UNINDEXED + 8;
-const _: () = assert!(H_LATE_CLIENTS + 8 <= HEADER_BYTES);
-const _: () = assert!(H_LATE_CLIENTS + 8 <= H_COUNTERS2);
+/// Bumped after every endpoint added and every move of the membership: "no member socket is
+/// bound at this address" stands while it has not moved — a sender's negative cache.
+pub(crate) const H_ENDPOINTS_EPOCH: u64 = H_LATE_CLIENTS + 8;
+const _: () = assert!(H_ENDPOINTS_EPOCH + 8 <= HEADER_BYTES);
+const _: () = assert!(H_ENDPOINTS_EPOCH + 8 <= H_COUNTERS2);
 const _: () = assert!(cfg!(loom) || H_COUNTERS2 + 8 * COUNTER_BLOCK as u64 <= HEADER_BYTES);
 /// Kick lanes: a futex word per lane, bumped to wake a member's heartbeat early (zero and
 /// unused in regions made before them: a member there only beats on its period).

@@ -212,11 +212,21 @@ pub(crate) fn decode_key(b: &[u8; KEY_BYTES]) -> Result<EndpointKey, RegistryErr
     }
 }
 
-/// FNV-1a: stable across processes and builds (no random seed), which a shared table needs.
+/// Stable across processes and builds (no random seed), which a shared table needs. A word at
+/// a time with splitmix64's finish: the byte-wise FNV-1a it replaced cost ~100 ns a key (72
+/// dependent multiplies), and a UDP send to a non-member looks up three keys.
 pub(crate) fn hash_key(b: &[u8; KEY_BYTES]) -> u64 {
-    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
-        (h ^ x as u64).wrapping_mul(0x0100_0000_01b3)
-    })
+    const _: () = assert!(KEY_BYTES % 8 == 0);
+    let mut h = 0x9e37_79b9_7f4a_7c15u64;
+    for w in b.chunks_exact(8) {
+        let x = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+        h = (h ^ x).wrapping_mul(0xbf58_476d_1ce4_e5b9).rotate_left(31);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
 }
 
 /// `[1, fam c, fam s, 0, port c (2), port s (2)]`, client address, server address.

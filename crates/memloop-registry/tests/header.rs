@@ -213,21 +213,21 @@ fn region_state_is_kept_in_the_header_and_starts_open() {
 fn a_region_of_the_previous_layout_version_is_refused_naming_both_versions() {
     let view = ShmSlice::new_heap(MIB as usize);
     Registry::init(view.clone(), &params(MIB)).unwrap();
-    assert_eq!(header::VERSION, 5);
+    assert_eq!(header::VERSION, 6);
     view.u64_at(8)
         .unwrap()
-        .store(4, std::sync::atomic::Ordering::SeqCst);
-    let e = Registry::attach(view).err().expect("version 4 refused");
+        .store(5, std::sync::atomic::Ordering::SeqCst);
+    let e = Registry::attach(view).err().expect("version 5 refused");
     assert!(matches!(
         e,
         RegistryError::BadVersion {
-            found: 4,
-            expected: 5
+            found: 5,
+            expected: 6
         }
     ));
     assert_eq!(
         e.to_string(),
-        "region layout version 4, this build understands 5: recreate the region \
+        "region layout version 5, this build understands 6: recreate the region \
          (`memloop region destroy`, then `memloop region create`)"
     );
 }

@@ -63,6 +63,13 @@ pub struct TcpArgs {
     /// Do not pin client and server to different CPUs.
     #[arg(long)]
     no_pin: bool,
+    /// Only the cost of the preload on traffic that cannot use a ring (the remote-cost
+    /// triples), nothing else: with `--triples`, a close look at a small cost.
+    #[arg(long)]
+    remote_only: bool,
+    /// Remote-cost triples per test and round (default 4, or 2 with --quick).
+    #[arg(long, value_name = "N")]
+    triples: Option<usize>,
 }
 
 // Path names, as in the table and the JSON.
@@ -220,6 +227,8 @@ struct Config {
     /// Remote cost: veth, veth+preload, veth runs per test and round, and their length.
     aba: usize,
     aba_dur: Duration,
+    /// Only the remote-cost triples.
+    remote_only: bool,
 }
 
 impl Config {
@@ -261,12 +270,16 @@ impl Config {
             warmup: dur / 5,
             repeat: a.repeat.unwrap_or(if a.quick { 1 } else { 3 }).max(1),
             cpus: if a.no_pin { None } else { sys::two_cpus() },
-            aba: if a.quick { 2 } else { 4 },
+            aba: a.triples.unwrap_or(if a.quick { 2 } else { 4 }).max(1),
             aba_dur: (dur * 2 / 5).max(Duration::from_millis(50)),
+            remote_only: a.remote_only,
         })
     }
 
     fn cases(&self) -> Vec<Case> {
+        if self.remote_only {
+            return Vec::new();
+        }
         let case = |test, size| Case { test, size };
         let mut v: Vec<Case> = self.rr_sizes.iter().map(|&s| case(Test::Rr, s)).collect();
         v.extend(self.stream_sizes.iter().map(|&s| case(Test::Stream, s)));

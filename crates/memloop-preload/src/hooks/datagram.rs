@@ -388,13 +388,7 @@ pub(super) fn send(
         u.sent_by_kernel(Some(to));
         return None;
     }
-    match u.send(fd, parts, to) {
-        Some(n) => Some(n as ssize_t),
-        None => {
-            u.sent_by_kernel(Some(to));
-            None
-        }
-    }
+    u.send(fd, parts, to).map(|n| n as ssize_t)
 }
 
 /// The destination in a `sendmsg` header (none: the connected peer's).

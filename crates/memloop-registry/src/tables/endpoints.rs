@@ -27,7 +27,7 @@ use crate::key::{
 use crate::state_word::StateWord;
 use crate::Registry;
 use memloop_shm::sync::fence;
-use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release};
+use memloop_shm::sync::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use memloop_shm::{ShmU32, ShmU64};
 
 pub(crate) const E_EMPTY: u8 = 0;
@@ -199,6 +199,9 @@ impl Registry {
         if conflict {
             return Err(RegistryError::AddrInUse);
         }
+        if let Some(w) = self.header_hint(crate::header::H_ENDPOINTS_EPOCH) {
+            w.fetch_add(1, SeqCst);
+        }
         tracing::debug!(idx, gen, ?key, "endpoint added");
         Ok(EndpointId { idx, gen })
     }
@@ -347,6 +350,14 @@ impl Registry {
             }
         }
         out
+    }
+
+    /// Bumped after every endpoint added and with [`Registry::membership_epoch`] (read before
+    /// a lookup): a lookup that found nothing — or found the address's owner nowhere — still
+    /// does while it has not moved.
+    pub fn endpoints_epoch(&self) -> u64 {
+        self.header_hint(crate::header::H_ENDPOINTS_EPOCH)
+            .map_or(0, |w| w.load(SeqCst))
     }
 
     /// The doorbell of a LIVE endpoint: (sequence word bumped by every offer, "listener waiting"

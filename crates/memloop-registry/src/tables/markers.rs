@@ -195,9 +195,10 @@ impl Registry {
         }
         let mut offers = self.scan_tuples(client, |w| !is_marker(w) && c_phase(w) == C_OFFERED);
         // A late-ring offer is for a connection that exists already, not a new one.
+        // (A datagram pair's sender is no TCP client.)
         offers.retain(|(id, _)| {
             self.channel_slot(id.idx)
-                .is_ok_and(|s| !Registry::is_late_offer(&s))
+                .is_ok_and(|s| !Registry::is_late_offer(&s) && !Registry::is_datagram_pair(&s))
         });
         offers
     }

@@ -287,8 +287,14 @@ impl Registry {
     }
 
     pub(crate) fn membership_moved(&self) {
-        if let Some(w) = self.header_hint(crate::header::H_MEMBERSHIP) {
-            w.fetch_add(1, SeqCst);
+        // (The endpoints' epoch too: it stands for "who can be found where".)
+        for h in [
+            crate::header::H_MEMBERSHIP,
+            crate::header::H_ENDPOINTS_EPOCH,
+        ] {
+            if let Some(w) = self.header_hint(h) {
+                w.fetch_add(1, SeqCst);
+            }
         }
     }
 

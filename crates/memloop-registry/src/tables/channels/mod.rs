@@ -547,6 +547,14 @@ impl Registry {
             .is_ok_and(|w| w.load(Acquire) == SwitchWord::LATE_OFFER)
     }
 
+    /// Whether the slot holds a datagram pair: a TCP connection's lookups by client address
+    /// never see one, even where the index cannot keep them apart (an index position shared
+    /// with an endpoint key, or a table scanned whole).
+    pub(crate) fn is_datagram_pair(slot: &ChannelSlot<'_>) -> bool {
+        slot.kind_code()
+            .is_ok_and(|c| c == u32::from(ChannelKind::DatagramPair.code()))
+    }
+
     /// RESERVED → OFFERED for a built offer, with the endpoint's backlog and doorbell. A
     /// `late` offer is for a connection that exists already: it stands whether the listener
     /// is still there or not.
@@ -796,6 +804,10 @@ impl Registry {
                 continue;
             };
             if c_phase(w) != C_OFFERED {
+                continue;
+            }
+            let by_client = matches!(key, Some(IndexKey::Client(_)));
+            if by_client && Self::is_datagram_pair(&slot) {
                 continue;
             }
             if let Ok(Some((e, created))) = self.offered_fields(&slot, w) {
