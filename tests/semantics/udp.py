@@ -35,7 +35,14 @@ datagrams (so none can arrive before the socket is bound). Cases:
   inetd_exec    the same with the child exec'ing a new program on the socket as its stdin (as
                 inetd starts a 'wait' service); the client waits with a timeout (poll);
   inetd_plain   the same, the new program started without the library (its environment has
-                no LD_PRELOAD, as openbsd-inetd starts services)."""
+                no LD_PRELOAD, as openbsd-inetd starts services);
+  closed_sender a sender sends one datagram and closes its socket before the receiver looks
+                (a logging client): the receiver gets it (the sender withdrew it from the ring
+                the receiver had not taken and sent it by the kernel), then nothing (the wake
+                datagram is never seen);
+  rcvbuf        SO_RCVBUF: a socket with a large buffer (SO_RCVBUFFORCE 8 MB, set before bind)
+                queues 3,000 datagrams of 1 KiB sent while it reads none, all of them, in
+                order; one with a small buffer (2 KB, set after bind) keeps only a few."""
 
 import ctypes
 import errno
@@ -643,6 +650,70 @@ def queued_client(args, timeout):
     c.close()
 
 
+def closed_sender_server(lsock, args):
+    u = bind_udp(lsock, args.bind or args.host)
+    conn = control(lsock)
+    eq(conn.recv(1), b"S", "the client sent and closed")
+    eq(u.recv(100), b"hello", "the datagram of a sender that closed")
+    u.setblocking(False)
+    for _ in range(3):
+        try:
+            d = u.recv(100)
+            check(False, f"nothing else may be queued, got {d!r}")
+        except BlockingIOError:
+            pass
+        time.sleep(0.15)
+    wait_done(conn)
+
+
+def closed_sender_client(args):
+    c = dial_control(args)
+    u = udp_socket(args.host)
+    u.sendto(b"hello", server_addr(args))
+    u.close()
+    c.sendall(b"S")
+    c.close()
+
+
+def rcvbuf_server(lsock, args):
+    fam, at = sockaddr(args.bind or args.host, 0)
+    big = socket.socket(fam, socket.SOCK_DGRAM)
+    big.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)  # SO_RCVBUFFORCE (we run as root)
+    big.bind(sockaddr(args.bind or args.host, lsock.getsockname()[1])[1])
+    small = socket.socket(fam, socket.SOCK_DGRAM)
+    small.bind(at)
+    small.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    conn = control(lsock)
+    conn.sendall(b"%d\n" % small.getsockname()[1])
+    eq(conn.recv(1), b"S", "the client sent everything")
+    big.setblocking(False)
+    for i in range(3000):
+        d = big.recv(2000)
+        eq(d[:4], struct.pack("<I", i), f"datagram {i} of 3,000 to the big buffer, in order")
+    small.setblocking(False)
+    got = []
+    try:
+        while True:
+            got.append(struct.unpack("<I", small.recv(2000)[:4])[0])
+    except BlockingIOError:
+        pass
+    check(1 <= len(got) <= 16, f"a 2 KB buffer kept {len(got)} of 3,000 datagrams")
+    eq(got, sorted(got), "in order")
+    wait_done(conn)
+
+
+def rcvbuf_client(args):
+    c = dial_control(args)
+    port2 = int(c.recv(20).split()[0])
+    u = udp_socket(args.host)
+    to = server_addr(args)
+    for dst in (to, (to[0], port2) + to[2:]):
+        for i in range(3000):
+            u.sendto(struct.pack("<I", i) + b"x" * 1020, dst)
+    c.sendall(b"S")
+    c.close()
+
+
 def wake_server(lsock, args):
     """Receivers blocked before any peer exists: a short buffer, then a peek."""
     u1 = bind_udp(lsock, args.bind or args.host)
@@ -695,4 +766,6 @@ run({
     "fork_queued": (lambda l, a: queued_server(l, a, False), lambda a: queued_client(a, None)),
     "inetd_exec": (lambda l, a: queued_server(l, a, True), lambda a: queued_client(a, 10)),
     "inetd_plain": (lambda l, a: queued_server(l, a, True, True), lambda a: queued_client(a, 10)),
+    "rcvbuf": (rcvbuf_server, rcvbuf_client),
+    "closed_sender": (closed_sender_server, closed_sender_client),
 })

@@ -364,7 +364,7 @@ pub fn before_close(fd: c_int) {
         Entry::Udp(u) => {
             let last = !table::shared_with_another_fd(fd, &e);
             if last {
-                u.flush_returned(Some(fd));
+                u.before_close(fd);
             }
             let target = Target::Udp(u.clone());
             for s in table::epoll_sets() {

@@ -151,6 +151,7 @@ impl UdpSock {
             e.fallback_reason()
         })?;
         core.set_waker(wake_target);
+        core.set_recv_buffer(rcvbuf(fd));
         tracing::debug!(fd, %local, "UDP socket published");
         let spinner = crate::conn::Spinner::new(udp_spin(&engine));
         Ok(Arc::new(UdpSock {
@@ -192,6 +193,12 @@ impl UdpSock {
         self.engine
             .registry()
             .count_fallback(FallbackReason::Unsupported);
+    }
+
+    /// The program set `SO_RCVBUF` (or `SO_RCVBUFFORCE`) on `fd`: senders' new pairs and
+    /// their drops follow what the kernel made of it.
+    pub fn refresh_rcvbuf(&self, fd: c_int) {
+        self.core.set_recv_buffer(rcvbuf(fd));
     }
 
     /// The program set `SO_RCVTIMEO` on `fd`.
@@ -289,6 +296,18 @@ impl UdpSock {
             }
             self.sent_by_kernel(Some(dst));
         }
+    }
+
+    /// The socket's last fd `fd` closes (or the process exits): what the rings cannot deliver
+    /// any more goes by the kernel now — datagrams in pairs their receivers have not taken yet
+    /// (their offers withdrawn) and what receivers handed back.
+    pub fn before_close(&self, fd: c_int) {
+        for (dst, d) in self.core.withdraw_untaken() {
+            if !real::send_datagram(fd, &d, dst, self.family) {
+                tracing::debug!(%dst, "a withdrawn datagram refused by the kernel: dropped");
+            }
+        }
+        self.flush_returned(Some(fd));
     }
 
     /// An fd of this process naming this socket.
@@ -532,6 +551,12 @@ fn udp_spin(engine: &Engine) -> Duration {
     engine.cfg.spin * 4
 }
 
+/// `fd`'s receive buffer as the kernel reports it (doubled for its bookkeeping, clamped to
+/// `rmem_max`): the bytes our rings to it may queue. 0: unknown.
+fn rcvbuf(fd: c_int) -> u64 {
+    real::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF).map_or(0, |b| b.max(0) as u64)
+}
+
 fn rcvtimeo_us(fd: c_int) -> u64 {
     real::sockopt_timeout(fd, libc::SO_RCVTIMEO).map_or(0, |t| (t.as_micros() as u64).max(1))
 }
@@ -723,6 +748,16 @@ pub fn kernel_only(fd: c_int, why: &str) {
             }
         }
         _ => {}
+    }
+}
+
+/// At `exit`: every socket's undeliverable ring datagrams go by the kernel (see
+/// [`UdpSock::before_close`]); the kernel delivers what a process sent before it exited.
+pub fn at_exit() {
+    for (fd, e) in crate::table::all() {
+        if let crate::table::Entry::Udp(u) = &*e {
+            u.before_close(fd);
+        }
     }
 }
 

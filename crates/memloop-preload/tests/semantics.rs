@@ -84,6 +84,7 @@ fn main() -> std::process::ExitCode {
         test!(udp_sendmmsg_recvmmsg_waitforone),
         test!(udp_socket_shared_by_fork_leaves_its_ring),
         test!(udp_datagrams_queued_at_a_fork_reach_the_child_that_reads),
+        test!(udp_receive_buffer_sizes_the_queue),
         test!(udp_sleepers_in_poll_select_recvfrom_are_woken),
         test!(udp_sendmsg_recvmsg_scatter_gather),
         test!(udp_eight_peers_on_one_socket),
@@ -1928,6 +1929,8 @@ fn udp_datagrams_queued_at_a_fork_reach_the_child_that_reads() {
 /// (its wake datagram, which they never see).
 fn udp_first_datagram_wakes_a_receiver_asleep_in_the_kernel() {
     check(sc("udp", "wake").evidence(PAIR_TAKEN));
+    // (Its pair is withdrawn before the receiver takes it: no pair in the server's log.)
+    check(sc("udp", "closed_sender"));
 }
 
 fn udp_sleepers_in_poll_select_recvfrom_are_woken() {
@@ -1944,6 +1947,12 @@ fn udp_eight_peers_on_one_socket() {
 
 fn udp_members_and_a_kernel_only_peer_at_once() {
     check(sc("udp", "mixed").evidence(PAIR_TAKEN));
+}
+
+/// `SO_RCVBUF` sizes what a socket's rings queue: a large buffer loses nothing of a burst, a
+/// small one keeps a few datagrams, as the kernel does.
+fn udp_receive_buffer_sizes_the_queue() {
+    check(sc("udp", "rcvbuf").evidence(PAIR_TAKEN));
 }
 
 fn udp_flood_never_blocks_and_keeps_order() {

@@ -151,6 +151,11 @@ impl ProdCore {
         }
     }
 
+    /// Bytes published and not yet consumed as of the head last read: at least the truth.
+    pub fn used_cached(&self) -> u64 {
+        self.tail.wrapping_sub(self.head_cache)
+    }
+
     /// Bytes published and not yet consumed (re-reads the head).
     pub fn used(&mut self) -> Result<u64, RingError> {
         self.refresh()?;
@@ -300,9 +305,17 @@ pub(crate) struct ConsCore {
     spinner: Spinner,
     /// What the producer asked for to be woken outside the ring since the last `take_wake`.
     wake: u32,
+    /// Reads without consuming: the head moves here only (see [`ConsCore::detach`]).
+    detached: bool,
 }
 
 impl ConsCore {
+    /// From now on this reader's consumption stays local: the ring's head does not move
+    /// (a look at what the real reader has not read yet).
+    pub fn detach(&mut self) {
+        self.detached = true;
+    }
+
     pub fn attach(view: &ShmSlice, kind: RingKind, granule: u64) -> Result<Self, RingError> {
         let h = Header::attach(view, kind)?;
         // Granules are powers of two (slot sizes are validated so), checked with a mask.
@@ -319,6 +332,7 @@ impl ConsCore {
             granule,
             spinner: Spinner::default(),
             wake: 0,
+            detached: false,
         })
     }
 
@@ -365,6 +379,9 @@ impl ConsCore {
     /// Releases `n` bytes to the producer and wakes it if it sleeps.
     pub fn consume(&mut self, n: u64) {
         self.head = self.head.wrapping_add(n);
+        if self.detached {
+            return;
+        }
         self.h.head.store(self.head, Release);
         self.wake = merge_wakes(self.wake, self.h.prod.notify());
     }

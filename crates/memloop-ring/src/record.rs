@@ -129,6 +129,16 @@ impl RecordProducer {
         self.core.reader_closed()
     }
 
+    /// Ring bytes sent and not yet received (records with their headers and padding).
+    /// Without a fresh look at the head when its last look already says at most `within`
+    /// (a bound check costs no cache line of the reader's then).
+    pub fn queued_bytes(&mut self, within: u64) -> Result<u64, RingError> {
+        match self.core.used_cached() {
+            q if q <= within => Ok(q),
+            _ => self.core.used(),
+        }
+    }
+
     /// The records the reader handed back unread ([`RecordConsumer::hand_back`]), in order,
     /// taken off the ring; none while it reads (or if it just closed: those are discarded).
     /// Read as a consumer reads them, every header validated: a reader that has handed back
@@ -137,14 +147,16 @@ impl RecordProducer {
         if !self.core.handed_back()? {
             return Ok(Vec::new());
         }
+        read_all(RecordConsumer::attach(self.view.clone())?)
+    }
+
+    /// Copies of the records the reader has not received yet, in order, leaving them queued
+    /// (the ring's head does not move): for a writer about to withdraw them (when it can
+    /// make sure the reader never will read them, e.g. it never took the ring).
+    pub fn unread(&self) -> Result<Vec<Vec<u8>>, RingError> {
         let mut c = RecordConsumer::attach(self.view.clone())?;
-        let mut out = Vec::new();
-        while let Some(len) = c.peek_len()? {
-            let mut rec = vec![0u8; len as usize];
-            c.recv(&mut rec)?;
-            out.push(rec);
-        }
-        Ok(out)
+        c.core.detach();
+        read_all(c)
     }
 
     /// Waits until a record of `len` bytes fits or the reader closed.
@@ -163,6 +175,17 @@ impl RecordProducer {
         let need = self.need(len);
         self.core.wait_writable(need, policy, timeout)
     }
+}
+
+/// Every record `c` has from its head on.
+fn read_all(mut c: RecordConsumer) -> Result<Vec<Vec<u8>>, RingError> {
+    let mut out = Vec::new();
+    while let Some(len) = c.peek_len()? {
+        let mut rec = vec![0u8; len as usize];
+        c.recv(&mut rec)?;
+        out.push(rec);
+    }
+    Ok(out)
 }
 
 /// Receiving end of a record ring.

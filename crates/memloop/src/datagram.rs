@@ -36,6 +36,9 @@ use std::time::{Duration, Instant};
 /// Ring bytes per direction of a pair: a 64 KiB datagram fits (a record is at most half a
 /// ring), and a little more than Linux's default UDP receive buffer (208 KiB) queues.
 pub const DATAGRAM_RING_CAPACITY: u64 = 1 << 18;
+/// The largest ring a receiver's `SO_RCVBUF` makes a pair's (a socket asking for more than
+/// the kernel's default buffer gets rings of its size, up to this).
+pub const MAX_DATAGRAM_RING: u64 = 1 << 24;
 
 /// A *wake datagram*'s first bytes: sent once by the kernel path after a new pair's first
 /// datagram, so that a receiver blocked in the kernel (it had no pair to watch) wakes up and
@@ -119,6 +122,8 @@ struct Pair {
     peer_dropped: Option<memloop_shm::ShmU32>,
     /// The peer socket's hand-back count (bumped when we hand its datagrams back).
     peer_returned: Option<memloop_shm::ShmU32>,
+    /// The peer socket's receive buffer (bytes; 0: unknown): what our ring to it may queue.
+    peer_rcvbuf: Option<memloop_shm::ShmU32>,
     watch: PeerWatch,
     /// Datagrams dropped because the ring was full (the receiver's liveness is looked at on
     /// the first and every [`Pair::full_for_good`] period after).
@@ -149,6 +154,24 @@ impl Pair {
         match self.ends.tx.take_back() {
             Ok(recs) => out.extend(recs.into_iter().map(|r| (self.peer, r))),
             Err(e) => tracing::debug!(ch = ?self.ch, "taking datagrams back: {e}"),
+        }
+    }
+
+    /// Whether the datagram `parts` would queue more than the receiver's buffer holds (a
+    /// datagram into an empty queue always goes, as the kernel takes one past its limit).
+    fn over_rcvbuf(&mut self, parts: &[&[u8]]) -> bool {
+        let limit = self
+            .peer_rcvbuf
+            .as_ref()
+            .map_or(0, |w| u64::from(w.load(Relaxed)));
+        if limit == 0 {
+            return false;
+        }
+        let need = 8 + parts.iter().map(|p| p.len() as u64).sum::<u64>();
+        let within = limit.saturating_sub(need);
+        match self.ends.tx.queued_bytes(within) {
+            Ok(q) => q > 0 && q > within,
+            Err(_) => false, // (the send itself reports it)
         }
     }
 
@@ -221,6 +244,8 @@ pub struct DatagramSocket {
     has_returned: AtomicBool,
     /// `returns` when we last looked at our pairs for hand-backs.
     returns_seen: std::sync::atomic::AtomicU32,
+    /// Our receive buffer as senders read it ([`DatagramSocket::set_recv_buffer`]).
+    rcvbuf: Option<memloop_shm::ShmU32>,
     /// Holds the kernel's port for a socket the native API bound (no other socket, ours or
     /// not, can take the address meanwhile).
     _reserved: Option<std::net::UdpSocket>,
@@ -259,6 +284,7 @@ impl DatagramSocket {
         };
         let bell = channel::endpoint_bell(reg, ep)?;
         let returns = reg.endpoint_returned(ep).ok();
+        let rcvbuf = reg.endpoint_rcvbuf(ep).ok();
         Ok(DatagramSocket {
             node: n.clone(),
             ep,
@@ -277,6 +303,7 @@ impl DatagramSocket {
             returns,
             has_returned: AtomicBool::new(false),
             returns_seen: std::sync::atomic::AtomicU32::new(0),
+            rcvbuf,
             _reserved: None,
         })
     }
@@ -286,6 +313,15 @@ impl DatagramSocket {
     /// poll and epoll sleepers arm it.
     pub fn set_waker(&mut self, f: fn(u32)) {
         self.waker = Some(f);
+    }
+
+    /// Our receive buffer in bytes (`SO_RCVBUF` as the kernel reports it): a sender's new
+    /// pair to us gets a ring of at least that much (up to [`MAX_DATAGRAM_RING`]), and a
+    /// datagram that would queue more than it in one pair is dropped, as the kernel drops it.
+    pub fn set_recv_buffer(&self, bytes: u64) {
+        if let Some(w) = &self.rcvbuf {
+            w.store(bytes.min(u64::from(u32::MAX)) as u32, Relaxed);
+        }
     }
 
     /// Our doorbell: what a sleeper outside the ring arms with its wake target.
@@ -319,6 +355,34 @@ impl DatagramSocket {
         self.state().pairs.len()
     }
 
+    /// Before the socket closes: the datagrams in pairs whose receiver has not taken them
+    /// yet, withdrawn (the offer cancelled, so it never will), for the caller to send by the
+    /// kernel. A sender that closes right after sending (a logging client) loses nothing;
+    /// a pair taken already keeps its datagrams for its receiver.
+    pub fn withdraw_untaken(&self) -> Vec<(SocketAddr, Vec<u8>)> {
+        let mut st = self.state();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < st.pairs.len() {
+            let p = &st.pairs[i];
+            // (Copied first, without consuming: the receiver may take the offer until the
+            // cancel below wins, and must then find everything.)
+            let recs = match p.side {
+                Side::Client => p.ends.tx.unread().unwrap_or_default(),
+                Side::Server => Vec::new(),
+            };
+            if recs.is_empty() || self.reg().cancel(p.ch, self.node.id).is_err() {
+                i += 1;
+                continue;
+            }
+            // Cancelled: the receiver never reads it, and the registry freed the channel.
+            let p = remove_pair(&mut st, i);
+            out.extend(recs.into_iter().map(|r| (p.peer, r)));
+        }
+        self.count_pairs(&st);
+        out
+    }
+
     /// Whether the socket holds any pair (one load: no lock).
     pub fn has_pairs(&self) -> bool {
         self.npairs.load(Relaxed) > 0
@@ -335,22 +399,17 @@ impl DatagramSocket {
         std::mem::take(&mut st.opened)
     }
 
-    /// Whether `b`, a datagram the kernel delivered, is a wake datagram for a pair of ours
-    /// (taking the offers made meanwhile first): the caller swallows it.
+    /// Whether `b`, a datagram the kernel delivered, is a wake datagram (taking the offers
+    /// made meanwhile first): the caller swallows it. Any datagram of that shape is one — also
+    /// when its pair is gone already: a sender that sent one datagram and closed (a logging
+    /// client) leaves its wake datagram behind a pair the receiver may have swept.
     pub fn is_wake(&self, b: &[u8]) -> bool {
         if !looks_like_wake(b) {
             return false;
         }
-        let word =
-            |r: std::ops::Range<usize>| u32::from_le_bytes(b[r].try_into().expect("4 bytes"));
-        let ch = ChannelId {
-            idx: word(8..12),
-            gen: word(12..16),
-        };
         let mut st = self.state();
         self.take_offers(&mut st);
-        // A retired socket's pairs are gone; any wake datagram was for one of them.
-        st.retired || st.pairs.iter().any(|p| p.ch == ch)
+        true
     }
 
     /// The datagrams receivers handed back to us unread (they left their rings: a fork, an
@@ -489,6 +548,12 @@ impl DatagramSocket {
             None => self.new_pair(&mut st, src, dst)?,
         };
         let pair = &mut st.pairs[i];
+        if pair.over_rcvbuf(parts) {
+            if let Some(d) = &pair.peer_dropped {
+                d.fetch_add(1, Relaxed);
+            }
+            return Ok(self.drop_one(DropReason::Full));
+        }
         match pair.ends.tx.send_parts(parts) {
             Ok(true) => {
                 pair.ring_peer(self.waker);
@@ -537,12 +602,19 @@ impl DatagramSocket {
             client: canonical(src),
             server: dst.addr,
         };
+        let peer_rcvbuf = reg.endpoint_rcvbuf(ep.id).ok();
+        let asked = peer_rcvbuf
+            .as_ref()
+            .map_or(0, |w| u64::from(w.load(Relaxed)));
+        let capacity = asked
+            .next_power_of_two()
+            .clamp(self.capacity, MAX_DATAGRAM_RING.max(self.capacity));
         let offer = || {
             reg.offer_kind(
                 n.id,
                 ep.id,
                 ChannelKind::DatagramPair,
-                self.capacity,
+                capacity,
                 Some(tuple),
             )
         };
@@ -572,6 +644,7 @@ impl DatagramSocket {
             peer_bell,
             peer_dropped,
             peer_returned,
+            peer_rcvbuf,
             watch: PeerWatch::new(&node, ch, Side::Client),
             full_streak: 0,
         });
@@ -628,7 +701,10 @@ impl DatagramSocket {
         let peer_dropped = peer_ep
             .as_ref()
             .and_then(|e| reg.endpoint_dropped(e.id).ok());
-        let peer_returned = peer_ep.and_then(|e| reg.endpoint_returned(e.id).ok());
+        let peer_returned = peer_ep
+            .as_ref()
+            .and_then(|e| reg.endpoint_returned(e.id).ok());
+        let peer_rcvbuf = peer_ep.and_then(|e| reg.endpoint_rcvbuf(e.id).ok());
         let node = Node {
             inner: self.node.clone(),
         };
@@ -641,6 +717,7 @@ impl DatagramSocket {
             peer_bell,
             peer_dropped,
             peer_returned,
+            peer_rcvbuf,
             watch: PeerWatch::new(&node, ch, Side::Server),
             full_streak: 0,
         })

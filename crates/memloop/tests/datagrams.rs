@@ -57,6 +57,8 @@ fn main() -> std::process::ExitCode {
         test!(datagrams_to_an_address_nobody_bound_are_refused_for_the_kernel_path),
         test!(a_retiring_receiver_hands_what_it_did_not_read_back_to_its_sender),
         test!(a_sender_in_another_process_gets_back_what_a_retiring_receiver_did_not_read),
+        test!(a_closing_sender_withdraws_only_what_no_receiver_took),
+        test!(the_receive_buffer_sizes_new_rings_and_bounds_the_queue),
     ])
 }
 
@@ -419,4 +421,61 @@ fn a_sender_in_another_process_gets_back_what_a_retiring_receiver_did_not_read()
     done.recv_from(&mut buf).expect("all three sent");
     rx.retire();
     assert_eq!(wait_child(&mut kid, Duration::from_secs(30)), Some(0));
+}
+
+fn a_closing_sender_withdraws_only_what_no_receiver_took() {
+    let r = TestRegion::new("withdraw");
+    let node = r.node("one");
+    let tx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let untaken = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let taken = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let (ua, ta) = (untaken.local_addr(), taken.local_addr());
+    tx.send_to(b"a", ua).unwrap();
+    tx.send_to(b"b", ua).unwrap();
+    tx.send_to(b"c", ta).unwrap();
+    let mut buf = [0u8; 8];
+    let (info, _) = taken.try_recv(&mut buf, false).unwrap().unwrap();
+    assert_eq!(&buf[..info.copied], b"c");
+    tx.send_to(b"d", ta).unwrap();
+    assert_eq!(
+        tx.withdraw_untaken(),
+        [(ua, b"a".to_vec()), (ua, b"b".to_vec())]
+    );
+    assert!(
+        untaken.try_recv(&mut buf, false).unwrap().is_none(),
+        "the offer is gone"
+    );
+    drop(tx);
+    let (info, _) = taken.try_recv(&mut buf, false).unwrap().unwrap();
+    assert_eq!(
+        &buf[..info.copied],
+        b"d",
+        "a taken pair keeps its datagrams"
+    );
+}
+
+fn the_receive_buffer_sizes_new_rings_and_bounds_the_queue() {
+    let r = TestRegion::new("rcvbuf");
+    let node = r.node("one");
+    let tx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let small = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let big = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
+    small.set_recv_buffer(4096);
+    big.set_recv_buffer(4 << 20);
+    let d = [7u8; 1000];
+    let sent = |to| {
+        (0..3000)
+            .filter(|_| tx.send_to(&d, to).unwrap() == Sent::Delivered)
+            .count()
+    };
+    assert_eq!(
+        sent(small.local_addr()),
+        4,
+        "1008-byte records within 4096 bytes"
+    );
+    assert_eq!(
+        sent(big.local_addr()),
+        3000,
+        "a 4 MiB ring: nothing dropped"
+    );
 }

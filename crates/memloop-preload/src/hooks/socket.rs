@@ -312,6 +312,12 @@ hook! {
                 track("setsockopt", || u.refresh_timeout(fd));
             }
         }
+        let rcvbuf = opt == libc::SO_RCVBUF || opt == libc::SO_RCVBUFFORCE;
+        if r == 0 && level == libc::SOL_SOCKET && rcvbuf {
+            if let Some(u) = table::udp(fd) {
+                track("setsockopt", || u.refresh_rcvbuf(fd));
+            }
+        }
         Ok(r)
     }
 }

@@ -18,6 +18,7 @@
 //! | 112 | connecting u32: clients between their real `connect` and their offer (a hint) |
 //! | 116 | dropped u32: datagrams senders dropped because this (UDP) socket's ring was full |
 //! | 120 | returned u32: bumped when a receiver hands this (UDP) socket's unread datagrams back |
+//! | 124 | receive buffer u32: the (UDP) socket's `SO_RCVBUF` in bytes, as the kernel reports it (0: unknown) |
 
 use crate::error::RegistryError;
 use crate::key::{
@@ -45,6 +46,7 @@ const O_KEY: u64 = 40;
 const O_CONNECTING: u64 = 112;
 const O_DROPPED: u64 = 116;
 const O_RETURNED: u64 = 120;
+const O_RCVBUF: u64 = 124;
 /// How long the lower-indexed of two racing inserters waits for the other to resolve.
 const RESOLVE_SPINS: usize = 100_000;
 
@@ -69,6 +71,7 @@ impl<'a> EndpointSlot<'a> {
         self.connecting()?.store(0, Relaxed);
         self.dropped()?.store(0, Relaxed);
         self.returned()?.store(0, Relaxed);
+        self.rcvbuf()?.store(0, Relaxed);
         self.0.st(O_BACKLOG, 0)?;
         self.waiting()?.store(0, Relaxed);
         self.0.write(O_KEY, key)
@@ -96,6 +99,9 @@ impl<'a> EndpointSlot<'a> {
     }
     fn returned(&self) -> Result<ShmU32, RegistryError> {
         self.0.u32(O_RETURNED)
+    }
+    fn rcvbuf(&self) -> Result<ShmU32, RegistryError> {
+        self.0.u32(O_RCVBUF)
     }
     fn connecting(&self) -> Result<ShmU32, RegistryError> {
         self.0.u32(O_CONNECTING)
@@ -380,6 +386,13 @@ impl Registry {
     /// them here, `memloop status` shows them per socket.
     pub fn endpoint_dropped(&self, id: EndpointId) -> Result<ShmU32, RegistryError> {
         self.live_endpoint(id)?.dropped()
+    }
+
+    /// A LIVE (UDP) endpoint's receive buffer in bytes (0: unknown): the socket's owner keeps
+    /// it as the kernel reports `SO_RCVBUF`; senders size a new pair's ring by it and drop a
+    /// datagram that would queue more (a hint from the peer: bounded by the caller).
+    pub fn endpoint_rcvbuf(&self, id: EndpointId) -> Result<ShmU32, RegistryError> {
+        self.live_endpoint(id)?.rcvbuf()
     }
 
     /// A LIVE (UDP) endpoint's hand-back count: a receiver that leaves its ring handing a
