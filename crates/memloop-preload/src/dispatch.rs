@@ -412,7 +412,11 @@ pub fn epoll_ctl(
 ) -> Option<Result<(), c_int>> {
     if table::kind(fd) == table::K_UDP && op == libc::EPOLL_CTL_ADD {
         // Its kernel registration could not report the rings once it is published.
-        crate::udp::kernel_only(fd, "in an epoll set before it was bound");
+        crate::udp::kernel_only(
+            fd,
+            "in an epoll set before it was bound",
+            FallbackReason::Unsupported,
+        );
         return None;
     }
     if table::kind(fd) != table::K_OBJ {
@@ -621,7 +625,7 @@ pub fn before_urgent(fd: c_int) {
 pub fn before_passing(fds: &[c_int]) -> Result<(), c_int> {
     let mut passed = Vec::new();
     for &fd in fds {
-        crate::udp::kernel_only(fd, "passed with SCM_RIGHTS");
+        crate::udp::kernel_only(fd, "passed with SCM_RIGHTS", FallbackReason::ForkOrExec);
         crate::late::taint(fd, "passed with SCM_RIGHTS");
         if let Some(c) = table::conn(fd) {
             match c.demote(SwitchReason::FdPassed) {

@@ -183,16 +183,14 @@ impl UdpSock {
 
     /// Leaves the ring for good (counted once): the endpoint goes and every pair is closed,
     /// so peers send by the kernel from their next datagram; queued datagrams stay readable.
-    pub fn leave(&self, why: &str) {
+    pub fn leave(&self, why: &str, reason: FallbackReason) {
         if self.off.swap(true, Relaxed) {
             return;
         }
         tracing::debug!(addr = %self.local_addr(), "UDP socket leaves its ring: {why}");
         self.core.retire();
         self.flush_returned(None);
-        self.engine
-            .registry()
-            .count_fallback(FallbackReason::Unsupported);
+        self.engine.registry().count_fallback(reason);
     }
 
     /// The program set `SO_RCVBUF` (or `SO_RCVBUFFORCE`) on `fd`: senders' new pairs and
@@ -732,19 +730,20 @@ pub fn kernel_only_option(level: c_int, opt: c_int) -> bool {
     }
 }
 
-/// The UDP socket `fd` takes the kernel path for good (`why` logged, counted once).
-pub fn kernel_only(fd: c_int, why: &str) {
+/// The UDP socket `fd` takes the kernel path for good (`why` logged, counted once under
+/// `reason`).
+pub fn kernel_only(fd: c_int, why: &str, reason: FallbackReason) {
     match crate::table::kind(fd) {
         crate::table::K_UDP => {
             tracing::debug!(fd, "UDP socket stays on the kernel path: {why}");
             if let Some(e) = engine::get() {
-                e.registry().count_fallback(FallbackReason::Unsupported);
+                e.registry().count_fallback(reason);
             }
             crate::table::remove(fd);
         }
         crate::table::K_OBJ => {
             if let Some(u) = crate::table::udp(fd) {
-                u.leave(why);
+                u.leave(why, reason);
             }
         }
         _ => {}
@@ -765,7 +764,7 @@ pub fn at_exit() {
 /// leaves its ring: two processes must not read one socket's rings.
 pub fn leave_all(why: &str) {
     for u in crate::table::udps() {
-        u.leave(why);
+        u.leave(why, FallbackReason::ForkOrExec);
     }
 }
 
@@ -813,7 +812,7 @@ pub fn leave_inheritable(why: &str) {
     for (fd, e) in crate::table::all() {
         if let crate::table::Entry::Udp(u) = &*e {
             if real::fd_flags(fd) & libc::FD_CLOEXEC == 0 {
-                u.leave(why);
+                u.leave(why, FallbackReason::ForkOrExec);
             }
         }
     }

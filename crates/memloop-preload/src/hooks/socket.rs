@@ -289,7 +289,7 @@ hook! {
         if crate::udp::kernel_only_option(level, opt) {
             track("setsockopt", || {
                 let why = format!("socket option {level}/{opt}: not one the ring can honour");
-                crate::udp::kernel_only(fd, &why)
+                crate::udp::kernel_only(fd, &why, memloop::registry::FallbackReason::Unsupported)
             });
         }
         let nodelay = level == libc::IPPROTO_TCP && opt == libc::TCP_NODELAY;
