@@ -564,6 +564,13 @@ def mmsg_client(args):
     c.close()
 
 
+def readable_within(u, secs):
+    """Until `u` is readable, at most `secs` (a forked child's bound on its wait: a timeout
+    on the socket would make the file non-blocking for the parent too)."""
+    r, _, _ = select.select([u], [], [], secs)
+    check(r == [u], f"a datagram within {secs} s")
+
+
 def fork_server(lsock, args):
     """inetd's 'nowait' shape: a parent that forks children which use the socket too."""
     u = bind_udp(lsock, args.bind or args.host)
@@ -574,7 +581,7 @@ def fork_server(lsock, args):
     pid = os.fork()
     if pid == 0:
         try:
-            u.settimeout(20)  # (the parent's watchdog thread is not in the child)
+            readable_within(u, 20)  # (the parent's watchdog thread is not in the child)
             d, a = u.recvfrom(100)
             u.sendto(b"r-" + d, a)
         finally:
@@ -627,8 +634,8 @@ def queued_server(lsock, args, exec_child, plain=False):
                 env = {k: v for k, v in os.environ.items() if not (plain and k == "LD_PRELOAD")}
                 argv = [sys.executable, "-c", INETD_CHILD, str(len(QUEUED))]
                 os.execve(sys.executable, argv, env)
-            u.settimeout(20)  # (the parent's watchdog thread is not in the child)
             for _ in QUEUED:
+                readable_within(u, 20)  # (the parent's watchdog thread is not in the child)
                 d, a = u.recvfrom(70000)
                 u.sendto(b"r-" + d, a)
         finally:
