@@ -93,8 +93,9 @@ pub const ALL: [Exp; 11] = [
         slug: "placement",
         title: "Core placement",
         about: "Both ends pinned to one core vs to separate cores: 64-byte request/response \
-                and a stream of 16 KB messages, with the CPU utilisation of each end.",
-        steps: |_| (Kind::MAIN.len() * 2 * 2) as u64,
+                (TCP and UDP) and a stream of 16 KB messages, with the CPU utilisation of each \
+                end.",
+        steps: |_| (Kind::MAIN.len() * 2 * 3) as u64,
         run: exp4,
         figures: fig4,
     },
@@ -815,14 +816,19 @@ fn exp4(l: &mut Lab, bar: &ProgressBar, out: &mut Vec<Rec>) -> CliResult<()> {
                 ..Opts::default()
             };
             let Some(mut p) = start(l, kind, &o)? else {
-                bar.inc(2);
+                bar.inc(3);
                 continue;
             };
             bar.set_message(format!("4. {label} over {}", kind.name()));
             for (test, size, name, unit) in [
                 (Test::Rr, 64, "rr", "transactions/s"),
+                (Test::UdpRr, 64, "udp-rr", "transactions/s"),
                 (Test::Stream, 16 * KB, "stream", "Gbit/s"),
             ] {
+                if test == Test::UdpRr && kind == Kind::Unix {
+                    bar.inc(1); // (no UDP over Unix sockets)
+                    continue;
+                }
                 if let Some(m) = try_measure(l, 4, &mut p, test, size, false)? {
                     let v = match test {
                         Test::Stream => m.gbit(),
@@ -862,6 +868,11 @@ fn fig4(r: &[Rec]) -> Vec<Figure> {
             "rr",
             "transactions/s",
             "4. 64-byte request/response: both ends on one core vs on two",
+        ),
+        panel(
+            "udp-rr",
+            "transactions/s",
+            "4. 64-byte UDP request/response: both ends on one core vs on two",
         ),
         panel(
             "stream",
