@@ -750,9 +750,10 @@ pub fn kernel_only(fd: c_int, why: &str, reason: FallbackReason) {
     }
 }
 
-/// At `exit`: every socket's undeliverable ring datagrams go by the kernel (see
-/// [`UdpSock::before_close`]); the kernel delivers what a process sent before it exited.
-pub fn at_exit() {
+/// At `exit` or `exec`: every socket's ring datagrams that nobody could deliver after it
+/// go by the kernel (see [`UdpSock::before_close`]), as the kernel delivers what a process
+/// sent before it exited.
+pub fn deliver_pending() {
     for (fd, e) in crate::table::all() {
         if let crate::table::Entry::Udp(u) = &*e {
             u.before_close(fd);

@@ -374,7 +374,7 @@ extern "C" fn at_exit() {
     crate::logging_off();
     if forklock::active() {
         track("exit", crate::late::at_exit);
-        track("exit", crate::udp::at_exit);
+        track("exit", crate::udp::deliver_pending);
     }
 }
 
