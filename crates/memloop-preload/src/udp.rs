@@ -151,7 +151,13 @@ impl UdpSock {
             e.fallback_reason()
         })?;
         core.set_waker(wake_target);
-        core.set_recv_buffer(rcvbuf(fd));
+        // (The system's default is no limit of ours: the ring holds a little more, and
+        // checking a limit on every datagram costs a look at the receiver's index.)
+        core.set_recv_buffer(
+            Some(rcvbuf(fd))
+                .filter(|&b| b != default_rcvbuf())
+                .unwrap_or(0),
+        );
         tracing::debug!(fd, %local, "UDP socket published");
         let spinner = crate::conn::Spinner::new(udp_spin(&engine));
         Ok(Arc::new(UdpSock {
@@ -547,6 +553,17 @@ impl UdpSock {
 /// sleeping at every exchange (35 µs round trips instead of 5).
 fn udp_spin(engine: &Engine) -> Duration {
     engine.cfg.spin * 4
+}
+
+/// A new socket's receive buffer (`net.core.rmem_default`), read once.
+fn default_rcvbuf() -> u64 {
+    static DEFAULT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *DEFAULT.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/net/core/rmem_default")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(212_992)
+    })
 }
 
 /// `fd`'s receive buffer as the kernel reports it (doubled for its bookkeeping, clamped to

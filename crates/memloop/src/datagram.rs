@@ -164,8 +164,8 @@ impl Pair {
             .peer_rcvbuf
             .as_ref()
             .map_or(0, |w| u64::from(w.load(Relaxed)));
-        if limit == 0 {
-            return false;
+        if limit == 0 || limit >= self.ends.tx.capacity() {
+            return false; // (no limit, or the ring's own)
         }
         let need = 8 + parts.iter().map(|p| p.len() as u64).sum::<u64>();
         let within = limit.saturating_sub(need);
@@ -315,9 +315,10 @@ impl DatagramSocket {
         self.waker = Some(f);
     }
 
-    /// Our receive buffer in bytes (`SO_RCVBUF` as the kernel reports it): a sender's new
-    /// pair to us gets a ring of at least that much (up to [`MAX_DATAGRAM_RING`]), and a
-    /// datagram that would queue more than it in one pair is dropped, as the kernel drops it.
+    /// Our receive buffer in bytes (`SO_RCVBUF` as the kernel reports it; 0: the default,
+    /// no limit but the ring's): a sender's new pair to us gets a ring of at least that much
+    /// (up to [`MAX_DATAGRAM_RING`]), and a datagram that would queue more than it in one pair
+    /// is dropped, as the kernel drops it.
     pub fn set_recv_buffer(&self, bytes: u64) {
         if let Some(w) = &self.rcvbuf {
             w.store(bytes.min(u64::from(u32::MAX)) as u32, Relaxed);
