@@ -106,9 +106,15 @@ pub fn conn(fd: i32) -> Option<Arc<Conn>> {
     }
 }
 
+/// The published UDP socket behind `fd`. Asked first by every send on an fd of ours, TCP
+/// ring connections' too: the entry is only looked at (no reference taken unless it is one).
 pub fn udp(fd: i32) -> Option<Arc<crate::udp::UdpSock>> {
-    match &*get(fd)? {
-        Entry::Udp(u) => Some(u.clone()),
+    let i = index(fd)?;
+    if KIND[i].load(Relaxed) != K_OBJ {
+        return None;
+    }
+    match (*SLOTS[i].load()).as_deref() {
+        Some(Entry::Udp(u)) => Some(u.clone()),
         _ => None,
     }
 }
