@@ -60,7 +60,22 @@ macro_rules! hook {
     (
         $(#[$meta:meta])*
         fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;
-        real $fwd:ident = $realfn:path $(, pass if $pass:expr)?;
+        real $fwd:ident = $realfn:path, pass if $pass:expr;
+        on_panic $fallback:expr;
+        $body:block
+    ) => {
+        $crate::hooks::hook! {
+            $(#[$meta])*
+            fn $name($($arg: $ty),*) -> $ret;
+            real $fwd = $realfn, pass if $pass => $fwd();
+            on_panic $fallback;
+            $body
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;
+        real $fwd:ident = $realfn:path $(, pass if $pass:expr => $passed:expr)?;
         on_panic $fallback:expr;
         $body:block
     ) => {
@@ -73,28 +88,9 @@ macro_rules! hook {
             };
             $(
                 if $pass {
-                    return $fwd();
+                    return $passed;
                 }
             )?
-        ] $fallback; $body);
-    };
-    (
-        $(#[$meta:meta])*
-        fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;
-        real $fwd:ident = $realfn:path, pass if $pass:expr => $passed:expr;
-        on_panic $fallback:expr;
-        $body:block
-    ) => {
-        $crate::hooks::hook!(@emit [$(#[$meta])*] $name [$($arg: $ty),*] $ret [
-            #[allow(unused_variables)]
-            let $fwd = move || {
-                // SAFETY: the caller's own arguments, unchanged, to the C library function it
-                // meant to call: its contract is the caller's promise.
-                unsafe { $realfn()($($arg),*) }
-            };
-            if $pass {
-                return $passed;
-            }
         ] $fallback; $body);
     };
     (
