@@ -382,7 +382,11 @@ impl DatagramSocket {
     /// kernel. A sender that closes right after sending (a logging client) loses nothing;
     /// a pair taken already keeps its datagrams for its receiver.
     pub fn withdraw_untaken(&self) -> Vec<(SocketAddr, Vec<u8>)> {
-        let mut st = self.state();
+        self.withdraw_from(&mut self.state())
+    }
+
+    /// [`Self::withdraw_untaken`] under the state lock.
+    fn withdraw_from(&self, st: &mut State) -> Vec<(SocketAddr, Vec<u8>)> {
         let mut out = Vec::new();
         let mut i = 0;
         while i < st.pairs.len() {
@@ -398,10 +402,10 @@ impl DatagramSocket {
                 continue;
             }
             // Cancelled: the receiver never reads it, and the registry freed the channel.
-            let p = remove_pair(&mut st, i);
+            let p = remove_pair(st, i);
             out.extend(recs.into_iter().map(|r| (p.peer, r)));
         }
-        self.count_pairs(&st);
+        self.count_pairs(st);
         out
     }
 
@@ -514,7 +518,8 @@ impl DatagramSocket {
     /// Leaves the ring for good, losing nothing: the endpoint goes (new senders find
     /// nobody), and every pair goes, what it holds unread *handed back* to its sender, which
     /// sends it by the kernel — where whoever holds the socket now (a forked child, an exec'd
-    /// image) receives it. What peers handed back to us is in [`Self::take_returned`].
+    /// image) receives it. What peers handed back to us, and what we sent on pairs nobody took
+    /// yet, is in [`Self::take_returned`] for the caller to send by the kernel.
     pub fn retire(&self) {
         let mut st = self.state();
         st.offers_seen = None;
@@ -524,8 +529,10 @@ impl DatagramSocket {
         }
         st.offers_seen = Some(u32::MAX); // (never looked at again: the endpoint is gone)
         st.retired = true;
+        // What we sent on pairs nobody took yet would go with their offers: withdrawn, it
+        // goes by the kernel too.
+        let mut back = self.withdraw_from(&mut st);
         st.send_on.clear();
-        let mut back = Vec::new();
         let pairs = std::mem::take(&mut st.pairs);
         tracing::debug!(
             pairs = pairs.len(),

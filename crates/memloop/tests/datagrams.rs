@@ -387,7 +387,18 @@ fn a_retiring_receiver_hands_what_it_did_not_read_back_to_its_sender() {
         rx.send_to(b"reply", tx.local_addr()).unwrap(),
         Sent::Delivered
     );
+    // A datagram to a socket that has not taken the new pair yet goes with the retirement too:
+    // withdrawn, for the caller to send by the kernel.
+    let other = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
+    assert_eq!(
+        rx.send_to(b"untaken", other.local_addr()).unwrap(),
+        Sent::Delivered
+    );
     rx.retire();
+    assert_eq!(
+        rx.take_returned(),
+        [(other.local_addr(), b"untaken".to_vec())]
+    );
     assert_eq!(
         tx.take_returned(),
         [(addr, b"two".to_vec()), (addr, b"three".to_vec())],
