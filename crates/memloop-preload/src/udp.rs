@@ -446,7 +446,10 @@ impl UdpSock {
     /// Spins (while spinning can pay, in the socket's adaptive window) until `ready`. Only a
     /// socket with ring peers spins: for the kernel's datagrams a sleep costs what it did.
     pub fn spin(&self, ready: impl FnMut() -> bool) -> bool {
-        self.core.has_pairs() && self.spinner.spin(udp_spin(&self.engine), ready)
+        self.core.has_pairs()
+            && self
+                .spinner
+                .spin_with(udp_spin(&self.engine), || self.core.spin_inputs(), ready)
     }
 
     /// [`Self::spin`] until a ring datagram is there, or the kernel socket `fd` is readable

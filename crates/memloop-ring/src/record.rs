@@ -129,6 +129,11 @@ impl RecordProducer {
         self.core.reader_closed()
     }
 
+    /// This end's presence word and the reader's ([`crate::presence`]).
+    pub fn presence_words(&self) -> (&memloop_shm::ShmU32, &memloop_shm::ShmU32) {
+        (&self.core.h.ppres, &self.core.h.cpres)
+    }
+
     /// Ring bytes sent and not yet received (records with their headers and padding).
     /// Without a fresh look at the head when its last look already says at most `within`
     /// (a bound check costs no cache line of the reader's then).
@@ -290,6 +295,11 @@ impl RecordConsumer {
 
     pub fn close(&mut self) {
         self.core.close();
+    }
+
+    /// This end's presence word and the writer's ([`crate::presence`]).
+    pub fn presence_words(&self) -> (&memloop_shm::ShmU32, &memloop_shm::ShmU32) {
+        (&self.core.h.cpres, &self.core.h.ppres)
     }
 
     /// Closes for good, leaving the records not read yet to the producer to deliver another

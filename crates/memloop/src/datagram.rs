@@ -26,6 +26,8 @@ use crate::node::{Node, NodeInner};
 use memloop_registry::{
     ChannelId, ChannelKind, ConnTuple, EndpointId, EndpointKey, Proto, RegistryError, Side,
 };
+use memloop_ring::presence::{self, Presence};
+use memloop_ring::wait::SpinInputs;
 use memloop_ring::{RecvInfo, RingError, Spinner, WaitCell, WaitPolicy, WakeMode};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -407,6 +409,23 @@ impl DatagramSocket {
         }
         self.count_pairs(st);
         out
+    }
+
+    /// What the spin policy needs ([`memloop_ring::wait::spin_plan`]) when this socket talks
+    /// to one peer: that peer's published presence (where it runs, or that it sleeps) — ours
+    /// published on the way, in both our ends of the pair. With several pairs (or none)
+    /// nothing is known, and the wait spins as its history says.
+    pub fn spin_inputs(&self) -> SpinInputs {
+        let st = self.state();
+        let [p] = &st.pairs[..] else {
+            return SpinInputs::UNKNOWN;
+        };
+        let (rx_ours, rx_peer) = p.ends.rx.presence_words();
+        let i = SpinInputs::sample(presence::read_in(rx_peer), None);
+        let ours = Presence::running(i.our_cpu);
+        presence::publish_in(rx_ours, ours);
+        presence::publish_in(p.ends.tx.presence_words().0, ours);
+        i
     }
 
     /// Whether the socket holds any pair (one load: no lock).
