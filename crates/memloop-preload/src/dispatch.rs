@@ -523,8 +523,8 @@ pub fn before_exec(keeps_library: bool) -> Result<(), c_int> {
     }
     crate::plain::finish_resends();
     crate::late::taint_all("exec");
+    // (Leaving withdraws what no receiver took yet and sends it by the kernel.)
     crate::udp::leave_all("exec");
-    crate::udp::deliver_pending();
     if !keeps_library {
         crate::udp::drop_stale_wakes_before_exec();
     }

@@ -770,8 +770,8 @@ pub fn kernel_only(fd: c_int, why: &str, reason: FallbackReason) {
     }
 }
 
-/// At `exit` or `exec`: every socket's ring datagrams that nobody could deliver after it
-/// go by the kernel (see [`UdpSock::before_close`]), as the kernel delivers what a process
+/// At `exit`: every socket's ring datagrams that nobody could deliver after it go by the
+/// kernel (see [`UdpSock::before_close`]), as the kernel delivers what a process
 /// sent before it exited.
 pub fn deliver_pending() {
     for (fd, e) in crate::table::all() {
