@@ -189,8 +189,9 @@ struct Snapshot<'r> {
 }
 
 impl<'r> Snapshot<'r> {
-    fn read(reg: &'r Registry) -> Self {
-        let members = members(reg);
+    fn read(region: &'r Region) -> Self {
+        let reg = region.registry();
+        let members = members(region);
         let by_id = members
             .iter()
             .enumerate()
@@ -247,7 +248,7 @@ impl<'r> Snapshot<'r> {
 
 pub fn run(a: &StatusArgs) -> CliResult<()> {
     let region = region_cmd::open(&a.region.spec())?;
-    let snap = Snapshot::read(region.registry());
+    let snap = Snapshot::read(&region);
     let format = if a.json { Format::Json } else { a.format };
     let mut out = io::BufWriter::new(io::stdout().lock());
     let written = match format {
@@ -269,14 +270,15 @@ pub fn run(a: &StatusArgs) -> CliResult<()> {
     }
 }
 
-/// Same-kernel members are checked through /proc at once; for the others (VMs) we can only
-/// watch their heartbeat move, which takes a little over one heartbeat period.
-fn members(reg: &Registry) -> Vec<Member> {
-    let live = Liveness::default();
+/// Same-kernel members are checked through /proc or their lock at once; for the others (VMs)
+/// we can only watch their heartbeat move, which takes a little over one heartbeat period.
+fn members(region: &Region) -> Vec<Member> {
+    let reg = region.registry();
+    let live = Liveness::for_region(region);
     let first = reg.members();
     let remote: HashSet<MemberId> = first
         .iter()
-        .filter(|m| !live.same_pid_space(&m.identity))
+        .filter(|m| !live.judges_at_once(m))
         .map(|m| m.id)
         .collect();
     let now = if remote.is_empty() {
@@ -294,7 +296,7 @@ fn members(reg: &Registry) -> Vec<Member> {
                 _ => live.is_alive(&info),
             };
             let same_kernel = live.same_kernel(&info.identity);
-            let container = (same_kernel && remote.contains(&info.id))
+            let container = (same_kernel && !live.same_pid_space(&info.identity))
                 .then(|| containers.of_pid_ns(info.identity.pid_ns))
                 .flatten();
             Member {

@@ -332,6 +332,9 @@ pub fn after_accept(lfd: c_int, fd: c_int) {
 /// Before the real close of `fd` (also for the implicit close of dup2's target).
 pub fn before_close(fd: c_int) {
     let Some(mut e) = table::get(fd) else {
+        if table::kind(fd) == table::K_OWN {
+            crate::engine::own_fd_closing(fd);
+        }
         table::remove(fd);
         return;
     };

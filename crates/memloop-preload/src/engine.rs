@@ -239,6 +239,11 @@ fn start() -> Option<Arc<Engine>> {
     };
     let scope = memloop::identity::net_scope();
     tracing::debug!(member = ?node.id(), scope, "memloop transparent layer active");
+    if let Some(fd) = node.liveness_fd() {
+        // The program may close it (`closefrom`): `own_fd_closing` hears of it.
+        crate::table::mark_own(fd);
+        LOCK_FD.store(fd, std::sync::atomic::Ordering::Relaxed);
+    }
     // Connections asked to switch paths while the program is in none of our calls.
     node.on_heartbeat(Box::new(|| {
         crate::hooks::track("switch sweep", crate::conn::sweep_switches);
@@ -276,15 +281,38 @@ pub fn ensure_heartbeat() {
     if CHILD_NEEDS_HEARTBEAT.load(std::sync::atomic::Ordering::Relaxed)
         && CHILD_NEEDS_HEARTBEAT.swap(false, std::sync::atomic::Ordering::AcqRel)
     {
-        let _ = get();
+        if let Some(e) = get() {
+            e.node.hold();
+        }
+    }
+}
+
+/// The fd of our member's liveness lock (-1: none), marked the library's own.
+static LOCK_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// The program closes `fd`, one of the library's own: if it is our liveness lock, the
+/// heartbeat takes over proving us alive before the lock goes.
+pub fn own_fd_closing(fd: libc::c_int) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if fd < 0 || LOCK_FD.compare_exchange(fd, -1, Relaxed, Relaxed).is_err() {
+        return;
+    }
+    if let Slot::Ready(e) = &*ENGINE.lock() {
+        tracing::debug!(fd, "the program closes our liveness lock: beating instead");
+        e.node.liveness_fd_closing();
     }
 }
 
 /// In a fork child: the parent's membership (and its heartbeat thread) belong to the parent;
-/// forget it without leaving the region, and join afresh on next use.
+/// forget it without leaving the region, and join afresh on next use. (Its liveness lock's fd
+/// was closed here by `memloop_shm::member_lock`.)
 pub fn reset_in_child() {
     let mut slot = ENGINE.lock();
     if let Slot::Ready(e) = std::mem::replace(&mut *slot, Slot::Unknown) {
         std::mem::forget(e);
+    }
+    let fd = LOCK_FD.swap(-1, std::sync::atomic::Ordering::Relaxed);
+    if fd >= 0 {
+        crate::table::unmark_own(fd);
     }
 }

@@ -854,19 +854,10 @@ pub fn unix_dgram() -> Result<c_int, c_int> {
 }
 
 /// Moves a library fd out of the way of the program's numbers (which come lowest-first): to
-/// the upper half of the soft fd limit (within what the fd table tracks), close-on-exec. The
-/// fd itself if it cannot move.
+/// `memloop_shm::member_lock::private_fd_floor` or above, close-on-exec. The fd itself if it
+/// cannot move.
 pub fn move_high(fd: c_int, max: usize) -> c_int {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid rlimit to fill.
-    let soft = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } {
-        0 => lim.rlim_cur as usize,
-        _ => 1024,
-    };
-    let floor = (soft / 2).clamp(64, max.saturating_sub(1)) as libc::c_ulong;
+    let floor = memloop_shm::member_lock::private_fd_floor(max) as libc::c_ulong;
     // SAFETY: F_DUPFD_CLOEXEC on an fd this crate owns.
     let moved = unsafe { fcntl()(fd, libc::F_DUPFD_CLOEXEC, floor) };
     if moved < 0 {

@@ -34,8 +34,9 @@ use memloop_shm::{ShmSlice, ShmU32, ShmU64};
 pub const MAGIC: u64 = u64::from_le_bytes(*b"MLREGN01");
 /// Layout version; bump on any incompatible change (2: connection records, 3: channel kinds
 /// and 32 counters, 4: 64 counters, 5: the offer index and free-but-reserved segment tags,
-/// 6: endpoint keys hashed a word at a time, the endpoint's hand-back count).
-pub const VERSION: u32 = 6;
+/// 6: endpoint keys hashed a word at a time, the endpoint's hand-back count, 7: the
+/// heartbeat word's flags `BEAT_LOCKED` / `BEAT_NONE`).
+pub const VERSION: u32 = 7;
 /// Bytes reserved for the header (one page; small under loom to keep the model tractable).
 pub const HEADER_BYTES: u64 = if cfg!(loom) { 512 } else { 4096 };
 /// Number of global counters in the header (two blocks of 32).

@@ -50,7 +50,8 @@ pub use tables::channels::{
 pub use tables::conns::{ConnRecord, ConnRecordId, RecordReason, COUNTER_TCP_BYTES};
 pub use tables::endpoints::EndpointInfo;
 pub use tables::members::{
-    net_scope, MemberIdentity, MemberInfo, MemberState, MAX_ADDRESSES, MAX_MEMBER_NAME,
+    net_scope, MemberIdentity, MemberInfo, MemberState, BEAT_LOCKED, BEAT_NONE, MAX_ADDRESSES,
+    MAX_MEMBER_NAME,
 };
 
 use header::Layout;

@@ -9,6 +9,7 @@
 //! - [`futex`]: wait/wake on a 32-bit word in shared memory (same kernel only: an optimisation);
 //! - [`sched`]: scheduler hints for waiters (our CPU, runnable threads vs CPUs);
 //! - [`forkgate`]: lets a process with no state skip its fork handlers;
+//! - [`member_lock`]: a member's proof of life without a thread (an OFD lock on the region file);
 //! - [`sync`]: the atomics facade that swaps std for loom under `cfg(loom)`.
 //!
 //! Under `cfg(loom)` the mapping is replaced by a heap model ([`ShmSlice::new_model`]) so that
@@ -18,6 +19,8 @@ pub mod forkgate;
 pub mod futex;
 #[cfg(not(loom))]
 mod mapping;
+#[cfg(not(loom))]
+pub mod member_lock;
 pub mod sched;
 pub mod sync;
 mod view;

@@ -72,7 +72,9 @@ pub struct PeerWatch {
 }
 
 impl PeerWatch {
+    /// (Holding a side of a channel needs our heartbeat: [`Node::hold`].)
     pub fn new(node: &Node, ch: ChannelId, side: Side) -> Self {
+        node.hold();
         PeerWatch {
             node: node.clone(),
             ch,

@@ -2,10 +2,14 @@
 //!
 //! Same kernel and pid namespace: the OS proves it — the pid must exist, not be a zombie, and
 //! have the start time the member registered (so a recycled pid is not mistaken for it).
-//! Anything else (a VM, another pid namespace): the member's heartbeat counter must have moved
-//! within [`HEARTBEAT_TIMEOUT`]; we remember when we last saw each counter change.
+//! Same kernel, another pid namespace (a container): the member's lock on its byte of the
+//! region file (`memloop_shm::member_lock`) must be held. Anything else (a VM), or a member
+//! without a lock: its heartbeat counter must have moved within [`HEARTBEAT_TIMEOUT`] (we
+//! remember when we last saw each counter change) — unless it runs no heartbeat, which only its
+//! own kernel can judge: then it counts as alive here.
 
 use crate::identity::{self, proc_start_time};
+use crate::region::Region;
 use memloop_registry::{MemberId, MemberIdentity, MemberInfo};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -23,6 +27,8 @@ pub struct Liveness {
     pid_ns: u64,
     seen: Mutex<HashMap<MemberId, (u64, Instant)>>,
     claims: Mutex<HashMap<(u32, u64), Instant>>,
+    /// The region whose file carries the members' locks (none: locks prove nothing).
+    region: Option<Region>,
 }
 
 impl Default for Liveness {
@@ -32,11 +38,29 @@ impl Default for Liveness {
             pid_ns: identity::namespace_inode("pid"),
             seen: Mutex::default(),
             claims: Mutex::default(),
+            region: None,
         }
     }
 }
 
 impl Liveness {
+    /// A judge of `region`'s members that also asks their locks.
+    pub fn for_region(region: &Region) -> Self {
+        Self {
+            region: Some(region.clone()),
+            ..Self::default()
+        }
+    }
+
+    /// Whether `m`'s lock is held (`None`: no lock to ask, or the question failed).
+    fn lock_held(&self, m: &MemberInfo) -> Option<bool> {
+        if !m.locked() || !self.same_kernel(&m.identity) {
+            return None;
+        }
+        let file = self.region.as_ref()?.lock_file()?;
+        memloop_shm::member_lock::held(file, u64::from(m.id.idx)).ok()
+    }
+
     /// True if `/proc` can vouch for `other` (same kernel, same pid namespace).
     pub fn same_pid_space(&self, other: &MemberIdentity) -> bool {
         other.boot_id == self.boot_id && other.pid_ns == self.pid_ns && self.pid_ns != 0
@@ -52,14 +76,22 @@ impl Liveness {
             match proc_start_time(m.identity.pid) {
                 Some((t, zombie)) => return t == m.identity.start_time && !zombie,
                 // Gone. (A `/proc` we could not read — out of fds, say — proves nothing: the
-                // heartbeat decides then.)
+                // lock or the heartbeat decides then.)
                 None if !std::path::Path::new(&format!("/proc/{}", m.identity.pid)).exists() => {
                     return false
                 }
                 None => {}
             }
         }
-        self.heartbeat_fresh(m.id, m.heartbeat, Instant::now())
+        if let Some(held) = self.lock_held(m) {
+            return held;
+        }
+        m.beatless() || self.heartbeat_fresh(m.id, m.heartbeat, Instant::now())
+    }
+
+    /// Can we judge `m` at once (by `/proc` or its lock), without watching its heartbeat?
+    pub fn judges_at_once(&self, m: &MemberInfo) -> bool {
+        self.same_pid_space(&m.identity) || m.beatless() || self.lock_held(m).is_some()
     }
 
     /// Has the join claim (slot `idx`, state word `word`) stood unchanged for [`CLAIM_TIMEOUT`]?

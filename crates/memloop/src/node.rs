@@ -1,17 +1,25 @@
 //! A process's membership in a region.
 //!
-//! Joining registers our identity; a background thread bumps our heartbeat (only members in
-//! other kernels need it, but it costs one wake-up per period). Dropping the last handle leaves
-//! the region. Any member may reclaim the members it finds dead.
+//! Joining registers our identity and takes our liveness lock (`memloop_shm::member_lock`),
+//! which proves us alive to every process of our kernel. A background thread — the heartbeat:
+//! a proof of life for other kernels, the region's sweep for the dead, and the transparent
+//! layer's looks after its connections — starts only once we hold something it must look
+//! after ([`Node::hold`]): a process that joined and holds nothing stays single-threaded (a
+//! second thread makes every fd system call and every `fork` dearer). Dropping the last handle
+//! leaves the region. Any member may reclaim the members it finds dead.
 
 use crate::error::Error;
 use crate::identity;
 use crate::liveness::{Liveness, HEARTBEAT_PERIOD};
 use crate::region::{CreateRegion, Region, RegionSpec};
-use memloop_registry::{MemberId, MemberIdentity, Registry, RegistryError, ShmU32};
+use memloop_registry::{
+    MemberId, MemberIdentity, Registry, RegistryError, ShmU32, BEAT_LOCKED, BEAT_NONE,
+};
 use memloop_ring::{WaitPolicy, WakeMode};
 use memloop_shm::futex;
+use memloop_shm::member_lock::{self, MemberLock};
 use memloop_shm::sync::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -30,6 +38,29 @@ pub(crate) struct NodeInner {
     /// Run by the heartbeat thread on every beat (the transparent layer's sweep for
     /// connections asked to switch paths while their process is in no call of ours).
     on_beat: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// The heartbeat thread runs (or was asked to start).
+    beating: AtomicBool,
+    /// Our liveness lock (dropped after the leave: see `Drop`).
+    lock: Option<MemberLock>,
+}
+
+/// `MEMLOOP_HEARTBEAT=always`: every member starts its heartbeat thread when it joins (as
+/// before the lazy start; for comparisons).
+fn heartbeat_always() -> bool {
+    std::env::var("MEMLOOP_HEARTBEAT").is_ok_and(|v| v == "always")
+}
+
+/// Our liveness lock on slot `idx`'s byte, if the region's file takes locks.
+fn take_lock(region: &Region, idx: u32) -> Option<MemberLock> {
+    region.lock_file()?;
+    let floor = member_lock::private_fd_floor(1 << 16);
+    match MemberLock::take(region.path(), u64::from(idx), floor) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::debug!(idx, "no liveness lock ({e}): the heartbeat proves us alive");
+            None
+        }
+    }
 }
 
 /// How long a waiter spins before sleeping when its peer runs in another kernel:
@@ -47,8 +78,18 @@ impl Node {
     /// Joins `region` under `name` (empty: the process name).
     pub fn join(region: Region, name: &str) -> Result<Node, Error> {
         let ident = identity::current(name);
-        let liveness = Liveness::default();
-        let id = join_reclaiming(&region, &ident, &liveness)?;
+        let liveness = Liveness::for_region(&region);
+        let lazy = !heartbeat_always();
+        let mut lock = None;
+        let id = join_reclaiming(&region, &ident, &liveness, |idx| {
+            lock = take_lock(&region, idx);
+            match (&lock, lazy) {
+                (Some(_), true) => BEAT_LOCKED | BEAT_NONE,
+                (Some(_), false) => BEAT_LOCKED,
+                (None, _) => 0,
+            }
+        })?;
+        let beating = !lazy || lock.is_none();
         let mut addrs = identity::local_addresses();
         addrs.truncate(memloop_registry::MAX_ADDRESSES);
         if let Err(e) = region.registry().set_addresses(id, &addrs) {
@@ -60,6 +101,8 @@ impl Node {
             liveness,
             vm_spin: vm_spin_from_env(),
             on_beat: std::sync::OnceLock::new(),
+            beating: AtomicBool::new(beating),
+            lock,
         });
         // Here, before the process publishes anything, unless a member swept a moment ago:
         // a listener restarted on the key of a dead one should find that endpoint gone (the
@@ -67,8 +110,10 @@ impl Node {
         if inner.region.registry().take_sweep_turn(SWEEP_PERIOD) {
             inner.reclaim_dead();
         }
-        spawn_heartbeat(Arc::downgrade(&inner));
-        tracing::debug!(?id, "joined region");
+        if beating {
+            spawn_heartbeat(Arc::downgrade(&inner));
+        }
+        tracing::debug!(?id, beating, "joined region");
         Ok(Node { inner })
     }
 
@@ -80,6 +125,31 @@ impl Node {
 
     pub fn id(&self) -> MemberId {
         self.inner.id
+    }
+
+    /// We hold something the heartbeat must look after (a channel, a connection the layer may
+    /// switch): starts it if it is not running. One load once it runs.
+    pub fn hold(&self) {
+        let inner = &self.inner;
+        if inner.beating.load(Ordering::Acquire) || inner.beating.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Err(e) = inner.region.registry().start_beating(inner.id) {
+            tracing::debug!("cannot start beating: {e}");
+        }
+        spawn_heartbeat(Arc::downgrade(inner));
+    }
+
+    /// The fd of our liveness lock (the transparent layer keeps the program off it).
+    pub fn liveness_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.lock.as_ref()?.fd()
+    }
+
+    /// The program is closing our liveness lock's fd: from now on the heartbeat proves us
+    /// alive (started first, so no judge sees us without either proof).
+    pub fn liveness_fd_closing(&self) {
+        self.hold();
+        let _ = self.inner.region.registry().lock_given_up(self.inner.id);
     }
 
     /// Runs `f` on every heartbeat from now on (once per [`HEARTBEAT_PERIOD`], on the
@@ -112,8 +182,9 @@ fn join_reclaiming(
     region: &Region,
     ident: &MemberIdentity,
     live: &Liveness,
+    mut prove: impl FnMut(u32) -> u64,
 ) -> Result<MemberId, Error> {
-    match region.registry().join(ident) {
+    match region.registry().join_with(ident, &mut prove) {
         Err(RegistryError::RegionFull { .. }) => {
             let reg = region.registry();
             for m in reg.members() {
@@ -122,7 +193,7 @@ fn join_reclaiming(
                     let _ = reg.reclaim(m.id, m.id);
                 }
             }
-            Ok(reg.join(ident)?)
+            Ok(reg.join_with(ident, prove)?)
         }
         other => Ok(other?),
     }

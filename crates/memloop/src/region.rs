@@ -292,6 +292,12 @@ impl Region {
     pub fn size(&self) -> u64 {
         self.mapping.len() as u64
     }
+    /// The open region file, where members hold their liveness locks (not on a device: a
+    /// region shared with other kernels is judged by heartbeats there).
+    pub(crate) fn lock_file(&self) -> Option<&std::fs::File> {
+        (self.spec.backend() != Backend::Device).then(|| self.mapping.file())
+    }
+
     /// Whether futexes work on this memory: not on a device mapping (an ivshmem BAR is not
     /// page-backed, so the kernel refuses futexes there even between processes of one guest).
     pub fn futex_usable(&self) -> bool {

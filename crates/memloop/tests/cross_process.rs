@@ -87,6 +87,8 @@ fn main() -> std::process::ExitCode {
         test!(stream_carries_checksummed_bytes_between_processes),
         test!(record_ring_carries_random_sized_records_between_processes),
         test!(sigkill_at_random_points_never_hangs_or_leaks),
+        test!(a_member_holding_nothing_runs_no_thread_and_its_lock_proves_it_alive),
+        test!(a_member_in_another_pid_namespace_is_judged_by_its_lock),
     ])
 }
 
@@ -99,6 +101,7 @@ fn child_entry(role: &str) -> ! {
         "echo-server" => child_echo_server(&svc),
         "echo-client" => child_echo_client(&svc, arg),
         "records" => child_records(&svc, arg),
+        "idle-member" => child_idle_member(&svc),
         other => panic!("unknown role {other}"),
     };
     std::process::exit(code);
@@ -107,6 +110,34 @@ fn child_entry(role: &str) -> ! {
 fn child_node() -> Node {
     let region = Region::open(&RegionSpec::from_env()).expect("open region");
     Node::join(region, "test-child").expect("join")
+}
+
+/// Joins and binds a listener (holding nothing the heartbeat looks after), says its member id,
+/// then follows stdin: `connect` connects to `svc` (a channel: now it must beat), anything
+/// else (or EOF) ends it.
+fn child_idle_member(svc: &str) -> i32 {
+    use std::io::{BufRead, Write};
+    let node = child_node();
+    let _own = Listener::bind(&node, &format!("{svc}-own")).expect("bind");
+    let say = |line: String| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{line}")
+            .and_then(|()| out.flush())
+            .expect("stdout");
+    };
+    say(format!("member {} {}", node.id().idx, node.id().gen));
+    let mut held = None;
+    for line in std::io::stdin().lock().lines() {
+        match line.expect("stdin").as_str() {
+            "connect" => {
+                held = Some(Stream::connect(&node, svc).expect("connect"));
+                say("connected".into());
+            }
+            _ => break,
+        }
+    }
+    drop(held);
+    0
 }
 
 /// Writes `total` pattern bytes in random-sized chunks, then shuts down.
@@ -367,4 +398,142 @@ fn sigkill_at_random_points_never_hangs_or_leaks() {
         connected as u64 >= trials / 4,
         "too few kills hit a live connection: {outcomes:?}"
     );
+}
+
+/// An idle member as a child process, run through `wrap` (e.g. `unshare`), and its member id.
+struct IdleMember {
+    child: Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    id: memloop::registry::MemberId,
+}
+
+impl IdleMember {
+    fn start(wrap: &[&str], region: &str, svc: &str) -> IdleMember {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let exe = std::env::current_exe().unwrap();
+        let mut cmd = match wrap.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
+        let mut child = cmd
+            .env(ROLE, "idle-member")
+            .env("MEMLOOP_REGION", region)
+            .env("CHILD_SVC", svc)
+            .env("CHILD_ARG", "0")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn idle member");
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().expect("member line").unwrap();
+        let f: Vec<u32> = first
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse().unwrap())
+            .collect();
+        let id = memloop::registry::MemberId {
+            idx: f[0],
+            gen: f[1],
+        };
+        IdleMember { child, lines, id }
+    }
+
+    fn tell(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Its threads, by the pid it registered.
+    fn threads(&self, node: &Node) -> usize {
+        let pid = node
+            .region()
+            .registry()
+            .member(self.id)
+            .unwrap()
+            .identity
+            .pid;
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .count()
+    }
+}
+
+fn a_member_holding_nothing_runs_no_thread_and_its_lock_proves_it_alive() {
+    let r = TestRegion::new("idle", 4 << 20);
+    let node = Node::join(r.region.clone(), "judge").unwrap();
+    let listener = Listener::bind(&node, "idle-svc").unwrap();
+    let mut m = IdleMember::start(&[], &r.name, "idle-svc");
+    let reg = node.region().registry();
+    let info = reg.member(m.id).unwrap();
+    assert!(info.locked() && info.beatless(), "{info:?}");
+    assert_eq!(
+        m.threads(&node),
+        1,
+        "a member holding nothing has no heartbeat thread"
+    );
+    // Past the heartbeat timeout: still alive (by /proc here).
+    std::thread::sleep(memloop::liveness::HEARTBEAT_TIMEOUT + Duration::from_millis(300));
+    assert!(node.peer_alive(m.id));
+    // A channel: now it beats.
+    m.tell("connect");
+    let _s = listener
+        .accept_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(m.lines.next().unwrap().unwrap(), "connected");
+    let info = reg.member(m.id).unwrap();
+    assert!(!info.beatless() && info.locked(), "{info:?}");
+    assert_eq!(
+        m.threads(&node),
+        2,
+        "holding a channel starts the heartbeat"
+    );
+    let beat = info.heartbeat;
+    std::thread::sleep(memloop::liveness::HEARTBEAT_PERIOD * 2);
+    assert_ne!(reg.member(m.id).unwrap().heartbeat, beat, "it beats");
+    m.tell("end");
+    assert_eq!(wait_child(&mut m.child, Duration::from_secs(10)), Some(0));
+}
+
+fn a_member_in_another_pid_namespace_is_judged_by_its_lock() {
+    let r = TestRegion::new("pidns", 4 << 20);
+    let node = Node::join(r.region.clone(), "judge").unwrap();
+    let mut m = IdleMember::start(
+        &["unshare", "--pid", "--fork", "--kill-child"],
+        &r.name,
+        "pidns-svc",
+    );
+    let reg = node.region().registry();
+    let info = reg.member(m.id).unwrap();
+    assert_ne!(
+        info.identity.pid_ns,
+        reg.member(node.id()).unwrap().identity.pid_ns,
+        "the member runs in another pid namespace"
+    );
+    assert!(info.locked() && info.beatless(), "{info:?}");
+    // No heartbeat moves, yet it is alive well past the heartbeat timeout: by its lock.
+    std::thread::sleep(memloop::liveness::HEARTBEAT_TIMEOUT + Duration::from_millis(300));
+    assert!(node.peer_alive(m.id));
+    // SIGKILL: its lock goes with it, and it is found dead (and reclaimed) without waiting for
+    // a heartbeat. (A member without a heartbeat and without a lock would look alive forever.)
+    // (Its registered pid is its pid in its own namespace: kill it through `unshare`, whose
+    // `--kill-child` passes the SIGKILL on.)
+    m.child.kill().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while node.peer_alive(m.id) {
+        assert!(
+            Instant::now() < deadline,
+            "a killed member still counts as alive: {:?}",
+            reg.member(m.id)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(reg.member(m.id).is_err(), "the dead member was reclaimed");
+    let _ = m.child.wait();
 }

@@ -159,6 +159,8 @@ impl Late {
     /// `looking`: counted among the clients that may look for a marker (set before the
     /// heartbeat can see it, so its first disarm uncounts it).
     fn new(engine: &Arc<Engine>, role: Role, tuple: ConnTuple, looking: bool) -> Arc<Late> {
+        // Its ticks run on the heartbeat.
+        engine.node.hold();
         let l = Arc::new(Late {
             engine: engine.clone(),
             role,

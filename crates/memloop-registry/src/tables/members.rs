@@ -34,6 +34,14 @@ pub const MAX_MEMBER_NAME: usize = 32;
 pub const MAX_ADDRESSES: usize = 8;
 
 const O_HEARTBEAT: u64 = 8;
+
+/// Heartbeat word flag: the member's kernel can prove it alive by a lock it holds on its byte
+/// of the region file (`memloop_shm::member_lock`), from any pid namespace.
+pub const BEAT_LOCKED: u64 = 1 << 62;
+/// Heartbeat word flag: the member runs no heartbeat thread (it holds nothing a sweep must look
+/// after). Only its own kernel can judge it (by `/proc` or its lock); another kernel takes it
+/// for alive.
+pub const BEAT_NONE: u64 = 1 << 63;
 const O_JOIN: u64 = 16;
 const O_ADDR_SEQ: u64 = 24;
 const O_PID: u64 = 32;
@@ -89,8 +97,20 @@ pub struct MemberInfo {
     pub id: MemberId,
     pub identity: MemberIdentity,
     pub addresses: Vec<IpAddr>,
+    /// The heartbeat word: a counter, and the flags [`BEAT_LOCKED`] and [`BEAT_NONE`].
     pub heartbeat: u64,
     pub state: MemberState,
+}
+
+impl MemberInfo {
+    /// It holds a lock on its byte of the region file for as long as it lives.
+    pub fn locked(&self) -> bool {
+        self.heartbeat & BEAT_LOCKED != 0
+    }
+    /// It runs no heartbeat thread: its counter never moves.
+    pub fn beatless(&self) -> bool {
+        self.heartbeat & BEAT_NONE != 0
+    }
 }
 
 crate::tables::slot_view!(
@@ -101,9 +121,14 @@ crate::tables::slot_view!(
 
 impl<'a> MemberSlot<'a> {
     /// Writes the identity; the slot must be CLAIMING by the caller.
-    fn write_identity(&self, join: u64, ident: &MemberIdentity) -> Result<(), RegistryError> {
+    fn write_identity(
+        &self,
+        join: u64,
+        beat: u64,
+        ident: &MemberIdentity,
+    ) -> Result<(), RegistryError> {
         for (off, v) in [
-            (O_HEARTBEAT, 0),
+            (O_HEARTBEAT, beat),
             (O_JOIN, join),
             (O_ADDR_SEQ, 0),
             (O_PID, ident.pid as u64),
@@ -227,6 +252,17 @@ impl Registry {
 
     /// Takes a free member slot and publishes `ident` in it.
     pub fn join(&self, ident: &MemberIdentity) -> Result<MemberId, RegistryError> {
+        self.join_with(ident, |_| 0)
+    }
+
+    /// [`Registry::join`], with `prove` called on the claimed slot's index before the member
+    /// is published: it returns the heartbeat word's flags ([`BEAT_LOCKED`], [`BEAT_NONE`]),
+    /// e.g. after taking the slot's lock.
+    pub fn join_with(
+        &self,
+        ident: &MemberIdentity,
+        mut prove: impl FnMut(u32) -> u64,
+    ) -> Result<MemberId, RegistryError> {
         check_identity(ident)?;
         for idx in 0..self.layout.params.max_members {
             let slot = self.member_slot(idx)?;
@@ -237,7 +273,8 @@ impl Registry {
             let claim = StateWord::new(w.gen(), 0, M_CLAIMING);
             if slot.cas(w, claim)? {
                 let id = MemberId { idx, gen: w.gen() };
-                slot.write_identity(self.next_seq(H_JOIN_SEQ)?, ident)?;
+                let beat = prove(idx) & (BEAT_LOCKED | BEAT_NONE);
+                slot.write_identity(self.next_seq(H_JOIN_SEQ)?, beat, ident)?;
                 // A CAS, not a store: if we were so slow that our claim was expired as
                 // abandoned (see `expire_claim`), the slot is someone else's now.
                 if slot.cas(claim, StateWord::new(id.gen, 0, M_LIVE))? {
@@ -259,6 +296,25 @@ impl Registry {
     pub fn heartbeat(&self, id: MemberId) -> Result<(), RegistryError> {
         self.live_member(id)?;
         self.member_slot(id.idx)?.heartbeat()?.fetch_add(1, Release);
+        Ok(())
+    }
+
+    /// From now on the member beats: clears [`BEAT_NONE`] and bumps the counter once.
+    pub fn start_beating(&self, id: MemberId) -> Result<(), RegistryError> {
+        self.live_member(id)?;
+        let w = self.member_slot(id.idx)?.heartbeat()?;
+        w.fetch_and(!BEAT_NONE, Release);
+        w.fetch_add(1, Release);
+        Ok(())
+    }
+
+    /// The member no longer holds its lock (the program closed its fd): clears
+    /// [`BEAT_LOCKED`]. The member must beat first.
+    pub fn lock_given_up(&self, id: MemberId) -> Result<(), RegistryError> {
+        self.live_member(id)?;
+        self.member_slot(id.idx)?
+            .heartbeat()?
+            .fetch_and(!BEAT_LOCKED, Release);
         Ok(())
     }
 
