@@ -95,7 +95,8 @@ pub fn run(cmd: RegionCmd) -> CliResult<()> {
 fn reclaim(spec: &RegionSpec) -> CliResult<()> {
     let region = open(spec)?;
     let before = region.registry().members().len();
-    // Those /proc proves dead go now; a heartbeat must stand still for its timeout.
+    // Those /proc or their lock proves dead go now; a heartbeat must stand still for its
+    // timeout.
     let node = memloop::Node::join(region, "reclaim").context("joining the region")?;
     node.reclaim_dead();
     let reg = node.region().registry();

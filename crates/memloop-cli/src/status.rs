@@ -815,7 +815,11 @@ fn write_members(out: &mut dyn Write, s: &Snapshot) -> io::Result<()> {
             m.container.clone().unwrap_or_else(|| "-".into()),
             (if m.same_kernel { "same" } else { "other" }).into(),
             (if m.alive { "yes" } else { "NO" }).into(),
-            i.heartbeat.to_string(),
+            match (i.beatless(), i.locked()) {
+                (true, _) => "none (lock)".into(),
+                (false, true) => format!("{} (+ lock)", i.beats()),
+                (false, false) => i.beats().to_string(),
+            },
             state_name(i.state),
         ]
     }));
@@ -1312,7 +1316,8 @@ fn member_json(m: &Member) -> Value {
     json!({
         "idx": i.id.idx, "gen": i.id.gen, "pid": i.identity.pid, "name": i.identity.name,
         "container": m.container,
-        "same_kernel": m.same_kernel, "alive": m.alive, "heartbeat": i.heartbeat,
+        "same_kernel": m.same_kernel, "alive": m.alive, "heartbeat": i.beats(),
+        "beating": !i.beatless(), "lock": i.locked(),
         "state": state_name(i.state),
         "addresses": i.addresses.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
     })

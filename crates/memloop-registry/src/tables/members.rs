@@ -111,6 +111,10 @@ impl MemberInfo {
     pub fn beatless(&self) -> bool {
         self.heartbeat & BEAT_NONE != 0
     }
+    /// The heartbeat counter, without the flags.
+    pub fn beats(&self) -> u64 {
+        self.heartbeat & !(BEAT_LOCKED | BEAT_NONE)
+    }
 }
 
 crate::tables::slot_view!(
