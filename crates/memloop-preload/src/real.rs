@@ -26,6 +26,13 @@ macro_rules! real_fns {
                 unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($arg),*) -> $ret>(a) }
             }
         )*
+
+        /// Resolves every function now. A fork child that resolves one itself pays `dlsym`'s
+        /// lookup and a fault on each page of the loader it touches, in every child: a server
+        /// that forks per connection resolves them once in the parent instead.
+        pub fn resolve_all() {
+            $( let _ = $name(); )*
+        }
     };
 }
 

@@ -12,7 +12,7 @@ use std::os::unix::fs::MetadataExt;
 /// Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat), and whether it is
 /// a zombie. `None` if there is no such process.
 pub fn proc_start_time(pid: u32) -> Option<(u64, bool)> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = read_proc(&format!("/proc/{pid}/stat"))?;
     // The command name may contain spaces and parentheses: fields resume after the last ')'.
     let rest = &stat[stat.rfind(')')? + 2..];
     let mut fields = rest.split_ascii_whitespace();
@@ -21,10 +21,38 @@ pub fn proc_start_time(pid: u32) -> Option<(u64, bool)> {
     Some((start, state == "Z" || state == "X"))
 }
 
-/// The running kernel's boot id (16 bytes), or zeros if unavailable.
+/// A small file of /proc, read whole: one read into a page-sized buffer (the generic readers
+/// ask for the size first, which /proc does not know, then read 32 bytes at a time and grow —
+/// a dozen system calls where two do, on every join and liveness check).
+fn read_proc(path: &str) -> Option<String> {
+    use std::io::Read;
+    let mut f = fs::File::open(path).ok()?;
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(len * 2, 0);
+        }
+        match f.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    buf.truncate(len);
+    String::from_utf8(buf).ok()
+}
+
+/// The running kernel's boot id (16 bytes), or zeros if unavailable. Read once per process.
 pub fn boot_id() -> [u8; 16] {
+    static ID: std::sync::OnceLock<[u8; 16]> = std::sync::OnceLock::new();
+    *ID.get_or_init(read_boot_id)
+}
+
+fn read_boot_id() -> [u8; 16] {
     let mut out = [0u8; 16];
-    if let Ok(s) = fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+    if let Some(s) = read_proc("/proc/sys/kernel/random/boot_id") {
         let hex: Vec<u8> = s.bytes().filter(u8::is_ascii_hexdigit).collect();
         for (i, pair) in hex.chunks(2).take(16).enumerate() {
             let txt = std::str::from_utf8(pair).unwrap_or("0");
@@ -70,10 +98,10 @@ pub fn current(name: &str) -> MemberIdentity {
 /// netlink needed). Duplicates removed, order stable.
 pub fn local_addresses() -> Vec<IpAddr> {
     let mut out = Vec::new();
-    if let Ok(trie) = fs::read_to_string("/proc/net/fib_trie") {
+    if let Some(trie) = read_proc("/proc/net/fib_trie") {
         out.extend(parse_fib_trie_locals(&trie));
     }
-    if let Ok(v6) = fs::read_to_string("/proc/net/if_inet6") {
+    if let Some(v6) = read_proc("/proc/net/if_inet6") {
         out.extend(v6.lines().filter_map(parse_if_inet6_line));
     }
     let mut seen = std::collections::HashSet::new();
@@ -101,7 +129,7 @@ fn parse_if_inet6_line(line: &str) -> Option<IpAddr> {
 }
 
 fn process_name() -> String {
-    fs::read_to_string("/proc/self/comm")
+    read_proc("/proc/self/comm")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }

@@ -114,7 +114,14 @@ impl Node {
             spawn_heartbeat(Arc::downgrade(&inner));
         }
         tracing::debug!(?id, beating, "joined region");
-        Ok(Node { inner })
+        let node = Node { inner };
+        // Members of other kernels (VMs) die without anyone of theirs left to reclaim them,
+        // and only a sweep of ours finds them dead (by their heartbeat): in a region they
+        // share, we sweep even while we hold nothing.
+        if region_has_other_kernels(node.region().registry(), &identity::boot_id()) {
+            node.hold();
+        }
+        Ok(node)
     }
 
     /// Joins the region named by `MEMLOOP_REGION` (default "default"), creating it if needed.
@@ -197,6 +204,10 @@ fn join_reclaiming(
         }
         other => Ok(other?),
     }
+}
+
+fn region_has_other_kernels(reg: &Registry, boot: &[u8; 16]) -> bool {
+    reg.members().iter().any(|m| m.identity.boot_id != *boot)
 }
 
 /// How often the region is swept for dead members (by one member on everyone's behalf).

@@ -346,6 +346,14 @@ hook! {
 // They run inside `fork`, which leaves errno alone when it succeeds: so must they.
 extern "C" fn at_fork_prepare() {
     real::keeping_errno(|| {
+        // From the second fork on: a process that forks often resolves the C library's
+        // functions once here rather than in every child.
+        static FORKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        if FORKS.load(std::sync::atomic::Ordering::Relaxed) < 2
+            && FORKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 1
+        {
+            real::resolve_all();
+        }
         if forklock::fork_plan() == ForkPlan::Full {
             track("fork prepare", dispatch::fork_prepare);
         }
