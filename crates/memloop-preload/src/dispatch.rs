@@ -319,8 +319,14 @@ pub fn after_accept(lfd: c_int, fd: c_int) {
             tracing::debug!(fd, "accepted on a ring");
             table::insert(fd, Entry::Conn(conn));
         }
-        Accepted::Plain(FallbackReason::NotMember, _) => {
-            engine.registry().count_fallback(FallbackReason::NotMember);
+        // A client that is no member, or runs without the library: never a ring, so nothing
+        // to record or follow (the fd stays the kernel's: every later call passes straight
+        // through), as a client's connect to no listener. Counted only.
+        Accepted::Plain(
+            reason @ (FallbackReason::NotMember | FallbackReason::PeerNotPreloaded),
+            None,
+        ) => {
+            engine.registry().count_fallback(reason);
         }
         Accepted::Plain(reason, marker) => {
             let p = agree::record_plain(&engine, fd, reason, Some(ep), marker);
