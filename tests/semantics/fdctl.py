@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
 """File-descriptor control: O_NONBLOCK toggling (fcntl and FIONBIO, shared by dups), the dup
 family (F_DUPFD, dup, dup2, dup3; close of the original keeps the connection; dup2 over another
-connection closes that one), SO_RCVTIMEO/SO_SNDTIMEO, EINTR vs SA_RESTART, and errno left as it
-was by every call that succeeds."""
+connection closes that one), SO_RCVTIMEO/SO_SNDTIMEO, EINTR vs SA_RESTART, errno left as it
+was by every call that succeeds, and a program closing every fd it did not open (the library's
+liveness lock among them)."""
 
 import ctypes
 import errno
 import fcntl
+import json
 import os
 import select
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -338,12 +342,62 @@ def errno_client(args):
     kept("close", lambda: LIBC.close(s.detach()))
 
 
+# ---- closerange: the library's liveness lock closed by the program -----------------------------
+
+def under_preload():
+    if not os.environ.get("MEMLOOP_BIN") or not os.environ.get("MEMLOOP_REGION"):
+        return False
+    with open("/proc/self/maps") as f:
+        return "libmemloop_preload" in f.read()
+
+
+def my_member():
+    """This process's member in `memloop status --json` (run without the library)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MEMLOOP_LOG")}
+    out = subprocess.run([os.environ["MEMLOOP_BIN"], "status", "--json"], env=env,
+                         capture_output=True, check=True, timeout=20)
+    mine = [m for m in json.loads(out.stdout)["members"] if m["pid"] == os.getpid()]
+    return mine[0] if mine else None
+
+
+def closerange_client(args):
+    # A datagram to a port nobody serves makes us a member holding nothing: no heartbeat
+    # thread, alive by /proc and by our lock.
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.sendto(b"x", ("127.0.0.1", 9))
+    u.close()
+    under = under_preload()
+    if under:
+        m = my_member()
+        check(m is not None and m["lock"] and not m["beating"] and m["alive"],
+              f"a member holding nothing: {m}")
+    # What daemons do after start-up: close everything but stdio.
+    os.closerange(3, 65536)
+    if under:
+        m = my_member()
+        check(m is not None and not m["lock"] and m["beating"] and m["alive"],
+              f"after the program closed the lock, the member must beat: {m}")
+        beat = m["heartbeat"]
+        time.sleep(0.7)
+        m = my_member()
+        check(m is not None and m["heartbeat"] != beat and m["alive"],
+              f"its heartbeat must move: {beat} then {m}")
+        print("closerange: the lock went, the member beats", file=sys.stderr)
+    c = dial(args)
+    cmd(c, "ping")
+    eq(recv_exact(c, 5), b"pong\n", "pong after the closerange")
+    cmd(c, "close")
+    eq(c.recv(10), b"", "EOF")
+    c.close()
+
+
 CASES = {
     "nonblock_toggle": (serve_one(commands), nonblock_client),
     "dup_family": (serve_commands_n(2), dup_client),
     "sockopt_timeouts": (serve_one(commands), timeo_client),
     "eintr": (serve_one(commands), eintr_client),
     "errno_kept": (serve_one(commands), errno_client),
+    "closerange": (serve_one(commands), closerange_client),
 }
 
 if __name__ == "__main__":

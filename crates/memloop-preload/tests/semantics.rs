@@ -123,6 +123,7 @@ fn main() -> std::process::ExitCode {
         test!(so_rcvtimeo_and_so_sndtimeo),
         test!(eintr_without_sa_restart_and_restart_with_it),
         test!(errno_untouched_by_calls_that_succeed),
+        test!(a_program_closing_the_liveness_lock_makes_its_member_beat),
         test!(pthread_cancel_ends_calls_blocked_on_a_ring),
         test!(ppoll_pselect_epoll_pwait_apply_their_sigmask),
         test!(blocked_send_eintr_and_sa_restart),
@@ -987,6 +988,28 @@ fn eintr_without_sa_restart_and_restart_with_it() {
 
 fn errno_untouched_by_calls_that_succeed() {
     check(sc("fdctl", "errno_kept"));
+}
+
+/// A program that closes every fd it did not open (`os.closerange`, as daemons do) closes the
+/// library's liveness lock too: the member must start beating before the lock goes (else a
+/// judge in another pid namespace would find it dead), and its connection still works.
+fn a_program_closing_the_liveness_lock_makes_its_member_beat() {
+    std::env::set_var("MEMLOOP_BIN", memloop_bin());
+    let s = sc("fdctl", "closerange");
+    let kernel = run_pair(&s, Mode::Kernel, None, None);
+    assert_passed(
+        &s,
+        &kernel,
+        "fdctl/closerange on kernel TCP (the reference)",
+    );
+    let region = RegionGuard::new("sem", s.case, 64 << 20);
+    let o = run_pair(&s, Mode::Preload, Some(&region.0), None);
+    assert_passed(&s, &o, "fdctl/closerange under the preload");
+    assert!(
+        o.client_err.contains("the lock went, the member beats"),
+        "{}",
+        o.report("the client did not check its member (not under the preload?)")
+    );
 }
 
 /// `pthread_cancel` of a thread blocked in a socket call on a ring connection or in `accept`

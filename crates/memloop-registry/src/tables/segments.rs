@@ -183,6 +183,12 @@ impl Registry {
             freed += 1;
         }
         self.segments_gone(freed);
+        // The next ring starts its search here: a connection that comes after one that went
+        // gets its memory, still reserved and warm (else next fit would walk the whole heap
+        // on fresh memory, reserving and zeroing pages while these wait to be given back).
+        if let (true, Some(h)) = (freed > 0, self.header_hint(H_SEGMENT_HINT)) {
+            h.store(first, Relaxed);
+        }
         freed
     }
 
