@@ -21,6 +21,7 @@ declare -A need=(
   [psql]=postgresql-client
   [pgbench]=postgresql-contrib
   [jq]=jq
+  [ab]=apache2-utils
   [ip]=iproute2
   [ss]=iproute2
   [setpriv]=util-linux
