@@ -323,8 +323,8 @@ impl NodeInner {
 
     /// Futex wake-ups only work with a peer in our kernel; otherwise poll with back-off.
     pub(crate) fn same_kernel(&self, peer: MemberId) -> bool {
-        match self.region.registry().member(peer) {
-            Ok(info) => self.liveness.same_kernel(&info.identity),
+        match self.region.registry().member_boot_id(peer) {
+            Ok(boot) => boot == identity::boot_id(),
             Err(_) => true,
         }
     }

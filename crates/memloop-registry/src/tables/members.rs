@@ -400,6 +400,19 @@ impl Registry {
         })
     }
 
+    /// One member's boot id alone (which kernel it runs in): what a connection asks on its
+    /// setup path, without reading (and allocating) the whole identity and its addresses.
+    pub fn member_boot_id(&self, id: MemberId) -> Result<[u8; 16], RegistryError> {
+        let w = self.check_member(id)?;
+        if w.low() == M_CLAIMING {
+            return Err(RegistryError::wrong("LIVE", "CLAIMING"));
+        }
+        let boot = self.member_slot(id.idx)?.0.bytes(O_BOOT)?;
+        fence(Acquire);
+        self.check_member(id)?;
+        Ok(boot)
+    }
+
     fn read_addresses(slot: &MemberSlot<'_>) -> Result<Vec<IpAddr>, RegistryError> {
         let seq = slot.addr_seq()?;
         for _ in 0..READ_TRIES {
