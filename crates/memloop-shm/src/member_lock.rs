@@ -75,10 +75,17 @@ impl Drop for MemberLock {
             .compare_exchange(self.word, next, AcqRel, Acquire)
             .is_ok()
         {
-            // SAFETY: the slot held our fd until the exchange above; nobody else closes it.
-            drop(unsafe { File::from_raw_fd((self.word as u32 - 1) as RawFd) });
+            close_raw((self.word as u32 - 1) as RawFd);
         }
     }
+}
+
+/// Closes by system call, not through the C library's `close`: in a process running the
+/// transparent layer that is its own hook, which takes the closing of this fd for the
+/// program's (and in a fork child would depend on the order of the fork handlers).
+fn close_raw(fd: RawFd) {
+    // SAFETY: close takes no pointers; the fd is ours and nothing else uses it.
+    unsafe { libc::syscall(libc::SYS_close, fd) };
 }
 
 /// Is byte `index` of `file` locked by any open file description but `file`'s own? Errors
@@ -163,8 +170,8 @@ extern "C" fn close_in_child() {
                 ((cur >> 32) + 1) << 32,
                 std::sync::atomic::Ordering::Release,
             );
-            // SAFETY: the slot's fd is a copy the child inherited and nothing else uses.
-            unsafe { libc::close((cur as u32 - 1) as RawFd) };
+            // (A copy the child inherited, which nothing else uses.)
+            close_raw((cur as u32 - 1) as RawFd);
         }
     }
 }
