@@ -682,6 +682,38 @@ def closed_sender_client(args):
     c.close()
 
 
+def withdrawn_server(lsock, args):
+    """Read while the sender, closed after saying it sent, re-sends its untaken ring by the
+    kernel: a non-blocking receiver must still find every datagram, in order."""
+    fam, _ = sockaddr(args.bind or args.host, 0)
+    u = socket.socket(fam, socket.SOCK_DGRAM)
+    u.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)  # SO_RCVBUFFORCE (we run as root)
+    u.bind(sockaddr(args.bind or args.host, lsock.getsockname()[1])[1])
+    conn = control(lsock)
+    eq(conn.recv(1), b"S", "the client sent everything")
+    time.sleep(0.002)  # (inside the sender's re-sending: it closes right after "S")
+    u.setblocking(False)
+    for i in range(3000):
+        d = u.recv(2000)
+        eq(d[:4], struct.pack("<I", i), f"datagram {i} of 3,000, in order")
+    try:
+        d = u.recv(2000)
+        check(False, f"nothing else may be queued, got {len(d)} bytes")
+    except BlockingIOError:
+        pass
+    wait_done(conn)
+
+
+def withdrawn_client(args):
+    c = dial_control(args)
+    u = udp_socket(args.host)
+    for i in range(3000):
+        u.sendto(struct.pack("<I", i) + b"x" * 1020, server_addr(args))
+    c.sendall(b"S")
+    u.close()
+    c.close()
+
+
 def rcvbuf_server(lsock, args):
     fam, at = sockaddr(args.bind or args.host, 0)
     big = socket.socket(fam, socket.SOCK_DGRAM)
@@ -775,4 +807,5 @@ run({
     "inetd_plain": (lambda l, a: queued_server(l, a, True, True), lambda a: queued_client(a, 10)),
     "rcvbuf": (rcvbuf_server, rcvbuf_client),
     "closed_sender": (closed_sender_server, closed_sender_client),
+    "withdrawn": (withdrawn_server, withdrawn_client),
 })

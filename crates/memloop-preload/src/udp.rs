@@ -300,6 +300,7 @@ impl UdpSock {
             }
             self.sent_by_kernel(Some(dst));
         }
+        self.core.withdrawal_sent();
     }
 
     /// The socket's last fd `fd` closes (or the process exits): what the rings cannot deliver
@@ -312,6 +313,7 @@ impl UdpSock {
             }
         }
         self.flush_returned(Some(fd));
+        self.core.withdrawal_sent();
     }
 
     /// An fd of this process naming this socket.
@@ -441,6 +443,24 @@ impl UdpSock {
                 return Err(libc::EINTR);
             }
         }
+    }
+
+    /// A receive that found nothing, with a sender withdrawing its offer to us (it closed
+    /// before we took it, and sends its datagrams by the kernel instead): waits a moment on
+    /// `fd` for them and says so (true: look again), up to [`WITHDRAWAL_WAIT`] in all from
+    /// the first call (`since`). The kernel had queued them at the send, so a receiver told
+    /// by other means that they were sent must find them.
+    pub fn await_withdrawal(&self, fd: c_int, since: &mut Option<Instant>) -> bool {
+        if !self.core.withdrawal_pending() {
+            return false;
+        }
+        let start = *since.get_or_insert_with(Instant::now);
+        if start.elapsed() >= WITHDRAWAL_WAIT {
+            tracing::debug!("a withdrawal outlasted its wait: the receive goes on without it");
+            return false;
+        }
+        let _ = real::wait_fd(fd, libc::POLLIN, Some(Duration::from_millis(1)));
+        true
     }
 
     /// Spins (while spinning can pay, in the socket's adaptive window) until `ready`. Only a
@@ -578,6 +598,10 @@ fn rcvbuf(fd: c_int) -> u64 {
 fn rcvtimeo_us(fd: c_int) -> u64 {
     real::sockopt_timeout(fd, libc::SO_RCVTIMEO).map_or(0, |t| (t.as_micros() as u64).max(1))
 }
+
+/// How long a receive waits at most for a sender's withdrawn datagrams (a sender re-sends a
+/// full ring by the kernel in milliseconds; one killed mid-way is reclaimed by a sweep).
+const WITHDRAWAL_WAIT: Duration = Duration::from_millis(250);
 
 fn kernel_readable(fd: c_int) -> bool {
     matches!(real::wait_fd(fd, libc::POLLIN, Some(Duration::ZERO)), Ok(ev) if ev != 0)

@@ -85,6 +85,7 @@ fn main() -> std::process::ExitCode {
         test!(udp_socket_shared_by_fork_leaves_its_ring),
         test!(udp_datagrams_queued_at_a_fork_reach_the_child_that_reads),
         test!(udp_receive_buffer_sizes_the_queue),
+        test!(udp_a_closing_senders_datagrams_are_never_missed),
         test!(udp_sleepers_in_poll_select_recvfrom_are_woken),
         test!(udp_sendmsg_recvmsg_scatter_gather),
         test!(udp_eight_peers_on_one_socket),
@@ -1954,6 +1955,13 @@ fn udp_first_datagram_wakes_a_receiver_asleep_in_the_kernel() {
     check(sc("udp", "wake").evidence(PAIR_TAKEN));
     // (Its pair is withdrawn before the receiver takes it: no pair in the server's log.)
     check(sc("udp", "closed_sender"));
+}
+
+/// A sender that says "sent" and closes before its receiver took its pair re-sends the
+/// pair's datagrams by the kernel; a non-blocking receiver reading meanwhile finds them all.
+fn udp_a_closing_senders_datagrams_are_never_missed() {
+    check(sc("udp", "withdrawn"));
+    check_domains(sc("udp", "withdrawn"));
 }
 
 fn udp_sleepers_in_poll_select_recvfrom_are_woken() {

@@ -238,6 +238,9 @@ struct State {
     /// Datagrams receivers handed back unread, with their destinations: the caller sends
     /// them by the kernel ([`DatagramSocket::take_returned`]) before anything newer.
     returned: Vec<(SocketAddr, Vec<u8>)>,
+    /// Offers withdrawn whose datagrams the caller is sending by the kernel: kept CANCELLED
+    /// (their receivers wait for them) until [`DatagramSocket::withdrawal_sent`].
+    withdrawing: Vec<ChannelId>,
 }
 
 /// A datagram socket over shared memory (see the module text).
@@ -381,8 +384,10 @@ impl DatagramSocket {
 
     /// Before the socket closes: the datagrams in pairs whose receiver has not taken them
     /// yet, withdrawn (the offer cancelled, so it never will), for the caller to send by the
-    /// kernel. A sender that closes right after sending (a logging client) loses nothing;
-    /// a pair taken already keeps its datagrams for its receiver.
+    /// kernel and then call [`Self::withdrawal_sent`]. A sender that closes right after
+    /// sending (a logging client) loses nothing; a pair taken already keeps its datagrams for
+    /// its receiver. Until then a receiver that finds nothing to read waits for them
+    /// ([`Self::withdrawal_pending`]), as the kernel would have queued them at the send.
     pub fn withdraw_untaken(&self) -> Vec<(SocketAddr, Vec<u8>)> {
         self.withdraw_from(&mut self.state())
     }
@@ -399,16 +404,40 @@ impl DatagramSocket {
                 Side::Client => p.ends.tx.unread().unwrap_or_default(),
                 Side::Server => Vec::new(),
             };
-            if recs.is_empty() || self.reg().cancel(p.ch, self.node.id).is_err() {
+            if recs.is_empty() || self.reg().withdraw_offer(p.ch, self.node.id).is_err() {
                 i += 1;
                 continue;
             }
-            // Cancelled: the receiver never reads it, and the registry freed the channel.
+            // Cancelled: the receiver never reads it; the channel goes once the kernel has
+            // the datagrams.
+            st.withdrawing.push(p.ch);
             let p = remove_pair(st, i);
             out.extend(recs.into_iter().map(|r| (p.peer, r)));
         }
         self.count_pairs(st);
         out
+    }
+
+    /// The datagrams [`Self::withdraw_untaken`] (or a retire) gave are with the kernel now:
+    /// their offers go.
+    pub fn withdrawal_sent(&self) {
+        let mut st = self.state();
+        self.free_withdrawn(&mut st);
+    }
+
+    fn free_withdrawn(&self, st: &mut State) {
+        for ch in st.withdrawing.drain(..) {
+            if let Err(e) = self.reg().cancel(ch, self.node.id) {
+                tracing::debug!(?ch, "freeing a withdrawn offer: {e}");
+            }
+        }
+    }
+
+    /// Whether a sender is withdrawing an offer to us: its datagrams are on their way by the
+    /// kernel, and a receive that finds nothing waits for them. One load while no offer to
+    /// us is pending.
+    pub fn withdrawal_pending(&self) -> bool {
+        self.reg().withdrawing_to(self.ep)
     }
 
     /// What the spin policy needs ([`memloop_ring::wait::spin_plan`]) when this socket talks
@@ -970,6 +999,7 @@ impl Drop for DatagramSocket {
     fn drop(&mut self) {
         let reg = self.node.region.registry();
         let mut st = std::mem::take(&mut *lock(&self.state));
+        self.free_withdrawn(&mut st);
         if st.retired {
             return; // (endpoint and pairs gone already)
         }

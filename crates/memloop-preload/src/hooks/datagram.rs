@@ -115,6 +115,7 @@ pub(super) fn recv<H: FnMut() -> [u8; WAKE_LEN]>(
     // call per datagram).
     let mut kernel_due = nowait;
     let mut spun = nowait;
+    let mut withdrawal = None;
     loop {
         if let Some(d) = ring(peek)? {
             return Ok(Ok(d));
@@ -148,6 +149,9 @@ pub(super) fn recv<H: FnMut() -> [u8; WAKE_LEN]>(
                 return Ok(Err(r));
             }
             let e = errno();
+            if e == libc::EAGAIN && nowait && u.await_withdrawal(fd, &mut withdrawal) {
+                continue;
+            }
             if e != libc::EAGAIN || nowait || in_kernel {
                 return Err(e);
             }

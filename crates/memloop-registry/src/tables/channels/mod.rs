@@ -748,7 +748,8 @@ impl Registry {
         // Counted once, by whoever frees the channel (its last side to close, or the
         // reclaimer of a member that died): a process killed without closing is counted too.
         self.add_counter(crate::COUNTER_RING_BYTES, carried);
-        if c_phase(w) == C_OFFERED {
+        // (A CANCELLED channel was an offer until it is freed: see `withdraw_offer`.)
+        if matches!(c_phase(w), C_OFFERED | C_CANCELLED) && !is_marker(w) {
             self.backlog_add(ep, false);
         }
         if is_marker(w) {
@@ -947,8 +948,24 @@ impl Registry {
     }
 
     /// The client gives up waiting: OFFERED → CANCELLED → FREE. `WrongState` if the server has
-    /// already accepted (the client must then use the channel). Also frees a DECLINED channel.
+    /// already accepted (the client must then use the channel). Also frees a DECLINED channel,
+    /// and one [`Self::withdraw_offer`] left CANCELLED.
     pub fn cancel(&self, ch: ChannelId, client: MemberId) -> Result<(), RegistryError> {
+        let w = self.cancel_phase(ch, client)?;
+        self.free_channel(ch, w)?;
+        Ok(())
+    }
+
+    /// OFFERED → CANCELLED, the channel kept (and counted in its endpoint's backlog) until
+    /// [`Self::cancel`] frees it: a datagram sender re-sending by the kernel what it had
+    /// queued shows its receiver that more is on the way ([`Self::withdrawing_to`]).
+    pub fn withdraw_offer(&self, ch: ChannelId, client: MemberId) -> Result<(), RegistryError> {
+        self.cancel_phase(ch, client).map(|_| ())
+    }
+
+    /// Moves an offer of `client` to CANCELLED (a no-op on RESERVED, CANCELLED and DECLINED);
+    /// the word it left.
+    fn cancel_phase(&self, ch: ChannelId, client: MemberId) -> Result<StateWord, RegistryError> {
         for _ in 0..RETRIES {
             let (slot, w) = self.channel_entry(ch)?;
             let w = Self::not_marker(w)?;
@@ -963,20 +980,36 @@ impl Registry {
                 C_RESERVED | C_CANCELLED | C_DECLINED => w,
                 p => return Err(RegistryError::wrong("OFFERED", phase_name(p))),
             };
-            let ep = slot.endpoint()?;
-            if next != w && !slot.cas(w, next)? {
-                continue;
+            if next == w || slot.cas(w, next)? {
+                return Ok(next);
             }
-            if next != w {
-                self.backlog_add(ep, false);
-            }
-            self.free_channel(ch, next)?;
-            return Ok(());
         }
         Err(RegistryError::corrupt(
             "channel state",
             "cancel did not converge",
         ))
+    }
+
+    /// Whether an offer to `ep` is being withdrawn ([`Self::withdraw_offer`]): its datagrams
+    /// are on their way by the kernel. One load while the endpoint has no offers.
+    pub fn withdrawing_to(&self, ep: EndpointId) -> bool {
+        if self.backlog(ep).unwrap_or(0) == 0 {
+            return false;
+        }
+        let epk = pack_id(ep.idx, ep.gen);
+        self.slots_for(IndexKey::Endpoint(epk))
+            .into_iter()
+            .any(|idx| {
+                let Ok(slot) = self.channel_slot(idx) else {
+                    return false;
+                };
+                let w = slot.word();
+                let e = slot.endpoint();
+                // (The endpoint read between two reads of the word: a recycled slot fails it.)
+                matches!(w, Ok(w) if c_phase(w) == C_CANCELLED && !is_marker(w))
+                    && e.ok() == Some(epk)
+                    && slot.word().ok() == w.ok()
+            })
     }
 
     pub fn channel_state(&self, ch: ChannelId) -> Result<ChannelState, RegistryError> {

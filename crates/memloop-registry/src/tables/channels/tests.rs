@@ -216,3 +216,57 @@ mod carried_tests {
         assert_eq!(r.live_ring_bytes(), 0);
     }
 }
+
+mod withdraw_tests {
+    use super::*;
+    use crate::EndpointKey;
+
+    fn offered() -> (Registry, MemberId, EndpointId, ChannelId) {
+        let (r, m) = crate::tables::members::test_registry_with_member("m");
+        let ep = r.add_endpoint(m, &EndpointKey::Native("x".into())).unwrap();
+        let ch = r.offer(m, ep, 4096, None).unwrap();
+        (r, m, ep, ch)
+    }
+
+    #[test]
+    fn a_withdrawn_offer_is_seen_by_its_receiver_until_it_is_freed() {
+        let (r, m, ep, ch) = offered();
+        assert!(!r.withdrawing_to(ep), "an offer is not a withdrawal");
+        r.withdraw_offer(ch, m).unwrap();
+        assert!(r.withdrawing_to(ep));
+        assert_eq!(
+            r.take_offer(ep, m).unwrap(),
+            None,
+            "never taken once withdrawn"
+        );
+        assert_eq!(
+            r.backlog(ep).unwrap(),
+            1,
+            "still counted while it is withdrawn"
+        );
+        r.cancel(ch, m).unwrap();
+        assert!(!r.withdrawing_to(ep));
+        assert_eq!(r.backlog(ep).unwrap(), 0);
+        assert!(r.channel_state(ch).is_err(), "freed");
+    }
+
+    #[test]
+    fn a_withdrawer_that_dies_leaves_nothing_behind() {
+        let (r, m, ep, ch) = offered();
+        r.withdraw_offer(ch, m).unwrap();
+        r.reclaim(m, m).unwrap();
+        assert!(!r.withdrawing_to(ep));
+        assert_eq!(r.backlog(ep).unwrap_or(0), 0);
+        assert_eq!(r.live_ring_bytes(), 0);
+    }
+
+    #[test]
+    fn a_plain_cancel_keeps_the_backlog_exact() {
+        let (r, m, ep, ch) = offered();
+        r.cancel(ch, m).unwrap();
+        assert_eq!(r.backlog(ep).unwrap(), 0);
+        r.cancel(ch, m)
+            .expect_err("freed: a second cancel finds nothing");
+        assert_eq!(r.backlog(ep).unwrap(), 0);
+    }
+}
