@@ -254,7 +254,15 @@ impl Conn {
             self.drain();
         }
         self.log_ring_error("closing our ring end", self.with_cons(|c| c.close()));
-        self.ring_doorbell();
+        // The peer learns of the close from its ring; the doorbell wakes it if it sleeps.
+        // A peer that closed its end already (its reading end closed, or its side) sleeps on
+        // nothing of ours, and its socket, closed, would answer the byte with a reset: the
+        // second close of every short connection.
+        let peer_closed = self.with_prod(|p| p.reader_closed()).unwrap_or(false)
+            || self.engine.registry().peer_gone(self.ch, self.side).unwrap_or(false);
+        if !peer_closed {
+            self.ring_doorbell();
+        }
         if let Some(w) = &self.share.side_words {
             tracing::debug!(
                 ch = ?self.ch,
