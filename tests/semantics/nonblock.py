@@ -8,6 +8,7 @@ import fcntl
 import os
 import select
 import socket
+import time
 
 from semlib import (LIBC, Fail, check, cmd, command_server, dial, eq, libc_errno, now, pattern,
                     poll1, recv_exact, run, serve_commands_n, serve_one, within)
@@ -138,7 +139,44 @@ def accept4_client(args):
     c2.close()
 
 
+GREET_WAITS = ("recv", "poll", "select", "epoll", "epoll_et")
+
+
+def greet_server(lsock, args):
+    """Accepts late (the client already sleeps for the decision), then speaks first."""
+    for _ in GREET_WAITS:
+        time.sleep(0.2)
+        conn, _ = lsock.accept()
+        conn.sendall(b"hello\n")
+        eq(recv_exact(conn, 3), b"bye", "the client's answer")
+        conn.close()
+    lsock.close()
+
+
+def greet_client(args):
+    """A server that speaks first, the client asleep in each kind of wait while the server
+    has not accepted yet: the accept must wake it (a doorbell for a wait in the kernel)."""
+    for how in GREET_WAITS:
+        s = dial(args)
+        t0 = now()
+        if how == "poll":
+            check(poll1(s, select.POLLIN, 5000) & select.POLLIN, "poll: the greeting never came")
+        elif how == "select":
+            check(select.select([s], [], [], 5)[0], "select: the greeting never came")
+        elif how.startswith("epoll"):
+            ep = select.epoll()
+            ep.register(s.fileno(), select.EPOLLIN | (select.EPOLLET if how == "epoll_et" else 0))
+            check(ep.poll(5), f"{how}: the greeting never came")
+            ep.close()
+        eq(recv_exact(s, 6), b"hello\n", f"the greeting ({how})")
+        within(now() - t0, 0, 1.5, f"the greeting came with the accept ({how})")
+        s.sendall(b"bye")
+        eq(s.recv(10), b"", f"EOF ({how})")
+        s.close()
+
+
 CASES = {
+    "greet": (greet_server, greet_client),
     "nb_connect": (serve_commands_n(3), nb_connect_client),
     "nb_read": (serve_one(lambda c, a: command_server(c)), nb_read_client),
     "accept4_flags": (accept4_server, accept4_client),

@@ -302,6 +302,7 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
         return Accepted::Plain(FallbackReason::PeerNotPreloaded, None);
     }
     let mut marker = None;
+    let late = found.is_none();
     let ch = match found {
         Some(ch) => Some(ch),
         None => {
@@ -337,8 +338,7 @@ pub fn server_accept(engine: &Arc<Engine>, ep: EndpointId, fd: c_int) -> Accepte
     match conn {
         Ok(c) => {
             reg.bump_counter(memloop::registry::COUNTER_RING_CONNS);
-            // The client may be waiting for our decision in poll: wake it.
-            c.ring_doorbell();
+            c.wake_after_accept(late);
             Accepted::Ring(c)
         }
         Err(r) => {

@@ -81,7 +81,12 @@ fn settled(c: &Conn) -> Path {
     if !c.switch_quiet() {
         c.settle_switch_nowait();
     }
-    c.resolve(false)
+    match c.resolve(false) {
+        // Sleeping in the kernel on it: the server must ring when it accepts — unless it
+        // decided already, and then no doorbell comes: the decision is taken now.
+        Path::Pending if !c.expect_accept_bell() => c.resolve(true),
+        p => p,
+    }
 }
 
 /// A ring member that has a switch to deal with, or left its ring meanwhile, or one off its

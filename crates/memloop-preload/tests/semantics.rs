@@ -97,6 +97,8 @@ fn main() -> std::process::ExitCode {
         test!(fionread_counts_unread_bytes),
         test!(shutdown_wr_eof_after_data_and_peer_still_sends),
         test!(close_delivers_queued_data_then_eof),
+        test!(a_server_speaking_first_wakes_a_client_waiting_for_the_accept),
+        test!(the_side_closing_second_on_the_ring_sends_the_second_fin),
         test!(abortive_close_linger0_is_a_reset),
         test!(close_with_unread_data_is_a_reset),
         test!(poll_select_epoll_readable_and_writable),
@@ -798,6 +800,14 @@ fn shutdown_wr_eof_after_data_and_peer_still_sends() {
     check(sc("shutdown", "shut_wr"));
 }
 
+/// A server that accepts late and speaks first, the client asleep for the decision in a
+/// blocking recv, poll, select and epoll (level and edge): the accept wakes each, by futex or
+/// by a doorbell for a sleeper in the kernel.
+fn a_server_speaking_first_wakes_a_client_waiting_for_the_accept() {
+    check(sc("nonblock", "greet"));
+    check_domains(sc("nonblock", "greet"));
+}
+
 fn close_delivers_queued_data_then_eof() {
     check(sc("shutdown", "close_delivers"));
 }
@@ -1021,23 +1031,7 @@ fn a_program_closing_the_liveness_lock_makes_its_member_beat() {
 /// exception not rethrown": the cancellation's unwind reached the hook's `catch_unwind`).
 fn pthread_cancel_ends_calls_blocked_on_a_ring() {
     let dir = Scratch::new("semantics", "cancel");
-    let exe = dir.0.join("cancel");
-    let src = workspace().join("tests/semantics/c/cancel.c");
-    let built = Command::new("gcc")
-        .args([
-            "-std=gnu11",
-            "-O2",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-pthread",
-            "-o",
-        ])
-        .arg(&exe)
-        .arg(&src)
-        .status()
-        .expect("gcc (apt-get install gcc)");
-    assert!(built.success(), "gcc failed on {}", src.display());
+    let exe = build_c(&dir, "cancel");
     let run = |region: Option<&str>, modes: &str| {
         let mut cmd = env_prefix(60, region);
         cmd.push(exe.display().to_string());
@@ -1069,6 +1063,46 @@ fn pthread_cancel_ends_calls_blocked_on_a_ring() {
         .map(|(m, (code, said))| format!("{m}: exit {code:?} ({said})"))
         .collect();
     assert!(bad.is_empty(), "under the preload: {}", bad.join("; "));
+}
+
+/// Builds `tests/semantics/c/NAME.c` into `dir` (gcc, warnings as errors).
+fn build_c(dir: &Scratch, name: &str) -> PathBuf {
+    let exe = dir.0.join(name);
+    let src = workspace().join(format!("tests/semantics/c/{name}.c"));
+    let built = Command::new("gcc")
+        .args([
+            "-std=gnu11",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pthread",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("gcc (apt-get install gcc)");
+    assert!(built.success(), "gcc failed on {}", src.display());
+    exe
+}
+
+/// `tests/semantics/c/first_closer.c`: a client closes right after sending, a C server that
+/// spins in `recv` sees the ring's EOF within nanoseconds and closes at once. The client's
+/// FIN must still go first, as on TCP, leaving TIME_WAIT on the client's side and none on the
+/// server's listening port. Without the second closer waiting for the first one's FIN, most
+/// runs left TIME_WAIT on the server's port (up to 49 of 50 connections).
+fn the_side_closing_second_on_the_ring_sends_the_second_fin() {
+    let dir = Scratch::new("semantics", "first_closer");
+    let exe = build_c(&dir, "first_closer");
+    let region = RegionGuard::new("sem", "fclose", 64 << 20);
+    for round in 0..5 {
+        let mut cmd = env_prefix(60, Some(&region.0));
+        cmd.push(exe.display().to_string());
+        let out = Command::new(&cmd[0]).args(&cmd[1..]).output().expect("run");
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert_eq!(out.status.code(), Some(0), "round {round}: {said}");
+    }
 }
 
 fn ppoll_pselect_epoll_pwait_apply_their_sigmask() {

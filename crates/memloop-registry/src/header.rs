@@ -35,8 +35,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"MLREGN01");
 /// Layout version; bump on any incompatible change (2: connection records, 3: channel kinds
 /// and 32 counters, 4: 64 counters, 5: the offer index and free-but-reserved segment tags,
 /// 6: endpoint keys hashed a word at a time, the endpoint's hand-back count, 7: the
-/// heartbeat word's flags `BEAT_LOCKED` / `BEAT_NONE`).
-pub const VERSION: u32 = 7;
+/// heartbeat word's flags `BEAT_LOCKED` / `BEAT_NONE`, 8: a channel's first-close and
+/// decision words — a server no longer rings an accept doorbell nobody asked for).
+pub const VERSION: u32 = 8;
 /// Bytes reserved for the header (one page; small under loom to keep the model tractable).
 pub const HEADER_BYTES: u64 = if cfg!(loom) { 512 } else { 4096 };
 /// Number of global counters in the header (two blocks of 32).

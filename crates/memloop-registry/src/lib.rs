@@ -17,6 +17,7 @@
 //! [`RegistryError::Corrupt`] (or a more specific typed error), never a panic.
 #![forbid(unsafe_code)]
 
+mod decide;
 mod error;
 mod fallback;
 pub mod header;
@@ -30,6 +31,7 @@ mod tables;
 #[cfg(all(test, loom))]
 mod loom_tests;
 
+pub use decide::DecideWord;
 pub use error::RegistryError;
 pub use fallback::{
     counter_name, FallbackReason, COUNTER_CONNS_DROPPED, COUNTER_RING_BYTES, COUNTER_RING_CONNS,

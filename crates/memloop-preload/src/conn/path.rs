@@ -121,8 +121,10 @@ impl Conn {
             let reg = self.engine.registry();
             match reg.channel_state(self.ch) {
                 Ok(ChannelState::Accepted) => {
-                    // The server rings one doorbell when it accepts: ours to read.
-                    self.sleepers.owed.fetch_add(1, Relaxed);
+                    // The server rang a doorbell if a sleeper in the kernel asked: ours to read.
+                    if self.decide_word().map_or(true, |d| d.rang()) {
+                        self.sleepers.owed.fetch_add(1, Relaxed);
+                    }
                     self.decision.path.store(Path::Ring, Release);
                     tracing::debug!(ch = ?self.ch, "server accepted: ring");
                 }
@@ -142,7 +144,7 @@ impl Conn {
                     polls += 1;
                     if polls < 200 {
                         std::thread::yield_now();
-                    } else if self.connection_failed() {
+                    } else if self.sleep_for_decision() {
                         // Reset before any accept (listener closed, backlog dropped): TCP,
                         // where the program meets the kernel's error.
                         self.cancel_to_tcp();
@@ -161,11 +163,56 @@ impl Conn {
         }
     }
 
-    /// Sleeps up to 200 µs on the kernel socket (the server's accept doorbell ends it early);
-    /// true if the connection failed meanwhile.
-    pub(super) fn connection_failed(&self) -> bool {
-        let r = real::wait_fd(self.kfd(), libc::POLLIN, Some(Duration::from_micros(200)));
+    /// Sleeps up to 200 µs for the server's decision (its accept wakes it); true if the
+    /// connection failed meanwhile. In our kernel on the decision word (a futex: the server
+    /// sends no doorbell for it), else on the kernel socket, for the accept's doorbell.
+    fn sleep_for_decision(&self) -> bool {
+        let slice = Duration::from_micros(200);
+        let decide = self.decide_word();
+        if let Some(d) = decide.as_ref().filter(|_| self.peer.same_kernel) {
+            let Some(v) = d.arm_futex() else {
+                return false; // decided: look again
+            };
+            if memloop_shm::futex::try_wait(&d.0, v, slice) {
+                return self.connection_failed(Duration::ZERO);
+            }
+        }
+        if decide.is_some_and(|d| !d.expect_doorbell()) {
+            return false;
+        }
+        self.connection_failed(slice)
+    }
+
+    /// Whether the connection failed before any accept (a reset: the listener closed, the
+    /// backlog dropped it), waiting up to `wait` on the kernel socket (a doorbell ends it).
+    fn connection_failed(&self, wait: Duration) -> bool {
+        let r = real::wait_fd(self.kfd(), libc::POLLIN, Some(wait));
         matches!(r, Ok(ev) if ev & (libc::POLLERR | libc::POLLHUP) != 0)
+    }
+
+    /// Server, having accepted: wakes the client's sleepers for the decision — a doorbell
+    /// byte if one sleeps in the kernel (always for a late ring's client, which sleeps on
+    /// its TCP connection), a futex wake if one sleeps on the decision word.
+    pub fn wake_after_accept(&self, late: bool) {
+        let d = self.decide_word();
+        if late || d.map_or(true, |d| d.rang()) {
+            self.ring_doorbell();
+        }
+        if let Some(d) = d.filter(|d| d.futex_sleepers()) {
+            memloop_shm::futex::wake(&d.0, u32::MAX);
+        }
+    }
+
+    /// The channel's decision word (none for a connection without side words).
+    pub(super) fn decide_word(&self) -> Option<&memloop::registry::DecideWord> {
+        self.share.side_words.as_ref().map(|w| &w.decide)
+    }
+
+    /// Before a wait of the program's in the kernel (poll, select, epoll) on a connection
+    /// still waiting for the decision: asks the server for a doorbell byte when it accepts.
+    /// False if it decided already — no byte comes: resolve now instead of sleeping.
+    pub fn expect_accept_bell(&self) -> bool {
+        self.path() != Path::Pending || self.decide_word().map_or(true, |d| d.expect_doorbell())
     }
 
     /// Withdraws our offer — the CAS decides against the server's accept — and, if it went,

@@ -241,6 +241,12 @@ impl Conn {
             self.decision.path.store(Path::Ring, Release);
         }
         let fd = self.kfd();
+        // Claimed before our ring end shuts: a peer that sees our EOF finds us first.
+        let peer_first = self
+            .share
+            .side_words
+            .as_ref()
+            .is_some_and(|w| w.close_first(self.side));
         // As the kernel: closing with data unread, or with SO_LINGER {1, 0}, resets the
         // connection. The real close then sends the RST; the peer reads what we sent, then
         // gets ECONNRESET (so the ring is not marked shut, which would read as a clean EOF).
@@ -254,15 +260,14 @@ impl Conn {
             self.drain();
         }
         self.log_ring_error("closing our ring end", self.with_cons(|c| c.close()));
-        // The peer learns of the close from its ring; the doorbell wakes it if it sleeps.
-        // A peer that closed its end already (its reading end closed, or its side) sleeps on
-        // nothing of ours, and its socket, closed, would answer the byte with a reset: the
-        // second close of every short connection.
-        let peer_closed = self.with_prod(|p| p.reader_closed()).unwrap_or(false)
-            || self.engine.registry().peer_gone(self.ch, self.side).unwrap_or(false);
-        if !peer_closed {
-            self.ring_doorbell();
+        if peer_first && !abort {
+            await_peer_fin(fd);
         }
+        // No doorbell: the shutdown (or reset) above woke the peer's sleepers as a
+        // publication does — a futex sleeper directly, one behind a wake target or a doorbell
+        // flag through `wake_peer` — and the real close's FIN reaches any sleeper in the
+        // kernel. One more byte per close went to a peer that needed none: read, or, if its
+        // socket was closed already, answered with a reset.
         if let Some(w) = &self.share.side_words {
             tracing::debug!(
                 ch = ?self.ch,
@@ -301,6 +306,29 @@ pub(super) struct SideLock<'a> {
 impl Drop for SideLock<'_> {
     fn drop(&mut self) {
         self.w.lock.store(0, Release);
+    }
+}
+
+/// How long a side that closes second waits for the first closer's FIN.
+const PEER_FIN_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// The peer began closing first; its real close (and FIN) follows within microseconds. Our real close waits for that FIN, as on TCP, where the second closer
+/// cannot close before the FIN told it of the first: otherwise our FIN would go first and
+/// TIME_WAIT land on our side — on a server, on its listening port, so that a restarted
+/// server without `SO_REUSEADDR` could not bind it for a minute.
+fn await_peer_fin(fd: c_int) {
+    let until = std::time::Instant::now() + PEER_FIN_WAIT;
+    let hup = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        match real::wait_fd(fd, hup, Some(left)) {
+            Ok(ev) if ev & hup != 0 => return,
+            Err(libc::EINTR) if !left.is_zero() => {}
+            _ => {
+                tracing::debug!(fd, "the peer's FIN did not come in time: closing anyway");
+                return;
+            }
+        }
     }
 }
 

@@ -101,7 +101,12 @@ enum Reg {
 impl Reg {
     fn of(t: &Target) -> Reg {
         match t {
+            // A pending connection waits for the accept's doorbell in the kernel (asked for
+            // here; decided already, no doorbell comes: the decision is taken now).
             Target::Conn(c) => match c.path() {
+                Path::Pending if !c.expect_accept_bell() => {
+                    Reg::following(c.resolve(true)).unwrap_or(Reg::Pending)
+                }
                 Path::Pending => Reg::Pending,
                 Path::Ring => Reg::Ring,
                 _ => Reg::OffRing,

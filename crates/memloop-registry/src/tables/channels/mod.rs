@@ -103,7 +103,12 @@ const SWITCH_BYTES: u64 = 16 + memloop_ring::leave::LEAVE_CELL_BYTES;
 const O_HANDOFF_CLIENT: u64 = 256;
 const O_HANDOFF_SERVER: u64 = 280;
 const HANDOFF_BYTES: u64 = 24;
-const _: () = assert!(O_HANDOFF_SERVER + HANDOFF_BYTES <= crate::header::CHANNEL_BYTES);
+/// Which side began closing first (0: neither yet, else [`first_close_code`]): the other side
+/// holds its real close until the first one's FIN, so TIME_WAIT lands where TCP puts it.
+const O_FIRST_CLOSE: u64 = O_HANDOFF_SERVER + HANDOFF_BYTES;
+/// The decision word (`crate::DecideWord`): how a client waiting for the accept hears of it.
+const O_DECIDE: u64 = O_FIRST_CLOSE + 4;
+const _: () = assert!(O_DECIDE + 4 <= crate::header::CHANNEL_BYTES);
 const MIN_RING: u64 = 64;
 /// The smallest ring capacity pressure on the ring heap brings a new connection down to
 /// (a 16 KiB pair takes 36 KiB of the heap with its headers).
@@ -174,6 +179,31 @@ pub struct SideWords {
     /// The channel's switch bell (shared by both sides): bumped after each step of a switch,
     /// so a side waiting for the peer's next step sleeps on it (a futex in one kernel).
     pub bell: ShmU32,
+    /// The side that began closing first (shared by both sides; see [`SideWords::close_first`]).
+    pub first_close: ShmU32,
+    /// The channel's decision word (shared by both sides).
+    pub decide: crate::DecideWord,
+}
+
+/// The code of `side` in [`SideWords::first_close`].
+fn first_close_code(side: Side) -> u32 {
+    match side {
+        Side::Client => 1,
+        Side::Server => 2,
+    }
+}
+
+impl SideWords {
+    /// Called by `side` as it begins its close: true if the peer began first (then the
+    /// peer's FIN goes first too, and ours should follow it, as on TCP). Exactly one side of
+    /// a simultaneous close is second.
+    pub fn close_first(&self, side: Side) -> bool {
+        let me = first_close_code(side);
+        match self.first_close.compare_exchange(0, me, SeqCst, Acquire) {
+            Ok(_) => false,
+            Err(other) => other != me,
+        }
+    }
 }
 
 /// Views of the two rings of a channel, for `memloop_ring` attach.
@@ -238,7 +268,11 @@ impl<'a> ChannelSlot<'a> {
                 self.0.st(off + word, 0)?;
             }
         }
+        self.0.st(O_FIRST_CLOSE, 0)?; // (and the decision word beside it)
         self.0.st(O_SWITCH_WORD, 0)
+    }
+    pub fn decide_word(&self) -> Result<crate::DecideWord, RegistryError> {
+        Ok(crate::DecideWord(self.0.u32(O_DECIDE)?))
     }
     pub fn index_pos(&self) -> Result<u64, RegistryError> {
         self.0.ld(O_INDEX)
@@ -313,6 +347,8 @@ impl<'a> ChannelSlot<'a> {
             tcp_base_read: self.0.u64(ho + 8)?,
             handoffs: self.0.u32(ho + 16)?,
             bell: self.0.u32(O_BELL)?,
+            first_close: self.0.u32(O_FIRST_CLOSE)?,
+            decide: self.decide_word()?,
         })
     }
     #[cfg(all(test, not(loom)))]
@@ -884,6 +920,8 @@ impl Registry {
             Err(_) => return Err(RegistryError::wrong("OFFERED", "being accepted")),
         }
         let ep = slot.endpoint()?;
+        // Decided before the accept shows: a client that sees it accepted finds the decision.
+        slot.decide_word()?.decide();
         if !slot.cas(w, with_phase(w, C_ACCEPTED))? {
             sw.compare_exchange(me, 0, SeqCst, Relaxed).ok();
             let found = self.check_channel(ch)?;
