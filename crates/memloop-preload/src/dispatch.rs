@@ -337,6 +337,7 @@ pub fn after_accept(lfd: c_int, fd: c_int) {
 
 /// Before the real close of `fd` (also for the implicit close of dup2's target).
 pub fn before_close(fd: c_int) {
+    crate::conn::linger::release_done();
     let Some(mut e) = table::get(fd) else {
         if table::kind(fd) == table::K_OWN {
             crate::engine::own_fd_closing(fd);
@@ -703,6 +704,7 @@ pub fn fork_prepare() {
     engine::lock_for_fork();
     crate::plain::lock_for_fork();
     crate::conn::handoff::lock_for_fork();
+    crate::conn::linger::lock_for_fork();
     crate::late::lock_for_fork();
     table::lock_for_fork(|c| {
         c.prepare_fork();
@@ -729,6 +731,7 @@ pub fn fork_parent() {
     engine::release_after_fork();
     crate::plain::release_after_fork();
     crate::conn::handoff::release_after_fork();
+    crate::conn::linger::release_after_fork();
     // The child holds every socket too: no late ring for any of them, in either process,
     // except a server's that the child was counted as a holder of.
     crate::late::after_fork_in_parent();
@@ -742,6 +745,8 @@ pub fn fork_child() {
     engine::release_after_fork();
     crate::plain::release_after_fork();
     crate::conn::handoff::release_after_fork();
+    crate::conn::linger::release_after_fork();
+    crate::conn::linger::forget_in_child();
     crate::late::after_fork_in_child();
     crate::conn::handoff::forget_in_child();
     crate::udp::forget_in_child();

@@ -248,6 +248,7 @@ fn start() -> Option<Arc<Engine>> {
     node.on_heartbeat(Box::new(|| {
         crate::hooks::track("switch sweep", crate::conn::sweep_switches);
         crate::hooks::track("late ring", crate::late::tick);
+        crate::hooks::track("held sockets", crate::conn::linger::release_done);
     }));
     Some(Arc::new(Engine {
         node,

@@ -874,6 +874,22 @@ pub fn move_high(fd: c_int, max: usize) -> c_int {
     moved
 }
 
+/// A close-on-exec duplicate of `fd` out of the way of the program's numbers (see
+/// [`move_high`]); `None` if there is no fd to spare.
+pub fn dup_high(fd: c_int, max: usize) -> Option<c_int> {
+    let floor = memloop_shm::member_lock::private_fd_floor(max) as libc::c_ulong;
+    // SAFETY: F_DUPFD_CLOEXEC on an open fd; the duplicate is the caller's to close.
+    let dup = unsafe { fcntl()(fd, libc::F_DUPFD_CLOEXEC, floor) };
+    (dup >= 0).then_some(dup)
+}
+
+/// Closes an fd of the library's own by system call, never through the C library's `close`
+/// (our own hook): for fork children, where the program's view of its fds must not move.
+pub fn close_by_syscall(fd: c_int) {
+    // SAFETY: closing an fd only this library knows of.
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+}
+
 /// Binds `fd` to `path`, readable and writable by every user (a waker may run as another).
 pub fn bind_unix(fd: c_int, path: &std::ffi::CStr) -> Result<(), c_int> {
     let (a, len) = unix_addr(path).ok_or(libc::ENAMETOOLONG)?;

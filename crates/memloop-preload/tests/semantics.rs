@@ -1090,18 +1090,29 @@ fn build_c(dir: &Scratch, name: &str) -> PathBuf {
 /// `tests/semantics/c/first_closer.c`: a client closes right after sending, a C server that
 /// spins in `recv` sees the ring's EOF within nanoseconds and closes at once. The client's
 /// FIN must still go first, as on TCP, leaving TIME_WAIT on the client's side and none on the
-/// server's listening port. Without the second closer waiting for the first one's FIN, most
-/// runs left TIME_WAIT on the server's port (up to 49 of 50 connections).
+/// server's listening port; and a child the server forks after each close must not keep the
+/// held socket open (the client would wait in FIN_WAIT2 for the server's FIN). Without the second closer's socket held until the first one's
+/// FIN (`conn/linger.rs`), most runs left TIME_WAIT on the server's port (up to 49 of 50
+/// connections).
 fn the_side_closing_second_on_the_ring_sends_the_second_fin() {
     let dir = Scratch::new("semantics", "first_closer");
     let exe = build_c(&dir, "first_closer");
-    let region = RegionGuard::new("sem", "fclose", 64 << 20);
-    for round in 0..5 {
-        let mut cmd = env_prefix(60, Some(&region.0));
+    let run = |region: Option<&str>, mode: &str| {
+        let mut cmd = env_prefix(60, region);
         cmd.push(exe.display().to_string());
+        cmd.extend((!mode.is_empty()).then(|| mode.to_string()));
         let out = Command::new(&cmd[0]).args(&cmd[1..]).output().expect("run");
         let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        assert_eq!(out.status.code(), Some(0), "round {round}: {said}");
+        (out.status.code(), said)
+    };
+    for mode in ["", "fork"] {
+        let (code, said) = run(None, mode);
+        assert_eq!(code, Some(0), "kernel TCP ({mode}): {said}");
+    }
+    let region = RegionGuard::new("sem", "fclose", 64 << 20);
+    for (round, mode) in ["", "fork", "", "fork", ""].iter().enumerate() {
+        let (code, said) = run(Some(&region.0), mode);
+        assert_eq!(code, Some(0), "round {round} ({mode}): {said}");
     }
 }
 

@@ -17,6 +17,7 @@
 mod grab;
 pub mod handoff;
 mod io;
+pub mod linger;
 mod path;
 mod peer;
 mod promote;

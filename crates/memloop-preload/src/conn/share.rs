@@ -261,7 +261,7 @@ impl Conn {
         }
         self.log_ring_error("closing our ring end", self.with_cons(|c| c.close()));
         if peer_first && !abort {
-            await_peer_fin(fd);
+            super::linger::hold_for_peer_fin(fd);
         }
         // No doorbell: the shutdown (or reset) above woke the peer's sleepers as a
         // publication does — a futex sleeper directly, one behind a wake target or a doorbell
@@ -306,29 +306,6 @@ pub(super) struct SideLock<'a> {
 impl Drop for SideLock<'_> {
     fn drop(&mut self) {
         self.w.lock.store(0, Release);
-    }
-}
-
-/// How long a side that closes second waits for the first closer's FIN.
-const PEER_FIN_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
-
-/// The peer began closing first; its real close (and FIN) follows within microseconds. Our real close waits for that FIN, as on TCP, where the second closer
-/// cannot close before the FIN told it of the first: otherwise our FIN would go first and
-/// TIME_WAIT land on our side — on a server, on its listening port, so that a restarted
-/// server without `SO_REUSEADDR` could not bind it for a minute.
-fn await_peer_fin(fd: c_int) {
-    let until = std::time::Instant::now() + PEER_FIN_WAIT;
-    let hup = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
-    loop {
-        let left = until.saturating_duration_since(std::time::Instant::now());
-        match real::wait_fd(fd, hup, Some(left)) {
-            Ok(ev) if ev & hup != 0 => return,
-            Err(libc::EINTR) if !left.is_zero() => {}
-            _ => {
-                tracing::debug!(fd, "the peer's FIN did not come in time: closing anyway");
-                return;
-            }
-        }
     }
 }
 
