@@ -340,6 +340,7 @@ pub fn before_close(fd: c_int) {
     crate::conn::linger::release_done();
     let Some(mut e) = table::get(fd) else {
         if table::kind(fd) == table::K_OWN {
+            crate::conn::linger::program_closes(fd);
             crate::engine::own_fd_closing(fd);
         }
         table::remove(fd);

@@ -1032,14 +1032,7 @@ fn a_program_closing_the_liveness_lock_makes_its_member_beat() {
 fn pthread_cancel_ends_calls_blocked_on_a_ring() {
     let dir = Scratch::new("semantics", "cancel");
     let exe = build_c(&dir, "cancel");
-    let run = |region: Option<&str>, modes: &str| {
-        let mut cmd = env_prefix(60, region);
-        cmd.push(exe.display().to_string());
-        cmd.extend(modes.split(' ').map(String::from));
-        let out = Command::new(&cmd[0]).args(&cmd[1..]).output().expect("run");
-        let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        (out.status.code(), said)
-    };
+    let run = |region: Option<&str>, modes: &str| run_c(&exe, region, modes);
     // Each alone (the first cancellation of the process), then all in one process, twice
     // (threads cancelled before, their `pthread_t` reused by the next).
     const MODES: [&str; 7] = [
@@ -1063,6 +1056,17 @@ fn pthread_cancel_ends_calls_blocked_on_a_ring() {
         .map(|(m, (code, said))| format!("{m}: exit {code:?} ({said})"))
         .collect();
     assert!(bad.is_empty(), "under the preload: {}", bad.join("; "));
+}
+
+/// Runs a program built by [`build_c`] with `args` (space separated), under the preload in
+/// `region` or on kernel TCP: its exit code and what it printed.
+fn run_c(exe: &std::path::Path, region: Option<&str>, args: &str) -> (Option<i32>, String) {
+    let mut cmd = env_prefix(60, region);
+    cmd.push(exe.display().to_string());
+    cmd.extend(args.split_whitespace().map(String::from));
+    let out = Command::new(&cmd[0]).args(&cmd[1..]).output().expect("run");
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.code(), said)
 }
 
 /// Builds `tests/semantics/c/NAME.c` into `dir` (gcc, warnings as errors).
@@ -1097,14 +1101,7 @@ fn build_c(dir: &Scratch, name: &str) -> PathBuf {
 fn the_side_closing_second_on_the_ring_sends_the_second_fin() {
     let dir = Scratch::new("semantics", "first_closer");
     let exe = build_c(&dir, "first_closer");
-    let run = |region: Option<&str>, mode: &str| {
-        let mut cmd = env_prefix(60, region);
-        cmd.push(exe.display().to_string());
-        cmd.extend((!mode.is_empty()).then(|| mode.to_string()));
-        let out = Command::new(&cmd[0]).args(&cmd[1..]).output().expect("run");
-        let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        (out.status.code(), said)
-    };
+    let run = |region: Option<&str>, mode: &str| run_c(&exe, region, mode);
     for mode in ["", "fork"] {
         let (code, said) = run(None, mode);
         assert_eq!(code, Some(0), "kernel TCP ({mode}): {said}");

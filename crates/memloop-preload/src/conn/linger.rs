@@ -37,8 +37,19 @@ pub fn hold_for_peer_fin(fd: c_int) {
     let Some(dup) = real::dup_high(fd, crate::table::MAX_FD) else {
         return; // (no fd to spare: the close goes as it is)
     };
+    // (Ours: a program that closes it — `closefrom` — is heard of, see `program_closes`.)
+    crate::table::mark_own(dup);
     HELD.lock().push((dup, Instant::now() + HOLD_AT_MOST));
     ANY.store(true, Release);
+}
+
+/// The program closes `fd`, one of ours (`closefrom`, `close_range`, `dup2` over it): if it
+/// is a held socket, it is the program's close now, and never ours (its number may be the
+/// program's next fd).
+pub fn program_closes(fd: c_int) {
+    if ANY.load(Acquire) {
+        HELD.lock().retain(|&(held, _)| held != fd);
+    }
 }
 
 /// Closes the held sockets whose peer's FIN came (or that were held long enough). One load
@@ -54,6 +65,7 @@ pub fn release_done() {
     held.retain(|&(fd, until)| {
         let done = now >= until || fin_came(fd);
         if done {
+            crate::table::unmark_own(fd);
             real::close_own(fd);
         }
         !done
@@ -74,6 +86,7 @@ pub fn release_after_fork() {
 pub fn forget_in_child() {
     let mut held = HELD.lock();
     for (fd, _) in held.drain(..) {
+        crate::table::unmark_own(fd);
         real::close_by_syscall(fd);
     }
     ANY.store(false, Release);
