@@ -864,12 +864,9 @@ pub fn unix_dgram() -> Result<c_int, c_int> {
 /// `memloop_shm::member_lock::private_fd_floor` or above, close-on-exec. The fd itself if it
 /// cannot move.
 pub fn move_high(fd: c_int, max: usize) -> c_int {
-    let floor = memloop_shm::member_lock::private_fd_floor(max) as libc::c_ulong;
-    // SAFETY: F_DUPFD_CLOEXEC on an fd this crate owns.
-    let moved = unsafe { fcntl()(fd, libc::F_DUPFD_CLOEXEC, floor) };
-    if moved < 0 {
+    let Some(moved) = dup_high(fd, max) else {
         return fd;
-    }
+    };
     close_own(fd);
     moved
 }
