@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-docs/results/bench-containers}
 ROUNDS=${ROUNDS:-3}
 M=$PWD/target/release/memloop
-[ -x "$M" ] && [ -f target/release/libmemloop_preload.so ] ||
+[ -x "$M" ] && [ -f target/release/libmemloop.so ] ||
   cargo build --release -p memloop-cli -p memloop-preload -p memloop-bench
 command -v podman >/dev/null && command -v runc >/dev/null ||
   { apt-get update -qq && apt-get install -y -qq podman runc jq redis-tools redis-server >/dev/null; }

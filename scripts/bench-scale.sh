@@ -18,7 +18,7 @@ OUT=${1:-docs/results/bench-scale}
 ROUNDS=${ROUNDS:-3}
 HOLD=${HOLD:-10000}
 M=$PWD/target/release/memloop
-[ -x "$M" ] && [ -f target/release/libmemloop_preload.so ] ||
+[ -x "$M" ] && [ -f target/release/libmemloop.so ] ||
   cargo build --release -p memloop-cli -p memloop-preload -p memloop-bench
 command -v jq >/dev/null || { apt-get update -qq && apt-get install -y -qq jq >/dev/null; }
 

@@ -29,7 +29,7 @@ fi
 echo "== build"
 cargo build --release --workspace
 ml=$PWD/target/release/memloop
-preload=$PWD/target/release/libmemloop_preload.so
+preload=$PWD/target/release/libmemloop.so
 
 if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
   echo "== installing redis-server and redis-tools"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Debian package of the workspace: target/debian/memloop_VERSION_ARCH.deb, with
 #   /usr/bin/memloop, /usr/bin/memloop-bench
-#   /usr/lib/memloop/libmemloop_preload.so      (found by `memloop run` from /usr/bin)
+#   /usr/lib/memloop/libmemloop.so              (found by `memloop run` from /usr/bin)
+#   /usr/lib/memloop/libmemloop_preload.so      (the engine it loads when a process needs it)
 #   /usr/share/man/man1/memloop*.1.gz           (generated from the command line's definition)
 #   bash, zsh and fish completions              (likewise)
 #   /lib/systemd/system/memloop-region.service  (the default region at boot, group memloop)
@@ -21,10 +22,11 @@ trap 'rm -rf "$root"' EXIT
 
 install -D -m 755 target/release/memloop "$root/usr/bin/memloop"
 install -D -m 755 target/release/memloop-bench "$root/usr/bin/memloop-bench"
+install -D -m 644 target/release/libmemloop.so "$root/usr/lib/memloop/libmemloop.so"
 install -D -m 644 target/release/libmemloop_preload.so "$root/usr/lib/memloop/libmemloop_preload.so"
 # Debug information stays in the build tree: the package carries code only.
 strip --strip-debug "$root/usr/bin/memloop" "$root/usr/bin/memloop-bench" \
-  "$root/usr/lib/memloop/libmemloop_preload.so"
+  "$root/usr/lib/memloop/libmemloop.so" "$root/usr/lib/memloop/libmemloop_preload.so"
 
 docs=$(mktemp -d "$root.docs.XXXXXX")
 target/release/memloop generate-docs "$docs"

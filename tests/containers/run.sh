@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 M=$PWD/target/release/memloop
-[ -x "$M" ] && [ -f target/release/libmemloop_preload.so ] ||
+[ -x "$M" ] && [ -f target/release/libmemloop.so ] ||
   { echo "containers: build first: cargo build --release -p memloop-cli -p memloop-preload" >&2; exit 1; }
 
 skip() {

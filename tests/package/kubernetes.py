@@ -86,7 +86,8 @@ def main():
     for dest, (src, ro) in mounts.items():
         if dest not in pod_mounts:
             fail(f"pod-opt-in.yaml does not mount {dest}, which the hook does")
-        want = host_of.get(src, "/opt/memloop/lib/libmemloop_preload.so")
+        # The libraries (the shim and its engine) under their own names.
+        want = host_of.get(src, "/opt/memloop/lib/" + src.rsplit("/", 1)[-1])
         if pod_mounts[dest] != (want, ro):
             fail(f"pod-opt-in.yaml mounts {pod_mounts[dest]} at {dest}, want {(want, ro)}")
     if set(pod_mounts) != set(mounts):

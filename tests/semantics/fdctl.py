@@ -348,7 +348,7 @@ def under_preload():
     if not os.environ.get("MEMLOOP_BIN") or not os.environ.get("MEMLOOP_REGION"):
         return False
     with open("/proc/self/maps") as f:
-        return "libmemloop_preload" in f.read()
+        return "/libmemloop" in f.read()
 
 
 def my_member():

@@ -128,7 +128,7 @@ def helper_argv(*words):
 
 def preloaded():
     with open("/proc/self/maps") as f:
-        return "libmemloop_preload" in f.read()
+        return "/libmemloop" in f.read()
 
 
 # ---- the client: stream while the connection changes hands, then check the echo ---------------

@@ -23,7 +23,7 @@ pub const ANNOTATION: &str = "io.memloop.region";
 /// Where the region, its wake sockets and the library appear inside a container.
 const IN_REGION: &str = "/run/memloop/region";
 const IN_WAKE: &str = "/run/memloop/region.wake";
-const IN_LIB: &str = "/run/memloop/libmemloop_preload.so";
+const IN_DIR: &str = "/run/memloop";
 /// Where podman and CRI-O look for hooks by default.
 const DEFAULT_HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
 
@@ -149,6 +149,7 @@ fn created_bundle(args: &[std::ffi::OsString]) -> Option<PathBuf> {
 /// What the hook adds to `config` for a container of `region`.
 fn opt_in(config: &mut Value, region: &str) -> CliResult<()> {
     let lib = crate::run::find_library()?;
+    let engine = crate::run::engine_of(&lib)?;
     let spec = RegionSpec::parse(region);
     if matches!(spec, RegionSpec::Device(_) | RegionSpec::Ivshmem(_)) {
         return Err(fail(format!(
@@ -160,11 +161,22 @@ fn opt_in(config: &mut Value, region: &str) -> CliResult<()> {
     let host = region.path().to_path_buf();
     let wake = memloop::region::wake_dir(&host);
     memloop::region::make_wake_dir(&wake).context(format!("creating {}", wake.display()))?;
-    let mounts = [
-        (IN_REGION, &host, "rw"),
-        (IN_WAKE, &wake, "rw"),
-        (IN_LIB, &lib, "ro"),
+    // The library under its own name (the shim finds its engine beside it).
+    let in_lib = |p: &Path| {
+        format!(
+            "{IN_DIR}/{}",
+            p.file_name().unwrap_or_default().to_string_lossy()
+        )
+    };
+    let lib_in = in_lib(&lib);
+    let mut mounts = vec![
+        (IN_REGION.to_string(), host, "rw"),
+        (IN_WAKE.to_string(), wake, "rw"),
+        (lib_in.clone(), lib.clone(), "ro"),
     ];
+    if let Some(e) = engine {
+        mounts.push((in_lib(&e), e, "ro"));
+    }
     let list = config["mounts"]
         .as_array_mut()
         .ok_or_else(|| fail("the configuration has no mount list"))?;
@@ -179,8 +191,8 @@ fn opt_in(config: &mut Value, region: &str) -> CliResult<()> {
         .ok_or_else(|| fail("the configuration has no process environment"))?;
     set_env(env, "MEMLOOP_REGION", |_| IN_REGION.to_string());
     set_env(env, "LD_PRELOAD", |old| match old {
-        Some(o) if !o.is_empty() => format!("{IN_LIB}:{o}"),
-        _ => IN_LIB.to_string(),
+        Some(o) if !o.is_empty() => format!("{lib_in}:{o}"),
+        _ => lib_in.clone(),
     });
     Ok(())
 }

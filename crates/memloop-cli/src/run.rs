@@ -1,6 +1,7 @@
 //! `memloop run [--region R] [--no-create] -- CMD ARGS…`: runs an unmodified program with the
-//! preload library (`libmemloop_preload.so`) so that its TCP connections to peers in the same
-//! region go through shared-memory rings.
+//! preload library (`libmemloop.so`, which loads the engine `libmemloop_preload.so` beside it
+//! when the process first needs it) so that its TCP connections to peers in the same region go
+//! through shared-memory rings.
 //!
 //! It finds the library, makes sure the region exists, sets `MEMLOOP_REGION` and prepends the
 //! library to `LD_PRELOAD` (keeping what was there), then replaces itself with CMD. Everything
@@ -21,8 +22,11 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The library's file name (a cdylib of crate `memloop-preload`).
-pub const PRELOAD_LIB: &str = "libmemloop_preload.so";
+/// The library's file name: the shim `memloop-preload`'s build compiles (`shim/`).
+pub const PRELOAD_LIB: &str = "libmemloop.so";
+/// The engine it loads from its own directory (the cdylib of crate `memloop-preload`, which
+/// also works preloaded by itself, e.g. through `MEMLOOP_PRELOAD_LIB`).
+pub const ENGINE_LIB: &str = "libmemloop_preload.so";
 /// Overrides where the library is looked for.
 pub const PRELOAD_LIB_ENV: &str = "MEMLOOP_PRELOAD_LIB";
 /// Exit code when memloop itself fails before running CMD.
@@ -125,7 +129,7 @@ pub fn find_library() -> CliResult<PathBuf> {
         dir.join("../lib").join(PRELOAD_LIB),
         dir.join("../lib/memloop").join(PRELOAD_LIB),
     ];
-    candidates
+    let found = candidates
         .iter()
         .find(|p| p.is_file())
         .map(|p| {
@@ -142,7 +146,27 @@ pub fn find_library() -> CliResult<PathBuf> {
                     .collect::<Vec<_>>()
                     .join(", ")
             )))
-        })
+        })?;
+    engine_of(&found)?;
+    Ok(found)
+}
+
+/// The engine `lib` loads (beside it), or `None` when `lib` is not the shim (the engine
+/// preloaded by itself). An error when the shim's engine is missing: the shim would run every
+/// program on the kernel path.
+pub fn engine_of(lib: &Path) -> CliResult<Option<PathBuf>> {
+    if lib.file_name() != Some(std::ffi::OsStr::new(PRELOAD_LIB)) {
+        return Ok(None);
+    }
+    let engine = lib.with_file_name(ENGINE_LIB);
+    if !engine.is_file() {
+        return Err(fail(format!(
+            "{} not found beside {} (build both with `cargo build --release -p memloop-preload`)",
+            engine.display(),
+            lib.display()
+        )));
+    }
+    Ok(Some(engine))
 }
 
 /// The value of `MEMLOOP_REGION` naming this region for CMD: the name, or an absolute path (CMD
@@ -184,7 +208,7 @@ mod tests {
     use super::*;
 
     fn pre(existing: Option<&str>) -> String {
-        let lib = Path::new("/opt/ml/libmemloop_preload.so");
+        let lib = Path::new("/opt/ml/libmemloop.so");
         prepend_preload(lib, existing.map(std::ffi::OsStr::new))
             .unwrap()
             .into_string()
@@ -193,15 +217,15 @@ mod tests {
 
     #[test]
     fn preload_is_prepended_and_not_repeated() {
-        assert_eq!(pre(None), "/opt/ml/libmemloop_preload.so");
-        assert_eq!(pre(Some("")), "/opt/ml/libmemloop_preload.so");
+        assert_eq!(pre(None), "/opt/ml/libmemloop.so");
+        assert_eq!(pre(Some("")), "/opt/ml/libmemloop.so");
         assert_eq!(
             pre(Some("/a.so /b.so:/c.so")),
-            "/opt/ml/libmemloop_preload.so:/a.so:/b.so:/c.so"
+            "/opt/ml/libmemloop.so:/a.so:/b.so:/c.so"
         );
         assert_eq!(
-            pre(Some("/a.so:/opt/ml/libmemloop_preload.so")),
-            "/opt/ml/libmemloop_preload.so:/a.so"
+            pre(Some("/a.so:/opt/ml/libmemloop.so")),
+            "/opt/ml/libmemloop.so:/a.so"
         );
     }
 

@@ -711,7 +711,7 @@ fn status_shows_switched_records_and_switch_counts() {
 /// The preload library: $MEMLOOP_PRELOAD_LIB, else next to the `memloop` under test.
 fn preload_lib() -> Result<std::path::PathBuf, String> {
     let p = std::env::var_os("MEMLOOP_PRELOAD_LIB").map_or_else(
-        || std::path::Path::new(BIN).with_file_name("libmemloop_preload.so"),
+        || std::path::Path::new(BIN).with_file_name("libmemloop.so"),
         std::path::PathBuf::from,
     );
     if p.is_file() {

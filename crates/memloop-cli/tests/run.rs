@@ -167,11 +167,21 @@ fn run_finds_the_library_next_to_the_executable_or_in_lib() {
     assert_eq!(o.status.code(), Some(125), "no library anywhere");
     let err = text(&o.stderr);
     assert!(
-        err.contains("libmemloop_preload.so not found") && err.contains("MEMLOOP_PRELOAD_LIB"),
+        err.contains("libmemloop.so not found") && err.contains("MEMLOOP_PRELOAD_LIB"),
         "{err}"
     );
 
-    let in_lib = s.fake_lib("lib/libmemloop_preload.so");
+    // The shim without its engine beside it: said, and nothing preloaded.
+    let in_lib = s.fake_lib("lib/libmemloop.so");
+    let o = run(&bin, &["--strict", "--region", &region, "--", "true"], &[]);
+    assert_eq!(o.status.code(), Some(125), "no engine beside the shim");
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("libmemloop_preload.so not found beside"),
+        "{err}"
+    );
+
+    s.fake_lib("lib/libmemloop_preload.so");
     let o = run(&bin, &["--region", &region, "--", "sh", "-c", SHOW], &[]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert_eq!(
@@ -179,7 +189,8 @@ fn run_finds_the_library_next_to_the_executable_or_in_lib() {
         format!("{}|{region}|", in_lib.canonicalize().unwrap().display())
     );
 
-    let next_to = s.fake_lib("bin/libmemloop_preload.so");
+    let next_to = s.fake_lib("bin/libmemloop.so");
+    s.fake_lib("bin/libmemloop_preload.so");
     let o = run(&bin, &["--region", &region, "--", "sh", "-c", SHOW], &[]);
     assert_eq!(
         text(&o.stdout).trim(),

@@ -53,7 +53,7 @@ pub struct Config {
 /// said once in the log and also means the default.
 fn env_parsed<T: std::str::FromStr>(name: &str) -> Option<T> {
     // Unset (or not Unicode) is the usual case, not an error.
-    let s = std::env::var(name).ok()?;
+    let s = crate::real::setting(name)?;
     match s.parse() {
         Ok(v) => Some(v),
         Err(_) => {
@@ -69,7 +69,7 @@ fn env_us(name: &str, default: u64) -> Duration {
 
 /// `MEMLOOP_RING_WINDOW`: a power of two ≥ 64, or `max`.
 fn ring_window_from_env() -> Option<u64> {
-    let v = std::env::var("MEMLOOP_RING_WINDOW").ok()?;
+    let v = crate::real::setting("MEMLOOP_RING_WINDOW")?;
     if v == "max" {
         return Some(u64::MAX);
     }
@@ -118,7 +118,7 @@ impl Config {
             ring_window: ring_window_from_env(),
             promote: env_parsed::<u32>("MEMLOOP_PROMOTE") != Some(0),
             pidfd_wait: env_us("MEMLOOP_PIDFD_WAIT_US", 2_000_000),
-            direct_wake: std::env::var("MEMLOOP_WAKE").map_or(true, |v| v != "doorbell"),
+            direct_wake: crate::real::setting("MEMLOOP_WAKE").map_or(true, |v| v != "doorbell"),
             epoll_index_at: env_parsed::<usize>("MEMLOOP_EPOLL_INDEX_AT")
                 .filter(|n| *n >= 1)
                 .unwrap_or(crate::epoll::INDEX_AT),
@@ -167,12 +167,14 @@ static SETTINGS: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();
 
 fn settings() -> &'static Settings {
     SETTINGS.get_or_init(|| Settings {
-        disabled: std::env::var_os("MEMLOOP_DISABLE").is_some_and(|v| v != "0" && !v.is_empty()),
+        disabled: crate::real::setting("MEMLOOP_DISABLE")
+            .is_some_and(|v| v != "0" && !v.is_empty()),
         // (The crate's own unit tests run its hooks in the test binary: they must never join
         // a region this machine happens to have, which would put their sockets on rings.)
         region: match cfg!(test) {
             true => RegionSpec::Named("memloop-preload-unit-tests-join-no-region".into()),
-            false => RegionSpec::from_env(),
+            false => crate::real::setting("MEMLOOP_REGION")
+                .map_or_else(RegionSpec::from_env, |v| RegionSpec::parse(&v)),
         },
         cfg: Config::from_env(),
     })

@@ -38,10 +38,12 @@ mod wake;
 
 /// Logging is off unless `MEMLOOP_LOG` holds a filter (e.g. `debug`).
 fn init_logging() {
-    let Ok(filter) = std::env::var("MEMLOOP_LOG") else {
+    let Some(filter) = crate::real::setting("MEMLOOP_LOG") else {
         return;
     };
-    let Ok(filter) = tracing_subscriber::EnvFilter::try_new(filter) else {
+    // `Targets` (`debug`, `memloop_preload::switch=debug,info`), not `EnvFilter`: its regex
+    // engine would be loaded into every process for a filter nobody writes here.
+    let Ok(filter) = filter.parse::<tracing_subscriber::filter::Targets>() else {
         // No subscriber yet to say it to; the program's stderr gets one line.
         eprintln!("memloop: MEMLOOP_LOG is not a valid filter; logging stays off");
         return;
@@ -49,9 +51,9 @@ fn init_logging() {
     use tracing_subscriber::prelude::*;
     // MEMLOOP_LOG_FILE: lines appended to that file instead of stderr (no reader to wake on
     // every line; what `memloop bench switch` times is then not the log's pipe).
-    let file = std::env::var_os("MEMLOOP_LOG_FILE")
+    let file = crate::real::setting("MEMLOOP_LOG_FILE")
         .filter(|p| !p.is_empty())
-        .and_then(|p| std::ffi::CString::new(std::os::unix::ffi::OsStringExt::into_vec(p)).ok());
+        .and_then(|p| std::ffi::CString::new(p).ok());
     let to = LogTo(file.map(std::sync::Arc::new));
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(move || to.clone())

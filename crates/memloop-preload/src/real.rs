@@ -36,9 +36,60 @@ macro_rules! real_fns {
     };
 }
 
+type ShimNext = unsafe extern "C" fn(*const libc::c_char) -> *mut c_void;
+type ShimEnv = unsafe extern "C" fn(*const libc::c_char) -> *const libc::c_char;
+
+/// A function of `libmemloop.so` (the shim that loaded us), if it did.
+fn shim_fn(name: &std::ffi::CStr) -> Option<usize> {
+    // SAFETY: `name` is NUL-terminated; RTLD_DEFAULT searches the global scope, where the
+    // preloaded shim is (we are not: it loaded us with RTLD_LOCAL).
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    (!p.is_null()).then_some(p as usize)
+}
+
+/// The shim's `memloop_shim_next`, looked up once (0: loaded as a preload ourselves).
+fn shim_next() -> Option<ShimNext> {
+    static NEXT: AtomicUsize = AtomicUsize::new(usize::MAX);
+    let mut a = NEXT.load(Ordering::Relaxed);
+    if a == usize::MAX {
+        a = shim_fn(c"memloop_shim_next").unwrap_or(0);
+        NEXT.store(a, Ordering::Relaxed);
+    }
+    // SAFETY: the shim exports `memloop_shim_next` with this prototype.
+    (a != 0).then(|| unsafe { std::mem::transmute::<usize, ShimNext>(a) })
+}
+
+/// Whether the shim loaded us (it then runs the fork and exit handlers and keeps the settings
+/// the process started with).
+pub fn under_shim() -> bool {
+    shim_next().is_some()
+}
+
+/// A `MEMLOOP_*` setting: as the process started with it when the shim loaded us (the program
+/// may have changed its environment since), else from the environment now.
+pub fn setting(name: &str) -> Option<String> {
+    let Some(a) = shim_fn(c"memloop_shim_env") else {
+        return std::env::var(name).ok();
+    };
+    let key = std::ffi::CString::new(name).ok()?;
+    // SAFETY: the shim exports `memloop_shim_env` with this prototype; it returns null or a
+    // NUL-terminated string it keeps for the life of the process.
+    unsafe {
+        let get = std::mem::transmute::<usize, ShimEnv>(a);
+        let v = get(key.as_ptr());
+        (!v.is_null()).then(|| std::ffi::CStr::from_ptr(v).to_string_lossy().into_owned())
+    }
+}
+
 fn resolve(name: &str) -> usize {
-    // SAFETY: `name` is NUL-terminated; RTLD_NEXT finds the next definition after ours.
-    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()) };
+    // SAFETY: `name` is NUL-terminated; RTLD_NEXT finds the next definition after ours, and
+    // the shim's `memloop_shim_next` the next after the shim (which exports the same names).
+    let p = unsafe {
+        match shim_next() {
+            Some(next) => next(name.as_ptr().cast()),
+            None => libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()),
+        }
+    };
     if p.is_null() {
         // Without the real function nothing can work; say which one and stop.
         let msg = format!(
@@ -138,7 +189,10 @@ pub fn errno() -> c_int {
 pub fn keeping_errno<R>(f: impl FnOnce() -> R) -> R {
     let e = errno();
     let r = f();
-    set_errno(e);
+    // (Written only if changed: in a fork handler an unneeded write is a copy-on-write fault.)
+    if errno() != e {
+        set_errno(e);
+    }
     r
 }
 
@@ -504,6 +558,7 @@ pub fn getpid() -> u32 {
     }
 }
 
+#[inline]
 pub fn forget_pid() {
     // (Read first: a write the child can spare spares it a copy-on-write fault.)
     if PID.load(Ordering::Relaxed) != 0 {

@@ -60,14 +60,11 @@ pub fn resize_due() -> Option<u32> {
 /// Reads `MEMLOOP_TEST_PAUSE` and `MEMLOOP_TEST_RESIZE` (the library's constructor calls it:
 /// no allocation later).
 pub fn capture() {
-    if let Some(e) = std::env::var("MEMLOOP_TEST_RESIZE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
+    if let Some(e) = crate::real::setting("MEMLOOP_TEST_RESIZE").and_then(|v| v.parse().ok()) {
         RESIZE_EVERY.store(e, Relaxed);
     }
     PAUSES.get_or_init(|| {
-        std::env::var("MEMLOOP_TEST_PAUSE")
+        crate::real::setting("MEMLOOP_TEST_PAUSE")
             .map(|v| parse(&v))
             .unwrap_or_default()
     });

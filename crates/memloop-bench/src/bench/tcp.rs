@@ -468,8 +468,8 @@ pub(crate) fn preload_status(exe: &std::path::Path) -> Result<(), String> {
     let so = match std::env::var_os("MEMLOOP_PRELOAD_LIB").filter(|p| !p.is_empty()) {
         Some(p) => PathBuf::from(p),
         None => {
-            let here = exe.with_file_name("libmemloop_preload.so");
-            let lib = exe.with_file_name("../lib/libmemloop_preload.so");
+            let here = exe.with_file_name("libmemloop.so");
+            let lib = exe.with_file_name("../lib/libmemloop.so");
             if !here.exists() && lib.exists() {
                 lib
             } else {
@@ -553,7 +553,7 @@ pub(crate) fn check_preloaded(end: &Proc) -> CliResult<()> {
         .ok_or_else(|| fail(format!("{}: no pid", end.what())))?;
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .context(format!("reading the mappings of {}", end.what()))?;
-    if maps.contains("libmemloop_preload") {
+    if maps.contains("/libmemloop") {
         Ok(())
     } else {
         Err(fail(format!(

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_memloop-bench");
-const PRELOAD: &str = "libmemloop_preload.so";
+const PRELOAD: &str = "libmemloop.so";
 
 /// Root and `ip` (iproute2), for network namespaces.
 pub fn needs_domains() -> memloop_testkit::Need {

@@ -369,13 +369,13 @@ extern "C" fn at_fork_parent() {
     });
 }
 extern "C" fn at_fork_child() {
-    real::keeping_errno(|| {
-        if forklock::active() {
-            track("fork child", dispatch::fork_child);
-        } else {
-            crate::real::forget_pid();
-        }
-    });
+    if !forklock::active() {
+        // Loads only (nothing here sets errno): each page this child touches costs it a
+        // fault, and most children of such a process exit or exec at once.
+        crate::real::forget_pid();
+        return;
+    }
+    real::keeping_errno(|| track("fork child", dispatch::fork_child));
 }
 
 extern "C" fn at_exit() {
@@ -386,11 +386,39 @@ extern "C" fn at_exit() {
     }
 }
 
+// Loaded by `libmemloop.so` (the shim), these run from the shim's handlers, which it
+// registered when the process started: ours, registered now, would run after the program's
+// (its child handler may already use a socket).
+#[no_mangle]
+pub extern "C" fn memloop_engine_fork_prepare() {
+    at_fork_prepare();
+}
+#[no_mangle]
+pub extern "C" fn memloop_engine_fork_parent() {
+    at_fork_parent();
+}
+#[no_mangle]
+pub extern "C" fn memloop_engine_fork_child() {
+    at_fork_child();
+}
+#[no_mangle]
+pub extern "C" fn memloop_engine_exit() {
+    at_exit();
+}
+
 extern "C" fn on_load() {
     track("load", || {
         crate::init_logging();
         crate::engine::capture_settings();
     });
+    if !real::under_shim() {
+        register_handlers();
+    }
+    track("load", crate::inherit::adopt_inherited);
+}
+
+/// The fork and exit handlers, when we are preloaded ourselves (not loaded by the shim).
+fn register_handlers() {
     // SAFETY: registers three plain functions with no preconditions; they touch only our own
     // state, under the locks they take and release.
     let r = unsafe {
@@ -411,7 +439,6 @@ extern "C" fn on_load() {
     if unsafe { libc::atexit(at_exit) } != 0 {
         tracing::warn!("atexit failed: a forked handler that exits may keep a decline marker");
     }
-    track("load", crate::inherit::adopt_inherited);
 }
 
 #[used]

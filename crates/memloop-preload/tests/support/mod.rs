@@ -57,7 +57,7 @@ pub fn artifact(var: &str, name: &str, build: &str) -> PathBuf {
 pub fn preload_lib() -> PathBuf {
     artifact(
         "MEMLOOP_PRELOAD_LIB",
-        "libmemloop_preload.so",
+        "libmemloop.so",
         "cargo build --release -p memloop-preload",
     )
 }

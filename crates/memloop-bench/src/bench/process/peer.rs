@@ -77,7 +77,7 @@ pub fn run(a: &PeerArgs) -> CliResult<()> {
 
 /// Whether the preload library is mapped into this process.
 fn preloaded() -> bool {
-    std::fs::read_to_string("/proc/self/maps").is_ok_and(|m| m.contains("libmemloop_preload"))
+    std::fs::read_to_string("/proc/self/maps").is_ok_and(|m| m.contains("/libmemloop"))
 }
 
 /// One byte there and back on `s`.

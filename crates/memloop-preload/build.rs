@@ -1,0 +1,57 @@
+//! Builds `libmemloop.so`, the small C library `memloop run` preloads (`shim/memloop_shim.c`),
+//! and puts it beside this crate's own shared object (the engine it loads when a process first
+//! needs it), in the profile's output directory: `target/release/libmemloop.so`.
+//!
+//! It is C because it must carry no runtime of its own: a Rust shared object brings the
+//! unwinder (`libgcc_s`) and the standard library's start-up, the costs it exists to spare
+//! processes that never open a socket.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const SOURCE: &str = "shim/memloop_shim.c";
+
+fn main() {
+    println!("cargo:rerun-if-changed={SOURCE}");
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=CC");
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let built = out.join("libmemloop.so");
+    compile(&built);
+    // OUT_DIR is <target>/<profile>/build/<crate>-<hash>/out: three levels up is where cargo
+    // puts the engine (and the binaries that look for both there).
+    if let Some(profile_dir) = out.ancestors().nth(3) {
+        let dest = profile_dir.join("libmemloop.so");
+        // (Written beside, then renamed: a test running meanwhile never maps half a file.)
+        let tmp = profile_dir.join(".libmemloop.so.tmp");
+        std::fs::copy(&built, &tmp).expect("copying libmemloop.so to the output directory");
+        std::fs::rename(&tmp, &dest).expect("placing libmemloop.so in the output directory");
+    }
+}
+
+fn compile(out: &Path) {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args([
+            "-std=gnu11",
+            "-O2",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-fPIC",
+            "-shared",
+            "-fvisibility=hidden",
+            // It defines the checked variants (`__read_chk`, …) itself.
+            "-U_FORTIFY_SOURCE",
+            "-D_FORTIFY_SOURCE=0",
+            "-Wl,-z,now",
+            "-o",
+        ])
+        .arg(out)
+        .arg(SOURCE)
+        .arg("-ldl")
+        .status()
+        .unwrap_or_else(|e| panic!("running {cc} for {SOURCE}: {e}"));
+    assert!(status.success(), "{cc} failed on {SOURCE}");
+}

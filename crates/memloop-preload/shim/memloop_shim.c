@@ -1,0 +1,508 @@
+/*
+ * libmemloop.so: what `memloop run` preloads. It loads the engine (libmemloop_preload.so, the
+ * Rust library beside it) only when the process first needs it, and until then every call it
+ * intercepts goes straight to the next definition (the C library's).
+ *
+ * Why: every process of an opted-in run or container loads the preload library, and most of
+ * them (shells, scripts, build tools) never open an inet socket. The engine costs such a
+ * process its loading (a 1.3 MB image, its relocations, libgcc_s) and every fork its memory
+ * mappings; this shim costs one small image and a look at the inherited fds.
+ *
+ * The engine is needed by a process that
+ *   - creates an inet socket (socket() with AF_INET or AF_INET6),
+ *   - creates an epoll set (a thread may wait on it from before the first socket, and the
+ *     engine must see that wait to keep its own registrations out of what it reports),
+ *   - inherits an inet socket or an epoll set across exec (found at load, in /proc/self/fd),
+ *   - may receive one from another process (recvmsg/recvmmsg with a control buffer,
+ *     pidfd_getfd, or syscall(SYS_pidfd_getfd)).
+ * Nothing else can be a ring connection or hold one, so nothing else needs it.
+ *
+ * Once loaded, each intercepted call goes to the engine's export of the same name (one
+ * indirect call). The engine finds the C library's functions through memloop_shim_next (the
+ * definitions after this shim, so other preloaded libraries keep their place), reads the
+ * MEMLOOP_* settings as they were when the process started (memloop_shim_env), and leaves
+ * the fork and exit handlers to this shim, which registered them at load: a library's fork
+ * handlers must run before the program's child handlers, which may already use sockets.
+ *
+ * Plain C with no dependency but the C library: no unwinder or runtime of its own.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define ENGINE_NAME "libmemloop_preload.so"
+
+/* Every intercepted function: return type, name, parameters, arguments. */
+#define HOOKS(X)                                                                              \
+    X(int, accept, (int fd, struct sockaddr *a, socklen_t *l), (fd, a, l))                    \
+    X(int, accept4, (int fd, struct sockaddr *a, socklen_t *l, int fl), (fd, a, l, fl))       \
+    X(int, bind, (int fd, const struct sockaddr *a, socklen_t l), (fd, a, l))                 \
+    X(int, close, (int fd), (fd))                                                             \
+    X(int, close_range, (unsigned a, unsigned b, int fl), (a, b, fl))                         \
+    X(int, connect, (int fd, const struct sockaddr *a, socklen_t l), (fd, a, l))              \
+    X(int, dup, (int fd), (fd))                                                               \
+    X(int, dup2, (int a, int b), (a, b))                                                      \
+    X(int, dup3, (int a, int b, int fl), (a, b, fl))                                          \
+    X(int, epoll_ctl, (int ep, int op, int fd, struct epoll_event *e), (ep, op, fd, e))       \
+    X(int, epoll_pwait, (int ep, struct epoll_event *e, int n, int t, const sigset_t *s),     \
+      (ep, e, n, t, s))                                                                       \
+    X(int, epoll_pwait2,                                                                      \
+      (int ep, struct epoll_event *e, int n, const struct timespec *t, const sigset_t *s),    \
+      (ep, e, n, t, s))                                                                       \
+    X(int, epoll_wait, (int ep, struct epoll_event *e, int n, int t), (ep, e, n, t))          \
+    X(int, execv, (const char *p, char *const *a), (p, a))                                    \
+    X(int, execve, (const char *p, char *const *a, char *const *e), (p, a, e))                \
+    X(int, execvp, (const char *p, char *const *a), (p, a))                                   \
+    X(int, execvpe, (const char *p, char *const *a, char *const *e), (p, a, e))               \
+    X(int, fexecve, (int fd, char *const *a, char *const *e), (fd, a, e))                     \
+    X(int, getsockopt, (int fd, int l, int o, void *v, socklen_t *n), (fd, l, o, v, n))       \
+    X(int, listen, (int fd, int n), (fd, n))                                                  \
+    X(int, poll, (struct pollfd *f, nfds_t n, int t), (f, n, t))                              \
+    X(int, posix_spawn,                                                                       \
+      (pid_t * p, const char *f, const posix_spawn_file_actions_t *fa,                        \
+       const posix_spawnattr_t *at, char *const *a, char *const *e),                          \
+      (p, f, fa, at, a, e))                                                                   \
+    X(int, posix_spawnp,                                                                      \
+      (pid_t * p, const char *f, const posix_spawn_file_actions_t *fa,                        \
+       const posix_spawnattr_t *at, char *const *a, char *const *e),                          \
+      (p, f, fa, at, a, e))                                                                   \
+    X(int, ppoll, (struct pollfd *f, nfds_t n, const struct timespec *t, const sigset_t *s),  \
+      (f, n, t, s))                                                                           \
+    X(int, pselect,                                                                           \
+      (int n, fd_set *r, fd_set *w, fd_set *x, const struct timespec *t, const sigset_t *s),  \
+      (n, r, w, x, t, s))                                                                     \
+    X(int, pthread_cancel, (pthread_t t), (t))                                                \
+    X(ssize_t, read, (int fd, void *b, size_t n), (fd, b, n))                                 \
+    X(ssize_t, readv, (int fd, const struct iovec *v, int n), (fd, v, n))                     \
+    X(ssize_t, recv, (int fd, void *b, size_t n, int fl), (fd, b, n, fl))                     \
+    X(ssize_t, recvfrom,                                                                      \
+      (int fd, void *b, size_t n, int fl, struct sockaddr *a, socklen_t *l),                  \
+      (fd, b, n, fl, a, l))                                                                   \
+    X(int, select, (int n, fd_set *r, fd_set *w, fd_set *x, struct timeval *t),               \
+      (n, r, w, x, t))                                                                        \
+    X(ssize_t, send, (int fd, const void *b, size_t n, int fl), (fd, b, n, fl))               \
+    X(ssize_t, sendfile, (int o, int i, off_t *off, size_t n), (o, i, off, n))                \
+    X(ssize_t, sendfile64, (int o, int i, off64_t *off, size_t n), (o, i, off, n))            \
+    X(int, sendmmsg, (int fd, struct mmsghdr *m, unsigned n, int fl), (fd, m, n, fl))         \
+    X(ssize_t, sendmsg, (int fd, const struct msghdr *m, int fl), (fd, m, fl))                \
+    X(ssize_t, sendto,                                                                        \
+      (int fd, const void *b, size_t n, int fl, const struct sockaddr *a, socklen_t l),       \
+      (fd, b, n, fl, a, l))                                                                   \
+    X(int, setsockopt, (int fd, int l, int o, const void *v, socklen_t n), (fd, l, o, v, n))  \
+    X(int, shutdown, (int fd, int how), (fd, how))                                            \
+    X(ssize_t, splice, (int i, loff_t *oi, int o, loff_t *oo, size_t n, unsigned fl),         \
+      (i, oi, o, oo, n, fl))                                                                  \
+    X(ssize_t, write, (int fd, const void *b, size_t n), (fd, b, n))                          \
+    X(ssize_t, writev, (int fd, const struct iovec *v, int n), (fd, v, n))
+
+/* Intercepted with their own bodies below (they decide whether to load the engine, or have
+ * no prototype in the headers, or are variadic). */
+#define OTHERS(X)                                                                             \
+    X(int, socket, (int d, int t, int p))                                                     \
+    X(int, epoll_create, (int n))                                                             \
+    X(int, epoll_create1, (int fl))                                                           \
+    X(ssize_t, recvmsg, (int fd, struct msghdr *m, int fl))                                   \
+    X(int, recvmmsg, (int fd, struct mmsghdr *m, unsigned n, int fl, struct timespec *t))     \
+    X(int, pidfd_getfd, (int pidfd, int fd, unsigned fl))                                     \
+    X(long, syscall, (long n, long a, long b, long c, long d, long e, long f))                \
+    X(int, fcntl, (int fd, int cmd, unsigned long arg))                                       \
+    X(int, fcntl64, (int fd, int cmd, unsigned long arg))                                     \
+    X(int, ioctl, (int fd, unsigned long req, unsigned long arg))                             \
+    X(void, closefrom, (int fd))                                                              \
+    X(int, __poll_chk, (struct pollfd * f, nfds_t n, int t, size_t len))                      \
+    X(int, __ppoll_chk,                                                                       \
+      (struct pollfd * f, nfds_t n, const struct timespec *t, const sigset_t *s, size_t len)) \
+    X(ssize_t, __read_chk, (int fd, void *b, size_t n, size_t len))                           \
+    X(ssize_t, __recv_chk, (int fd, void *b, size_t n, size_t len, int fl))                   \
+    X(ssize_t, __recvfrom_chk,                                                                \
+      (int fd, void *b, size_t n, size_t len, int fl, struct sockaddr *a, socklen_t *l))      \
+    X(pid_t, vfork, (void))
+
+/* Function pointer types, and one table for the next definitions and one for the engine's. */
+#define TYPE(ret, name, params, ...) typedef ret(*name##_fn) params;
+HOOKS(TYPE)
+OTHERS(TYPE)
+#define FIELD(ret, name, ...) name##_fn name;
+struct table {
+    HOOKS(FIELD) OTHERS(FIELD)
+};
+static struct table next, engine;
+
+/* 0: not loaded; 1: loading (by the thread holding `load_lock`); 2: loaded; 3: failed. */
+static atomic_int state;
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_t loader;
+
+typedef void (*void_fn)(void);
+static void_fn engine_fork_prepare, engine_fork_parent, engine_fork_child, engine_exit;
+/* The prepare handler forwarded (the parent and child handlers follow it, whatever the
+ * engine's state meanwhile). */
+static int fork_forwarded;
+
+static inline int loaded(void) {
+    return atomic_load_explicit(&state, memory_order_acquire) == 2;
+}
+
+/* The next definition of `name` (the C library's, or another preloaded library's). */
+EXPORT void *memloop_shim_next(const char *name) {
+    return dlsym(RTLD_NEXT, name);
+}
+
+static void *next_or_die(const char *name) {
+    void *p = dlsym(RTLD_NEXT, name);
+    if (!p) {
+        static const char msg[] = "memloop: cannot resolve a C library function\n";
+        (void)!write(2, msg, sizeof msg - 1);
+        abort();
+    }
+    return p;
+}
+
+/* The real function, resolved on first use (a fork child inherits the resolved table; two
+ * threads resolving the same one store the same pointer). */
+#define GETTER(ret, name, ...)                                                                \
+    __attribute__((unused)) static name##_fn next_##name(void) {                              \
+        if (!next.name) {                                                                     \
+            next.name = (name##_fn)next_or_die(#name);                                        \
+        }                                                                                     \
+        return next.name;                                                                     \
+    }
+HOOKS(GETTER)
+OTHERS(GETTER)
+#define NEXT(name) next_##name()
+
+/* ---- settings as the process started with them ------------------------------------------- */
+
+#define MAX_SETTINGS 32
+static char *settings[MAX_SETTINGS];
+
+static void capture_settings(void) {
+    int n = 0;
+    for (char **e = environ; e && *e && n < MAX_SETTINGS; e++) {
+        if (strncmp(*e, "MEMLOOP_", 8) == 0) {
+            settings[n++] = strdup(*e);
+        }
+    }
+}
+
+/* The value `name` had in the environment when the process started (NULL: unset). The engine
+ * loads later, maybe after the program changed its environment (`clearenv` in a daemon). */
+EXPORT const char *memloop_shim_env(const char *name) {
+    size_t len = strlen(name);
+    for (int i = 0; i < MAX_SETTINGS && settings[i]; i++) {
+        if (strncmp(settings[i], name, len) == 0 && settings[i][len] == '=') {
+            return settings[i] + len + 1;
+        }
+    }
+    return NULL;
+}
+
+static int disabled(void) {
+    const char *d = memloop_shim_env("MEMLOOP_DISABLE");
+    return d && *d && strcmp(d, "0") != 0;
+}
+
+/* ---- loading the engine ------------------------------------------------------------------- */
+
+static void engine_path(char *out, size_t cap) {
+    const char *set = memloop_shim_env("MEMLOOP_ENGINE");
+    if (set && *set) {
+        snprintf(out, cap, "%s", set);
+        return;
+    }
+    Dl_info info;
+    if (dladdr((void *)&memloop_shim_next, &info) && info.dli_fname) {
+        const char *slash = strrchr(info.dli_fname, '/');
+        if (slash) {
+            snprintf(out, cap, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname,
+                     ENGINE_NAME);
+            return;
+        }
+    }
+    snprintf(out, cap, "%s", ENGINE_NAME);
+}
+
+static void *engine_sym(void *h, const char *name) {
+    return dlsym(h, name);
+}
+
+static void open_engine(void) {
+    char path[4096];
+    engine_path(path, sizeof path);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        /* The program goes on, on the kernel path (as when the region cannot be opened). */
+        const char *why = dlerror();
+        char msg[4400];
+        int n = snprintf(msg, sizeof msg, "memloop: cannot load %s (%s): the program runs on "
+                         "the kernel path\n", path, why ? why : "unknown error");
+        if (n > 0) {
+            (void)!NEXT(write)(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+        }
+        atomic_store_explicit(&state, 3, memory_order_release);
+        return;
+    }
+#define RESOLVE(ret, name, ...) engine.name = (name##_fn)engine_sym(h, #name);
+    HOOKS(RESOLVE)
+    OTHERS(RESOLVE)
+    engine_fork_prepare = (void_fn)engine_sym(h, "memloop_engine_fork_prepare");
+    engine_fork_parent = (void_fn)engine_sym(h, "memloop_engine_fork_parent");
+    engine_fork_child = (void_fn)engine_sym(h, "memloop_engine_fork_child");
+    engine_exit = (void_fn)engine_sym(h, "memloop_engine_exit");
+    /* An engine missing one of them is not ours (or from another version): not used. */
+#define CHECK(ret, name, ...) ok = ok && engine.name;
+    int ok = engine_fork_prepare && engine_fork_parent && engine_fork_child && engine_exit;
+    HOOKS(CHECK)
+    OTHERS(CHECK)
+    if (!ok) {
+        static const char msg[] = "memloop: the engine beside libmemloop.so is from another "
+                                  "version: the program runs on the kernel path\n";
+        (void)!NEXT(write)(2, msg, sizeof msg - 1);
+        atomic_store_explicit(&state, 3, memory_order_release);
+        return;
+    }
+    atomic_store_explicit(&state, 2, memory_order_release);
+}
+
+/* Loads the engine once. Calls the engine's own start-up makes meanwhile (on this thread)
+ * go to the next definitions; other threads wait for it. */
+static void need_engine(void) {
+    if (atomic_load_explicit(&state, memory_order_acquire) >= 2 || disabled()) {
+        return;
+    }
+    if (atomic_load_explicit(&state, memory_order_acquire) == 1 &&
+        pthread_equal(loader, pthread_self())) {
+        return;
+    }
+    int saved = errno;
+    pthread_mutex_lock(&load_lock);
+    if (atomic_load_explicit(&state, memory_order_acquire) == 0) {
+        loader = pthread_self();
+        atomic_store_explicit(&state, 1, memory_order_release);
+        open_engine();
+    }
+    pthread_mutex_unlock(&load_lock);
+    errno = saved;
+}
+
+/* ---- the intercepted functions ------------------------------------------------------------- */
+
+#define FORWARD(ret, name, params, args)                                                      \
+    EXPORT ret name params {                                                                  \
+        if (loaded()) {                                                                       \
+            return engine.name args;                                                          \
+        }                                                                                     \
+        return NEXT(name) args;                                                               \
+    }
+HOOKS(FORWARD)
+
+static int inet(int domain) {
+    return domain == AF_INET || domain == AF_INET6;
+}
+
+EXPORT int socket(int d, int t, int p) {
+    if (!loaded() && inet(d)) {
+        need_engine();
+    }
+    return loaded() ? engine.socket(d, t, p) : NEXT(socket)(d, t, p);
+}
+
+EXPORT int epoll_create(int n) {
+    need_engine();
+    return loaded() ? engine.epoll_create(n) : NEXT(epoll_create)(n);
+}
+
+EXPORT int epoll_create1(int fl) {
+    need_engine();
+    return loaded() ? engine.epoll_create1(fl) : NEXT(epoll_create1)(fl);
+}
+
+/* A control buffer may bring fds (SCM_RIGHTS): one of them may be a ring connection. */
+EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int fl) {
+    if (!loaded() && m && m->msg_controllen > 0) {
+        need_engine();
+    }
+    return loaded() ? engine.recvmsg(fd, m, fl) : NEXT(recvmsg)(fd, m, fl);
+}
+
+EXPORT int recvmmsg(int fd, struct mmsghdr *m, unsigned n, int fl, struct timespec *t) {
+    if (!loaded()) {
+        for (unsigned i = 0; m && i < n; i++) {
+            if (m[i].msg_hdr.msg_controllen > 0) {
+                need_engine();
+                break;
+            }
+        }
+    }
+    return loaded() ? engine.recvmmsg(fd, m, n, fl, t) : NEXT(recvmmsg)(fd, m, n, fl, t);
+}
+
+EXPORT int pidfd_getfd(int pidfd, int fd, unsigned fl) {
+    need_engine();
+    return loaded() ? engine.pidfd_getfd(pidfd, fd, fl) : NEXT(pidfd_getfd)(pidfd, fd, fl);
+}
+
+/* Variadic in the C library; on x86_64 and aarch64 a variadic integer or pointer argument
+ * travels like a fixed one, so the largest possible set is taken and handed on. */
+EXPORT long syscall(long n, ...) {
+    va_list ap;
+    va_start(ap, n);
+    long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long);
+    long d = va_arg(ap, long), e = va_arg(ap, long), f = va_arg(ap, long);
+    va_end(ap);
+    if (!loaded() && n == SYS_pidfd_getfd) {
+        need_engine();
+    }
+    if (loaded()) {
+        return engine.syscall(n, a, b, c, d, e, f);
+    }
+    return NEXT(syscall)(n, a, b, c, d, e, f);
+}
+
+#define VARIADIC(name, t1, t2)                                                                \
+    EXPORT int name(t1 x, t2 y, ...) {                                                        \
+        va_list ap;                                                                           \
+        va_start(ap, y);                                                                      \
+        unsigned long arg = va_arg(ap, unsigned long);                                        \
+        va_end(ap);                                                                           \
+        return loaded() ? engine.name(x, y, arg) : NEXT(name)(x, y, arg);                     \
+    }
+VARIADIC(fcntl, int, int)
+VARIADIC(fcntl64, int, int)
+VARIADIC(ioctl, int, unsigned long)
+
+EXPORT void closefrom(int fd) {
+    if (loaded()) {
+        engine.closefrom(fd);
+    } else {
+        NEXT(closefrom)(fd);
+    }
+}
+
+#define CHK(ret, name, params, args)                                                          \
+    EXPORT ret name params {                                                                  \
+        return loaded() ? engine.name args : NEXT(name) args;                                 \
+    }
+CHK(int, __poll_chk, (struct pollfd * f, nfds_t n, int t, size_t len), (f, n, t, len))
+CHK(int, __ppoll_chk,
+    (struct pollfd * f, nfds_t n, const struct timespec *t, const sigset_t *s, size_t len),
+    (f, n, t, s, len))
+CHK(ssize_t, __read_chk, (int fd, void *b, size_t n, size_t len), (fd, b, n, len))
+CHK(ssize_t, __recv_chk, (int fd, void *b, size_t n, size_t len, int fl), (fd, b, n, len, fl))
+CHK(ssize_t, __recvfrom_chk,
+    (int fd, void *b, size_t n, size_t len, int fl, struct sockaddr *a, socklen_t *l),
+    (fd, b, n, len, fl, a, l))
+
+/* A vforked child would share our memory and skip the fork handlers; a full fork is a valid
+ * vfork (and what the engine does too). (A wrapper cannot call the real vfork: the child
+ * would return through this frame and the parent resume on a clobbered stack.) */
+EXPORT pid_t vfork(void) {
+    return loaded() ? engine.vfork() : fork();
+}
+
+/* ---- fork and exit ---------------------------------------------------------------------------- */
+
+static void at_fork_prepare(void) {
+    fork_forwarded = loaded();
+    if (fork_forwarded) {
+        engine_fork_prepare();
+    }
+}
+
+static void at_fork_parent(void) {
+    if (fork_forwarded) {
+        engine_fork_parent();
+    }
+}
+
+static void at_fork_child(void) {
+    if (fork_forwarded) {
+        engine_fork_child();
+    }
+}
+
+static void at_exit(void) {
+    if (loaded()) {
+        engine_exit();
+    }
+}
+
+/* ---- start-up ------------------------------------------------------------------------------ */
+
+/* Whether fd is an inet socket (one a previous program image may have had a ring for) or an
+ * epoll set (which may hold such a socket's registrations). */
+static int inherited_needs_engine(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        return 0;
+    }
+    if ((st.st_mode & S_IFMT) == 0) { /* an anonymous inode: epoll, eventfd, timerfd, ... */
+        char path[64], link[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        return n > 0 && (size_t)n == strlen("anon_inode:[eventpoll]") &&
+               memcmp(link, "anon_inode:[eventpoll]", (size_t)n) == 0;
+    }
+    if (!S_ISSOCK(st.st_mode)) {
+        return 0;
+    }
+    int domain = 0;
+    socklen_t len = sizeof domain;
+    return NEXT(getsockopt)(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 && inet(domain);
+}
+
+/* An inherited inet socket needs the engine now (it may be a ring connection whose peer
+ * writes into the ring, or a listener to publish), and so does an inherited epoll set. */
+static int inherits_what_needs_engine(void) {
+    int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0) {
+        return 1; /* cannot tell: the engine looks itself */
+    }
+    char buf[4096];
+    int found = 0;
+    long n;
+    while (!found && (n = getdents64(dir, buf, sizeof buf)) > 0) {
+        for (long off = 0; off < n && !found;) {
+            struct dirent64 *d = (struct dirent64 *)(buf + off);
+            off += d->d_reclen;
+            char *end;
+            long fd = strtol(d->d_name, &end, 10);
+            if (*end == '\0' && end != d->d_name && fd != dir && inherited_needs_engine((int)fd)) {
+                found = 1;
+            }
+        }
+    }
+    NEXT(close)(dir);
+    return found;
+}
+
+__attribute__((constructor)) static void on_load(void) {
+    capture_settings();
+    /* At load, before the program registers its own: a library's handlers must prepare last
+     * and resume first (the program's child handler may use a socket). */
+    pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child);
+    atexit(at_exit);
+    if (!disabled() && inherits_what_needs_engine()) {
+        need_engine();
+    }
+}
