@@ -14,7 +14,8 @@
  *     engine must see that wait to keep its own registrations out of what it reports),
  *   - inherits an inet socket or an epoll set across exec (found at load, in /proc/self/fd),
  *   - may receive one from another process (recvmsg/recvmmsg with a control buffer,
- *     pidfd_getfd, or syscall(SYS_pidfd_getfd)).
+ *     pidfd_getfd, or syscall(SYS_pidfd_getfd)),
+ *   - sets up io_uring through syscall() (the engine then keeps its connections on TCP).
  * Nothing else can be a ring connection or hold one, so nothing else needs it.
  *
  * Once loaded, each intercepted call goes to the engine's export of the same name (one
@@ -370,7 +371,9 @@ EXPORT long syscall(long n, ...) {
     long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long);
     long d = va_arg(ap, long), e = va_arg(ap, long), f = va_arg(ap, long);
     va_end(ap);
-    if (!loaded() && n == SYS_pidfd_getfd) {
+    /* pidfd_getfd: an fd from another process; io_uring_setup: the engine must know that the
+     * process may do I/O where it cannot see it (its connections then stay on TCP). */
+    if (!loaded() && (n == SYS_pidfd_getfd || n == SYS_io_uring_setup)) {
         need_engine();
     }
     if (loaded()) {

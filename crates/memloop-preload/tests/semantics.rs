@@ -128,6 +128,7 @@ fn main() -> std::process::ExitCode {
         test!(errno_untouched_by_calls_that_succeed),
         test!(a_program_closing_the_liveness_lock_makes_its_member_beat),
         test!(pthread_cancel_ends_calls_blocked_on_a_ring),
+        test!(the_engine_loads_only_where_it_is_needed),
         test!(ppoll_pselect_epoll_pwait_apply_their_sigmask),
         test!(blocked_send_eintr_and_sa_restart),
         test!(concurrent_send_and_recv_from_two_threads),
@@ -1056,6 +1057,36 @@ fn pthread_cancel_ends_calls_blocked_on_a_ring() {
         .map(|(m, (code, said))| format!("{m}: exit {code:?} ({said})"))
         .collect();
     assert!(bad.is_empty(), "under the preload: {}", bad.join("; "));
+}
+
+/// `libmemloop.so` loads its engine only in a process that needs it, with the settings the
+/// process started with (`tests/semantics/c/lazy_engine.c`): a program without sockets, and
+/// its fork child, never map the engine; a program that clears its environment before its
+/// first socket still gets a ring in its region (the ring's bytes are counted there).
+fn the_engine_loads_only_where_it_is_needed() {
+    let dir = Scratch::new("semantics", "lazy");
+    let exe = build_c(&dir, "lazy_engine");
+    let region = RegionGuard::new("sem", "lazy", 64 << 20);
+    let (code, said) = run_c(&exe, Some(&region.0), "idle");
+    assert_eq!(code, Some(0), "idle: {said}");
+    assert_eq!(said, "idle: engine absent");
+    let bytes = || {
+        let r = memloop::Region::open(&memloop::RegionSpec::parse(&region.0)).expect("region");
+        let c = r.registry().counters();
+        c.get(memloop::registry::COUNTER_RING_BYTES)
+            .copied()
+            .unwrap_or(0)
+    };
+    let before = bytes();
+    let (code, said) = run_c(&exe, Some(&region.0), "clearenv");
+    assert_eq!(code, Some(0), "clearenv: {said}");
+    assert_eq!(said, "clearenv: engine loaded");
+    assert!(
+        bytes() >= before + 10,
+        "clearenv: the exchange did not go through a ring of its region ({} bytes before, {} after)",
+        before,
+        bytes()
+    );
 }
 
 /// Runs a program built by [`build_c`] with `args` (space separated), under the preload in

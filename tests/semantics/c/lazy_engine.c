@@ -1,0 +1,107 @@
+/* When libmemloop.so loads its engine (libmemloop_preload.so), seen from a program.
+ *
+ *   lazy_engine idle      no socket: the engine is not in the process, nor in a fork child;
+ *                         prints "idle: engine absent".
+ *   lazy_engine clearenv  the environment is cleared before the first socket; then a
+ *                         connection to our own listener carries a message each way: the
+ *                         engine must still use the region the process started with (the
+ *                         test checks the ring in the log); prints "clearenv: engine loaded".
+ *
+ * Exit 0 when every check holds; 1 with a line saying which did not.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int engine_loaded(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) {
+        return -1;
+    }
+    char line[4096];
+    int found = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strstr(line, "libmemloop_preload.so")) {
+            found = 1;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static int fail(const char *what) {
+    printf("FAIL %s\n", what);
+    return 1;
+}
+
+static int idle(void) {
+    if (engine_loaded() != 0) {
+        return fail("idle: the engine is loaded in a process without sockets");
+    }
+    pid_t p = fork();
+    if (p == 0) {
+        _exit(engine_loaded() == 0 ? 0 : 3);
+    }
+    int st = 0;
+    if (p < 0 || waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        return fail("idle: the engine is loaded in a fork child without sockets");
+    }
+    printf("idle: engine absent\n");
+    return 0;
+}
+
+static int exchange(int a, int b) {
+    char buf[6] = {0};
+    return send(a, "hello", 5, 0) == 5 && recv(b, buf, 5, MSG_WAITALL) == 5 &&
+           strcmp(buf, "hello") == 0 && send(b, "back!", 5, 0) == 5 &&
+           recv(a, buf, 5, MSG_WAITALL) == 5 && strcmp(buf, "back!") == 0;
+}
+
+static int clear_env(void) {
+    if (!getenv("MEMLOOP_REGION")) {
+        return fail("clearenv: started without MEMLOOP_REGION");
+    }
+    if (clearenv() != 0 || getenv("MEMLOOP_REGION")) {
+        return fail("clearenv: clearenv");
+    }
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(l, 4) != 0 ||
+        getsockname(l, (struct sockaddr *)&sa, &len) != 0) {
+        return fail("clearenv: listener");
+    }
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (c < 0 || connect(c, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        return fail("clearenv: connect");
+    }
+    int s = accept(l, NULL, NULL);
+    if (s < 0 || !exchange(c, s)) {
+        return fail("clearenv: exchange");
+    }
+    if (engine_loaded() != 1) {
+        return fail("clearenv: the engine is not loaded after a socket");
+    }
+    close(c);
+    close(s);
+    close(l);
+    printf("clearenv: engine loaded\n");
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (strcmp(mode, "idle") == 0) {
+        return idle();
+    }
+    if (strcmp(mode, "clearenv") == 0) {
+        return clear_env();
+    }
+    return fail("usage: lazy_engine idle|clearenv");
+}
