@@ -71,22 +71,9 @@
       (int ep, struct epoll_event *e, int n, const struct timespec *t, const sigset_t *s),    \
       (ep, e, n, t, s))                                                                       \
     X(int, epoll_wait, (int ep, struct epoll_event *e, int n, int t), (ep, e, n, t))          \
-    X(int, execv, (const char *p, char *const *a), (p, a))                                    \
-    X(int, execve, (const char *p, char *const *a, char *const *e), (p, a, e))                \
-    X(int, execvp, (const char *p, char *const *a), (p, a))                                   \
-    X(int, execvpe, (const char *p, char *const *a, char *const *e), (p, a, e))               \
-    X(int, fexecve, (int fd, char *const *a, char *const *e), (fd, a, e))                     \
     X(int, getsockopt, (int fd, int l, int o, void *v, socklen_t *n), (fd, l, o, v, n))       \
     X(int, listen, (int fd, int n), (fd, n))                                                  \
     X(int, poll, (struct pollfd *f, nfds_t n, int t), (f, n, t))                              \
-    X(int, posix_spawn,                                                                       \
-      (pid_t * p, const char *f, const posix_spawn_file_actions_t *fa,                        \
-       const posix_spawnattr_t *at, char *const *a, char *const *e),                          \
-      (p, f, fa, at, a, e))                                                                   \
-    X(int, posix_spawnp,                                                                      \
-      (pid_t * p, const char *f, const posix_spawn_file_actions_t *fa,                        \
-       const posix_spawnattr_t *at, char *const *a, char *const *e),                          \
-      (p, f, fa, at, a, e))                                                                   \
     X(int, ppoll, (struct pollfd *f, nfds_t n, const struct timespec *t, const sigset_t *s),  \
       (f, n, t, s))                                                                           \
     X(int, pselect,                                                                           \
@@ -137,7 +124,18 @@
     X(ssize_t, __recv_chk, (int fd, void *b, size_t n, size_t len, int fl))                   \
     X(ssize_t, __recvfrom_chk,                                                                \
       (int fd, void *b, size_t n, size_t len, int fl, struct sockaddr *a, socklen_t *l))      \
-    X(pid_t, vfork, (void))
+    X(pid_t, vfork, (void))                                                                   \
+    X(int, execv, (const char *p, char *const *a))                                            \
+    X(int, execve, (const char *p, char *const *a, char *const *e))                           \
+    X(int, execvp, (const char *p, char *const *a))                                           \
+    X(int, execvpe, (const char *p, char *const *a, char *const *e))                          \
+    X(int, fexecve, (int fd, char *const *a, char *const *e))                                 \
+    X(int, posix_spawn,                                                                       \
+      (pid_t * p, const char *f, const posix_spawn_file_actions_t *fa,                        \
+       const posix_spawnattr_t *at, char *const *a, char *const *e))                          \
+    X(int, posix_spawnp,                                                                      \
+      (pid_t * p, const char *f, const posix_spawn_file_actions_t *fa,                        \
+       const posix_spawnattr_t *at, char *const *a, char *const *e))
 
 /* Function pointer types, and one table for the next definitions and one for the engine's. */
 #define TYPE(ret, name, params, ...) typedef ret(*name##_fn) params;
@@ -363,6 +361,25 @@ EXPORT int pidfd_getfd(int pidfd, int fd, unsigned fl) {
     return loaded() ? engine.pidfd_getfd(pidfd, fd, fl) : NEXT(pidfd_getfd)(pidfd, fd, fl);
 }
 
+/* What the functions that load the engine do, made through syscall(): a socket or epoll set
+ * (the engine must know of it), an fd from elsewhere (pidfd_getfd, recvmsg), io_uring (the
+ * engine then keeps the process's connections on TCP). */
+static int syscall_needs_engine(long n, long a) {
+    switch (n) {
+    case SYS_socket:
+        return inet((int)a);
+    case SYS_epoll_create:
+    case SYS_epoll_create1:
+    case SYS_pidfd_getfd:
+    case SYS_io_uring_setup:
+    case SYS_recvmsg:
+    case SYS_recvmmsg:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 /* Variadic in the C library; on x86_64 and aarch64 a variadic integer or pointer argument
  * travels like a fixed one, so the largest possible set is taken and handed on. */
 EXPORT long syscall(long n, ...) {
@@ -373,7 +390,7 @@ EXPORT long syscall(long n, ...) {
     va_end(ap);
     /* pidfd_getfd: an fd from another process; io_uring_setup: the engine must know that the
      * process may do I/O where it cannot see it (its connections then stay on TCP). */
-    if (!loaded() && (n == SYS_pidfd_getfd || n == SYS_io_uring_setup)) {
+    if (!loaded() && syscall_needs_engine(n, a)) {
         need_engine();
     }
     if (loaded()) {
@@ -421,6 +438,100 @@ CHK(ssize_t, __recvfrom_chk,
  * would return through this frame and the parent resume on a clobbered stack.) */
 EXPORT pid_t vfork(void) {
     return loaded() ? engine.vfork() : fork();
+}
+
+/* ---- exec: telling the next image there is nothing to adopt --------------------------------- */
+
+/* An image that never loaded the engine holds no inet socket and no epoll set (each would
+ * have loaded it), so the image it execs inherits none: it is told so by CLEAN_EXEC in the
+ * environment it gets, and skips its look at /proc/self/fd (most of what the shim costs a
+ * process that opens no socket). The variable is removed at load, before the program can copy
+ * its environment, so it never outlives the exec it was made for. An image with the engine
+ * execs through the engine's hooks, without it; so do the exec paths no hook sees (system(),
+ * popen()): the next image then looks. */
+#define CLEAN_EXEC "MEMLOOP_CLEAN_EXEC=1"
+#define CLEAN_EXEC_NAME "MEMLOOP_CLEAN_EXEC"
+
+static size_t env_len(char *const *e) {
+    size_t n = 0;
+    while (e && e[n]) {
+        n++;
+    }
+    return n;
+}
+
+/* `env` with CLEAN_EXEC added, in `out` (room for env_len(env) + 2 entries): on the caller's
+ * stack, as an exec may run where malloc may not (a fork child of a threaded program). */
+static char *const *with_clean(char *const *env, char **out) {
+    size_t n = 0;
+    for (size_t i = 0; env && env[i]; i++) {
+        if (strncmp(env[i], CLEAN_EXEC_NAME "=", sizeof CLEAN_EXEC_NAME) != 0) {
+            out[n++] = env[i];
+        }
+    }
+    out[n++] = (char *)CLEAN_EXEC;
+    out[n] = NULL;
+    return out;
+}
+
+#define WITH_CLEAN(env, name) char *name##_buf[env_len(env) + 2]; with_clean(env, name##_buf)
+
+EXPORT int execve(const char *p, char *const *a, char *const *e) {
+    if (loaded()) {
+        return engine.execve(p, a, e);
+    }
+    WITH_CLEAN(e, env);
+    return NEXT(execve)(p, a, env_buf);
+}
+
+EXPORT int execv(const char *p, char *const *a) {
+    if (loaded()) {
+        return engine.execv(p, a);
+    }
+    WITH_CLEAN(environ, env);
+    return NEXT(execve)(p, a, env_buf);
+}
+
+EXPORT int execvpe(const char *p, char *const *a, char *const *e) {
+    if (loaded()) {
+        return engine.execvpe(p, a, e);
+    }
+    WITH_CLEAN(e, env);
+    return NEXT(execvpe)(p, a, env_buf);
+}
+
+EXPORT int execvp(const char *p, char *const *a) {
+    if (loaded()) {
+        return engine.execvp(p, a);
+    }
+    WITH_CLEAN(environ, env);
+    return NEXT(execvpe)(p, a, env_buf);
+}
+
+EXPORT int fexecve(int fd, char *const *a, char *const *e) {
+    if (loaded()) {
+        return engine.fexecve(fd, a, e);
+    }
+    WITH_CLEAN(e, env);
+    return NEXT(fexecve)(fd, a, env_buf);
+}
+
+EXPORT int posix_spawn(pid_t *p, const char *f, const posix_spawn_file_actions_t *fa,
+                       const posix_spawnattr_t *at, char *const *a, char *const *e) {
+    if (loaded()) {
+        return engine.posix_spawn(p, f, fa, at, a, e);
+    }
+    WITH_CLEAN(e, env);
+    return NEXT(posix_spawn)(p, f, fa, at, a, env_buf);
+}
+
+EXPORT int posix_spawnp(pid_t *p, const char *f, const posix_spawn_file_actions_t *fa,
+                        const posix_spawnattr_t *at, char *const *a, char *const *e) {
+    if (loaded()) {
+        return engine.posix_spawnp(p, f, fa, at, a, e);
+    }
+    WITH_CLEAN(e, env);
+    return NEXT(posix_spawnp)(p, f, fa, at, a, env_buf);
 }
 
 /* ---- fork and exit ---------------------------------------------------------------------------- */
@@ -500,12 +611,17 @@ static int inherits_what_needs_engine(void) {
 }
 
 __attribute__((constructor)) static void on_load(void) {
+    /* Read and removed first: neither the settings nor the program ever see it. */
+    int clean = getenv(CLEAN_EXEC_NAME) != NULL;
+    if (clean) {
+        unsetenv(CLEAN_EXEC_NAME);
+    }
     capture_settings();
     /* At load, before the program registers its own: a library's handlers must prepare last
      * and resume first (the program's child handler may use a socket). */
     pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child);
     atexit(at_exit);
-    if (!disabled() && inherits_what_needs_engine()) {
+    if (!disabled() && !clean && inherits_what_needs_engine()) {
         need_engine();
     }
 }

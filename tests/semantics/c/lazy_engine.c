@@ -1,7 +1,8 @@
 /* When libmemloop.so loads its engine (libmemloop_preload.so), seen from a program.
  *
- *   lazy_engine idle      no socket: the engine is not in the process, nor in a fork child;
- *                         prints "idle: engine absent".
+ *   lazy_engine idle      no socket: the engine is not in the process, nor in a fork child,
+ *                         nor in the program that child execs, whose environment shows nothing
+ *                         of what the shim told it; prints "idle: engine absent".
  *   lazy_engine clearenv  the environment is cleared before the first socket; then a
  *                         connection to our own listener carries a message each way: the
  *                         engine must still use the region the process started with (the
@@ -40,17 +41,36 @@ static int fail(const char *what) {
     return 1;
 }
 
+static char self_path[4096];
+
+/* The program a clean (engine-less) process execs: no engine, and no trace of the shim's
+ * hint in its environment. */
+static int exec_child(void) {
+    if (getenv("MEMLOOP_CLEAN_EXEC")) {
+        return 5;
+    }
+    return engine_loaded() == 0 ? 0 : 6;
+}
+
 static int idle(void) {
     if (engine_loaded() != 0) {
         return fail("idle: the engine is loaded in a process without sockets");
     }
     pid_t p = fork();
     if (p == 0) {
-        _exit(engine_loaded() == 0 ? 0 : 3);
+        if (engine_loaded() != 0) {
+            _exit(3);
+        }
+        char *argv[] = {self_path, "exec-child", NULL};
+        execve(self_path, argv, environ);
+        _exit(4);
     }
     int st = 0;
     if (p < 0 || waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        return fail("idle: the engine is loaded in a fork child without sockets");
+        printf("FAIL idle: fork child exit %d (3: engine loaded; 4: exec failed; 5: hint "
+               "visible after exec; 6: engine loaded after exec)\n",
+               WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        return 1;
     }
     printf("idle: engine absent\n");
     return 0;
@@ -97,6 +117,11 @@ static int clear_env(void) {
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
+    ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
+    self_path[n > 0 ? n : 0] = '\0';
+    if (strcmp(mode, "exec-child") == 0) {
+        return exec_child();
+    }
     if (strcmp(mode, "idle") == 0) {
         return idle();
     }
