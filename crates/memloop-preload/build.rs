@@ -45,7 +45,8 @@ fn compile(out: &Path) {
             // It defines the checked variants (`__read_chk`, …) itself.
             "-U_FORTIFY_SOURCE",
             "-D_FORTIFY_SOURCE=0",
-            "-Wl,-z,now",
+            // (Lazy binding: most of its own imports — dlopen, dlsym, … — a process that
+            // never needs the engine never calls, and each costs a lookup at load.)
             // Two mappings (code, data) instead of four: each is copied by every fork and
             // torn down by every exit of every process it is loaded in. (Its data holds
             // function pointers written at run time anyway; read-only relocations would

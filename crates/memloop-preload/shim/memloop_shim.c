@@ -152,6 +152,9 @@ static atomic_int state;
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_t loader;
 
+/* Where `vfork` jumps (see there). */
+__attribute__((used)) static void *vfork_target;
+
 typedef void (*void_fn)(void);
 static void_fn engine_fork_prepare, engine_fork_parent, engine_fork_child, engine_exit;
 /* The prepare handler forwarded (the parent and child handlers follow it, whatever the
@@ -194,12 +197,24 @@ OTHERS(GETTER)
 
 #define MAX_SETTINGS 32
 static char *settings[MAX_SETTINGS];
+/* Copies, as a program may overwrite its original environment strings (a process title
+ * written over them); in a static buffer, as the first malloc of a process that never
+ * needs one costs it a heap. */
+static char settings_buf[4096];
 
 static void capture_settings(void) {
     int n = 0;
+    size_t used = 0;
     for (char **e = environ; e && *e && n < MAX_SETTINGS; e++) {
-        if (strncmp(*e, "MEMLOOP_", 8) == 0) {
-            settings[n++] = strdup(*e);
+        if (strncmp(*e, "MEMLOOP_", 8) != 0) {
+            continue;
+        }
+        size_t len = strlen(*e) + 1;
+        if (used + len <= sizeof settings_buf) {
+            settings[n++] = memcpy(settings_buf + used, *e, len);
+            used += len;
+        } else if ((settings[n] = strdup(*e)) != NULL) {
+            n++;
         }
     }
 }
@@ -281,6 +296,7 @@ static void open_engine(void) {
         return;
     }
     atomic_store_explicit(&state, 2, memory_order_release);
+    vfork_target = (void *)engine.vfork;
 }
 
 /* Loads the engine once. Calls the engine's own start-up makes meanwhile (on this thread)
@@ -433,11 +449,31 @@ CHK(ssize_t, __recvfrom_chk,
     (int fd, void *b, size_t n, size_t len, int fl, struct sockaddr *a, socklen_t *l),
     (fd, b, n, len, fl, a, l))
 
-/* A vforked child would share our memory and skip the fork handlers; a full fork is a valid
- * vfork (and what the engine does too). (A wrapper cannot call the real vfork: the child
- * would return through this frame and the parent resume on a clobbered stack.) */
+/* vfork: the C library's until the engine is loaded (a shell vforks for every command, and a
+ * full fork of it costs ~130 µs more here); then the engine's, which forks (a vforked child
+ * would share the engine's memory and skip the fork handlers). A wrapper cannot call the real
+ * vfork (its child would return through the wrapper's frame and the parent then resume on a
+ * clobbered stack), so `vfork` is a jump to `vfork_target`, set at load and when the engine
+ * loads. */
+
+#if defined(__x86_64__)
+__attribute__((naked)) EXPORT pid_t vfork(void) {
+    __asm__("jmp *vfork_target(%rip)");
+}
+#elif defined(__aarch64__)
+__attribute__((naked)) EXPORT pid_t vfork(void) {
+    __asm__("adrp x16, vfork_target\n"
+            "ldr x16, [x16, :lo12:vfork_target]\n"
+            "br x16");
+}
+#else
 EXPORT pid_t vfork(void) {
     return loaded() ? engine.vfork() : fork();
+}
+#endif
+
+static pid_t fork_as_vfork(void) {
+    return fork();
 }
 
 /* ---- exec: telling the next image there is nothing to adopt --------------------------------- */
@@ -536,7 +572,21 @@ EXPORT int posix_spawnp(pid_t *p, const char *f, const posix_spawn_file_actions_
 
 /* ---- fork and exit ---------------------------------------------------------------------------- */
 
+/* Every next definition, resolved now: a fork child resolving one itself pays dlsym's lookup
+ * and the loader's pages it touches, in every child (a shell's child execs, dups and
+ * closes). */
+static void resolve_all(void) {
+#define RESOLVE_NEXT(ret, name, ...) (void)NEXT(name);
+    HOOKS(RESOLVE_NEXT)
+    OTHERS(RESOLVE_NEXT)
+}
+
 static void at_fork_prepare(void) {
+    /* From the second fork on, as a process that forks once need not pay for it. */
+    static int forks;
+    if (forks < 2 && ++forks == 2) {
+        resolve_all();
+    }
     fork_forwarded = loaded();
     if (fork_forwarded) {
         engine_fork_prepare();
@@ -617,6 +667,10 @@ __attribute__((constructor)) static void on_load(void) {
         unsetenv(CLEAN_EXEC_NAME);
     }
     capture_settings();
+    vfork_target = dlsym(RTLD_NEXT, "vfork");
+    if (!vfork_target) {
+        vfork_target = (void *)fork_as_vfork;
+    }
     /* At load, before the program registers its own: a library's handlers must prepare last
      * and resume first (the program's child handler may use a socket). */
     pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child);

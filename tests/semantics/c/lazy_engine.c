@@ -2,7 +2,8 @@
  *
  *   lazy_engine idle      no socket: the engine is not in the process, nor in a fork child,
  *                         nor in the program that child execs, whose environment shows nothing
- *                         of what the shim told it; prints "idle: engine absent".
+ *                         of what the shim told it; the same through vfork; prints
+ *                         "idle: engine absent".
  *   lazy_engine clearenv  the environment is cleared before the first socket; then a
  *                         connection to our own listener carries a message each way: the
  *                         engine must still use the region the process started with (the
@@ -70,6 +71,17 @@ static int idle(void) {
         printf("FAIL idle: fork child exit %d (3: engine loaded; 4: exec failed; 5: hint "
                "visible after exec; 6: engine loaded after exec)\n",
                WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        return 1;
+    }
+    /* vfork is the C library's here (a jump to it): the child execs in our memory. */
+    p = vfork();
+    if (p == 0) {
+        char *argv[] = {self_path, "exec-child", NULL};
+        execve(self_path, argv, environ);
+        _exit(4);
+    }
+    if (p < 0 || waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        printf("FAIL idle: vfork child exit %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
         return 1;
     }
     printf("idle: engine absent\n");

@@ -94,15 +94,29 @@ struct Env {
 impl Env {
     fn command(&self, v: Variant, args: &[&str]) -> Command {
         let mut c = Command::new(&self.exe);
-        c.arg("proc-peer")
-            .args(args)
-            .env_remove("LD_PRELOAD")
-            .env_remove("MEMLOOP_REGION");
+        c.arg("proc-peer").args(args);
+        self.environment(&mut c, v);
+        c
+    }
+
+    /// `sh` running `/bin/true` `n` times (a fork and an exec each).
+    fn script(&self, v: Variant, n: usize) -> Command {
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(format!(
+                "i=0; while [ $i -lt {n} ]; do /bin/true; i=$((i+1)); done"
+            ))
+            .stdin(Stdio::null());
+        self.environment(&mut c, v);
+        c
+    }
+
+    fn environment(&self, c: &mut Command, v: Variant) {
+        c.env_remove("LD_PRELOAD").env_remove("MEMLOOP_REGION");
         if v == Variant::Preload {
             c.env("MEMLOOP_REGION", &self.region)
                 .env("LD_PRELOAD", &self.ld_preload);
         }
-        c
     }
 }
 
@@ -369,6 +383,16 @@ impl Bench {
             Group::Noop => {
                 let t = self.spawn_times(v, &["noop"], &who("proc-peer noop"))?;
                 vec![(fig_index("fresh process, noop"), median(&t))]
+            }
+            Group::Script => {
+                let n = self.cfg.spawns * 5;
+                let t = Instant::now();
+                let status = self.env.script(v, n).status().context(who("running sh"))?;
+                if !status.success() {
+                    return Err(fail(format!("{}: {status}", who("the sh loop"))));
+                }
+                let us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+                vec![(fig_index("script: sh → /bin/true"), us)]
             }
         })
     }
