@@ -510,65 +510,35 @@ static char *const *with_clean(char *const *env, char **out) {
     return out;
 }
 
-#define WITH_CLEAN(env, name) char *name##_buf[env_len(env) + 2]; with_clean(env, name##_buf)
+#define WITH_CLEAN(env)                                                                       \
+    char *hint_env[env_len(env) + 2];                                                         \
+    with_clean(env, hint_env)
 
-EXPORT int execve(const char *p, char *const *a, char *const *e) {
-    if (loaded()) {
-        return engine.execve(p, a, e);
+/* `name`: the engine's once loaded; else `next` with the environment `env` plus the hint. */
+#define WITH_HINT(name, params, args, env, next, next_args)                                   \
+    EXPORT int name params {                                                                  \
+        if (loaded()) {                                                                       \
+            return engine.name args;                                                          \
+        }                                                                                     \
+        WITH_CLEAN(env);                                                                      \
+        return NEXT(next) next_args;                                                          \
     }
-    WITH_CLEAN(e, env);
-    return NEXT(execve)(p, a, env_buf);
-}
-
-EXPORT int execv(const char *p, char *const *a) {
-    if (loaded()) {
-        return engine.execv(p, a);
-    }
-    WITH_CLEAN(environ, env);
-    return NEXT(execve)(p, a, env_buf);
-}
-
-EXPORT int execvpe(const char *p, char *const *a, char *const *e) {
-    if (loaded()) {
-        return engine.execvpe(p, a, e);
-    }
-    WITH_CLEAN(e, env);
-    return NEXT(execvpe)(p, a, env_buf);
-}
-
-EXPORT int execvp(const char *p, char *const *a) {
-    if (loaded()) {
-        return engine.execvp(p, a);
-    }
-    WITH_CLEAN(environ, env);
-    return NEXT(execvpe)(p, a, env_buf);
-}
-
-EXPORT int fexecve(int fd, char *const *a, char *const *e) {
-    if (loaded()) {
-        return engine.fexecve(fd, a, e);
-    }
-    WITH_CLEAN(e, env);
-    return NEXT(fexecve)(fd, a, env_buf);
-}
-
-EXPORT int posix_spawn(pid_t *p, const char *f, const posix_spawn_file_actions_t *fa,
-                       const posix_spawnattr_t *at, char *const *a, char *const *e) {
-    if (loaded()) {
-        return engine.posix_spawn(p, f, fa, at, a, e);
-    }
-    WITH_CLEAN(e, env);
-    return NEXT(posix_spawn)(p, f, fa, at, a, env_buf);
-}
-
-EXPORT int posix_spawnp(pid_t *p, const char *f, const posix_spawn_file_actions_t *fa,
-                        const posix_spawnattr_t *at, char *const *a, char *const *e) {
-    if (loaded()) {
-        return engine.posix_spawnp(p, f, fa, at, a, e);
-    }
-    WITH_CLEAN(e, env);
-    return NEXT(posix_spawnp)(p, f, fa, at, a, env_buf);
-}
+WITH_HINT(execve, (const char *p, char *const *a, char *const *e), (p, a, e), e, execve,
+          (p, a, hint_env))
+WITH_HINT(execv, (const char *p, char *const *a), (p, a), environ, execve, (p, a, hint_env))
+WITH_HINT(execvpe, (const char *p, char *const *a, char *const *e), (p, a, e), e, execvpe,
+          (p, a, hint_env))
+WITH_HINT(execvp, (const char *p, char *const *a), (p, a), environ, execvpe, (p, a, hint_env))
+WITH_HINT(fexecve, (int fd, char *const *a, char *const *e), (fd, a, e), e, fexecve,
+          (fd, a, hint_env))
+WITH_HINT(posix_spawn,
+          (pid_t * p, const char *f, const posix_spawn_file_actions_t *fa,
+           const posix_spawnattr_t *at, char *const *a, char *const *e),
+          (p, f, fa, at, a, e), e, posix_spawn, (p, f, fa, at, a, hint_env))
+WITH_HINT(posix_spawnp,
+          (pid_t * p, const char *f, const posix_spawn_file_actions_t *fa,
+           const posix_spawnattr_t *at, char *const *a, char *const *e),
+          (p, f, fa, at, a, e), e, posix_spawnp, (p, f, fa, at, a, hint_env))
 
 /* ---- fork and exit ---------------------------------------------------------------------------- */
 
