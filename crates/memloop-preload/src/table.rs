@@ -122,13 +122,13 @@ pub fn udp(fd: i32) -> Option<Arc<crate::udp::UdpSock>> {
 /// Every published UDP socket, once each.
 pub fn udps() -> Vec<Arc<crate::udp::UdpSock>> {
     let mut v: Vec<Arc<crate::udp::UdpSock>> = Vec::new();
-    for (_, e) in all() {
-        if let Entry::Udp(u) = &*e {
+    each(|_, e| {
+        if let Entry::Udp(u) = e {
             if !v.iter().any(|x| Arc::ptr_eq(x, u)) {
                 v.push(u.clone());
             }
         }
-    }
+    });
     v
 }
 
@@ -192,6 +192,19 @@ pub fn tracked_in(first: i32, last: i32) -> Vec<i32> {
         .collect()
 }
 
+/// `f` on every entry, borrowed: no reference is taken on entries `f` does not keep (in a fork
+/// child, a count written is a page copied).
+pub fn each(mut f: impl FnMut(i32, &Entry)) {
+    for i in 0..HIGH.load(Relaxed).min(MAX_FD) {
+        if KIND[i].load(Relaxed) != K_OBJ {
+            continue;
+        }
+        if let Some(e) = (*SLOTS[i].load()).as_deref() {
+            f(i as i32, e);
+        }
+    }
+}
+
 /// Every entry.
 pub fn all() -> Vec<(i32, Arc<Entry>)> {
     (0..HIGH.load(Relaxed) as i32)
@@ -202,16 +215,20 @@ pub fn all() -> Vec<(i32, Arc<Entry>)> {
 /// Every connection of ours, once each (several fds may name one).
 pub fn conns() -> Vec<Arc<Conn>> {
     // (By address, in a set: the heartbeat lists them every beat, and a server with 10,000
-    // connections made a pairwise comparison take the whole of a CPU.)
-    let mut seen = std::collections::HashSet::new();
+    // connections made a pairwise comparison take the whole of a CPU. Made at the first one:
+    // the fork handlers ask in every child, where each allocation is a page to copy.)
+    let mut seen: Option<std::collections::HashSet<usize>> = None;
     let mut v: Vec<Arc<Conn>> = Vec::new();
-    for (_, e) in all() {
-        if let Entry::Conn(c) = &*e {
-            if seen.insert(Arc::as_ptr(c) as usize) {
+    each(|_, e| {
+        if let Entry::Conn(c) = e {
+            if seen
+                .get_or_insert_with(Default::default)
+                .insert(Arc::as_ptr(c) as usize)
+            {
                 v.push(c.clone());
             }
         }
-    }
+    });
     v
 }
 
@@ -252,15 +269,15 @@ pub fn epoll_sets() -> Vec<Arc<EpollSet>> {
 /// it, so no connection can appear between `f` and the fork.
 pub fn lock_for_fork(mut f: impl FnMut(&Arc<Conn>)) {
     CHANGES.acquire_for_fork(|_| {
-        let mut seen: Vec<Arc<Conn>> = Vec::new();
-        for (_, e) in all() {
-            if let Entry::Conn(c) = &*e {
-                if !seen.iter().any(|s| Arc::ptr_eq(s, c)) {
+        let mut seen: Vec<*const Conn> = Vec::new();
+        each(|_, e| {
+            if let Entry::Conn(c) = e {
+                if !seen.contains(&Arc::as_ptr(c)) {
                     f(c);
-                    seen.push(c.clone());
+                    seen.push(Arc::as_ptr(c));
                 }
             }
-        }
+        });
     });
 }
 

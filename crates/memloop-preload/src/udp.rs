@@ -798,11 +798,11 @@ pub fn kernel_only(fd: c_int, why: &str, reason: FallbackReason) {
 /// kernel (see [`UdpSock::before_close`]), as the kernel delivers what a process
 /// sent before it exited.
 pub fn deliver_pending() {
-    for (fd, e) in crate::table::all() {
-        if let crate::table::Entry::Udp(u) = &*e {
+    crate::table::each(|fd, e| {
+        if let crate::table::Entry::Udp(u) = e {
             u.before_close(fd);
         }
-    }
+    });
 }
 
 /// Every UDP socket of ours that another process may now hold (fork, exec, fds passed)
@@ -817,11 +817,15 @@ pub fn leave_all(why: &str) {
 /// in its own handler); ours become plain kernel sockets, forgotten without touching the
 /// region (dropping them would remove the parent's endpoints).
 pub fn forget_in_child() {
-    for (fd, e) in crate::table::all() {
-        if let crate::table::Entry::Udp(_) = &*e {
-            if let Some(e) = crate::table::remove(fd) {
-                std::mem::forget(e);
-            }
+    let mut ours = Vec::new();
+    crate::table::each(|fd, e| {
+        if let crate::table::Entry::Udp(_) = e {
+            ours.push(fd);
+        }
+    });
+    for fd in ours {
+        if let Some(e) = crate::table::remove(fd) {
+            std::mem::forget(e);
         }
     }
 }
