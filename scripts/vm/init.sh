@@ -99,7 +99,7 @@ else
   unset MEMLOOP_REGION
 fi
 
-MEMLOOP_PRELOAD=/usr/lib/memloop/libmemloop_preload.so
+MEMLOOP_PRELOAD=/usr/lib/memloop/libmemloop.so
 HOME=/root
 export MEMLOOP_PRELOAD HOME
 cd /root || cd /

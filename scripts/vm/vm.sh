@@ -180,7 +180,7 @@ image_inputs() {
   # Everything whose change must rebuild the initramfs, as "path size mtime" lines.
   local progs libs
   mapfile -t progs < <(program_paths)
-  local files=("$BIN_DIR/memloop" "$BIN_DIR/memloop-bench" "$BIN_DIR/libmemloop_preload.so" "$SCRIPT_DIR/init.sh" "$SCRIPT_DIR/region.sh"
+  local files=("$BIN_DIR/memloop" "$BIN_DIR/memloop-bench" "$BIN_DIR/libmemloop.so" "$BIN_DIR/libmemloop_preload.so" "$SCRIPT_DIR/init.sh" "$SCRIPT_DIR/region.sh"
     "${BASH_SOURCE[0]}" /bin/busybox "${progs[@]}")
   mapfile -t libs < <(libs_of "$BIN_DIR/memloop" "$BIN_DIR/memloop-bench" "$BIN_DIR/libmemloop_preload.so" "${progs[@]}")
   stat -L -c '%n %s %Y' "${files[@]}" "${libs[@]}"
@@ -199,8 +199,8 @@ cmd_image() {
 }
 
 build_image() {
-  if [ ! -x "$BIN_DIR/memloop" ] || [ ! -x "$BIN_DIR/memloop-bench" ] || [ ! -f "$BIN_DIR/libmemloop_preload.so" ]; then
-    die "missing $BIN_DIR/memloop, memloop-bench or libmemloop_preload.so: cargo build --release -p memloop-cli -p memloop-bench -p memloop-preload"
+  if [ ! -x "$BIN_DIR/memloop" ] || [ ! -x "$BIN_DIR/memloop-bench" ] || [ ! -f "$BIN_DIR/libmemloop.so" ] || [ ! -f "$BIN_DIR/libmemloop_preload.so" ]; then
+    die "missing $BIN_DIR/memloop, memloop-bench, libmemloop.so or libmemloop_preload.so: cargo build --release -p memloop-cli -p memloop-bench -p memloop-preload"
   fi
   ensure_packages
 
@@ -254,8 +254,12 @@ build_image() {
   # `memloop bench …` runs the memloop-bench next to it.
   strip --strip-debug -o "$st/usr/bin/memloop-bench" "$BIN_DIR/memloop-bench" 2>/dev/null ||
     cp "$BIN_DIR/memloop-bench" "$st/usr/bin/memloop-bench"
-  strip --strip-debug -o "$st/usr/lib/memloop/libmemloop_preload.so" "$BIN_DIR/libmemloop_preload.so" 2>/dev/null ||
-    cp "$BIN_DIR/libmemloop_preload.so" "$st/usr/lib/memloop/libmemloop_preload.so"
+  # The preload library and the engine it loads (`memloop run` finds the first, which finds
+  # the second beside it).
+  for so in libmemloop.so libmemloop_preload.so; do
+    strip --strip-debug -o "$st/usr/lib/memloop/$so" "$BIN_DIR/$so" 2>/dev/null ||
+      cp "$BIN_DIR/$so" "$st/usr/lib/memloop/$so"
+  done
   local progs lib
   mapfile -t progs < <(program_paths)
   cp "${progs[@]}" "$st/usr/bin/"

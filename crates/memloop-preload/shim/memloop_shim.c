@@ -570,6 +570,13 @@ static void at_fork_parent(void) {
 }
 
 static void at_fork_child(void) {
+    if (atomic_load_explicit(&state, memory_order_acquire) == 1) {
+        /* Another thread of the parent was loading the engine: it is not in this child, nor
+         * will it finish here (the loader's locks stay held). The child stays on the kernel
+         * path rather than wait for it forever. */
+        pthread_mutex_init(&load_lock, NULL);
+        atomic_store_explicit(&state, 3, memory_order_release);
+    }
     if (fork_forwarded) {
         engine_fork_child();
     }

@@ -17,15 +17,19 @@ pub enum Point {
     /// A ring wait about to sleep on the kernel socket (a blocking peek): the connection may
     /// switch and the peer's FIN arrive meanwhile.
     RingSleep,
+    /// The end of the library's start-up (for the shim: inside its `dlopen`, its load lock
+    /// held): another thread may fork meanwhile.
+    EngineLoad,
 }
 
 impl Point {
-    const ALL: [Point; 2] = [Point::SweepListed, Point::RingSleep];
+    const ALL: [Point; 3] = [Point::SweepListed, Point::RingSleep, Point::EngineLoad];
 
     fn name(self) -> &'static str {
         match self {
             Point::SweepListed => "sweep-listed",
             Point::RingSleep => "ring-sleep",
+            Point::EngineLoad => "engine-load",
         }
     }
 }

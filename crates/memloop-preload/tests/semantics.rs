@@ -1061,8 +1061,9 @@ fn pthread_cancel_ends_calls_blocked_on_a_ring() {
 
 /// `libmemloop.so` loads its engine only in a process that needs it, with the settings the
 /// process started with (`tests/semantics/c/lazy_engine.c`): a program without sockets, and
-/// its fork child, never map the engine; a program that clears its environment before its
-/// first socket still gets a ring in its region (the ring's bytes are counted there).
+/// its fork child, never map the engine; a child forked while another thread loads it does not
+/// wait for that load; a program that clears its environment before its first socket still
+/// gets a ring in its region (the ring's bytes are counted there).
 fn the_engine_loads_only_where_it_is_needed() {
     let dir = Scratch::new("semantics", "lazy");
     let exe = build_c(&dir, "lazy_engine");
@@ -1077,6 +1078,16 @@ fn the_engine_loads_only_where_it_is_needed() {
             .copied()
             .unwrap_or(0)
     };
+    // A fork while another thread loads the engine (paused in its start-up): the child does
+    // not wait for a load that will never finish in it.
+    let mut cmd = env_prefix(60, Some(&region.0));
+    cmd.push("MEMLOOP_TEST_PAUSE=engine-load:500000:1".into());
+    cmd.push(exe.display().to_string());
+    cmd.push("fork-while-loading".into());
+    let out = Command::new(&cmd[0]).args(&cmd[1..]).output().expect("run");
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(out.status.code(), Some(0), "fork-while-loading: {said}");
+    assert_eq!(said, "fork-while-loading: child not stuck");
     let before = bytes();
     let (code, said) = run_c(&exe, Some(&region.0), "clearenv");
     assert_eq!(code, Some(0), "clearenv: {said}");

@@ -4,6 +4,11 @@
  *                         nor in the program that child execs, whose environment shows nothing
  *                         of what the shim told it; the same through vfork; prints
  *                         "idle: engine absent".
+ *   lazy_engine fork-while-loading
+ *                         a thread's first socket loads the engine (paused there by
+ *                         MEMLOOP_TEST_PAUSE=engine-load:…) while the main thread forks; the
+ *                         child's own socket must not wait for a load that will never finish
+ *                         in it (5 s alarm); prints "fork-while-loading: child not stuck".
  *   lazy_engine clearenv  the environment is cleared before the first socket; then a
  *                         connection to our own listener carries a message each way: the
  *                         engine must still use the region the process started with (the
@@ -13,6 +18,9 @@
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +96,43 @@ static int idle(void) {
     return 0;
 }
 
+static void *first_socket(void *arg) {
+    (void)arg;
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    if (s >= 0) {
+        close(s);
+    }
+    return NULL;
+}
+
+static int fork_while_loading(void) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, first_socket, NULL) != 0) {
+        return fail("fork-while-loading: pthread_create");
+    }
+    struct timespec ms100 = {0, 100 * 1000 * 1000};
+    nanosleep(&ms100, NULL);
+    pid_t p = fork();
+    if (p == 0) {
+        alarm(5);
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        _exit(s >= 0 ? 0 : 3);
+    }
+    int st = 0;
+    if (p < 0 || waitpid(p, &st, 0) != p) {
+        return fail("fork-while-loading: fork");
+    }
+    pthread_join(t, NULL);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        printf("FAIL fork-while-loading: the child %s %d\n",
+               WIFSIGNALED(st) ? "was killed by signal" : "exited", WIFSIGNALED(st) ?
+               WTERMSIG(st) : WEXITSTATUS(st));
+        return 1;
+    }
+    printf("fork-while-loading: child not stuck\n");
+    return 0;
+}
+
 static int exchange(int a, int b) {
     char buf[6] = {0};
     return send(a, "hello", 5, 0) == 5 && recv(b, buf, 5, MSG_WAITALL) == 5 &&
@@ -136,6 +181,9 @@ int main(int argc, char **argv) {
     }
     if (strcmp(mode, "idle") == 0) {
         return idle();
+    }
+    if (strcmp(mode, "fork-while-loading") == 0) {
+        return fork_while_loading();
     }
     if (strcmp(mode, "clearenv") == 0) {
         return clear_env();

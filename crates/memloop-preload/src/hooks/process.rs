@@ -415,6 +415,7 @@ extern "C" fn on_load() {
         register_handlers();
     }
     track("load", crate::inherit::adopt_inherited);
+    crate::testpoint::pause(crate::testpoint::Point::EngineLoad);
 }
 
 /// The fork and exit handlers, when we are preloaded ourselves (not loaded by the shim).
