@@ -256,10 +256,6 @@ static void engine_path(char *out, size_t cap) {
     snprintf(out, cap, "%s", ENGINE_NAME);
 }
 
-static void *engine_sym(void *h, const char *name) {
-    return dlsym(h, name);
-}
-
 static void open_engine(void) {
     char path[4096];
     engine_path(path, sizeof path);
@@ -276,13 +272,13 @@ static void open_engine(void) {
         atomic_store_explicit(&state, 3, memory_order_release);
         return;
     }
-#define RESOLVE(ret, name, ...) engine.name = (name##_fn)engine_sym(h, #name);
+#define RESOLVE(ret, name, ...) engine.name = (name##_fn)dlsym(h, #name);
     HOOKS(RESOLVE)
     OTHERS(RESOLVE)
-    engine_fork_prepare = (void_fn)engine_sym(h, "memloop_engine_fork_prepare");
-    engine_fork_parent = (void_fn)engine_sym(h, "memloop_engine_fork_parent");
-    engine_fork_child = (void_fn)engine_sym(h, "memloop_engine_fork_child");
-    engine_exit = (void_fn)engine_sym(h, "memloop_engine_exit");
+    engine_fork_prepare = (void_fn)dlsym(h, "memloop_engine_fork_prepare");
+    engine_fork_parent = (void_fn)dlsym(h, "memloop_engine_fork_parent");
+    engine_fork_child = (void_fn)dlsym(h, "memloop_engine_fork_child");
+    engine_exit = (void_fn)dlsym(h, "memloop_engine_exit");
     /* An engine missing one of them is not ours (or from another version): not used. */
 #define CHECK(ret, name, ...) ok = ok && engine.name;
     int ok = engine_fork_prepare && engine_fork_parent && engine_fork_child && engine_exit;

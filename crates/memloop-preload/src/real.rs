@@ -47,14 +47,20 @@ fn shim_fn(name: &std::ffi::CStr) -> Option<usize> {
     (!p.is_null()).then_some(p as usize)
 }
 
-/// The shim's `memloop_shim_next`, looked up once (0: loaded as a preload ourselves).
+/// `name` of the shim, looked up once into `slot` (0: not loaded by the shim).
+fn shim_cached(slot: &AtomicUsize, name: &std::ffi::CStr) -> usize {
+    let mut a = slot.load(Ordering::Relaxed);
+    if a == usize::MAX {
+        a = shim_fn(name).unwrap_or(0);
+        slot.store(a, Ordering::Relaxed);
+    }
+    a
+}
+
+/// The shim's `memloop_shim_next` (`None`: loaded as a preload ourselves).
 fn shim_next() -> Option<ShimNext> {
     static NEXT: AtomicUsize = AtomicUsize::new(usize::MAX);
-    let mut a = NEXT.load(Ordering::Relaxed);
-    if a == usize::MAX {
-        a = shim_fn(c"memloop_shim_next").unwrap_or(0);
-        NEXT.store(a, Ordering::Relaxed);
-    }
+    let a = shim_cached(&NEXT, c"memloop_shim_next");
     // SAFETY: the shim exports `memloop_shim_next` with this prototype.
     (a != 0).then(|| unsafe { std::mem::transmute::<usize, ShimNext>(a) })
 }
@@ -68,9 +74,11 @@ pub fn under_shim() -> bool {
 /// A `MEMLOOP_*` setting: as the process started with it when the shim loaded us (the program
 /// may have changed its environment since), else from the environment now.
 pub fn setting(name: &str) -> Option<String> {
-    let Some(a) = shim_fn(c"memloop_shim_env") else {
+    static ENV: AtomicUsize = AtomicUsize::new(usize::MAX);
+    let a = shim_cached(&ENV, c"memloop_shim_env");
+    if a == 0 {
         return std::env::var(name).ok();
-    };
+    }
     let key = std::ffi::CString::new(name).ok()?;
     // SAFETY: the shim exports `memloop_shim_env` with this prototype; it returns null or a
     // NUL-terminated string it keeps for the life of the process.
