@@ -231,6 +231,15 @@ EXPORT const char *memloop_shim_env(const char *name) {
     return NULL;
 }
 
+/* 1 until the start-up look (or the exec hint) showed that nothing inherited needs the
+ * engine: then every inet socket and epoll set the process holds was made (or received)
+ * through one of our triggers, and the engine, loaded by one, need not look again. */
+static int may_have_inherited = 1;
+
+EXPORT int memloop_shim_inherited(void) {
+    return may_have_inherited;
+}
+
 static int disabled(void) {
     const char *d = memloop_shim_env("MEMLOOP_DISABLE");
     return d && *d && strcmp(d, "0") != 0;
@@ -648,7 +657,11 @@ __attribute__((constructor)) static void on_load(void) {
      * and resume first (the program's child handler may use a socket). */
     pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child);
     atexit(at_exit);
-    if (!disabled() && !clean && inherits_what_needs_engine()) {
+    if (disabled()) {
+        return;
+    }
+    may_have_inherited = !clean && inherits_what_needs_engine();
+    if (may_have_inherited) {
         need_engine();
     }
 }

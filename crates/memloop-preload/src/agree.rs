@@ -43,6 +43,8 @@ fn owner_of(engine: &Engine, ip: IpAddr) -> Result<Owner, FallbackReason> {
             other_kernel: false,
         });
     }
+    // A peer beyond loopback finds us by our addresses (a server checks its client's).
+    engine.node.advertise();
     let epoch = engine.registry().membership_epoch();
     if let Some(known) = OWNERS.lock().known(epoch, ip) {
         return known;

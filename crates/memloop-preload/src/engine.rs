@@ -239,7 +239,7 @@ fn start() -> Option<Arc<Engine>> {
             return None;
         }
     };
-    let scope = memloop::identity::net_scope();
+    let scope = node.net_scope();
     tracing::debug!(member = ?node.id(), scope, "memloop transparent layer active");
     if let Some(fd) = node.liveness_fd() {
         // The program may close it (`closefrom`): `own_fd_closing` hears of it.

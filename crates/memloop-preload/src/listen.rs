@@ -62,6 +62,7 @@ impl Listener {
             Ok(_) => {}
             Err(now) => return now == PUBLISHED,
         }
+        engine.node.advertise();
         let reg = engine.registry();
         let mut added = reg.add_endpoint(engine.me(), &self.key);
         if matches!(added, Err(RegistryError::AddrInUse)) {

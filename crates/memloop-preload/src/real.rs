@@ -71,6 +71,18 @@ pub fn under_shim() -> bool {
     shim_next().is_some()
 }
 
+/// Whether fds inherited at exec may need adopting: false only when the shim that loaded us
+/// looked at start (or was told by the exec hint) and found no inet socket or epoll set.
+pub fn may_have_inherited() -> bool {
+    static F: AtomicUsize = AtomicUsize::new(usize::MAX);
+    let a = shim_cached(&F, c"memloop_shim_inherited");
+    if a == 0 {
+        return true;
+    }
+    // SAFETY: the shim exports `memloop_shim_inherited` as `int (void)`; it only reads a static.
+    unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> libc::c_int>(a)() != 0 }
+}
+
 /// A `MEMLOOP_*` setting: as the process started with it when the shim loaded us (the program
 /// may have changed its environment since), else from the environment now.
 pub fn setting(name: &str) -> Option<String> {

@@ -40,7 +40,7 @@ pub use header::{RegionParams, RegionState, DEFAULT_REGION_BYTES, DEFAULT_RING_C
 pub use key::{ChannelId, ConnTuple, EndpointId, EndpointKey, MemberId, Proto, MAX_NATIVE_NAME};
 pub use kind::ChannelKind;
 pub use memloop_shm::{ShmSlice, ShmU32, ShmU64};
-pub use reclaim::ReclaimReport;
+pub use reclaim::{Leftovers, ReclaimReport};
 pub use switch::{
     SwitchReason, SwitchWord, COUNTER_DOORBELLS, COUNTER_FULL_FIRST, COUNTER_LATE_FAILED,
     COUNTER_PIDFD_FAILED, COUNTER_SEGMENTS_GIVEN_BACK, COUNTER_SWITCH_FIRST, COUNTER_WAKE_FALLBACK,

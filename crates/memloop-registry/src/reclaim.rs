@@ -15,6 +15,14 @@ use crate::state_word::StateWord;
 use crate::tables::members::{M_CLAIMING, M_FREE, M_LIVE, M_RECLAIMING};
 use crate::Registry;
 
+/// What one [`Registry::sweep_leftovers`] collected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Leftovers {
+    pub markers_freed: u32,
+    pub segments_freed: u64,
+    pub conns_released: u32,
+}
+
 /// What one call to [`Registry::reclaim`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReclaimReport {
@@ -34,18 +42,36 @@ pub struct ReclaimReport {
     pub resumed: u32,
 }
 
+impl ReclaimReport {
+    fn add_leftovers(&mut self, l: Leftovers) {
+        self.channels_freed += l.markers_freed;
+        self.segments_freed += l.segments_freed;
+        self.conns_released += l.conns_released;
+    }
+}
+
 impl Registry {
     /// Reclaims everything `dead` holds, on behalf of the live member `by` (`by == dead` for a
     /// graceful [`Registry::leave`]). `WrongState` if another, still live, member is already
     /// reclaiming it; `Stale` if it has already been reclaimed.
     pub fn reclaim(&self, dead: MemberId, by: MemberId) -> Result<ReclaimReport, RegistryError> {
+        let mut rep = self.reclaim_member(dead, by)?;
+        rep.add_leftovers(self.sweep_leftovers());
+        Ok(rep)
+    }
+
+    /// [`Registry::reclaim`] without the sweep of leftovers, which scans whole tables and
+    /// collects what *any* dead member left: a caller reclaiming several members calls
+    /// [`Registry::sweep_leftovers`] once after them.
+    pub fn reclaim_member(
+        &self,
+        dead: MemberId,
+        by: MemberId,
+    ) -> Result<ReclaimReport, RegistryError> {
         let took_over = self.begin_reclaim(dead, by)?;
         let tag = member_tag(dead);
         let endpoints_removed = self.remove_endpoints_of(tag);
-        let (freed, channels_marked) = self.reclaim_channels(dead);
-        let channels_freed = freed + self.sweep_markers();
-        let segments_freed = self.sweep_orphans();
-        let conns_released = self.reclaim_conns();
+        let (channels_freed, channels_marked) = self.reclaim_channels(dead);
         self.finish_reclaim(dead)?;
         let resumed = self.resume_reclaims_of(tag, by);
         tracing::debug!(
@@ -60,11 +86,21 @@ impl Registry {
             endpoints_removed,
             channels_freed,
             channels_marked,
-            segments_freed,
-            conns_released,
             took_over,
             resumed,
+            ..ReclaimReport::default()
         })
+    }
+
+    /// What dead members leave outside their own entries: decline markers, orphan segments (a
+    /// freer that died half-way), connection records. Each is recognised by an owner that is
+    /// not LIVE, so one sweep serves any number of reclaimed members.
+    pub fn sweep_leftovers(&self) -> Leftovers {
+        Leftovers {
+            markers_freed: self.sweep_markers(),
+            segments_freed: self.sweep_orphans(),
+            conns_released: self.reclaim_conns(),
+        }
     }
 
     /// Elects `by` as the reclaimer of `dead`; `Ok(true)` if it took over a dead reclaimer.
@@ -119,7 +155,9 @@ impl Registry {
                 continue;
             };
             if w.low() == M_RECLAIMING && w.tag() == tag {
-                n += self.reclaim(MemberId { idx, gen: w.gen() }, by).is_ok() as u32;
+                n += self
+                    .reclaim_member(MemberId { idx, gen: w.gen() }, by)
+                    .is_ok() as u32;
             }
         }
         n

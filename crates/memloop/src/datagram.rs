@@ -296,6 +296,7 @@ impl DatagramSocket {
             scope: me.scope,
             addr: canonical(me.addr),
         };
+        n.advertise();
         let reg = n.region.registry();
         let ep = match reg.add_endpoint(n.id, &me.key()) {
             Err(RegistryError::AddrInUse) => {
@@ -979,6 +980,8 @@ impl DatagramSocket {
         if ip.is_loopback() {
             return own_scope(&self.node);
         }
+        // The receiver answers by our address: it must find us.
+        self.node.advertise();
         let mut owners: Vec<u64> = self
             .reg()
             .members()

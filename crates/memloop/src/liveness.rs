@@ -46,9 +46,18 @@ impl Default for Liveness {
 impl Liveness {
     /// A judge of `region`'s members that also asks their locks.
     pub fn for_region(region: &Region) -> Self {
+        Self::for_member(region, identity::namespace_inode("pid"))
+    }
+
+    /// [`Liveness::for_region`] for a member whose pid namespace is known already (one look
+    /// at /proc less on a join).
+    pub fn for_member(region: &Region, pid_ns: u64) -> Self {
         Self {
+            boot_id: identity::boot_id(),
+            pid_ns,
+            seen: Mutex::default(),
+            claims: Mutex::default(),
             region: Some(region.clone()),
-            ..Self::default()
         }
     }
 

@@ -42,6 +42,10 @@ pub(crate) struct NodeInner {
     beating: AtomicBool,
     /// Our liveness lock (dropped after the leave: see `Drop`).
     lock: Option<MemberLock>,
+    /// Our addresses are in our member slot (see [`Node::advertise`]).
+    advertised: AtomicBool,
+    /// Our network scope when we joined.
+    net_scope: u64,
 }
 
 /// `MEMLOOP_HEARTBEAT=always`: every member starts its heartbeat thread when it joins (as
@@ -78,7 +82,7 @@ impl Node {
     /// Joins `region` under `name` (empty: the process name).
     pub fn join(region: Region, name: &str) -> Result<Node, Error> {
         let ident = identity::current(name);
-        let liveness = Liveness::for_region(&region);
+        let liveness = Liveness::for_member(&region, ident.pid_ns);
         let lazy = !heartbeat_always();
         let mut lock = None;
         let id = join_reclaiming(&region, &ident, &liveness, |idx| {
@@ -90,11 +94,6 @@ impl Node {
             }
         })?;
         let beating = !lazy || lock.is_none();
-        let mut addrs = identity::local_addresses();
-        addrs.truncate(memloop_registry::MAX_ADDRESSES);
-        if let Err(e) = region.registry().set_addresses(id, &addrs) {
-            tracing::warn!("cannot advertise addresses: {e}");
-        }
         let inner = Arc::new(NodeInner {
             region,
             id,
@@ -103,13 +102,12 @@ impl Node {
             on_beat: std::sync::OnceLock::new(),
             beating: AtomicBool::new(beating),
             lock,
+            advertised: AtomicBool::new(false),
+            net_scope: ident.net_scope(),
         });
-        // Here, before the process publishes anything, unless a member swept a moment ago:
-        // a listener restarted on the key of a dead one should find that endpoint gone (the
-        // listener also checks the holder of a key it finds taken).
-        if inner.region.registry().take_sweep_turn(SWEEP_PERIOD) {
-            inner.reclaim_dead();
-        }
+        // No sweep for the dead here: it scans whole tables, and a process that only
+        // connects should not pay for it. The heartbeat sweeps when it starts (a listener
+        // restarted on the key of a dead one checks the key's holder itself).
         if beating {
             spawn_heartbeat(Arc::downgrade(&inner));
         }
@@ -118,7 +116,11 @@ impl Node {
         // Members of other kernels (VMs) die without anyone of theirs left to reclaim them,
         // and only a sweep of ours finds them dead (by their heartbeat): in a region they
         // share, we sweep even while we hold nothing.
-        if region_has_other_kernels(node.region().registry(), &identity::boot_id()) {
+        if node
+            .region()
+            .registry()
+            .has_member_booted_elsewhere(&identity::boot_id())
+        {
             node.hold();
         }
         Ok(node)
@@ -134,6 +136,11 @@ impl Node {
         self.inner.id
     }
 
+    /// The network scope we joined from (see [`memloop_registry::net_scope`]).
+    pub fn net_scope(&self) -> u64 {
+        self.inner.net_scope
+    }
+
     /// We hold something the heartbeat must look after (a channel, a connection the layer may
     /// switch): starts it if it is not running. One load once it runs.
     pub fn hold(&self) {
@@ -145,6 +152,15 @@ impl Node {
             tracing::debug!("cannot start beating: {e}");
         }
         spawn_heartbeat(Arc::downgrade(inner));
+    }
+
+    /// Puts the addresses of our network namespace into our member slot (once), so that
+    /// others can tell which scope owns an address of ours. Needed before we publish an
+    /// endpoint reachable by address or reach for a peer by a non-loopback address (its end
+    /// looks us up by ours); a process that only talks over loopback never reads
+    /// `/proc/net` for it.
+    pub fn advertise(&self) {
+        self.inner.advertise();
     }
 
     /// The fd of our liveness lock (the transparent layer keeps the program off it).
@@ -206,10 +222,6 @@ fn join_reclaiming(
     }
 }
 
-fn region_has_other_kernels(reg: &Registry, boot: &[u8; 16]) -> bool {
-    reg.members().iter().any(|m| m.identity.boot_id != *boot)
-}
-
 /// How often the region is swept for dead members (by one member on everyone's behalf).
 const SWEEP_PERIOD: Duration = Duration::from_secs(1);
 
@@ -222,6 +234,9 @@ fn spawn_heartbeat(node: Weak<NodeInner>) {
                 .and_then(|n| n.region.registry().kick_lane(n.id.idx));
             let mut next = Instant::now() + HEARTBEAT_PERIOD;
             let mut seen = lane.as_ref().map(|l| l.load(SeqCst));
+            if let Some(n) = node.upgrade() {
+                n.sweep_if_turn();
+            }
             loop {
                 sleep_until_kicked(lane.as_ref(), seen, next);
                 // Read before the sweep: a kick during it cuts the next sleep short.
@@ -278,11 +293,31 @@ impl NodeInner {
         // memory until someone reclaims them: one member a second looks, on everyone's behalf
         // (whoever's beat takes the turn), so that happens even when nobody joins; the same
         // sweep gives back the memory of rings freed a while ago.
-        if self.region.registry().take_sweep_turn(SWEEP_PERIOD) {
-            self.reclaim_dead();
+        if self.sweep_if_turn() {
             self.region.registry().trim_segments(self.id);
         }
         true
+    }
+
+    /// Reclaims the dead unless another member swept less than [`SWEEP_PERIOD`] ago.
+    fn sweep_if_turn(&self) -> bool {
+        let turn = self.region.registry().take_sweep_turn(SWEEP_PERIOD);
+        if turn {
+            self.reclaim_dead();
+        }
+        turn
+    }
+
+    /// See [`Node::advertise`].
+    pub(crate) fn advertise(&self) {
+        if self.advertised.load(Ordering::Acquire) || self.advertised.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut addrs = identity::local_addresses();
+        addrs.truncate(memloop_registry::MAX_ADDRESSES);
+        if let Err(e) = self.region.registry().set_addresses(self.id, &addrs) {
+            tracing::warn!("cannot advertise addresses: {e}");
+        }
     }
 
     pub(crate) fn reclaim_dead(&self) -> usize {
@@ -291,7 +326,13 @@ impl NodeInner {
             .members()
             .into_iter()
             .filter(|m| m.id != self.id && !self.liveness.is_alive(m));
-        let reclaimed = dead.filter(|m| reg.reclaim(m.id, self.id).is_ok()).count();
+        let reclaimed = dead
+            .filter(|m| reg.reclaim_member(m.id, self.id).is_ok())
+            .count();
+        // Once for all of them: it scans whole tables (the ring heap's owner tags among them).
+        if reclaimed > 0 {
+            reg.sweep_leftovers();
+        }
         let now = std::time::Instant::now();
         let abandoned = reg
             .claims()

@@ -414,7 +414,9 @@ extern "C" fn on_load() {
     if !real::under_shim() {
         register_handlers();
     }
-    track("load", crate::inherit::adopt_inherited);
+    if real::may_have_inherited() {
+        track("load", crate::inherit::adopt_inherited);
+    }
     crate::testpoint::pause(crate::testpoint::Point::EngineLoad);
 }
 

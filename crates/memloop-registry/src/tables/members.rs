@@ -461,6 +461,20 @@ impl Registry {
         out
     }
 
+    /// Whether a live member runs in a kernel other than `boot`: one word and one boot id per
+    /// live slot, no identity copied (asked on every join).
+    pub fn has_member_booted_elsewhere(&self, boot: &[u8; 16]) -> bool {
+        (0..self.layout.params.max_members).any(|idx| {
+            let Ok(w) = self.member_word(idx) else {
+                return false;
+            };
+            w.low() == M_LIVE
+                && self
+                    .member_boot_id(MemberId { idx, gen: w.gen() })
+                    .is_ok_and(|b| b != *boot)
+        })
+    }
+
     /// Slots caught in the middle of a join, as (index, state word). A claimer killed there
     /// owns nothing yet; an observer that sees the same word for long enough expires it.
     pub fn claims(&self) -> Vec<(u32, u64)> {
