@@ -10,14 +10,18 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const SOURCE: &str = "shim/memloop_shim.c";
+/// The engine's unwinder entry points, forwarded to libgcc_s loaded on first use.
+const UNWIND: &str = "shim/unwind_forward.c";
 
 fn main() {
     println!("cargo:rerun-if-changed={SOURCE}");
+    println!("cargo:rerun-if-changed={UNWIND}");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=CC");
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let built = out.join("libmemloop.so");
     compile(&built);
+    archive_unwind(&out);
     // OUT_DIR is <target>/<profile>/build/<crate>-<hash>/out: three levels up is where cargo
     // puts the engine (and the binaries that look for both there).
     if let Some(profile_dir) = out.ancestors().nth(3) {
@@ -27,6 +31,42 @@ fn main() {
         std::fs::copy(&built, &tmp).expect("copying libmemloop.so to the output directory");
         std::fs::rename(&tmp, &dest).expect("placing libmemloop.so in the output directory");
     }
+}
+
+/// `libmemloop_unwind.a`, linked into this crate ahead of the standard library's `-lgcc_s`
+/// (this crate's own native libraries come first), so the linker's `--as-needed` drops
+/// libgcc_s from the engine's dependencies.
+fn archive_unwind(out: &Path) {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let obj = out.join("unwind_forward.o");
+    let status = Command::new(&cc)
+        .args([
+            "-std=gnu11",
+            "-O2",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-fPIC",
+            "-c",
+        ])
+        .args(["-fvisibility=hidden", "-o"])
+        .arg(&obj)
+        .arg(UNWIND)
+        .status()
+        .unwrap_or_else(|e| panic!("running {cc} for {UNWIND}: {e}"));
+    assert!(status.success(), "{cc} failed on {UNWIND}");
+    let lib = out.join("libmemloop_unwind.a");
+    let _ = std::fs::remove_file(&lib);
+    let status = Command::new("ar")
+        .arg("rcs")
+        .arg(&lib)
+        .arg(&obj)
+        .status()
+        .unwrap_or_else(|e| panic!("running ar for {UNWIND}: {e}"));
+    assert!(status.success(), "ar failed on {UNWIND}");
+    println!("cargo:rustc-link-search=native={}", out.display());
+    println!("cargo:rustc-link-lib=static=memloop_unwind");
 }
 
 fn compile(out: &Path) {

@@ -144,6 +144,7 @@ pub fn before_connect(fd: c_int, dst: Option<SocketAddr>) -> Option<Connecting> 
         return None;
     }
     let dst = dst?;
+    crate::testpoint::panic_if_asked(crate::testpoint::Point::Connect);
     let engine = engine::get()?;
     if io_uring_used() {
         tracing::debug!(fd, %dst, "connect stays on TCP: io_uring in use");

@@ -20,16 +20,25 @@ pub enum Point {
     /// The end of the library's start-up (for the shim: inside its `dlopen`, its load lock
     /// held): another thread may fork meanwhile.
     EngineLoad,
+    /// A connect of an inet stream socket, before the region is looked at (for
+    /// `MEMLOOP_TEST_PANIC`: the engine must unwind and contain it).
+    Connect,
 }
 
 impl Point {
-    const ALL: [Point; 3] = [Point::SweepListed, Point::RingSleep, Point::EngineLoad];
+    const ALL: [Point; 4] = [
+        Point::SweepListed,
+        Point::RingSleep,
+        Point::EngineLoad,
+        Point::Connect,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Point::SweepListed => "sweep-listed",
             Point::RingSleep => "ring-sleep",
             Point::EngineLoad => "engine-load",
+            Point::Connect => "connect",
         }
     }
 }
@@ -42,6 +51,10 @@ struct Pause {
 }
 
 static PAUSES: OnceLock<Vec<Pause>> = OnceLock::new();
+
+/// `MEMLOOP_TEST_PANIC=POINT:TIMES`: the first TIMES threads reaching POINT panic there (the
+/// hook around it must contain the panic: unwinding has to work in the program as loaded).
+static PANICS: OnceLock<Vec<Pause>> = OnceLock::new();
 
 /// `MEMLOOP_TEST_RESIZE=EVERY`: every EVERY-th ring send of the process first asks its tx
 /// ring for a random window (a grow at once, copying wrapped bytes; a shrink only if the ring
@@ -72,6 +85,15 @@ pub fn capture() {
             .map(|v| parse(&v))
             .unwrap_or_default()
     });
+    PANICS.get_or_init(|| {
+        // (The same POINT:MICROS:TIMES parser, with no pause: "POINT:TIMES" is POINT:0:TIMES.)
+        crate::real::setting("MEMLOOP_TEST_PANIC")
+            .map(|v| {
+                let spec = v.split(',').map(|i| i.replacen(':', ":0:", 1));
+                parse(&spec.collect::<Vec<_>>().join(","))
+            })
+            .unwrap_or_default()
+    });
 }
 
 fn parse(spec: &str) -> Vec<Pause> {
@@ -99,21 +121,32 @@ fn parse(spec: &str) -> Vec<Pause> {
 
 /// Pauses here if a test asked for it.
 pub fn pause(at: Point) {
-    let Some(pauses) = PAUSES.get() else { return };
-    for p in pauses.iter().filter(|p| p.at == at) {
-        let took = p
-            .left
-            .fetch_update(Relaxed, Relaxed, |n| match n {
-                0 => None,
-                u32::MAX => Some(u32::MAX),
-                n => Some(n - 1),
-            })
-            .is_ok();
-        if took {
-            tracing::debug!(point = at.name(), for_ = ?p.for_, "test pause");
-            std::thread::sleep(p.for_);
-        }
+    for p in due(&PAUSES, at) {
+        tracing::debug!(point = at.name(), for_ = ?p.for_, "test pause");
+        std::thread::sleep(p.for_);
     }
+}
+
+/// Panics here if a test asked for it.
+pub fn panic_if_asked(at: Point) {
+    if due(&PANICS, at).next().is_some() {
+        panic!("test panic at {}", at.name());
+    }
+}
+
+/// The entries for `at` that still have a turn left (each yielded one used its turn).
+fn due(list: &'static OnceLock<Vec<Pause>>, at: Point) -> impl Iterator<Item = &'static Pause> {
+    let all = list.get().map_or(&[][..], |v| &v[..]);
+    all.iter().filter(move |p| {
+        p.at == at
+            && p.left
+                .fetch_update(Relaxed, Relaxed, |n| match n {
+                    0 => None,
+                    u32::MAX => Some(u32::MAX),
+                    n => Some(n - 1),
+                })
+                .is_ok()
+    })
 }
 
 #[cfg(test)]

@@ -129,6 +129,7 @@ fn main() -> std::process::ExitCode {
         test!(a_program_closing_the_liveness_lock_makes_its_member_beat),
         test!(pthread_cancel_ends_calls_blocked_on_a_ring),
         test!(the_engine_loads_only_where_it_is_needed),
+        test!(a_panic_in_the_engine_is_contained_in_a_c_program),
         test!(ppoll_pselect_epoll_pwait_apply_their_sigmask),
         test!(blocked_send_eintr_and_sa_restart),
         test!(concurrent_send_and_recv_from_two_threads),
@@ -1098,6 +1099,28 @@ fn the_engine_loads_only_where_it_is_needed() {
         before,
         bytes()
     );
+}
+
+/// A panic inside the engine is contained in a C program, which has no unwinder loaded of its
+/// own (`tests/semantics/c/contained_panic.c`, with a test panic in `connect`): the call fails
+/// with EIO and the program goes on, its next connection works. The engine loads libgcc_s
+/// only then (its unwinder entry points forward to it: `shim/unwind_forward.c`).
+fn a_panic_in_the_engine_is_contained_in_a_c_program() {
+    let dir = Scratch::new("semantics", "panic");
+    let exe = build_c(&dir, "contained_panic");
+    let region = RegionGuard::new("sem", "panic", 64 << 20);
+    let mut cmd = env_prefix(60, Some(&region.0));
+    cmd.push("MEMLOOP_TEST_PANIC=connect:1".into());
+    cmd.push(exe.display().to_string());
+    let out = Command::new(&cmd[0]).args(&cmd[1..]).output().expect("run");
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{said}\n{log}");
+    assert_eq!(
+        said, "first connect: EIO; unwinder before: absent, after: loaded; second connect: ok",
+        "{log}"
+    );
+    assert!(log.contains("test panic at connect"), "{log}");
 }
 
 /// Runs a program built by [`build_c`] with `args` (space separated), under the preload in
