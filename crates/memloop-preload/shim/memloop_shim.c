@@ -5,7 +5,7 @@
  *
  * Why: every process of an opted-in run or container loads the preload library, and most of
  * them (shells, scripts, build tools) never open an inet socket. The engine costs such a
- * process its loading (a 1.3 MB image, its relocations, libgcc_s) and every fork its memory
+ * process its loading (a 1.3 MB image and its relocations) and every fork its memory
  * mappings; this shim costs one small image and a look at the inherited fds.
  *
  * The engine is needed by a process that
