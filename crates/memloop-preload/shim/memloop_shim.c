@@ -34,6 +34,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -53,55 +54,57 @@
 #define EXPORT __attribute__((visibility("default")))
 #define ENGINE_NAME "libmemloop_preload.so"
 
-/* Every intercepted function: return type, name, parameters, arguments. */
+/* Every intercepted function: return type, name, parameters, arguments, and whether a fork
+ * child that has not needed the engine yet may make the call without it (see "A fork child
+ * that has not needed the engine yet"). */
 #define HOOKS(X)                                                                              \
-    X(int, accept, (int fd, struct sockaddr *a, socklen_t *l), (fd, a, l))                    \
-    X(int, accept4, (int fd, struct sockaddr *a, socklen_t *l, int fl), (fd, a, l, fl))       \
-    X(int, bind, (int fd, const struct sockaddr *a, socklen_t l), (fd, a, l))                 \
-    X(int, close, (int fd), (fd))                                                             \
-    X(int, close_range, (unsigned a, unsigned b, int fl), (a, b, fl))                         \
-    X(int, connect, (int fd, const struct sockaddr *a, socklen_t l), (fd, a, l))              \
-    X(int, dup, (int fd), (fd))                                                               \
-    X(int, dup2, (int a, int b), (a, b))                                                      \
-    X(int, dup3, (int a, int b, int fl), (a, b, fl))                                          \
-    X(int, epoll_ctl, (int ep, int op, int fd, struct epoll_event *e), (ep, op, fd, e))       \
+    X(int, accept, (int fd, struct sockaddr *a, socklen_t *l), (fd, a, l), passable(fd)) \
+    X(int, accept4, (int fd, struct sockaddr *a, socklen_t *l, int fl), (fd, a, l, fl), passable(fd)) \
+    X(int, bind, (int fd, const struct sockaddr *a, socklen_t l), (fd, a, l), passable(fd)) \
+    X(int, close, (int fd), (fd), closing_passable(fd)) \
+    X(int, close_range, (unsigned a, unsigned b, int fl), (a, b, fl), 0) \
+    X(int, connect, (int fd, const struct sockaddr *a, socklen_t l), (fd, a, l), passable(fd)) \
+    X(int, dup, (int fd), (fd), passable(fd)) \
+    X(int, dup2, (int a, int b), (a, b), dup_passable(a, b)) \
+    X(int, dup3, (int a, int b, int fl), (a, b, fl), dup_passable(a, b)) \
+    X(int, epoll_ctl, (int ep, int op, int fd, struct epoll_event *e), (ep, op, fd, e), not_ours(ep) && not_ours(fd)) \
     X(int, epoll_pwait, (int ep, struct epoll_event *e, int n, int t, const sigset_t *s),     \
-      (ep, e, n, t, s))                                                                       \
+      (ep, e, n, t, s), not_ours(ep)) \
     X(int, epoll_pwait2,                                                                      \
       (int ep, struct epoll_event *e, int n, const struct timespec *t, const sigset_t *s),    \
-      (ep, e, n, t, s))                                                                       \
-    X(int, epoll_wait, (int ep, struct epoll_event *e, int n, int t), (ep, e, n, t))          \
-    X(int, getsockopt, (int fd, int l, int o, void *v, socklen_t *n), (fd, l, o, v, n))       \
-    X(int, listen, (int fd, int n), (fd, n))                                                  \
-    X(int, poll, (struct pollfd *f, nfds_t n, int t), (f, n, t))                              \
+      (ep, e, n, t, s), not_ours(ep)) \
+    X(int, epoll_wait, (int ep, struct epoll_event *e, int n, int t), (ep, e, n, t), not_ours(ep)) \
+    X(int, getsockopt, (int fd, int l, int o, void *v, socklen_t *n), (fd, l, o, v, n), passable(fd)) \
+    X(int, listen, (int fd, int n), (fd, n), passable(fd)) \
+    X(int, poll, (struct pollfd *f, nfds_t n, int t), (f, n, t), pollfds_passable(f, n)) \
     X(int, ppoll, (struct pollfd *f, nfds_t n, const struct timespec *t, const sigset_t *s),  \
-      (f, n, t, s))                                                                           \
+      (f, n, t, s), pollfds_passable(f, n)) \
     X(int, pselect,                                                                           \
       (int n, fd_set *r, fd_set *w, fd_set *x, const struct timespec *t, const sigset_t *s),  \
-      (n, r, w, x, t, s))                                                                     \
-    X(int, pthread_cancel, (pthread_t t), (t))                                                \
-    X(ssize_t, read, (int fd, void *b, size_t n), (fd, b, n))                                 \
-    X(ssize_t, readv, (int fd, const struct iovec *v, int n), (fd, v, n))                     \
-    X(ssize_t, recv, (int fd, void *b, size_t n, int fl), (fd, b, n, fl))                     \
+      (n, r, w, x, t, s), fdsets_passable(n, r, w, x)) \
+    X(int, pthread_cancel, (pthread_t t), (t), 0) \
+    X(ssize_t, read, (int fd, void *b, size_t n), (fd, b, n), passable(fd)) \
+    X(ssize_t, readv, (int fd, const struct iovec *v, int n), (fd, v, n), passable(fd)) \
+    X(ssize_t, recv, (int fd, void *b, size_t n, int fl), (fd, b, n, fl), passable(fd)) \
     X(ssize_t, recvfrom,                                                                      \
       (int fd, void *b, size_t n, int fl, struct sockaddr *a, socklen_t *l),                  \
-      (fd, b, n, fl, a, l))                                                                   \
+      (fd, b, n, fl, a, l), passable(fd)) \
     X(int, select, (int n, fd_set *r, fd_set *w, fd_set *x, struct timeval *t),               \
-      (n, r, w, x, t))                                                                        \
-    X(ssize_t, send, (int fd, const void *b, size_t n, int fl), (fd, b, n, fl))               \
-    X(ssize_t, sendfile, (int o, int i, off_t *off, size_t n), (o, i, off, n))                \
-    X(ssize_t, sendfile64, (int o, int i, off64_t *off, size_t n), (o, i, off, n))            \
-    X(int, sendmmsg, (int fd, struct mmsghdr *m, unsigned n, int fl), (fd, m, n, fl))         \
-    X(ssize_t, sendmsg, (int fd, const struct msghdr *m, int fl), (fd, m, fl))                \
+      (n, r, w, x, t), fdsets_passable(n, r, w, x)) \
+    X(ssize_t, send, (int fd, const void *b, size_t n, int fl), (fd, b, n, fl), passable(fd)) \
+    X(ssize_t, sendfile, (int o, int i, off_t *off, size_t n), (o, i, off, n), passable(o) && passable(i)) \
+    X(ssize_t, sendfile64, (int o, int i, off64_t *off, size_t n), (o, i, off, n), passable(o) && passable(i)) \
+    X(int, sendmmsg, (int fd, struct mmsghdr *m, unsigned n, int fl), (fd, m, n, fl), passable(fd) && !mmsg_control(m, n)) \
+    X(ssize_t, sendmsg, (int fd, const struct msghdr *m, int fl), (fd, m, fl), passable(fd) && !(m && m->msg_controllen > 0)) \
     X(ssize_t, sendto,                                                                        \
       (int fd, const void *b, size_t n, int fl, const struct sockaddr *a, socklen_t l),       \
-      (fd, b, n, fl, a, l))                                                                   \
-    X(int, setsockopt, (int fd, int l, int o, const void *v, socklen_t n), (fd, l, o, v, n))  \
-    X(int, shutdown, (int fd, int how), (fd, how))                                            \
+      (fd, b, n, fl, a, l), passable(fd)) \
+    X(int, setsockopt, (int fd, int l, int o, const void *v, socklen_t n), (fd, l, o, v, n), passable(fd)) \
+    X(int, shutdown, (int fd, int how), (fd, how), passable(fd)) \
     X(ssize_t, splice, (int i, loff_t *oi, int o, loff_t *oo, size_t n, unsigned fl),         \
-      (i, oi, o, oo, n, fl))                                                                  \
-    X(ssize_t, write, (int fd, const void *b, size_t n), (fd, b, n))                          \
-    X(ssize_t, writev, (int fd, const struct iovec *v, int n), (fd, v, n))
+      (i, oi, o, oo, n, fl), passable(i) && passable(o)) \
+    X(ssize_t, write, (int fd, const void *b, size_t n), (fd, b, n), passable(fd)) \
+    X(ssize_t, writev, (int fd, const struct iovec *v, int n), (fd, v, n), passable(fd))
 
 /* Intercepted with their own bodies below (they decide whether to load the engine, or have
  * no prototype in the headers, or are variadic). */
@@ -160,6 +163,28 @@ static void_fn engine_fork_prepare, engine_fork_parent, engine_fork_child, engin
 /* The prepare handler forwarded (the parent and child handlers follow it, whatever the
  * engine's state meanwhile). */
 static int fork_forwarded;
+
+/* A fork child that has not needed the engine yet (see the section of that name). */
+#define PLAN_MAX 64
+#define LOCKS_MAX 16
+
+/* Written by the engine's prepare handler (a child copies it). */
+static struct {
+    int defer, nplain, nlisteners, nlocks;
+    int plain[PLAN_MAX], listeners[PLAN_MAX], locks[LOCKS_MAX];
+} plan;
+
+/* 1: such a child, its handler not run yet; 2: running it (on `waker`); 0: not one. */
+static atomic_int pending;
+static pthread_t waker;
+/* The plain connections it closed meanwhile (their entries go when the handler runs). */
+static int nclosed, closed_fds[PLAN_MAX];
+
+/* The engine's table of kinds (0: not the engine's), and its deferred handler. */
+static const unsigned char *kinds;
+static size_t nkinds;
+typedef void (*deferred_fn)(const int *, int);
+static deferred_fn engine_fork_child_deferred;
 
 static inline int loaded(void) {
     return atomic_load_explicit(&state, memory_order_acquire) == 2;
@@ -288,6 +313,11 @@ static void open_engine(void) {
     engine_fork_parent = (void_fn)dlsym(h, "memloop_engine_fork_parent");
     engine_fork_child = (void_fn)dlsym(h, "memloop_engine_fork_child");
     engine_exit = (void_fn)dlsym(h, "memloop_engine_exit");
+    /* (Optional: without them, every fork child runs the engine's handler at once.) */
+    engine_fork_child_deferred = (deferred_fn)dlsym(h, "memloop_engine_fork_child_deferred");
+    typedef const unsigned char *(*kinds_fn)(size_t *);
+    kinds_fn get_kinds = (kinds_fn)dlsym(h, "memloop_engine_kinds");
+    kinds = get_kinds ? get_kinds(&nkinds) : NULL;
     /* An engine missing one of them is not ours (or from another version): not used. */
 #define CHECK(ret, name, ...) ok = ok && engine.name;
     int ok = engine_fork_prepare && engine_fork_parent && engine_fork_child && engine_exit;
@@ -325,11 +355,145 @@ static void need_engine(void) {
     errno = saved;
 }
 
+/* ---- a fork child that has not needed the engine yet ------------------------------------- */
+
+/* A fork-per-connection server has the engine loaded (it listens), and its child used to run
+ * the engine's child handler, then our code for each call on its connection, then our exit
+ * handler: each page of the engine it touched was a fault, +27 % per connection. When the
+ * parent holds nothing of ours but plain TCP connections and listeners, the engine tells us so
+ * in its prepare handler (`memloop_shim_fork_plan`), and the child puts the engine's handler
+ * off: it closes its copies of the engine's lock fds at once (a child holding them would keep
+ * its parent "alive"), then makes every call that needs nothing of the engine without it —
+ * calls on fds that are not the engine's (its table of kinds says so: one byte per fd), and
+ * the data calls and `close` on those plain connections (the child never counts into their
+ * records). The first call that needs more (a new inet socket, an epoll set, a listener, a
+ * poll over a ring, fds passed in a control message, …) runs the handler, then goes to the
+ * engine as in any child. */
+
+
+static int count_ok(int n, int max) {
+    return n >= 0 && n <= max;
+}
+
+EXPORT void memloop_shim_fork_plan(int defer, const int *plain, int nplain,
+                                   const int *listeners, int nlisteners, const int *locks,
+                                   int nlocks) {
+    plan.defer = defer && count_ok(nplain, PLAN_MAX) && count_ok(nlisteners, PLAN_MAX) &&
+                 count_ok(nlocks, LOCKS_MAX);
+    plan.nplain = plan.defer ? nplain : 0;
+    plan.nlisteners = plan.defer ? nlisteners : 0;
+    plan.nlocks = plan.defer ? nlocks : 0;
+    memcpy(plan.plain, plain, sizeof(int) * (size_t)plan.nplain);
+    memcpy(plan.listeners, listeners, sizeof(int) * (size_t)plan.nlisteners);
+    memcpy(plan.locks, locks, sizeof(int) * (size_t)plan.nlocks);
+}
+
+static inline int pending_child(void) {
+    return atomic_load_explicit(&pending, memory_order_acquire) != 0;
+}
+
+static int not_ours(int fd) {
+    return fd < 0 || (size_t)fd >= nkinds || __atomic_load_n(&kinds[fd], __ATOMIC_RELAXED) == 0;
+}
+
+static int index_of(const int *v, int n, int fd) {
+    for (int i = 0; i < n; i++) {
+        if (v[i] == fd) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static int passable(int fd) {
+    return not_ours(fd) || index_of(plan.plain, plan.nplain, fd) >= 0;
+}
+
+/* Takes fd out of list `v` (of `*n`) if it is there. */
+static int take(int *v, int *n, int fd) {
+    int i = index_of(v, *n, fd);
+    if (i >= 0) {
+        v[i] = v[--*n];
+    }
+    return i >= 0;
+}
+
+/* A close the child may make itself: of an fd not the engine's, or of a plain connection or
+ * a listener (noted: their entries go when the engine's handler runs). */
+static int closing_passable(int fd) {
+    if (!take(plan.plain, &plan.nplain, fd) && !take(plan.listeners, &plan.nlisteners, fd)) {
+        return not_ours(fd);
+    }
+    if (nclosed < PLAN_MAX) {
+        closed_fds[nclosed++] = fd;
+        return 1;
+    }
+    return 0; /* (cannot note it: the engine closes it) */
+}
+
+/* dup2/dup3 of a passable fd over one that is not the engine's or a plain connection (which
+ * it closes). */
+static int dup_passable(int a, int b) {
+    if (!passable(a)) {
+        return 0;
+    }
+    return a == b || closing_passable(b);
+}
+
+static int pollfds_passable(const struct pollfd *f, nfds_t n) {
+    for (nfds_t i = 0; f && i < n; i++) {
+        if (!passable(f[i].fd)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int fdsets_passable(int n, fd_set *r, fd_set *w, fd_set *x) {
+    for (int fd = 0; fd < n && fd < FD_SETSIZE; fd++) {
+        int in = (r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (x && FD_ISSET(fd, x));
+        if (in && !passable(fd)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int mmsg_control(const struct mmsghdr *m, unsigned n) {
+    for (unsigned i = 0; m && i < n; i++) {
+        if (m[i].msg_hdr.msg_controllen > 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The child needs the engine now: its fork handler runs first (once; other threads wait for
+ * it, and calls the handler itself makes on this thread go through). */
+static void wake_child(void) {
+    int one = 1;
+    if (atomic_compare_exchange_strong(&pending, &one, 2)) {
+        waker = pthread_self();
+        engine_fork_child_deferred(closed_fds, nclosed);
+        nclosed = 0;
+        atomic_store_explicit(&pending, 0, memory_order_release);
+        return;
+    }
+    while (atomic_load_explicit(&pending, memory_order_acquire) == 2 &&
+           !pthread_equal(waker, pthread_self())) {
+        sched_yield();
+    }
+}
+
+/* In such a child: the call goes to the next definition if `pass`, else the child wakes. */
+#define DEFERRED(pass)                                                                        \
+    (pending_child() && ((pass) || (wake_child(), 0)) && pending_child())
+
 /* ---- the intercepted functions ------------------------------------------------------------- */
 
-#define FORWARD(ret, name, params, args)                                                      \
+#define FORWARD(ret, name, params, args, pass)                                                \
     EXPORT ret name params {                                                                  \
-        if (loaded()) {                                                                       \
+        if (loaded() && !DEFERRED(pass)) {                                                    \
             return engine.name args;                                                          \
         }                                                                                     \
         return NEXT(name) args;                                                               \
@@ -344,17 +508,17 @@ EXPORT int socket(int d, int t, int p) {
     if (!loaded() && inet(d)) {
         need_engine();
     }
-    return loaded() ? engine.socket(d, t, p) : NEXT(socket)(d, t, p);
+    return loaded() && !DEFERRED(!inet(d)) ? engine.socket(d, t, p) : NEXT(socket)(d, t, p);
 }
 
 EXPORT int epoll_create(int n) {
     need_engine();
-    return loaded() ? engine.epoll_create(n) : NEXT(epoll_create)(n);
+    return loaded() && !DEFERRED(0) ? engine.epoll_create(n) : NEXT(epoll_create)(n);
 }
 
 EXPORT int epoll_create1(int fl) {
     need_engine();
-    return loaded() ? engine.epoll_create1(fl) : NEXT(epoll_create1)(fl);
+    return loaded() && !DEFERRED(0) ? engine.epoll_create1(fl) : NEXT(epoll_create1)(fl);
 }
 
 /* A control buffer may bring fds (SCM_RIGHTS): one of them may be a ring connection. */
@@ -362,7 +526,8 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int fl) {
     if (!loaded() && m && m->msg_controllen > 0) {
         need_engine();
     }
-    return loaded() ? engine.recvmsg(fd, m, fl) : NEXT(recvmsg)(fd, m, fl);
+    int pass = passable(fd) && !(m && m->msg_controllen > 0);
+    return loaded() && !DEFERRED(pass) ? engine.recvmsg(fd, m, fl) : NEXT(recvmsg)(fd, m, fl);
 }
 
 EXPORT int recvmmsg(int fd, struct mmsghdr *m, unsigned n, int fl, struct timespec *t) {
@@ -374,12 +539,15 @@ EXPORT int recvmmsg(int fd, struct mmsghdr *m, unsigned n, int fl, struct timesp
             }
         }
     }
-    return loaded() ? engine.recvmmsg(fd, m, n, fl, t) : NEXT(recvmmsg)(fd, m, n, fl, t);
+    int pass = passable(fd) && !mmsg_control(m, n);
+    return loaded() && !DEFERRED(pass) ? engine.recvmmsg(fd, m, n, fl, t)
+                                       : NEXT(recvmmsg)(fd, m, n, fl, t);
 }
 
 EXPORT int pidfd_getfd(int pidfd, int fd, unsigned fl) {
     need_engine();
-    return loaded() ? engine.pidfd_getfd(pidfd, fd, fl) : NEXT(pidfd_getfd)(pidfd, fd, fl);
+    return loaded() && !DEFERRED(0) ? engine.pidfd_getfd(pidfd, fd, fl)
+                                    : NEXT(pidfd_getfd)(pidfd, fd, fl);
 }
 
 /* What the functions that load the engine do, made through syscall(): a socket or epoll set
@@ -414,7 +582,7 @@ EXPORT long syscall(long n, ...) {
     if (!loaded() && syscall_needs_engine(n, a)) {
         need_engine();
     }
-    if (loaded()) {
+    if (loaded() && !DEFERRED(!syscall_needs_engine(n, a))) {
         return engine.syscall(n, a, b, c, d, e, f);
     }
     return NEXT(syscall)(n, a, b, c, d, e, f);
@@ -426,33 +594,37 @@ EXPORT long syscall(long n, ...) {
         va_start(ap, y);                                                                      \
         unsigned long arg = va_arg(ap, unsigned long);                                        \
         va_end(ap);                                                                           \
-        return loaded() ? engine.name(x, y, arg) : NEXT(name)(x, y, arg);                     \
+        return loaded() && !DEFERRED(passable(x)) ? engine.name(x, y, arg)                    \
+                                                  : NEXT(name)(x, y, arg);                    \
     }
 VARIADIC(fcntl, int, int)
 VARIADIC(fcntl64, int, int)
 VARIADIC(ioctl, int, unsigned long)
 
 EXPORT void closefrom(int fd) {
-    if (loaded()) {
+    if (loaded() && !DEFERRED(0)) {
         engine.closefrom(fd);
     } else {
         NEXT(closefrom)(fd);
     }
 }
 
-#define CHK(ret, name, params, args)                                                          \
+#define CHK(ret, name, params, args, pass)                                                    \
     EXPORT ret name params {                                                                  \
-        return loaded() ? engine.name args : NEXT(name) args;                                 \
+        return loaded() && !DEFERRED(pass) ? engine.name args : NEXT(name) args;              \
     }
-CHK(int, __poll_chk, (struct pollfd * f, nfds_t n, int t, size_t len), (f, n, t, len))
+CHK(int, __poll_chk, (struct pollfd * f, nfds_t n, int t, size_t len), (f, n, t, len),
+    pollfds_passable(f, n))
 CHK(int, __ppoll_chk,
     (struct pollfd * f, nfds_t n, const struct timespec *t, const sigset_t *s, size_t len),
-    (f, n, t, s, len))
-CHK(ssize_t, __read_chk, (int fd, void *b, size_t n, size_t len), (fd, b, n, len))
-CHK(ssize_t, __recv_chk, (int fd, void *b, size_t n, size_t len, int fl), (fd, b, n, len, fl))
+    (f, n, t, s, len), pollfds_passable(f, n))
+CHK(ssize_t, __read_chk, (int fd, void *b, size_t n, size_t len), (fd, b, n, len),
+    passable(fd))
+CHK(ssize_t, __recv_chk, (int fd, void *b, size_t n, size_t len, int fl), (fd, b, n, len, fl),
+    passable(fd))
 CHK(ssize_t, __recvfrom_chk,
     (int fd, void *b, size_t n, size_t len, int fl, struct sockaddr *a, socklen_t *l),
-    (fd, b, n, len, fl, a, l))
+    (fd, b, n, len, fl, a, l), passable(fd))
 
 /* vfork: the C library's until the engine is loaded (a shell vforks for every command, and a
  * full fork of it costs ~130 µs more here); then the engine's, which forks (a vforked child
@@ -522,8 +694,11 @@ static char *const *with_clean(char *const *env, char **out) {
 /* `name`: the engine's once loaded; else `next` with the environment `env` plus the hint. */
 #define WITH_HINT(name, params, args, env, next, next_args)                                   \
     EXPORT int name params {                                                                  \
-        if (loaded()) {                                                                       \
+        if (loaded() && !DEFERRED(1)) {                                                       \
             return engine.name args;                                                          \
+        }                                                                                     \
+        if (loaded()) {                                                                       \
+            return NEXT(name) args; /* (it holds inet sockets: no hint) */                    \
         }                                                                                     \
         WITH_CLEAN(env);                                                                      \
         return NEXT(next) next_args;                                                          \
@@ -562,7 +737,9 @@ static void at_fork_prepare(void) {
     if (forks < 2 && ++forks == 2) {
         resolve_all();
     }
-    fork_forwarded = loaded();
+    /* (A child that has not needed the engine forks without it: its grandchild is one too.) */
+    plan.defer = 0;
+    fork_forwarded = loaded() && !pending_child();
     if (fork_forwarded) {
         engine_fork_prepare();
     }
@@ -582,13 +759,23 @@ static void at_fork_child(void) {
         pthread_mutex_init(&load_lock, NULL);
         atomic_store_explicit(&state, 3, memory_order_release);
     }
-    if (fork_forwarded) {
-        engine_fork_child();
+    if (!fork_forwarded) {
+        return;
     }
+    if (plan.defer && kinds && engine_fork_child_deferred) {
+        for (int i = 0; i < plan.nlocks; i++) {
+            NEXT(close)(plan.locks[i]);
+        }
+        plan.nlocks = 0;
+        nclosed = 0;
+        atomic_store_explicit(&pending, 1, memory_order_release);
+        return;
+    }
+    engine_fork_child();
 }
 
 static void at_exit(void) {
-    if (loaded()) {
+    if (loaded() && !pending_child()) {
         engine_exit();
     }
 }

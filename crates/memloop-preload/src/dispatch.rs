@@ -698,7 +698,20 @@ fn inherited_sets() -> Vec<(c_int, Arc<EpollSet>)> {
 
 /// Before fork: every ring connection gets one more holder (the child) *now*, so a parent
 /// that closes its copy right after fork cannot shut the rings under the child.
+/// Set while `fork_prepare` runs if the child must run the engine's child handler at once
+/// (the parent holds something of ours beside plain connections and listeners).
+static CHILD_NEEDS_ENGINE: AtomicBool = AtomicBool::new(false);
+
+/// Called by the fork preparations that find state of theirs a child must look after.
+pub fn child_needs_engine() {
+    CHILD_NEEDS_ENGINE.store(true, Relaxed);
+}
+
+/// Plain connections a deferred child may use without the engine (the shim's list).
+const CHILD_PLAIN_MAX: usize = 64;
+
 pub fn fork_prepare() {
+    CHILD_NEEDS_ENGINE.store(false, Relaxed);
     // Before the fork, so a datagram sent from now on goes by the kernel, where the child
     // can read it too (one already in a ring is handed back to its sender, which sends it
     // by the kernel as well).
@@ -715,6 +728,23 @@ pub fn fork_prepare() {
     });
     crate::epoll::hold_for_fork(table::epoll_sets());
     table::hold_epoll_list_for_fork();
+    offer_child_plan();
+}
+
+/// Tells the shim (if it loaded us) whether the child may put the engine's child handler off
+/// until it needs the engine, and what it may use meanwhile: a fork-per-connection server's
+/// child then runs none of our code for its connection (each page of ours it touched was a
+/// fault: +27 % per connection). Everything is held now, so the answer stands at the fork.
+fn offer_child_plan() {
+    let plan = match CHILD_NEEDS_ENGINE.load(Relaxed) {
+        true => None,
+        false => table::plain_only(CHILD_PLAIN_MAX),
+    };
+    let locks = memloop_shm::member_lock::held_fds();
+    match &plan {
+        Some((plain, listeners)) => crate::real::offer_child_plan(Some((plain, listeners)), &locks),
+        None => crate::real::offer_child_plan(None, &locks),
+    }
 }
 
 /// The connections whose doorbell locks `fork_prepare` holds (the table's change lock is
@@ -740,6 +770,22 @@ pub fn fork_parent() {
 }
 
 pub fn fork_child() {
+    child_work();
+}
+
+/// The fork child handler the shim put off: the child's copies of our lock fds are closed,
+/// and `closed` are plain connections it closed meanwhile.
+pub fn deferred_fork_child(closed: &[c_int]) {
+    memloop_shm::member_lock::forget_closed_in_child();
+    child_work();
+    closed.iter().for_each(|&fd| table::forget_closed(fd));
+    tracing::debug!(
+        closed = closed.len(),
+        "fork child: the engine's child handler ran when first needed"
+    );
+}
+
+fn child_work() {
     crate::real::forget_pid();
     release_bells();
     crate::epoll::release_after_fork();

@@ -112,7 +112,11 @@ pub fn finish_resends() {
 }
 
 pub fn lock_for_fork() {
-    RESENDS.acquire_for_fork(|_| {});
+    RESENDS.acquire_for_fork(|r| {
+        if !r.is_empty() {
+            crate::dispatch::child_needs_engine();
+        }
+    });
 }
 
 pub fn release_after_fork() {
@@ -248,6 +252,14 @@ impl PlainTcp {
 
     fn made_here(&self) -> bool {
         self.pid == crate::real::getpid()
+    }
+}
+
+impl PlainTcp {
+    /// A fork child may use this connection without the engine: nothing of it is armed for a
+    /// late ring or being re-sent (the child never counts into the parent's record).
+    pub fn child_needs_nothing(&self) -> bool {
+        self.late.is_none() && self.resend.is_none()
     }
 }
 

@@ -83,6 +83,46 @@ pub fn may_have_inherited() -> bool {
     unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> libc::c_int>(a)() != 0 }
 }
 
+type ShimPlan = unsafe extern "C" fn(
+    defer: libc::c_int,
+    plain: *const libc::c_int,
+    nplain: libc::c_int,
+    listeners: *const libc::c_int,
+    nlisteners: libc::c_int,
+    locks: *const libc::c_int,
+    nlocks: libc::c_int,
+);
+
+/// Tells the shim that loaded us what the coming fork child needs: `Some((plain,
+/// listeners))`, the child may put our child handler off while it only uses these plain
+/// connections (and fds that are not ours) and closes these listeners; `locks`, our lock fds,
+/// which it closes in the child at once.
+pub fn offer_child_plan(plan: Option<(&[libc::c_int], &[libc::c_int])>, locks: &[libc::c_int]) {
+    static F: AtomicUsize = AtomicUsize::new(usize::MAX);
+    let a = shim_cached(&F, c"memloop_shim_fork_plan");
+    if a == 0 {
+        return;
+    }
+    let (defer, (plain, listeners)) = match plan {
+        Some(p) => (1, p),
+        None => (0, (&[][..], &[][..])),
+    };
+    let len = |v: &[libc::c_int]| v.len() as libc::c_int;
+    // SAFETY: the shim exports `memloop_shim_fork_plan` with this prototype; it copies the
+    // arrays (bounded by the counts) before returning.
+    unsafe {
+        std::mem::transmute::<usize, ShimPlan>(a)(
+            defer,
+            plain.as_ptr(),
+            len(plain),
+            listeners.as_ptr(),
+            len(listeners),
+            locks.as_ptr(),
+            len(locks),
+        )
+    }
+}
+
 /// A `MEMLOOP_*` setting: as the process started with it when the shim loaded us (the program
 /// may have changed its environment since), else from the environment now.
 pub fn setting(name: &str) -> Option<String> {

@@ -205,6 +205,36 @@ pub fn each(mut f: impl FnMut(i32, &Entry)) {
     }
 }
 
+/// With the change lock held (fork prepare), if every entry is a plain TCP connection a fork
+/// child may use without the engine or a listener (which such a child may close without it:
+/// only its parent unregisters it): their fds, `None` otherwise, or past `max` of either.
+pub fn plain_only(max: usize) -> Option<(Vec<i32>, Vec<i32>)> {
+    let (mut plain, mut listeners, mut other) = (Vec::new(), Vec::new(), false);
+    each(|fd, e| match e {
+        Entry::Listener(_) => listeners.push(fd),
+        Entry::Plain(p) if p.child_needs_nothing() => plain.push(fd),
+        _ => other = true,
+    });
+    (!other && plain.len() <= max && listeners.len() <= max).then_some((plain, listeners))
+}
+
+/// The kinds array (for the shim, which reads it in a fork child that has not needed the
+/// engine yet) and its length.
+pub fn kinds() -> (*const u8, usize) {
+    (KIND.as_ptr().cast(), MAX_FD)
+}
+
+/// A fork child closed `fd` (a plain connection) before it needed the engine: its entry goes,
+/// with nothing else done (the record is the parent's).
+pub fn forget_closed(fd: i32) {
+    if let Some(i) = index(fd) {
+        if KIND[i].load(Relaxed) == K_OBJ {
+            KIND[i].store(K_NONE, Relaxed);
+            drop(SLOTS[i].swap(None));
+        }
+    }
+}
+
 /// Every entry.
 pub fn all() -> Vec<(i32, Arc<Entry>)> {
     (0..HIGH.load(Relaxed) as i32)

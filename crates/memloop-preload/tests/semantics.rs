@@ -46,7 +46,7 @@ mod support;
 
 use std::fs;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use support::{
@@ -130,6 +130,7 @@ fn main() -> std::process::ExitCode {
         test!(pthread_cancel_ends_calls_blocked_on_a_ring),
         test!(the_engine_loads_only_where_it_is_needed),
         test!(a_panic_in_the_engine_is_contained_in_a_c_program),
+        test!(a_forked_handler_runs_no_engine_until_it_needs_it),
         test!(ppoll_pselect_epoll_pwait_apply_their_sigmask),
         test!(blocked_send_eintr_and_sa_restart),
         test!(concurrent_send_and_recv_from_two_threads),
@@ -1121,6 +1122,73 @@ fn a_panic_in_the_engine_is_contained_in_a_c_program() {
         "{log}"
     );
     assert!(log.contains("test panic at connect"), "{log}");
+}
+
+/// A fork-per-connection server's child, whose parent holds only plain connections and
+/// listeners, puts the engine's fork handler off (`tests/semantics/c/deferred_child.c`): it
+/// echoes a client without the library over plain TCP, closes the listener, its copy of the
+/// engine's lock fd is gone at once; its own fork child and then itself need the engine later
+/// (a new socket to a member) and get rings. The handler runs exactly twice (once in each,
+/// when first needed), and never in the parent's log.
+fn a_forked_handler_runs_no_engine_until_it_needs_it() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let dir = Scratch::new("semantics", "deferred");
+    let exe = build_c(&dir, "deferred_child");
+    let region = RegionGuard::new("sem", "deferred", 64 << 20);
+    let mut cmd = env_prefix(60, Some(&region.0));
+    cmd.push(exe.display().to_string());
+    cmd.push(format!("/dev/shm/memloop-{}", region.0));
+    let mut child = Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    out.read_line(&mut first).expect("port line");
+    let port: u16 = first
+        .trim()
+        .trim_start_matches("port ")
+        .parse()
+        .expect("port");
+    // This test process is no member: the server's connection stays plain.
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let mut echoed = Vec::new();
+    for _ in 0..5 {
+        c.write_all(b"ping\n").expect("send");
+        let mut b = [0u8; 5];
+        c.read_exact(&mut b).expect("echo");
+        echoed.extend_from_slice(&b);
+    }
+    c.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).expect("output");
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut log)
+        .expect("log");
+    let status = child.wait().expect("wait");
+    assert_eq!(echoed, b"ping\n".repeat(5));
+    assert!(status.success(), "{rest}\n{log}");
+    assert!(rest.contains("grandchild ok"), "{rest}\n{log}");
+    assert!(
+        rest.contains("child ok: lock fds 1 in the parent, 0 here; 25 bytes echoed; grandchild ok"),
+        "{rest}\n{log}"
+    );
+    let ran = log
+        .matches("the engine's child handler ran when first needed")
+        .count();
+    assert_eq!(ran, 2, "the deferred handler ran {ran} times:\n{log}");
+    let r = memloop::Region::open(&memloop::RegionSpec::parse(&region.0)).expect("region");
+    let bytes = r.registry().counters()[memloop::registry::COUNTER_RING_BYTES];
+    assert!(
+        bytes >= 16,
+        "the late exchanges used no ring ({bytes} ring bytes)\n{log}"
+    );
 }
 
 /// Runs a program built by [`build_c`] with `args` (space separated), under the preload in

@@ -153,16 +153,46 @@ pub fn private_fd_floor(max: usize) -> RawFd {
     (soft / 2).min(FLOOR_MAX).clamp(64, max.saturating_sub(1)) as RawFd
 }
 
+/// The caller runs the fork child's work itself ([`close_in_child`] or
+/// [`forget_closed_in_child`]): no handler of our own is registered. For a library whose fork
+/// handlers are run by another (the preload shim), which may put a child's work off.
+pub fn child_handled_by_caller() {
+    AT_FORK.call_once(|| {});
+}
+
+/// The fds of the locks held now (a fork child must close its copies).
+pub fn held_fds() -> Vec<RawFd> {
+    SLOTS
+        .iter()
+        .map(|w| w.load(Acquire) as u32)
+        .filter(|&low| low != 0)
+        .map(|low| (low - 1) as RawFd)
+        .collect()
+}
+
 fn register_fork_handler() {
     AT_FORK.call_once(|| {
         // SAFETY: registers a plain extern "C" function; no prepare or parent handler.
-        unsafe { libc::pthread_atfork(None, None, Some(close_in_child)) };
+        unsafe { libc::pthread_atfork(None, None, Some(child_handler)) };
     });
+}
+
+extern "C" fn child_handler() {
+    close_in_child();
 }
 
 /// In a fork child: the parent's locks are the parent's. Loads only, unless a lock is held
 /// (a write would cost the child a copy-on-write fault).
-extern "C" fn close_in_child() {
+pub fn close_in_child() {
+    forget_in_child(true);
+}
+
+/// [`close_in_child`] for a child whose copies of [`held_fds`] were closed already.
+pub fn forget_closed_in_child() {
+    forget_in_child(false);
+}
+
+fn forget_in_child(close: bool) {
     for w in &SLOTS {
         let cur = w.load(Acquire);
         if cur as u32 != 0 {
@@ -170,8 +200,10 @@ extern "C" fn close_in_child() {
                 ((cur >> 32) + 1) << 32,
                 std::sync::atomic::Ordering::Release,
             );
-            // (A copy the child inherited, which nothing else uses.)
-            close_raw((cur as u32 - 1) as RawFd);
+            if close {
+                // (A copy the child inherited, which nothing else uses.)
+                close_raw((cur as u32 - 1) as RawFd);
+            }
         }
     }
 }

@@ -106,8 +106,13 @@ pub fn forget_in_child() {
 }
 
 pub fn lock_for_fork() {
-    IN_FLIGHT.acquire_for_fork(|_| {});
-    EXEC_HOLDS.acquire_for_fork(|_| {});
+    fn busy<T>(v: &mut Vec<T>) {
+        if !v.is_empty() {
+            crate::dispatch::child_needs_engine();
+        }
+    }
+    IN_FLIGHT.acquire_for_fork(busy);
+    EXEC_HOLDS.acquire_for_fork(busy);
 }
 
 pub fn release_after_fork() {

@@ -74,7 +74,11 @@ pub fn release_done() {
 }
 
 pub fn lock_for_fork() {
-    HELD.acquire_for_fork(|_| {});
+    HELD.acquire_for_fork(|h| {
+        if !h.is_empty() {
+            crate::dispatch::child_needs_engine();
+        }
+    });
 }
 
 pub fn release_after_fork() {

@@ -373,9 +373,14 @@ extern "C" fn at_fork_child() {
         // Loads only (nothing here sets errno): each page this child touches costs it a
         // fault, and most children of such a process exit or exec at once.
         crate::real::forget_pid();
-        return;
+    } else {
+        real::keeping_errno(|| track("fork child", dispatch::fork_child));
     }
-    real::keeping_errno(|| track("fork child", dispatch::fork_child));
+    if real::under_shim() {
+        // After the handler: the close goes through our hooks, which take the locks it frees.
+        // (Preloaded ourselves, the lock's own handler does it, registered after ours.)
+        real::keeping_errno(memloop_shm::member_lock::close_in_child);
+    }
 }
 
 extern "C" fn at_exit() {
@@ -405,13 +410,48 @@ pub extern "C" fn memloop_engine_fork_child() {
 pub extern "C" fn memloop_engine_exit() {
     at_exit();
 }
+/// The fork child handler, put off by the shim until the child first needed the engine;
+/// `closed`: the plain connections it closed meanwhile (`n` of them).
+///
+/// # Safety
+/// `closed` points to `n` fds (or `n` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn memloop_engine_fork_child_deferred(closed: *const c_int, n: c_int) {
+    let closed = match (closed.is_null(), usize::try_from(n)) {
+        (false, Ok(n)) if n > 0 => {
+            // SAFETY: the caller's contract.
+            unsafe { std::slice::from_raw_parts(closed, n) }
+        }
+        _ => &[],
+    };
+    real::keeping_errno(|| {
+        track("fork child", || {
+            crate::dispatch::deferred_fork_child(closed)
+        })
+    });
+}
+/// Our table's kinds, for the shim's gate in such a child (`*len` entries, one byte per fd:
+/// 0 is "not ours").
+///
+/// # Safety
+/// `len` is a valid out-pointer.
+#[no_mangle]
+pub unsafe extern "C" fn memloop_engine_kinds(len: *mut usize) -> *const u8 {
+    let (p, n) = crate::table::kinds();
+    // SAFETY: the caller's contract.
+    unsafe { *len = n };
+    p
+}
 
 extern "C" fn on_load() {
     track("load", || {
         crate::init_logging();
         crate::engine::capture_settings();
     });
-    if !real::under_shim() {
+    if real::under_shim() {
+        // The shim runs the lock fds' child work (it may put ours off; see `dispatch`).
+        memloop_shm::member_lock::child_handled_by_caller();
+    } else {
         register_handlers();
     }
     if real::may_have_inherited() {

@@ -945,7 +945,12 @@ pub fn unlisted(
 }
 
 pub fn lock_for_fork() {
-    ARMED.acquire_for_fork(|armed| marker::prepare_fork(armed));
+    ARMED.acquire_for_fork(|armed| {
+        if !armed.is_empty() {
+            crate::dispatch::child_needs_engine();
+        }
+        marker::prepare_fork(armed)
+    });
 }
 
 /// Parent handler: armed connections the child holds too are disarmed (unless `marker.rs`
