@@ -106,13 +106,13 @@ pub fn forget_in_child() {
 }
 
 pub fn lock_for_fork() {
-    fn busy<T>(v: &mut Vec<T>) {
+    fn busy<T>(v: &[T]) {
         if !v.is_empty() {
             crate::dispatch::child_needs_engine();
         }
     }
-    IN_FLIGHT.acquire_for_fork(busy);
-    EXEC_HOLDS.acquire_for_fork(busy);
+    IN_FLIGHT.acquire_for_fork(|v| busy(v));
+    EXEC_HOLDS.acquire_for_fork(|v| busy(v));
 }
 
 pub fn release_after_fork() {
