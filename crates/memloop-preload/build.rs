@@ -37,25 +37,8 @@ fn main() {
 /// (this crate's own native libraries come first), so the linker's `--as-needed` drops
 /// libgcc_s from the engine's dependencies.
 fn archive_unwind(out: &Path) {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let obj = out.join("unwind_forward.o");
-    let status = Command::new(&cc)
-        .args([
-            "-std=gnu11",
-            "-O2",
-            "-g",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-fPIC",
-            "-c",
-        ])
-        .args(["-fvisibility=hidden", "-o"])
-        .arg(&obj)
-        .arg(UNWIND)
-        .status()
-        .unwrap_or_else(|e| panic!("running {cc} for {UNWIND}: {e}"));
-    assert!(status.success(), "{cc} failed on {UNWIND}");
+    cc(UNWIND, &["-c", "-fvisibility=hidden", "-o"], &obj, &[]);
     let lib = out.join("libmemloop_unwind.a");
     let _ = std::fs::remove_file(&lib);
     let status = Command::new("ar")
@@ -69,36 +52,46 @@ fn archive_unwind(out: &Path) {
     println!("cargo:rustc-link-lib=static=memloop_unwind");
 }
 
-fn compile(out: &Path) {
+/// The C compiler (`$CC`, else `cc`) on `source` with the flags both objects share, then
+/// `flags`, the output `out`, then `libs`.
+fn cc(source: &str, flags: &[&str], out: &Path, libs: &[&str]) {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let common = [
+        "-std=gnu11",
+        "-O2",
+        "-g",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-fPIC",
+    ];
     let status = Command::new(&cc)
-        .args([
-            "-std=gnu11",
-            "-O2",
-            "-g",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-fPIC",
-            "-shared",
-            "-fvisibility=hidden",
-            // It defines the checked variants (`__read_chk`, …) itself.
-            "-U_FORTIFY_SOURCE",
-            "-D_FORTIFY_SOURCE=0",
-            // (Lazy binding: most of its own imports — dlopen, dlsym, … — a process that
-            // never needs the engine never calls, and each costs a lookup at load.)
-            // Two mappings (code, data) instead of four: each is copied by every fork and
-            // torn down by every exit of every process it is loaded in. (Its data holds
-            // function pointers written at run time anyway; read-only relocations would
-            // protect little.)
-            "-Wl,-z,noseparate-code",
-            "-Wl,-z,norelro",
-            "-o",
-        ])
+        .args(common)
+        .args(flags)
         .arg(out)
-        .arg(SOURCE)
-        .arg("-ldl")
+        .arg(source)
+        .args(libs)
         .status()
-        .unwrap_or_else(|e| panic!("running {cc} for {SOURCE}: {e}"));
-    assert!(status.success(), "{cc} failed on {SOURCE}");
+        .unwrap_or_else(|e| panic!("running {cc} for {source}: {e}"));
+    assert!(status.success(), "{cc} failed on {source}");
+}
+
+fn compile(out: &Path) {
+    let flags = [
+        "-shared",
+        "-fvisibility=hidden",
+        // It defines the checked variants (`__read_chk`, …) itself.
+        "-U_FORTIFY_SOURCE",
+        "-D_FORTIFY_SOURCE=0",
+        // (Lazy binding: most of its own imports — dlopen, dlsym, … — a process that
+        // never needs the engine never calls, and each costs a lookup at load.)
+        // Two mappings (code, data) instead of four: each is copied by every fork and
+        // torn down by every exit of every process it is loaded in. (Its data holds
+        // function pointers written at run time anyway; read-only relocations would
+        // protect little.)
+        "-Wl,-z,noseparate-code",
+        "-Wl,-z,norelro",
+        "-o",
+    ];
+    cc(SOURCE, &flags, out, &["-ldl"]);
 }
