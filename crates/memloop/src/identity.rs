@@ -129,6 +129,12 @@ fn parse_if_inet6_line(line: &str) -> Option<IpAddr> {
 }
 
 fn process_name() -> String {
+    // On the main thread its name is the process's (one system call, no /proc file); another
+    // thread may have a name of its own.
+    let main = rustix::thread::gettid() == rustix::process::getpid();
+    if let Some(n) = main.then(rustix::thread::name).and_then(Result::ok) {
+        return n.to_string_lossy().into_owned();
+    }
     read_proc("/proc/self/comm")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
