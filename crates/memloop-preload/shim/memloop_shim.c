@@ -62,7 +62,7 @@
     X(int, accept4, (int fd, struct sockaddr *a, socklen_t *l, int fl), (fd, a, l, fl), passable(fd)) \
     X(int, bind, (int fd, const struct sockaddr *a, socklen_t l), (fd, a, l), passable(fd)) \
     X(int, close, (int fd), (fd), closing_passable(fd)) \
-    X(int, close_range, (unsigned a, unsigned b, int fl), (a, b, fl), 0) \
+    X(int, close_range, (unsigned a, unsigned b, int fl), (a, b, fl), range_passable(a, b)) \
     X(int, connect, (int fd, const struct sockaddr *a, socklen_t l), (fd, a, l), passable(fd)) \
     X(int, dup, (int fd), (fd), passable(fd)) \
     X(int, dup2, (int a, int b), (a, b), dup_passable(a, b)) \
@@ -178,11 +178,14 @@ static struct {
 static atomic_int pending;
 static pthread_t waker;
 /* The plain connections it closed meanwhile (their entries go when the handler runs). */
-static int nclosed, closed_fds[PLAN_MAX];
+static int nclosed, closed_fds[2 * PLAN_MAX];
 
-/* The engine's table of kinds (0: not the engine's), and its deferred handler. */
+/* The engine's table of kinds (0: not the engine's) up to its highest fd, taken at every
+ * fork (no fd of the engine's appears in such a child), and its deferred handler. */
 static const unsigned char *kinds;
 static size_t nkinds;
+typedef const unsigned char *(*kinds_fn)(size_t *);
+static kinds_fn engine_kinds;
 typedef void (*deferred_fn)(const int *, int);
 static deferred_fn engine_fork_child_deferred;
 
@@ -315,9 +318,7 @@ static void open_engine(void) {
     engine_exit = (void_fn)dlsym(h, "memloop_engine_exit");
     /* (Optional: without them, every fork child runs the engine's handler at once.) */
     engine_fork_child_deferred = (deferred_fn)dlsym(h, "memloop_engine_fork_child_deferred");
-    typedef const unsigned char *(*kinds_fn)(size_t *);
-    kinds_fn get_kinds = (kinds_fn)dlsym(h, "memloop_engine_kinds");
-    kinds = get_kinds ? get_kinds(&nkinds) : NULL;
+    engine_kinds = (kinds_fn)dlsym(h, "memloop_engine_kinds");
     /* An engine missing one of them is not ours (or from another version): not used. */
 #define CHECK(ret, name, ...) ok = ok && engine.name;
     int ok = engine_fork_prepare && engine_fork_parent && engine_fork_child && engine_exit;
@@ -424,11 +425,31 @@ static int closing_passable(int fd) {
     if (!take(plan.plain, &plan.nplain, fd) && !take(plan.listeners, &plan.nlisteners, fd)) {
         return not_ours(fd);
     }
-    if (nclosed < PLAN_MAX) {
+    if (nclosed < 2 * PLAN_MAX) {
         closed_fds[nclosed++] = fd;
         return 1;
     }
     return 0; /* (cannot note it: the engine closes it) */
+}
+
+/* closefrom/close_range over [low, last]: every fd of the engine's there must be a plain
+ * connection or a listener (noted as closed), or a lock fd the child closed already. */
+static int range_passable(unsigned low, unsigned last) {
+    for (size_t fd = low; fd < nkinds && fd <= last; fd++) {
+        int f = (int)fd;
+        if (!not_ours(f) && index_of(plan.locks, plan.nlocks, f) < 0 &&
+            index_of(plan.plain, plan.nplain, f) < 0 &&
+            index_of(plan.listeners, plan.nlisteners, f) < 0) {
+            return 0;
+        }
+    }
+    for (size_t fd = low; fd < nkinds && fd <= last; fd++) {
+        int f = (int)fd;
+        if (index_of(plan.locks, plan.nlocks, f) < 0 && !not_ours(f) && !closing_passable(f)) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 /* dup2/dup3 of a passable fd over one that is not the engine's or a plain connection (which
@@ -602,7 +623,7 @@ VARIADIC(fcntl64, int, int)
 VARIADIC(ioctl, int, unsigned long)
 
 EXPORT void closefrom(int fd) {
-    if (loaded() && !DEFERRED(0)) {
+    if (loaded() && !DEFERRED(fd >= 0 && range_passable((unsigned)fd, ~0u))) {
         engine.closefrom(fd);
     } else {
         NEXT(closefrom)(fd);
@@ -742,6 +763,7 @@ static void at_fork_prepare(void) {
     fork_forwarded = loaded() && !pending_child();
     if (fork_forwarded) {
         engine_fork_prepare();
+        kinds = engine_kinds ? engine_kinds(&nkinds) : NULL;
     }
 }
 
@@ -766,7 +788,6 @@ static void at_fork_child(void) {
         for (int i = 0; i < plan.nlocks; i++) {
             NEXT(close)(plan.locks[i]);
         }
-        plan.nlocks = 0;
         nclosed = 0;
         atomic_store_explicit(&pending, 1, memory_order_release);
         return;

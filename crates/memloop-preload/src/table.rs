@@ -219,9 +219,9 @@ pub fn plain_only(max: usize) -> Option<(Vec<i32>, Vec<i32>)> {
 }
 
 /// The kinds array (for the shim, which reads it in a fork child that has not needed the
-/// engine yet) and its length.
+/// engine yet) and how far it is used: past that, no fd is ours.
 pub fn kinds() -> (*const u8, usize) {
-    (KIND.as_ptr().cast(), MAX_FD)
+    (KIND.as_ptr().cast(), HIGH.load(Relaxed).min(MAX_FD))
 }
 
 /// A fork child closed `fd` (a plain connection) before it needed the engine: its entry goes,

@@ -6,15 +6,19 @@
  * the connection:
  *   1. checks that its copy of the engine's lock fd is gone (the engine's fd at 64 or above
  *      on the region file: a child holding it would keep its parent "alive");
- *   2. closes the listener, echoes the client's lines (plain TCP, without the engine);
+ *   2. closes the listener, echoes the client's lines (plain TCP, without the engine),
+ *      waiting for each in poll(), then closes every fd from 100 up (closefrom: the
+ *      engine's lock fd is among them, already closed);
  *   3. forks a grandchild, which needs the engine first (a new inet socket to the server's
  *      second listener, a member: a ring) and exchanges over it;
  *   4. then needs the engine itself the same way, and exits.
  * Prints "child ok" / "grandchild ok" lines (or what failed) on stdout. */
+#define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,13 +92,15 @@ int main(int argc, char **argv) {
         char buf[64];
         ssize_t n;
         int bytes = 0;
-        while ((n = read(c, buf, sizeof buf)) > 0) {
+        struct pollfd p = {.fd = c, .events = POLLIN};
+        while (poll(&p, 1, 10000) == 1 && (n = read(c, buf, sizeof buf)) > 0) {
             if (write(c, buf, (size_t)n) != n) {
                 break;
             }
             bytes += (int)n;
         }
         close(c);
+        closefrom(100);
         pid_t g = fork();
         if (g == 0) {
             _exit(ring_exchange(&b, "gran") ? 1 : (printf("grandchild ok\n"), fflush(stdout), 0));

@@ -430,8 +430,8 @@ pub unsafe extern "C" fn memloop_engine_fork_child_deferred(closed: *const c_int
         })
     });
 }
-/// Our table's kinds, for the shim's gate in such a child (`*len` entries, one byte per fd:
-/// 0 is "not ours").
+/// Our table's kinds, for the shim's gate in such a child (`*len` entries, one byte per fd,
+/// 0 "not ours"; no fd past them is ours): asked at every fork.
 ///
 /// # Safety
 /// `len` is a valid out-pointer.
