@@ -58,52 +58,62 @@
  * child that has not needed the engine yet may make the call without it (see "A fork child
  * that has not needed the engine yet"). */
 #define HOOKS(X)                                                                              \
-    X(int, accept, (int fd, struct sockaddr *a, socklen_t *l), (fd, a, l), passable(fd)) \
-    X(int, accept4, (int fd, struct sockaddr *a, socklen_t *l, int fl), (fd, a, l, fl), passable(fd)) \
-    X(int, bind, (int fd, const struct sockaddr *a, socklen_t l), (fd, a, l), passable(fd)) \
-    X(int, close, (int fd), (fd), closing_passable(fd)) \
-    X(int, close_range, (unsigned a, unsigned b, int fl), (a, b, fl), range_passable(a, b)) \
-    X(int, connect, (int fd, const struct sockaddr *a, socklen_t l), (fd, a, l), passable(fd)) \
-    X(int, dup, (int fd), (fd), passable(fd)) \
-    X(int, dup2, (int a, int b), (a, b), dup_passable(a, b)) \
-    X(int, dup3, (int a, int b, int fl), (a, b, fl), dup_passable(a, b)) \
-    X(int, epoll_ctl, (int ep, int op, int fd, struct epoll_event *e), (ep, op, fd, e), not_ours(ep) && not_ours(fd)) \
+    X(int, accept, (int fd, struct sockaddr *a, socklen_t *l), (fd, a, l), passable(fd))      \
+    X(int, accept4, (int fd, struct sockaddr *a, socklen_t *l, int fl), (fd, a, l, fl),       \
+      passable(fd))                                                                           \
+    X(int, bind, (int fd, const struct sockaddr *a, socklen_t l), (fd, a, l), passable(fd))   \
+    X(int, close, (int fd), (fd), closing_passable(fd))                                       \
+    X(int, close_range, (unsigned a, unsigned b, int fl), (a, b, fl), range_passable(a, b))   \
+    X(int, connect, (int fd, const struct sockaddr *a, socklen_t l), (fd, a, l),              \
+      passable(fd))                                                                           \
+    X(int, dup, (int fd), (fd), passable(fd))                                                 \
+    X(int, dup2, (int a, int b), (a, b), dup_passable(a, b))                                  \
+    X(int, dup3, (int a, int b, int fl), (a, b, fl), dup_passable(a, b))                      \
+    X(int, epoll_ctl, (int ep, int op, int fd, struct epoll_event *e), (ep, op, fd, e),       \
+      not_ours(ep) && not_ours(fd))                                                           \
     X(int, epoll_pwait, (int ep, struct epoll_event *e, int n, int t, const sigset_t *s),     \
-      (ep, e, n, t, s), not_ours(ep)) \
+      (ep, e, n, t, s), not_ours(ep))                                                         \
     X(int, epoll_pwait2,                                                                      \
       (int ep, struct epoll_event *e, int n, const struct timespec *t, const sigset_t *s),    \
-      (ep, e, n, t, s), not_ours(ep)) \
-    X(int, epoll_wait, (int ep, struct epoll_event *e, int n, int t), (ep, e, n, t), not_ours(ep)) \
-    X(int, getsockopt, (int fd, int l, int o, void *v, socklen_t *n), (fd, l, o, v, n), passable(fd)) \
-    X(int, listen, (int fd, int n), (fd, n), passable(fd)) \
-    X(int, poll, (struct pollfd *f, nfds_t n, int t), (f, n, t), pollfds_passable(f, n)) \
+      (ep, e, n, t, s), not_ours(ep))                                                         \
+    X(int, epoll_wait, (int ep, struct epoll_event *e, int n, int t), (ep, e, n, t),          \
+      not_ours(ep))                                                                           \
+    X(int, getsockopt, (int fd, int l, int o, void *v, socklen_t *n), (fd, l, o, v, n),       \
+      passable(fd))                                                                           \
+    X(int, listen, (int fd, int n), (fd, n), passable(fd))                                    \
+    X(int, poll, (struct pollfd *f, nfds_t n, int t), (f, n, t), pollfds_passable(f, n))      \
     X(int, ppoll, (struct pollfd *f, nfds_t n, const struct timespec *t, const sigset_t *s),  \
-      (f, n, t, s), pollfds_passable(f, n)) \
+      (f, n, t, s), pollfds_passable(f, n))                                                   \
     X(int, pselect,                                                                           \
       (int n, fd_set *r, fd_set *w, fd_set *x, const struct timespec *t, const sigset_t *s),  \
-      (n, r, w, x, t, s), fdsets_passable(n, r, w, x)) \
-    X(int, pthread_cancel, (pthread_t t), (t), 0) \
-    X(ssize_t, read, (int fd, void *b, size_t n), (fd, b, n), passable(fd)) \
-    X(ssize_t, readv, (int fd, const struct iovec *v, int n), (fd, v, n), passable(fd)) \
-    X(ssize_t, recv, (int fd, void *b, size_t n, int fl), (fd, b, n, fl), passable(fd)) \
+      (n, r, w, x, t, s), fdsets_passable(n, r, w, x))                                        \
+    X(int, pthread_cancel, (pthread_t t), (t), 0)                                             \
+    X(ssize_t, read, (int fd, void *b, size_t n), (fd, b, n), passable(fd))                   \
+    X(ssize_t, readv, (int fd, const struct iovec *v, int n), (fd, v, n), passable(fd))       \
+    X(ssize_t, recv, (int fd, void *b, size_t n, int fl), (fd, b, n, fl), passable(fd))       \
     X(ssize_t, recvfrom,                                                                      \
       (int fd, void *b, size_t n, int fl, struct sockaddr *a, socklen_t *l),                  \
-      (fd, b, n, fl, a, l), passable(fd)) \
+      (fd, b, n, fl, a, l), passable(fd))                                                     \
     X(int, select, (int n, fd_set *r, fd_set *w, fd_set *x, struct timeval *t),               \
-      (n, r, w, x, t), fdsets_passable(n, r, w, x)) \
+      (n, r, w, x, t), fdsets_passable(n, r, w, x))                                           \
     X(ssize_t, send, (int fd, const void *b, size_t n, int fl), (fd, b, n, fl), passable(fd)) \
-    X(ssize_t, sendfile, (int o, int i, off_t *off, size_t n), (o, i, off, n), passable(o) && passable(i)) \
-    X(ssize_t, sendfile64, (int o, int i, off64_t *off, size_t n), (o, i, off, n), passable(o) && passable(i)) \
-    X(int, sendmmsg, (int fd, struct mmsghdr *m, unsigned n, int fl), (fd, m, n, fl), passable(fd) && !mmsg_control(m, n)) \
-    X(ssize_t, sendmsg, (int fd, const struct msghdr *m, int fl), (fd, m, fl), passable(fd) && !(m && m->msg_controllen > 0)) \
+    X(ssize_t, sendfile, (int o, int i, off_t *off, size_t n), (o, i, off, n),                \
+      passable(o) && passable(i))                                                             \
+    X(ssize_t, sendfile64, (int o, int i, off64_t *off, size_t n), (o, i, off, n),            \
+      passable(o) && passable(i))                                                             \
+    X(int, sendmmsg, (int fd, struct mmsghdr *m, unsigned n, int fl), (fd, m, n, fl),         \
+      passable(fd) && !mmsg_control(m, n))                                                    \
+    X(ssize_t, sendmsg, (int fd, const struct msghdr *m, int fl), (fd, m, fl),                \
+      passable(fd) && !(m && m->msg_controllen > 0))                                          \
     X(ssize_t, sendto,                                                                        \
       (int fd, const void *b, size_t n, int fl, const struct sockaddr *a, socklen_t l),       \
-      (fd, b, n, fl, a, l), passable(fd)) \
-    X(int, setsockopt, (int fd, int l, int o, const void *v, socklen_t n), (fd, l, o, v, n), passable(fd)) \
-    X(int, shutdown, (int fd, int how), (fd, how), passable(fd)) \
+      (fd, b, n, fl, a, l), passable(fd))                                                     \
+    X(int, setsockopt, (int fd, int l, int o, const void *v, socklen_t n), (fd, l, o, v, n),  \
+      passable(fd))                                                                           \
+    X(int, shutdown, (int fd, int how), (fd, how), passable(fd))                              \
     X(ssize_t, splice, (int i, loff_t *oi, int o, loff_t *oo, size_t n, unsigned fl),         \
-      (i, oi, o, oo, n, fl), passable(i) && passable(o)) \
-    X(ssize_t, write, (int fd, const void *b, size_t n), (fd, b, n), passable(fd)) \
+      (i, oi, o, oo, n, fl), passable(i) && passable(o))                                      \
+    X(ssize_t, write, (int fd, const void *b, size_t n), (fd, b, n), passable(fd))            \
     X(ssize_t, writev, (int fd, const struct iovec *v, int n), (fd, v, n), passable(fd))
 
 /* Intercepted with their own bodies below (they decide whether to load the engine, or have
@@ -371,7 +381,6 @@ static void need_engine(void) {
  * poll over a ring, fds passed in a control message, …) runs the handler, then goes to the
  * engine as in any child. */
 
-
 static int count_ok(int n, int max) {
     return n >= 0 && n <= max;
 }
@@ -547,8 +556,8 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int fl) {
     if (!loaded() && m && m->msg_controllen > 0) {
         need_engine();
     }
-    int pass = passable(fd) && !(m && m->msg_controllen > 0);
-    return loaded() && !DEFERRED(pass) ? engine.recvmsg(fd, m, fl) : NEXT(recvmsg)(fd, m, fl);
+    int to_engine = loaded() && !DEFERRED(passable(fd) && !(m && m->msg_controllen > 0));
+    return to_engine ? engine.recvmsg(fd, m, fl) : NEXT(recvmsg)(fd, m, fl);
 }
 
 EXPORT int recvmmsg(int fd, struct mmsghdr *m, unsigned n, int fl, struct timespec *t) {
@@ -560,9 +569,8 @@ EXPORT int recvmmsg(int fd, struct mmsghdr *m, unsigned n, int fl, struct timesp
             }
         }
     }
-    int pass = passable(fd) && !mmsg_control(m, n);
-    return loaded() && !DEFERRED(pass) ? engine.recvmmsg(fd, m, n, fl, t)
-                                       : NEXT(recvmmsg)(fd, m, n, fl, t);
+    int to_engine = loaded() && !DEFERRED(passable(fd) && !mmsg_control(m, n));
+    return to_engine ? engine.recvmmsg(fd, m, n, fl, t) : NEXT(recvmmsg)(fd, m, n, fl, t);
 }
 
 EXPORT int pidfd_getfd(int pidfd, int fd, unsigned fl) {

@@ -740,11 +740,8 @@ fn offer_child_plan() {
         true => None,
         false => table::plain_only(CHILD_PLAIN_MAX),
     };
-    let locks = memloop_shm::member_lock::held_fds();
-    match &plan {
-        Some((plain, listeners)) => crate::real::offer_child_plan(Some((plain, listeners)), &locks),
-        None => crate::real::offer_child_plan(None, &locks),
-    }
+    let plan = plan.as_ref().map(|(p, l)| (&p[..], &l[..]));
+    crate::real::offer_child_plan(plan, &memloop_shm::member_lock::held_fds());
 }
 
 /// The connections whose doorbell locks `fork_prepare` holds (the table's change lock is
@@ -769,15 +766,11 @@ pub fn fork_parent() {
     crate::late::after_fork_in_parent();
 }
 
-pub fn fork_child() {
-    child_work();
-}
-
 /// The fork child handler the shim put off: the child's copies of our lock fds are closed,
 /// and `closed` are plain connections it closed meanwhile.
 pub fn deferred_fork_child(closed: &[c_int]) {
     memloop_shm::member_lock::forget_closed_in_child();
-    child_work();
+    fork_child();
     closed.iter().for_each(|&fd| table::forget_closed(fd));
     tracing::debug!(
         closed = closed.len(),
@@ -785,7 +778,7 @@ pub fn deferred_fork_child(closed: &[c_int]) {
     );
 }
 
-fn child_work() {
+pub fn fork_child() {
     crate::real::forget_pid();
     release_bells();
     crate::epoll::release_after_fork();

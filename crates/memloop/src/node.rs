@@ -210,11 +210,15 @@ fn join_reclaiming(
     match region.registry().join_with(ident, &mut prove) {
         Err(RegistryError::RegionFull { .. }) => {
             let reg = region.registry();
-            for m in reg.members() {
-                if !live.is_alive(&m) {
-                    // No member id of our own yet: reclaim on behalf of the dead member itself.
-                    let _ = reg.reclaim(m.id, m.id);
-                }
+            // No member id of our own yet: each is reclaimed on behalf of the dead member
+            // itself; then one sweep of what they left, for all of them.
+            let dead = reg.members().into_iter().filter(|m| !live.is_alive(m));
+            if dead
+                .filter(|m| reg.reclaim_member(m.id, m.id).is_ok())
+                .count()
+                > 0
+            {
+                reg.sweep_leftovers();
             }
             Ok(reg.join_with(ident, prove)?)
         }
