@@ -17,6 +17,7 @@
 //! | 408 | region state: 0 open, 1 paused, 2 being destroyed ([`RegionState`]) |
 //! | 1024..1280 | global counters 32..64 |
 //! | 1280..2304 | 256 kick lanes (u32): a member's heartbeat thread sleeps on lane `idx % 256` |
+//! | 2304, 2312 | max buffer pools, pools offset |
 //!
 //! Versions: 2 added connection records; 3 added the channel kind to channel slots and grew the
 //! counters to 32 (fallback causes); 4 grew them to 64 (a second block; the fallback reason
@@ -36,8 +37,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"MLREGN01");
 /// and 32 counters, 4: 64 counters, 5: the offer index and free-but-reserved segment tags,
 /// 6: endpoint keys hashed a word at a time, the endpoint's hand-back count, 7: the
 /// heartbeat word's flags `BEAT_LOCKED` / `BEAT_NONE`, 8: a channel's first-close and
-/// decision words — a server no longer rings an accept doorbell nobody asked for).
-pub const VERSION: u32 = 8;
+/// decision words — a server no longer rings an accept doorbell nobody asked for, 9: the
+/// buffer pools of zero-copy channels).
+pub const VERSION: u32 = 9;
 /// Bytes reserved for the header (one page; small under loom to keep the model tractable).
 pub const HEADER_BYTES: u64 = if cfg!(loom) { 512 } else { 4096 };
 /// Number of global counters in the header (two blocks of 32).
@@ -49,6 +51,7 @@ pub(crate) const MEMBER_BYTES: u64 = 256;
 pub(crate) const ENDPOINT_BYTES: u64 = 128;
 pub(crate) const CHANNEL_BYTES: u64 = 320;
 pub(crate) const CONN_BYTES: u64 = 128;
+pub(crate) const POOL_BYTES: u64 = 128;
 /// Member slots are tagged with 12 bits of index elsewhere.
 pub const MAX_MEMBERS: u32 = 4095;
 const MAX_TABLE: u32 = 1 << 24;
@@ -114,6 +117,10 @@ const _: () = assert!(cfg!(loom) || H_COUNTERS2 + 8 * COUNTER_BLOCK as u64 <= HE
 const H_KICKS: u64 = H_COUNTERS2 + 8 * COUNTER_BLOCK as u64;
 const KICK_LANES: u32 = 256;
 const _: () = assert!(cfg!(loom) || H_KICKS + 4 * KICK_LANES as u64 <= HEADER_BYTES);
+/// The pools table's size and offset (beyond the loom model's header: read as none there).
+const H_POOLS: u64 = H_KICKS + 4 * KICK_LANES as u64;
+const H_POOLS_OFF: u64 = H_POOLS + 8;
+const _: () = assert!(cfg!(loom) || H_POOLS_OFF + 8 <= HEADER_BYTES);
 
 /// Where global counter `i` lives in the header (none: beyond the loom model's header).
 fn counter_off(i: usize) -> Option<u64> {
@@ -172,6 +179,8 @@ pub struct RegionParams {
     pub segment_size: u64,
     /// Slots for records of connections that took the plain-TCP path (`memloop status`).
     pub max_conns: u32,
+    /// Buffer pools of zero-copy channels, region-wide.
+    pub max_pools: u32,
 }
 
 impl Default for RegionParams {
@@ -201,6 +210,7 @@ impl RegionParams {
             max_channels: channels,
             segment_size: 4096,
             max_conns: channels,
+            max_pools: (channels / 16).clamp(64, 1024),
         }
     }
 
@@ -224,6 +234,7 @@ impl RegionParams {
             max_channels: 32,
             segment_size: 4096,
             max_conns: 32,
+            max_pools: 16,
         }
     }
 
@@ -242,6 +253,8 @@ pub(crate) struct Layout {
     pub endpoints_off: u64,
     pub channels_off: u64,
     pub conns_off: u64,
+    /// Buffer pools (`tables/pools.rs`), after the connection records.
+    pub pools_off: u64,
     /// The offer index (`tables/index.rs`), between the connection records and the tags.
     pub index_off: u64,
     pub index_buckets: u64,
@@ -265,6 +278,7 @@ impl Layout {
             (p.max_endpoints, "max_endpoints"),
             (p.max_channels, "max_channels"),
             (p.max_conns, "max_conns"),
+            (p.max_pools, "max_pools"),
         ] {
             if n == 0 || n > MAX_TABLE {
                 return Err(bad(format!("{what} {n} not in 1..={MAX_TABLE}")));
@@ -280,7 +294,8 @@ impl Layout {
         let endpoints_off = members_off + p.max_members as u64 * MEMBER_BYTES;
         let channels_off = endpoints_off + p.max_endpoints as u64 * ENDPOINT_BYTES;
         let conns_off = channels_off + p.max_channels as u64 * CHANNEL_BYTES;
-        let index_off = conns_off + p.max_conns as u64 * CONN_BYTES;
+        let pools_off = conns_off + p.max_conns as u64 * CONN_BYTES;
+        let index_off = pools_off + p.max_pools as u64 * POOL_BYTES;
         let index_buckets = crate::tables::index::index_buckets(p.max_channels);
         let tags_off = index_off + index_buckets * crate::tables::index::BUCKET * 8;
         let too_small = || {
@@ -304,6 +319,7 @@ impl Layout {
             endpoints_off,
             channels_off,
             conns_off,
+            pools_off,
             index_off,
             index_buckets,
             tags_off,
@@ -337,6 +353,13 @@ impl Layout {
             off: self.conns_off,
             slot_bytes: CONN_BYTES,
             count: self.params.max_conns,
+        }
+    }
+    pub fn pools(&self) -> Table {
+        Table {
+            off: self.pools_off,
+            slot_bytes: POOL_BYTES,
+            count: self.params.max_pools,
         }
     }
 
@@ -406,6 +429,11 @@ impl Registry {
         for (off, v) in words {
             view.u64_at(off)?.store(v, Relaxed);
         }
+        if !cfg!(loom) {
+            view.u64_at(H_POOLS)?
+                .store(params.max_pools as u64, Relaxed);
+            view.u64_at(H_POOLS_OFF)?.store(layout.pools_off, Relaxed);
+        }
         for (i, v) in layout.offsets().into_iter().enumerate() {
             view.u64_at(H_OFFSETS + 8 * i as u64)?.store(v, Relaxed);
         }
@@ -461,6 +489,11 @@ impl Registry {
             max_channels: small(H_CHANNELS)?,
             segment_size: rd(H_SEGSIZE)?,
             max_conns: small(H_CONNS)?,
+            // (The loom models' header has no room for it: their regions have one pool.)
+            max_pools: match cfg!(loom) {
+                true => 1,
+                false => small(H_POOLS)?,
+            },
         };
         let layout = Layout::compute(&params)
             .map_err(|e| RegistryError::corrupt("header", e.to_string()))?;
@@ -469,8 +502,13 @@ impl Registry {
             *r = rd(H_OFFSETS + 8 * i as u64)?;
         }
         let (nseg, conns_off) = (rd(H_NSEG)?, rd(H_CONNS_OFF)?);
+        let pools_off = match cfg!(loom) {
+            true => layout.pools_off,
+            false => rd(H_POOLS_OFF)?,
+        };
         if recorded != layout.offsets()
             || conns_off != layout.conns_off
+            || pools_off != layout.pools_off
             || nseg != layout.nsegments
             || layout.heap_end() > size
         {

@@ -11,7 +11,7 @@
 //! Modules: [`header`] (layout, init/attach), `state_word` (the packed state + generation word
 //! every slot starts with), `tables::{members, endpoints (open-addressing hash table), channels
 //! (offer/accept state machine), markers (decline markers of transparent TCP), conns (records
-//! of connections left on TCP), segments (ring heap)}` — each with its slot layout and a typed
+//! of connections left on TCP), pools (zero-copy buffer pools), segments (ring heap)}` — each with its slot layout and a typed
 //! slot view — `kind` (channel kinds), `fallback` (why a connection stayed on TCP), `reclaim`,
 //! and `key` (binary encodings). Every value read from the region is validated; garbage yields
 //! [`RegistryError::Corrupt`] (or a more specific typed error), never a panic.
@@ -55,6 +55,7 @@ pub use tables::members::{
     net_scope, MemberIdentity, MemberInfo, MemberState, BEAT_LOCKED, BEAT_NONE, MAX_ADDRESSES,
     MAX_MEMBER_NAME,
 };
+pub use tables::pools::{PoolId, PoolInfo, MAX_POOL_BUFFER, MAX_POOL_BUFFERS, POOL_ALIGN};
 
 use header::Layout;
 
@@ -74,6 +75,8 @@ pub struct Usage {
     pub channels: u32,
     /// Connection records in use.
     pub conns: u32,
+    /// Buffer pools in use (closing ones included).
+    pub pools: u32,
     pub segments_used: u64,
     pub segments_total: u64,
 }
@@ -86,6 +89,7 @@ impl Registry {
             endpoints: self.count_endpoints(),
             channels: self.count_channels(),
             conns: self.count_conns(),
+            pools: self.count_pools(),
             segments_used: self.segments_used(),
             segments_total: self.layout.nsegments,
         }

@@ -19,6 +19,7 @@ fn tiny() -> RegionParams {
         max_channels: 2,
         segment_size: 256,
         max_conns: 1,
+        max_pools: 1,
     }
 }
 

@@ -21,6 +21,8 @@ pub struct Leftovers {
     pub markers_freed: u32,
     pub segments_freed: u64,
     pub conns_released: u32,
+    /// Pools of gone owners that nothing referenced any more.
+    pub pools_freed: u32,
 }
 
 /// What one call to [`Registry::reclaim`] did.
@@ -32,6 +34,8 @@ pub struct ReclaimReport {
     pub channels_freed: u32,
     /// Accepted channels marked dead on the member's side; the survivor frees them on close.
     pub channels_marked: u32,
+    /// Its buffer pools: closed (freed once nothing references them), or freed half-built.
+    pub pools_closed: u32,
     /// Orphan segments swept (segments of freed channels are released with them).
     pub segments_freed: u64,
     /// Connection records released (the member's, and any other dead owner's).
@@ -72,6 +76,7 @@ impl Registry {
         let tag = member_tag(dead);
         let endpoints_removed = self.remove_endpoints_of(tag);
         let (channels_freed, channels_marked) = self.reclaim_channels(dead);
+        let pools_closed = self.reclaim_pools_of(tag);
         self.finish_reclaim(dead)?;
         let resumed = self.resume_reclaims_of(tag, by);
         tracing::debug!(
@@ -80,12 +85,14 @@ impl Registry {
             endpoints_removed,
             channels_freed,
             channels_marked,
+            pools_closed,
             "member reclaimed"
         );
         Ok(ReclaimReport {
             endpoints_removed,
             channels_freed,
             channels_marked,
+            pools_closed,
             took_over,
             resumed,
             ..ReclaimReport::default()
@@ -100,6 +107,7 @@ impl Registry {
             markers_freed: self.sweep_markers(),
             segments_freed: self.sweep_orphans(),
             conns_released: self.reclaim_conns(),
+            pools_freed: self.sweep_pools(),
         }
     }
 

@@ -213,21 +213,21 @@ fn region_state_is_kept_in_the_header_and_starts_open() {
 fn a_region_of_the_previous_layout_version_is_refused_naming_both_versions() {
     let view = ShmSlice::new_heap(MIB as usize);
     Registry::init(view.clone(), &params(MIB)).unwrap();
-    assert_eq!(header::VERSION, 8);
+    assert_eq!(header::VERSION, 9);
     view.u64_at(8)
         .unwrap()
-        .store(7, std::sync::atomic::Ordering::SeqCst);
-    let e = Registry::attach(view).err().expect("version 7 refused");
+        .store(8, std::sync::atomic::Ordering::SeqCst);
+    let e = Registry::attach(view).err().expect("version 8 refused");
     assert!(matches!(
         e,
         RegistryError::BadVersion {
-            found: 7,
-            expected: 8
+            found: 8,
+            expected: 9
         }
     ));
     assert_eq!(
         e.to_string(),
-        "region layout version 7, this build understands 8: recreate the region \
+        "region layout version 8, this build understands 9: recreate the region \
          (`memloop region destroy`, then `memloop region create`)"
     );
 }

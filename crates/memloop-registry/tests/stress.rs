@@ -23,6 +23,7 @@ fn params() -> RegionParams {
         max_channels: 64,
         segment_size: 4096,
         max_conns: 16,
+        max_pools: 4,
     }
 }
 

@@ -5,7 +5,8 @@
 //! and caching the peer's):
 //! - [`stream`]: a byte stream (what a TCP connection becomes);
 //! - [`record`]: length-prefixed records (datagrams), never split across the ring end;
-//! - [`slots`]: fixed-size slots, e.g. 32-byte [`Descriptor`]s for zero-copy rings.
+//! - [`slots`]: fixed-size slots, e.g. 32-byte [`Descriptor`]s for zero-copy rings;
+//!   [`held`]: the zero-copy reader, which holds the slots it took until it releases them.
 //!
 //! Everything the peer writes is untrusted (brief §4): indices, lengths and flags are validated
 //! and a violation yields [`RingError::Corrupt`], never a panic, hang or out-of-bounds access.
@@ -16,6 +17,7 @@
 pub mod descriptor;
 mod error;
 pub mod header;
+pub mod held;
 mod index;
 pub mod leave;
 pub mod presence;
@@ -27,6 +29,7 @@ pub mod wait;
 pub use descriptor::Descriptor;
 pub use error::RingError;
 pub use header::{init_ring, init_ring_windowed, ring_bytes, RingKind, RING_HEADER_BYTES};
+pub use held::{scan_held, HeldConsumer};
 pub use presence::Presence;
 pub use record::{RecordConsumer, RecordProducer, RecvInfo};
 pub use slots::{SlotConsumer, SlotProducer};

@@ -76,14 +76,16 @@ fn descriptors_through_a_slot_ring() {
         flags: 0,
         offset: 4096,
         len: 100,
-        cookie: 42,
+        owner: 5,
+        pool_gen: 2,
+        user: 42,
     };
     assert!(p.push_desc(&d).unwrap());
     assert_eq!(c.available_slots().unwrap(), 1);
     assert_eq!(c.pop_desc().unwrap(), Some(d));
     assert_eq!(c.pop_desc().unwrap(), None);
     let mut bad = d.encode();
-    bad[21] = 0xff;
+    bad[6] = 0xff;
     assert!(p.push(&bad).unwrap());
     assert!(matches!(c.pop_desc(), Err(RingError::Corrupt { .. })));
 }

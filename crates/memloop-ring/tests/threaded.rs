@@ -115,7 +115,7 @@ fn slots_between_threads_in_batches() {
             let batch: Vec<[u8; 32]> = (i..(i + 7).min(N))
                 .map(|k| {
                     Descriptor {
-                        cookie: k,
+                        offset: k,
                         ..Default::default()
                     }
                     .encode()
@@ -139,7 +139,7 @@ fn slots_between_threads_in_batches() {
         }
         for s in buf[..n * 32].chunks(32) {
             assert_eq!(
-                Descriptor::decode(s.try_into().unwrap()).unwrap().cookie,
+                Descriptor::decode(s.try_into().unwrap()).unwrap().offset,
                 next
             );
             next += 1;

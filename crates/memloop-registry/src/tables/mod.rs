@@ -13,6 +13,7 @@ pub(crate) mod endpoints;
 pub(crate) mod index;
 pub(crate) mod markers;
 pub(crate) mod members;
+pub(crate) mod pools;
 pub(crate) mod segments;
 
 use crate::error::RegistryError;

@@ -27,6 +27,7 @@ use crate::error::RegistryError;
 use crate::header::{H_SEGMENTS_USED, H_SEGMENT_HINT};
 use crate::key::{member_tag, pack_id, unpack_id, ChannelId, MemberId};
 use crate::tables::channels::{c_phase, C_FREE};
+use crate::tables::pools::POOL_TAG_BIT;
 use crate::Registry;
 use memloop_shm::sync::Ordering::{Relaxed, SeqCst};
 
@@ -77,6 +78,11 @@ impl Registry {
     /// from a header hint: with thousands of live rings a search from segment 0 would walk
     /// all of them. The caller reserves memory for the part it touches.
     pub(crate) fn alloc_segments(&self, ch: ChannelId, k: u64) -> Result<u64, RegistryError> {
+        self.alloc_tagged(pack_id(ch.idx, ch.gen), k)
+    }
+
+    /// [`Registry::alloc_segments`] for any owner's tag (a channel's, a pool's).
+    pub(crate) fn alloc_tagged(&self, tag: u64, k: u64) -> Result<u64, RegistryError> {
         let n = self.layout.nsegments;
         let full = RegistryError::RegionFull {
             what: "ring memory",
@@ -84,7 +90,6 @@ impl Registry {
         if k == 0 || k > n {
             return Err(full);
         }
-        let tag = pack_id(ch.idx, ch.gen);
         let hint = self.header_hint(H_SEGMENT_HINT);
         let from = hint.as_ref().map_or(0, |h| h.load(Relaxed) % n);
         let first = self.find_run(from, k, tag)?.ok_or(full)?;
@@ -158,6 +163,11 @@ impl Registry {
         if freed > 0 {
             return freed;
         }
+        self.release_tagged(tag)
+    }
+
+    /// Frees every segment tagged `tag` (a scan of the heap's tags); returns how many.
+    pub(crate) fn release_tagged(&self, tag: u64) -> u64 {
         let mut freed = 0;
         for s in 0..self.layout.nsegments {
             if self.tag(s) == tag {
@@ -263,6 +273,11 @@ impl Registry {
     /// Whether every segment under `off..off + len` is tagged as channel `ch`'s (a ring view
     /// that reaches memory of another channel, or free memory, is a corrupt entry).
     pub(crate) fn range_owned_by(&self, ch: ChannelId, off: u64, len: u64) -> bool {
+        self.range_tagged(pack_id(ch.idx, ch.gen), off, len)
+    }
+
+    /// Whether every segment under `off..off + len` carries `tag`.
+    pub(crate) fn range_tagged(&self, tag: u64, off: u64, len: u64) -> bool {
         let seg = self.layout.params.segment_size;
         let (Some(rel), Some(end)) = (off.checked_sub(self.layout.heap_off), off.checked_add(len))
         else {
@@ -272,7 +287,6 @@ impl Registry {
             return false;
         }
         let (first, last) = (rel / seg, (rel + len - 1) / seg);
-        let tag = pack_id(ch.idx, ch.gen);
         (first..=last).all(|s| s < self.layout.nsegments && self.tag(s) == tag)
     }
 
@@ -317,6 +331,10 @@ impl Registry {
     fn is_orphan(&self, tag: u64) -> bool {
         if is_trimming(tag) {
             return !self.tag_alive((tag >> 32) as u32);
+        }
+        let low = (tag as u32).wrapping_sub(1);
+        if low & POOL_TAG_BIT != 0 {
+            return !self.pool_owns(low & !POOL_TAG_BIT, (tag >> 32) as u32);
         }
         let Some((idx, gen)) = unpack_id(tag, self.layout.params.max_channels) else {
             return true;

@@ -743,7 +743,11 @@ impl Registry {
             };
             view.commit(0, ring_bytes(window))
                 .map_err(crate::header::no_room)?;
-            init_ring_windowed(&view, rk, cap, 0, window)?;
+            let slot = match rk {
+                RingKind::Slots => memloop_ring::Descriptor::SIZE as u32,
+                _ => 0,
+            };
+            init_ring_windowed(&view, rk, cap, slot, window)?;
         }
         Ok(())
     }

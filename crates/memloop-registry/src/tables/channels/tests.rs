@@ -93,14 +93,20 @@ mod kind_tests {
     }
 
     #[test]
-    fn kinds_not_supported_yet_cannot_be_offered() {
+    fn a_descriptor_pair_is_offered_with_slot_rings_and_refused_as_a_stream() {
         let (r, m, ep) = setup();
-        let k = ChannelKind::DescriptorCompletion;
+        let ch = r
+            .offer_kind(m, ep, ChannelKind::DescriptorPair, 4096, None)
+            .unwrap();
+        let rings = r.rings_of(ch, ChannelKind::DescriptorPair).unwrap();
+        memloop_ring::HeldConsumer::attach(rings.c2s).unwrap();
         assert!(matches!(
-            r.offer_kind(m, ep, k, 4096, None),
-            Err(RegistryError::UnsupportedChannelKind(x)) if x == k
+            r.rings(ch),
+            Err(RegistryError::ChannelKindMismatch {
+                expected: ChannelKind::StreamPair,
+                found: ChannelKind::DescriptorPair
+            })
         ));
-        assert_eq!(r.usage().channels, 0, "nothing reserved");
     }
 
     #[test]
@@ -118,18 +124,6 @@ mod kind_tests {
             Err(RegistryError::UnknownChannelKind { code: 77 })
         ));
         assert!(r.channels().is_empty(), "listing skips it");
-        // A recorded kind that is known but not usable here: accept refuses, take_offer
-        // declines it so the client falls back instead of waiting.
-        slot.set_kind_for_test(ChannelKind::DescriptorCompletion.code() as u32)
-            .unwrap();
-        assert!(matches!(
-            r.accept(ch, m),
-            Err(RegistryError::UnsupportedChannelKind(
-                ChannelKind::DescriptorCompletion
-            ))
-        ));
-        assert_eq!(r.take_offer(ep, m).unwrap(), None);
-        assert_eq!(r.channel_state(ch).unwrap(), ChannelState::Declined);
     }
 
     #[test]
