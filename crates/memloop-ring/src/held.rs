@@ -77,14 +77,16 @@ impl HeldConsumer {
             let detail = format!("slot {pos} (held from {head} to {})", self.next);
             return Err(RingError::corrupt("release of a slot not held", detail));
         }
-        let flags = self.flags_word(pos)?;
-        if flags.fetch_or(FLAG_RELEASED, Release) & FLAG_RELEASED != 0 {
-            return Err(RingError::corrupt("slot released twice", pos.to_string()));
-        }
+        self.releaser().mark(pos)?;
+        self.advance()
+    }
+
+    /// Moves the head over the released slots at its front (marked by [`HeldReleaser::mark`]
+    /// in another thread, say), waking a writer waiting for room.
+    pub fn advance(&mut self) -> Result<(), RingError> {
+        let (head, rel) = (self.core.head, self.releaser());
         let mut n = 0;
-        while head.wrapping_add(n) != self.next
-            && self.flags_word(head.wrapping_add(n))?.load(Acquire) & FLAG_RELEASED != 0
-        {
+        while head.wrapping_add(n) != self.next && rel.is_released(head.wrapping_add(n))? {
             n += SLOT;
         }
         if n > 0 {
@@ -93,9 +95,13 @@ impl HeldConsumer {
         Ok(())
     }
 
-    fn flags_word(&self, pos: u64) -> Result<&memloop_shm::sync::AtomicU32, RingError> {
-        let off = (pos & (self.core.cap() - 1)) + Descriptor::FLAGS_AT;
-        Ok(self.core.h.data.atomic_u32(off)?)
+    /// A handle that marks slots released without this reader (another thread's hold ends
+    /// while this one waits for the next descriptor).
+    pub fn releaser(&self) -> HeldReleaser {
+        HeldReleaser {
+            data: self.core.h.data.clone(),
+            cap: self.core.h.cap,
+        }
     }
 
     /// Whether a descriptor is waiting to be taken (re-reads the tail).
@@ -128,6 +134,37 @@ impl HeldConsumer {
 
     pub fn close(&mut self) {
         self.core.close();
+    }
+}
+
+/// Marks slots of one descriptor ring released (see [`HeldConsumer::releaser`]).
+#[derive(Clone)]
+pub struct HeldReleaser {
+    data: ShmSlice,
+    cap: u64,
+}
+
+impl HeldReleaser {
+    fn flags_word(&self, pos: u64) -> Result<&memloop_shm::sync::AtomicU32, RingError> {
+        let off = (pos & (self.cap - 1)) + Descriptor::FLAGS_AT;
+        Ok(self.data.atomic_u32(off)?)
+    }
+
+    /// Marks the held slot at `pos` released (release ordering: a scan that sees the mark
+    /// also sees what the holder did before, such as a forward's note). The head moves at
+    /// the reader's next [`HeldConsumer::advance`]. A slot marked twice is an error.
+    pub fn mark(&self, pos: u64) -> Result<(), RingError> {
+        if pos % SLOT != 0 {
+            return Err(RingError::corrupt("release of a slot", pos.to_string()));
+        }
+        if self.flags_word(pos)?.fetch_or(FLAG_RELEASED, Release) & FLAG_RELEASED != 0 {
+            return Err(RingError::corrupt("slot released twice", pos.to_string()));
+        }
+        Ok(())
+    }
+
+    fn is_released(&self, pos: u64) -> Result<bool, RingError> {
+        Ok(self.flags_word(pos)?.load(Acquire) & FLAG_RELEASED != 0)
     }
 }
 

@@ -6,6 +6,8 @@
 //! - [`ShmSlice`]: a bounds-checked view into a mapping. Every access checks offset, length and
 //!   alignment, so code above this crate can follow offsets it read from a peer without risk of
 //!   touching memory outside the region;
+//! - [`PoolMapping`]: a zero-copy buffer pool mapped on its own, read-only for readers, with
+//!   one exclusive [`BufMut`] per buffer for its owner;
 //! - [`futex`]: wait/wake on a 32-bit word in shared memory (same kernel only: an optimisation);
 //! - [`sched`]: scheduler hints for waiters (our CPU, runnable threads vs CPUs);
 //! - [`forkgate`]: lets a process with no state skip its fork handlers;
@@ -21,12 +23,16 @@ pub mod futex;
 mod mapping;
 #[cfg(not(loom))]
 pub mod member_lock;
+#[cfg(not(loom))]
+mod pool_map;
 pub mod sched;
 pub mod sync;
 mod view;
 
 #[cfg(not(loom))]
 pub use mapping::{Backend, CreateOptions, Mapping, MappingError};
+#[cfg(not(loom))]
+pub use pool_map::{BufMut, PoolMapping};
 pub use view::{CommitError, NoRoom, OutOfBounds, ShmSlice, ShmU32, ShmU64};
 
 /// Cache line size used to separate producer and consumer state.

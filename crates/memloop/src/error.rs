@@ -33,6 +33,8 @@ pub enum Error {
     WriteShutdown,
     #[error("the peer closed its reading side")]
     BrokenPipe,
+    #[error("a zero-copy descriptor that names no buffer it may: {0}")]
+    Forged(&'static str),
     #[error(transparent)]
     Io(#[from] io::Error),
 }

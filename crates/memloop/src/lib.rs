@@ -23,6 +23,7 @@ pub mod liveness;
 mod node;
 pub mod region;
 mod stream;
+pub mod zerocopy;
 
 pub use datagram::{DatagramSocket, Sent};
 pub use error::Error;

@@ -4,7 +4,9 @@ use crate::channel;
 use crate::error::Error;
 use crate::node::{Node, NodeInner};
 use crate::stream::Stream;
-use memloop_registry::{EndpointId, EndpointKey, RegistryError, Side};
+use memloop_registry::{
+    ChannelId, ChannelKind, EndpointId, EndpointKey, MemberId, RegistryError, Side,
+};
 use memloop_ring::wait::MIN_BACKOFF;
 use memloop_ring::{WaitPolicy, WakeMode};
 use std::sync::Arc;
@@ -49,6 +51,10 @@ impl Listener {
         })
     }
 
+    pub(crate) fn node(&self) -> &Arc<NodeInner> {
+        &self.node
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -62,11 +68,22 @@ impl Listener {
     }
 
     pub fn accept_timeout(&self, timeout: Option<Duration>) -> Result<Stream, Error> {
+        let (ch, client) = self.accept_channel(ChannelKind::StreamPair, timeout)?;
+        Stream::attach(self.node.clone(), ch, Side::Server, client)
+    }
+
+    /// Takes the oldest pending offer of a channel of `kind` (others are declined), waiting
+    /// for one unless non-blocking: the channel, accepted, and its client.
+    pub(crate) fn accept_channel(
+        &self,
+        kind: ChannelKind,
+        timeout: Option<Duration>,
+    ) -> Result<(ChannelId, MemberId), Error> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut backoff = MIN_BACKOFF;
         loop {
-            if let Some(s) = self.try_accept()? {
-                return Ok(s);
+            if let Some(taken) = self.try_take(kind)? {
+                return Ok(taken);
             }
             if self.nonblocking {
                 return Err(Error::WouldBlock);
@@ -78,21 +95,16 @@ impl Listener {
         }
     }
 
-    fn try_accept(&self) -> Result<Option<Stream>, Error> {
+    fn try_take(&self, kind: ChannelKind) -> Result<Option<(ChannelId, MemberId)>, Error> {
         let reg = self.node.region.registry();
-        while let Some(ch) = reg.take_offer(self.ep, self.node.id)? {
+        while let Some(ch) = reg.take_offer_of(self.ep, self.node.id, Some(kind))? {
             let client = reg.channel(ch)?.client;
             // A dead client's offer: reclaim it and look for the next.
             if !self.node.check_peer(client) {
                 channel::release(reg, ch, Side::Server);
                 continue;
             }
-            return Ok(Some(Stream::attach(
-                self.node.clone(),
-                ch,
-                Side::Server,
-                client,
-            )?));
+            return Ok(Some((ch, client)));
         }
         Ok(None)
     }

@@ -280,6 +280,11 @@ impl Region {
         Ok(())
     }
 
+    /// The mapping of the whole region (zero-copy pools are mapped from its file).
+    pub(crate) fn mapping(&self) -> &Arc<Mapping> {
+        &self.mapping
+    }
+
     pub fn registry(&self) -> &Registry {
         &self.registry
     }

@@ -340,7 +340,8 @@ impl Registry {
     }
 
     /// Calls `f` with every descriptor held by a descriptor ring of an OFFERED or ACCEPTED
-    /// channel (a refused offer's rings are never read again).
+    /// channel whose reader is still there (a refused offer's rings, and those of a reader
+    /// that closed or died, are never read again).
     fn scan_descriptor_rings(
         &self,
         mut f: impl FnMut(&memloop_ring::Descriptor),
@@ -364,8 +365,19 @@ impl Registry {
                 }
                 Err(e) => return Err(e),
             };
-            memloop_ring::scan_held(&rings.c2s, &mut f)?;
-            memloop_ring::scan_held(&rings.s2c, &mut f)?;
+            // A reader that closed its side holds nothing (its messages keep the side open
+            // while they live), nor does a dead one: such a ring's slots are never read.
+            let info = match self.channel(ch) {
+                Ok(i) => i,
+                Err(RegistryError::Stale | RegistryError::NotFound) => continue,
+                Err(e) => return Err(e),
+            };
+            if !(info.server_closed || info.server_dead) {
+                memloop_ring::scan_held(&rings.c2s, &mut f)?;
+            }
+            if !(info.client_closed || info.client_dead) {
+                memloop_ring::scan_held(&rings.s2c, &mut f)?;
+            }
         }
         Ok(())
     }

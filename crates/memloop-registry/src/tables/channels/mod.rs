@@ -873,6 +873,17 @@ impl Registry {
         ep: EndpointId,
         server: MemberId,
     ) -> Result<Option<ChannelId>, RegistryError> {
+        self.take_offer_of(ep, server, None)
+    }
+
+    /// [`Registry::take_offer`] for a server that speaks only channels of `kind` (if given):
+    /// an offer of another kind is declined, so its client hears at once.
+    pub fn take_offer_of(
+        &self,
+        ep: EndpointId,
+        server: MemberId,
+        kind: Option<ChannelKind>,
+    ) -> Result<Option<ChannelId>, RegistryError> {
         self.live_member(server)?;
         self.live_endpoint(ep)?;
         for _ in 0..=self.layout.params.max_channels {
@@ -881,6 +892,12 @@ impl Registry {
             let Some((id, _)) = offers.into_iter().min_by_key(|&(_, c)| c) else {
                 return Ok(None);
             };
+            let code = self.channel_slot(id.idx)?.kind_code()?;
+            if kind.is_some_and(|k| k.code() as u32 != code) {
+                tracing::debug!(?id, code, "declining an offer of another kind");
+                self.decline(id).ok();
+                continue;
+            }
             match self.accept(id, server) {
                 Ok(()) => return Ok(Some(id)),
                 Err(
