@@ -42,6 +42,9 @@ enum Cmd {
     /// An end of `switch`.
     #[command(hide = true)]
     SwitchPeer(bench::switch::peer::PeerArgs),
+    /// An end of `zerocopy` (echo, pipeline stages).
+    #[command(hide = true)]
+    ZcPeer(bench::zerocopy::ZcPeerArgs),
     /// A process of `process` (fork loops, echo servers, short connections).
     #[command(hide = true)]
     ProcPeer(bench::process::peer::PeerArgs),
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
         Cmd::TcpPeer(a) => bench::tcp::peer::run(&a),
         Cmd::SwitchPeer(a) => bench::switch::peer::run(&a),
         Cmd::ProcPeer(a) => bench::process::peer::run(&a),
+        Cmd::ZcPeer(a) => bench::zerocopy::run_peer(&a),
         Cmd::Domains(c) => domains::run(c),
         Cmd::Run(a) => run::run(&a),
         Cmd::Region(c) => region_cmd::run(c),

@@ -255,6 +255,10 @@ pub(crate) struct Layout {
     pub conns_off: u64,
     /// Buffer pools (`tables/pools.rs`), after the connection records.
     pub pools_off: u64,
+    /// A byte per channel slot: the kind of the channel last built in it (see
+    /// `Registry::note_kind`), so a pool's scan finds descriptor channels without reading
+    /// every channel slot. After the pools.
+    pub kinds_off: u64,
     /// The offer index (`tables/index.rs`), between the connection records and the tags.
     pub index_off: u64,
     pub index_buckets: u64,
@@ -295,7 +299,8 @@ impl Layout {
         let channels_off = endpoints_off + p.max_endpoints as u64 * ENDPOINT_BYTES;
         let conns_off = channels_off + p.max_channels as u64 * CHANNEL_BYTES;
         let pools_off = conns_off + p.max_conns as u64 * CONN_BYTES;
-        let index_off = pools_off + p.max_pools as u64 * POOL_BYTES;
+        let kinds_off = pools_off + p.max_pools as u64 * POOL_BYTES;
+        let index_off = kinds_off + (p.max_channels as u64).div_ceil(8) * 8;
         let index_buckets = crate::tables::index::index_buckets(p.max_channels);
         let tags_off = index_off + index_buckets * crate::tables::index::BUCKET * 8;
         let too_small = || {
@@ -320,6 +325,7 @@ impl Layout {
             channels_off,
             conns_off,
             pools_off,
+            kinds_off,
             index_off,
             index_buckets,
             tags_off,

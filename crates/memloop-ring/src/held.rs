@@ -7,7 +7,7 @@
 //! crash could lose it: when a member dies, its channels are freed and with them its
 //! references, with nothing to undo. A pool's owner finds its free buffers by
 //! [`scan_held`]ing the descriptor rings (the pool module of the registry says how a scan and
-//! a forward agree).
+//! a forward agree: [`note_forward`] and [`scan_stable`]).
 //!
 //! Releases may come in any order: a released slot is marked [`FLAG_RELEASED`] in place, and
 //! the head moves over the run of released slots at its front.
@@ -20,7 +20,8 @@ use crate::header::{
 use crate::index::{copy_out, ConsCore};
 use crate::wait::WaitPolicy;
 use crate::RingError;
-use memloop_shm::sync::Ordering::{Acquire, Release};
+use memloop_shm::sync::AtomicU64;
+use memloop_shm::sync::Ordering::{Acquire, Release, SeqCst};
 use memloop_shm::ShmSlice;
 use std::time::Duration;
 
@@ -201,6 +202,37 @@ pub fn scan_held(view: &ShmSlice, mut f: impl FnMut(&Descriptor)) -> Result<(), 
         pos = pos.wrapping_add(SLOT);
     }
     Ok(())
+}
+
+/// Bumps a pool's forwards word. A holder that forwards a buffer calls it after publishing the
+/// new descriptor and before marking its own slot released ([`scan_stable`] says why).
+pub fn note_forward(forwards: &AtomicU64) {
+    forwards.fetch_add(1, SeqCst);
+}
+
+/// Runs `scan` (of every descriptor ring) until the forwards word reads the same before and
+/// after it, at most `tries` times. `Ok(Some(r))`: the result of such a stable scan;
+/// `Ok(None)`: the word moved under every try (the caller must then count every buffer as
+/// referenced); `Err`: the scan's own error, at once.
+///
+/// Why a stable scan misses no buffer that some slot references throughout: a forward
+/// publishes its new descriptor, then [`note_forward`]s, then marks its old slot released
+/// ([`HeldReleaser::mark`], release). A scan that sees the mark (acquire) also sees the bump,
+/// so its second look differs from a first look that preceded the bump; and a first look
+/// that saw the bump (acquire) sees the publication too. Checked by `tests/loom_forward.rs`.
+pub fn scan_stable<T, E>(
+    forwards: &AtomicU64,
+    tries: u32,
+    mut scan: impl FnMut() -> Result<T, E>,
+) -> Result<Option<T>, E> {
+    for _ in 0..tries {
+        let before = forwards.load(Acquire);
+        let r = scan()?;
+        if forwards.load(Acquire) == before {
+            return Ok(Some(r));
+        }
+    }
+    Ok(None)
 }
 
 /// (head, tail) of a ring read by an observer: head first, so every slot held when the scan

@@ -29,7 +29,7 @@ pub mod wait;
 pub use descriptor::Descriptor;
 pub use error::RingError;
 pub use header::{init_ring, init_ring_windowed, ring_bytes, RingKind, RING_HEADER_BYTES};
-pub use held::{scan_held, HeldConsumer, HeldReleaser};
+pub use held::{note_forward, scan_held, scan_stable, HeldConsumer, HeldReleaser};
 pub use presence::Presence;
 pub use record::{RecordConsumer, RecordProducer, RecvInfo};
 pub use slots::{SlotConsumer, SlotProducer};

@@ -1,3 +1,4 @@
+#![cfg(not(loom))]
 //! The zero-copy reader: slots held until released, in any order; what a scan sees.
 
 use memloop_ring::{

@@ -11,6 +11,7 @@ pub mod study;
 pub mod switch;
 mod sys;
 pub mod tcp;
+pub mod zerocopy;
 
 use crate::error::{fail, CliResult, Context};
 use crate::units::{fmt_size, parse_size};
@@ -39,6 +40,9 @@ pub enum BenchCmd {
     Process(process::ProcessArgs),
     /// The residency study on every path: report.md, results.json and one SVG per experiment.
     Study(study::StudyArgs),
+    /// Zero-copy descriptors vs memloop's copying streams: one-way latency by size, a
+    /// three-stage pipeline of 1 MiB messages, the copying stream's 64-byte message rate.
+    Zerocopy(zerocopy::ZcArgs),
     /// The server end of one measurement, started by hand (e.g. in another VM).
     Serve(remote::ServeArgs),
     /// The client end: one measurement against `bench serve`, printed as a JSON line.
@@ -80,6 +84,7 @@ pub fn run(cmd: BenchCmd) -> CliResult<()> {
         BenchCmd::Tcp(a) => tcp::run(&a),
         BenchCmd::Switch(a) => switch::run(&a),
         BenchCmd::Process(a) => process::run(&a),
+        BenchCmd::Zerocopy(a) => zerocopy::run(&a),
         BenchCmd::Study(a) => study::run(&a),
         BenchCmd::Serve(a) => remote::serve(&a),
         BenchCmd::Probe(a) => remote::probe(&a),

@@ -22,7 +22,8 @@
 //! in ring B, then release its own in ring A. A scan that read B before the publication and A
 //! after the release would miss both. So a forward bumps the pool's forwards word between the
 //! two steps (release/acquire: the release of A comes after the bump), and a scan that sees
-//! the word move retries: a scan that read A's release has also read the bump. Fresh loans
+//! the word move retries: a scan that read A's release has also read the bump
+//! (`memloop_ring::note_forward` and `memloop_ring::scan_stable`, loom-checked). Fresh loans
 //! need no bump: only their owner scans for them, and it knows its own loans.
 //!
 //! **Lifetime.** The owner creates a pool LIVE; closing it (or the owner's death) makes it
@@ -35,7 +36,7 @@ use crate::state_word::{bad_state, StateWord};
 use crate::tables::channels::{c_phase, is_marker, C_ACCEPTED, C_OFFERED};
 use crate::tables::slot_view;
 use crate::{ChannelKind, Registry};
-use memloop_shm::sync::Ordering::{Acquire, Relaxed, SeqCst};
+use memloop_shm::sync::Ordering::Relaxed;
 use memloop_shm::{ShmU32, ShmU64};
 
 const P_FREE: u8 = 0;
@@ -300,9 +301,8 @@ impl Registry {
     /// Notes a send of a descriptor of pool `id` that is not a fresh loan, between its
     /// publication and the sender's release of what it forwarded (see the module text).
     pub fn note_forward(&self, id: PoolId) -> Result<(), RegistryError> {
-        self.pool_slot(id.idx)?
-            .u64(F_FORWARDS)?
-            .fetch_add(1, SeqCst);
+        let forwards = self.pool_slot(id.idx)?.u64(F_FORWARDS)?;
+        memloop_ring::note_forward(&forwards);
         Ok(())
     }
 
@@ -320,8 +320,7 @@ impl Registry {
         let slot = self.pool_slot(pool.id.idx)?;
         slot.u64(F_SCANS)?.fetch_add(1, Relaxed);
         let forwards = slot.u64(F_FORWARDS)?;
-        for _ in 0..SCAN_TRIES {
-            let before = forwards.load(Acquire);
+        let stable = memloop_ring::scan_stable(&forwards, SCAN_TRIES, || {
             let mut refs = vec![false; pool.buffers as usize];
             self.scan_descriptor_rings(|d| {
                 let named = PoolId::from_wire(d.pool, d.pool_gen) == Some(pool.id);
@@ -329,14 +328,11 @@ impl Registry {
                     refs[b as usize] = true;
                 }
             })?;
-            if forwards.load(Acquire) == before {
-                return Ok(refs);
-            }
-        }
-        Err(RegistryError::corrupt(
-            "pool scan",
-            "forwards kept moving under every try",
-        ))
+            Ok::<_, RegistryError>(refs)
+        })?;
+        stable.ok_or_else(|| {
+            RegistryError::corrupt("pool scan", "forwards kept moving under every try")
+        })
     }
 
     /// Calls `f` with every descriptor held by a descriptor ring of an OFFERED or ACCEPTED
@@ -346,7 +342,7 @@ impl Registry {
         &self,
         mut f: impl FnMut(&memloop_ring::Descriptor),
     ) -> Result<(), RegistryError> {
-        for idx in 0..self.layout.params.max_channels {
+        for idx in self.slots_of_kind(ChannelKind::DescriptorPair) {
             let w = self.channel_word(idx)?;
             if is_marker(w) || !matches!(c_phase(w), C_OFFERED | C_ACCEPTED) {
                 continue;

@@ -416,6 +416,47 @@ fn phase_state(p: u8) -> Option<ChannelState> {
 }
 
 impl Registry {
+    /// Records the kind of the channel being built in slot `idx` in the dense kinds array.
+    /// Only the builder of a slot writes it (after reserving it, before publishing), so the
+    /// byte always names the kind of the latest occupant: a scan that looks for one kind
+    /// reads a byte per slot, then the slots that match (a freed slot keeps its byte, which
+    /// costs that look only).
+    pub(crate) fn note_kind(&self, idx: u32, kind: ChannelKind) -> Result<(), RegistryError> {
+        let word = self
+            .view
+            .atomic_u64(self.layout.kinds_off + 8 * (idx as u64 / 8))?;
+        let shift = 8 * (idx % 8);
+        let code = kind.code() as u64 & 0xff;
+        let _ = word.fetch_update(SeqCst, SeqCst, |w| {
+            Some((w & !(0xff << shift)) | code << shift)
+        });
+        Ok(())
+    }
+
+    /// Slots whose latest channel was built as `kind` (some since freed or rebuilt: callers
+    /// check the slot itself).
+    pub(crate) fn slots_of_kind(&self, kind: ChannelKind) -> Vec<u32> {
+        let n = self.layout.params.max_channels;
+        let code = kind.code() as u64 & 0xff;
+        let mut out = Vec::new();
+        for w in 0..(n as u64).div_ceil(8) {
+            let Ok(word) = self.view.atomic_u64(self.layout.kinds_off + 8 * w) else {
+                break;
+            };
+            let v = word.load(SeqCst);
+            if v == 0 {
+                continue;
+            }
+            for b in 0..8u32 {
+                let idx = w as u32 * 8 + b;
+                if idx < n && (v >> (8 * b)) & 0xff == code {
+                    out.push(idx);
+                }
+            }
+        }
+        out
+    }
+
     pub(crate) fn channel_slot(&self, idx: u32) -> Result<ChannelSlot<'_>, RegistryError> {
         ChannelSlot::new_checked(self, idx)
     }
@@ -730,6 +771,7 @@ impl Registry {
             holders: 1,
         };
         self.channel_slot(id.idx)?.write(&fields)?;
+        self.note_kind(id.idx, kind)?;
         let (k1, k2) = kind.ring_kinds();
         for (off, rk) in [(c2s, k1), (c2s + stride, k2)] {
             let view = self.view.slice(off, ring_bytes(cap))?;
