@@ -512,6 +512,7 @@ fn write_summary(out: &mut dyn Write, s: &Snapshot, sum: &Summary) -> io::Result
         vec!["connections".into(), connections_line(s, sum)],
         vec!["ring memory".into(), ring_memory_line(sum)],
         vec!["ring heap".into(), heap_line(s)],
+        vec!["pools".into(), pools_line(s)],
     ];
     print_rows(out, &rows)
 }
@@ -580,6 +581,39 @@ fn ring_memory_line(sum: &Summary) -> String {
         groups.join(", "),
         fmt_amount(sum.ring_total())
     )
+}
+
+/// Zero-copy pools: how many, their memory, and how many are closing (held after their
+/// owner let go).
+fn pools_line(s: &Snapshot) -> String {
+    let pools = s.reg.pools();
+    if pools.is_empty() {
+        return "none".into();
+    }
+    let bytes: u64 = pools.iter().map(|p| p.data_len).sum();
+    let closing = pools.iter().filter(|p| p.closing).count();
+    let loans: u64 = pools.iter().map(|p| p.loans).sum();
+    format!(
+        "{} ({} closing), {} of buffers, {loans} loans so far",
+        pools.len(),
+        closing,
+        fmt_amount(bytes)
+    )
+}
+
+fn pools_json(s: &Snapshot) -> Value {
+    let pools: Vec<Value> = s
+        .reg
+        .pools()
+        .iter()
+        .map(|p| {
+            json!({ "idx": p.id.idx, "gen": p.id.gen,
+                    "owner": id_str(p.owner.idx, p.owner.gen),
+                    "buffer_size": p.buf_size, "buffers": p.buffers, "bytes": p.data_len,
+                    "closing": p.closing, "loans": p.loans, "scans": p.scans })
+        })
+        .collect();
+    json!(pools)
 }
 
 fn heap_line(s: &Snapshot) -> String {
@@ -1273,6 +1307,7 @@ fn summary_json(s: &Snapshot, top: usize) -> Value {
                          "switched_records": sum.switched_records },
         "ring_memory": ring_memory_json(&sum),
         "heap": heap_json(s),
+        "pools": pools_json(s),
         "top_connections": top_connections(s, top).iter().map(talker_json).collect::<Vec<_>>(),
         "top_members": top_members(s, top).iter().map(load_json).collect::<Vec<_>>(),
     })

@@ -281,6 +281,14 @@ impl Registry {
         })
     }
 
+    /// Whether pool `id` is CLOSING: one load of its state word (a holder's release asks,
+    /// to free the pool with its last reference).
+    pub fn pool_closing(&self, id: PoolId) -> bool {
+        self.pool_slot(id.idx)
+            .and_then(|s| s.word())
+            .is_ok_and(|w| w.gen() == id.gen && w.low() == P_CLOSING)
+    }
+
     /// Every LIVE or CLOSING pool (`memloop status`).
     pub fn pools(&self) -> Vec<PoolInfo> {
         (0..self.layout.params.max_pools)

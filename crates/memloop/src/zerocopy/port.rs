@@ -457,7 +457,7 @@ impl Drop for Received {
             rung.push(id);
             s.view.bell.notify();
             // A closing pool goes with its last reference.
-            if reg.pool(id).is_ok_and(|i| i.closing) {
+            if reg.pool_closing(id) {
                 reg.collect_pool(id).ok();
             }
         }
