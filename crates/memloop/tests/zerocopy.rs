@@ -133,6 +133,7 @@ fn main() -> std::process::ExitCode {
         test!(a_forwarded_buffer_returns_when_the_last_stage_releases_it),
         test!(forged_descriptors_are_refused_with_an_error),
         test!(a_stage_killed_while_holding_buffers_gives_them_all_back),
+        test!(sigkill_of_any_stage_at_random_moments_leaves_nothing_behind),
     ])
 }
 
@@ -151,6 +152,9 @@ fn child_entry(role: &str) -> ! {
         "sink" => child_sink(&node, &args),
         "middle" => child_middle(&node, &args),
         "scribbler" => child_scribbler(&node, &args),
+        "k-source" => child_kill_source(&node, &args),
+        "k-middle" => child_kill_middle(&node, &args),
+        "k-sink" => child_kill_sink(&node, &args),
         other => panic!("unknown role {other}"),
     };
     std::process::exit(code);
@@ -246,6 +250,85 @@ fn child_scribbler(node: &Node, args: &[String]) -> i32 {
     // stop it with SIGSEGV before it lands.
     unsafe { p.write_volatile(0xee) };
     say("wrote");
+    0
+}
+
+/// `k-source OUT`: streams messages from a pool of 8 until its peer goes (or 100 000 were
+/// sent), then waits for every buffer to come back: exit 0 if they all did within 10 s.
+fn child_kill_source(node: &Node, args: &[String]) -> i32 {
+    let pool = Pool::create(node, 2048, 8).expect("pool");
+    let Ok(mut port) = ZcPort::connect(node, &args[0]) else {
+        return 0;
+    };
+    say("ready");
+    port.set_timeout(Some(Duration::from_secs(5)));
+    for seq in 0..100_000u32 {
+        let Ok(mut b) = pool.loan_timeout(Some(Duration::from_secs(5))) else {
+            break;
+        };
+        fill(seq, &mut b);
+        if port.send(Message::from(b).user(seq)).is_err() {
+            break;
+        }
+    }
+    drop(port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pool.free_buffers().unwrap_or(0) < 8 {
+        if Instant::now() > deadline {
+            eprintln!("k-source: {} of 8 back", pool.free_buffers().unwrap_or(0));
+            return 5;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    0
+}
+
+/// `k-middle IN OUT`: forwards (whole, or behind a header of its own) until either side goes.
+fn child_kill_middle(node: &Node, args: &[String]) -> i32 {
+    let pool = Pool::create(node, 64, 8).expect("pool");
+    let l = ZcListener::bind(node, &args[0]).expect("bind");
+    let Ok(mut out) = ZcPort::connect(node, &args[1]) else {
+        return 0;
+    };
+    say("ready");
+    let Ok(mut port) = l.accept_timeout(Some(Duration::from_secs(5))) else {
+        return 0;
+    };
+    while let Ok(Some(m)) = port.recv() {
+        let msg = match m.user() % 2 {
+            0 => Message::from(&m),
+            _ => match pool.loan_timeout(Some(Duration::from_secs(5))) {
+                Ok(h) => Message::new().loan(h).forward(&m).user(m.user()),
+                Err(_) => break,
+            },
+        };
+        if out.send(msg).is_err() {
+            break;
+        }
+    }
+    0
+}
+
+/// `k-sink IN HOLD`: receives, checking payloads, holding the last HOLD messages.
+fn child_kill_sink(node: &Node, args: &[String]) -> i32 {
+    let hold: usize = args[1].parse().unwrap();
+    let l = ZcListener::bind(node, &args[0]).expect("bind");
+    say("ready");
+    let Ok(mut port) = l.accept_timeout(Some(Duration::from_secs(5))) else {
+        return 0;
+    };
+    let mut held = std::collections::VecDeque::new();
+    while let Ok(Some(m)) = port.recv() {
+        let payload = m.segments().last().unwrap_or(&[]);
+        if !check(m.user(), payload, 0) {
+            eprintln!("k-sink: message {} bad", m.user());
+            return 2;
+        }
+        held.push_back(m);
+        if held.len() > hold {
+            held.pop_front();
+        }
+    }
     0
 }
 
@@ -460,4 +543,58 @@ fn unsafe_kill(s: &Stage) {
     let _ = Command::new("kill")
         .args(["-KILL", &s.child.id().to_string()])
         .status();
+}
+
+/// Source → middle → sink, all three child processes; one of them is SIGKILLed at a random
+/// moment. A surviving source gets every buffer back; once the dead are reclaimed, the region
+/// holds no pool, channel or ring segment more than before. Trials: `MEMLOOP_KILL_TRIALS`.
+fn sigkill_of_any_stage_at_random_moments_leaves_nothing_behind() {
+    use rand::{Rng, SeedableRng};
+    let r = TestRegion::new("killany");
+    let me = r.node("watcher");
+    let reg = r.region.registry();
+    let base = reg.usage();
+    let trials = std::env::var("MEMLOOP_KILL_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12u64);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(trials);
+    for t in 0..trials {
+        let (a, b) = (format!("ka-mid-{t}"), format!("ka-sink-{t}"));
+        let hold = rng.gen_range(0..6).to_string();
+        let mut sink = Stage::spawn("k-sink", &r.name, &[&b, &hold]);
+        assert_eq!(sink.line(), "ready");
+        let mut mid = Stage::spawn("k-middle", &r.name, &[&a, &b]);
+        assert_eq!(mid.line(), "ready");
+        let mut src = Stage::spawn("k-source", &r.name, &[&a]);
+        assert_eq!(src.line(), "ready");
+        std::thread::sleep(Duration::from_micros(rng.gen_range(0..40_000)));
+        let victim = rng.gen_range(0..3);
+        let pid = [&src, &mid, &sink][victim].child.id();
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+        // Survivors end by themselves: a dead peer is an error or the end of their stream.
+        let codes: Vec<i32> = [&mut src, &mut mid, &mut sink]
+            .into_iter()
+            .map(|s| s.wait(Duration::from_secs(30)))
+            .collect();
+        for (i, &c) in codes.iter().enumerate() {
+            match i == victim {
+                true => assert_eq!(c, -9, "trial {t}: the victim"),
+                false => assert_eq!(c, 0, "trial {t}: stage {i} (victim {victim})"),
+            }
+        }
+        wait_for(
+            "the region back to its baseline",
+            Duration::from_secs(10),
+            || {
+                me.reclaim_dead();
+                reg.sweep_leftovers();
+                let u = reg.usage();
+                (u.pools, u.channels, u.segments_used)
+                    == (base.pools, base.channels, base.segments_used)
+            },
+        );
+    }
 }
