@@ -430,13 +430,23 @@ impl Registry {
         let _ = word.fetch_update(SeqCst, SeqCst, |w| {
             Some((w & !(0xff << shift)) | code << shift)
         });
+        if kind == ChannelKind::DescriptorPair {
+            if let Some(high) = self.header_hint(crate::header::H_DESC_HIGH) {
+                high.fetch_max(idx as u64 + 1, SeqCst);
+            }
+        }
         Ok(())
     }
 
     /// Slots whose latest channel was built as `kind` (some since freed or rebuilt: callers
     /// check the slot itself).
     pub(crate) fn slots_of_kind(&self, kind: ChannelKind) -> Vec<u32> {
-        let n = self.layout.params.max_channels;
+        let mut n = self.layout.params.max_channels;
+        if kind == ChannelKind::DescriptorPair {
+            // (A hint set before any descriptor channel is published: at most stale-high.)
+            let high = self.header_hint(crate::header::H_DESC_HIGH);
+            n = n.min(high.map_or(n as u64, |h| h.load(SeqCst)) as u32);
+        }
         let code = kind.code() as u64 & 0xff;
         let mut out = Vec::new();
         for w in 0..(n as u64).div_ceil(8) {
