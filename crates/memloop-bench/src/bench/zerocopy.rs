@@ -6,6 +6,9 @@
 //! Every figure runs the two paths back to back in each round; the report gives medians of
 //! the rounds and the ratio. The peers are this binary again (`zc-peer`, hidden), talking to
 //! the driver over stdout lines.
+//!
+//! With the `iceoryx2` feature (scripts/bench-zerocopy.sh), iceoryx2's publish-subscribe with
+//! loaned samples is a third path in the same arrangement: see [`iceoryx`].
 
 use super::native::OwnedRegion;
 use super::report::{self, Record};
@@ -20,9 +23,16 @@ use std::time::{Duration, Instant};
 
 const ZC: &str = "memloop zero-copy";
 const STREAM: &str = "memloop stream";
+const IOX: &str = "iceoryx2";
 const PIPE_MSG: usize = 1 << 20;
 /// Bytes a pipeline stage looks at (its "inspection"): a header.
 const HEADER: usize = 64;
+/// Buffers of each latency pool: an owner scans for returned buffers when its free list runs
+/// dry, so a pool of N costs one scan per ~N loans.
+const LAT_BUFFERS: u32 = 16;
+
+#[cfg(feature = "iceoryx2")]
+mod iceoryx;
 
 #[derive(clap::Args)]
 pub struct ZcArgs {
@@ -48,9 +58,10 @@ pub struct ZcArgs {
 pub struct ZcPeerArgs {
     #[arg(long)]
     role: String,
-    /// `zc` or `stream`.
+    /// `zc`, `stream` or `iox` (iceoryx2).
     #[arg(long)]
     mode: String,
+    /// The memloop region; for `iox`, the run's tag (which names its iceoryx2 files).
     #[arg(long)]
     region: String,
     /// The service this peer binds.
@@ -99,6 +110,8 @@ pub fn run(a: &ZcArgs) -> CliResult<()> {
     }
     let owned = OwnedRegion::open(None)?;
     let node = Node::join(owned.region.clone(), "memloop-bench").context("joining")?;
+    #[cfg(feature = "iceoryx2")]
+    let iox = iceoryx::Run::new()?;
     let mut records = Vec::new();
     for round in 0..cfg.repeat {
         eprintln!("round {} of {}", round + 1, cfg.repeat);
@@ -106,10 +119,14 @@ pub fn run(a: &ZcArgs) -> CliResult<()> {
             for touch in [false, true] {
                 records.push(latency_zc(&node, &owned.arg, size, touch, &cfg)?);
                 records.push(latency_stream(&node, &owned.arg, size, touch, &cfg)?);
+                #[cfg(feature = "iceoryx2")]
+                records.push(iox.latency(size, touch, &cfg)?);
             }
         }
         records.extend(pipeline(&node, &owned.arg, "zc", &cfg)?);
         records.extend(pipeline(&node, &owned.arg, "stream", &cfg)?);
+        #[cfg(feature = "iceoryx2")]
+        records.extend(iox.pipeline(&cfg)?);
         records.push(stream_rate(&node, &owned.arg, &cfg)?);
     }
     let records = report::median_of_rounds(records);
@@ -204,6 +221,12 @@ fn unique(what: &str) -> String {
 
 pub fn run_peer(a: &ZcPeerArgs) -> CliResult<()> {
     super::pin_peer(a.cpu)?;
+    if a.mode == "iox" {
+        #[cfg(feature = "iceoryx2")]
+        return iceoryx::run_peer(a);
+        #[cfg(not(feature = "iceoryx2"))]
+        return Err(fail(NOT_BUILT));
+    }
     let region = Region::open(&RegionSpec::parse(&a.region)).context("opening the region")?;
     let node = Node::join(region, "memloop-bench-zc-peer").context("joining")?;
     match (a.role.as_str(), a.mode.as_str()) {
@@ -246,7 +269,7 @@ fn stamp(b: &mut [u8], seq: u64, touch: bool) {
 /// Zero-copy echo: untouched, the received message goes back as it is (forwarded); touched,
 /// every byte is read and a buffer of our own is written and sent back.
 fn echo_zc(node: &Node, a: &ZcPeerArgs) -> CliResult<()> {
-    let pool = Pool::create(node, a.size as u32, 4)?;
+    let pool = Pool::create(node, a.size as u32, LAT_BUFFERS)?;
     let l = ZcListener::bind(node, &a.svc)?;
     ready();
     let mut port = l.accept()?;
@@ -450,7 +473,7 @@ fn time_trips(cfg: &Cfg, mut once: impl FnMut(u64) -> CliResult<()>) -> CliResul
 
 fn latency_zc(node: &Node, region: &str, size: usize, touch: bool, cfg: &Cfg) -> CliResult<Record> {
     let (peer, svc) = spawn_echo(region, "zc", size, touch, cfg)?;
-    let pool = Pool::create(node, size as u32, 4)?;
+    let pool = Pool::create(node, size as u32, LAT_BUFFERS)?;
     let mut port = ZcPort::connect(node, &svc)?;
     let mut sink = 0u64;
     let rtts = time_trips(cfg, |seq| {
@@ -597,6 +620,11 @@ fn stream_rate(node: &Node, region: &str, cfg: &Cfg) -> CliResult<Record> {
     ))
 }
 
+/// Said instead of the iceoryx2 figures when the binary was built without them.
+#[cfg(not(feature = "iceoryx2"))]
+const NOT_BUILT: &str = "iceoryx2 path not built: build memloop-bench with `--features iceoryx2` \
+                         (scripts/bench-zerocopy.sh does)";
+
 fn print(records: &[Record], cfg: &Cfg) {
     let pin = match cfg.cpus {
         Some((a, b)) => format!("latency ends pinned to CPUs {a} and {b}; pipeline unpinned"),
@@ -612,18 +640,32 @@ fn print(records: &[Record], cfg: &Cfg) {
             .iter()
             .find(|r| r.test == test && r.path == path && r.size == size)
     };
-    println!("\n| test | size | zero-copy | stream | stream / zero-copy |");
-    println!("| --- | ---: | ---: | ---: | ---: |");
+    // The iceoryx2 columns: a value and a ratio, when that path was built.
+    let iox = cfg!(feature = "iceoryx2");
+    let cols = |value: String, ratio: String| match iox {
+        true => (
+            format!(" {value} |"),
+            format!(" {ratio} |").replace("  |", " |"),
+        ),
+        false => (String::new(), String::new()),
+    };
+    let (h, hr) = cols("iceoryx2".into(), "iceoryx2 / zero-copy".into());
+    println!("\n| test | size | zero-copy | stream |{h} stream / zero-copy |{hr}");
+    let (h, hr) = cols("---:".into(), "---:".into());
+    println!("| --- | ---: | ---: | ---: |{h} ---: |{hr}");
+    let lat = |r: &Record| format!("{:.2} ({:.2})", r.value, r.p99.unwrap_or(0.0));
     for test in ["latency", "latency-touched"] {
         for &s in &cfg.sizes {
             if let (Some(z), Some(st)) = (get(test, ZC, s as u64), get(test, STREAM, s as u64)) {
+                let (c, cr) = match get(test, IOX, s as u64) {
+                    Some(x) => cols(lat(x), format!("{:.2}×", x.value / z.value)),
+                    None => cols("–".into(), String::new()),
+                };
                 println!(
-                    "| {test} one-way p50 (p99), µs | {} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2}× |",
+                    "| {test} one-way p50 (p99), µs | {} | {} | {} |{c} {:.2}× |{cr}",
                     fmt_size(s as u64),
-                    z.value,
-                    z.p99.unwrap_or(0.0),
-                    st.value,
-                    st.p99.unwrap_or(0.0),
+                    lat(z),
+                    lat(st),
                     st.value / z.value
                 );
             }
@@ -631,8 +673,15 @@ fn print(records: &[Record], cfg: &Cfg) {
     }
     let m = PIPE_MSG as u64;
     if let (Some(z), Some(st)) = (get("pipeline", ZC, m), get("pipeline", STREAM, m)) {
+        let (c, cr) = match get("pipeline", IOX, m) {
+            Some(x) => cols(
+                format!("{:.0}", x.value),
+                format!("{:.2}× (zero-copy / iceoryx2)", z.value / x.value),
+            ),
+            None => cols("–".into(), String::new()),
+        };
         println!(
-            "| 3-stage pipeline, msg/s | 1 MiB | {:.0} | {:.0} | {:.2}× (zero-copy faster) |",
+            "| 3-stage pipeline, msg/s | 1 MiB | {:.0} | {:.0} |{c} {:.2}× (zero-copy faster) |{cr}",
             z.value,
             st.value,
             z.value / st.value
@@ -642,11 +691,17 @@ fn print(records: &[Record], cfg: &Cfg) {
         get("pipeline-copied", ZC, m),
         get("pipeline-copied", STREAM, m),
     ) {
+        let (c, cr) = match get("pipeline-copied", IOX, m) {
+            Some(x) => cols(format!("{:.0}", x.value), String::new()),
+            None => cols("–".into(), String::new()),
+        };
         println!(
-            "| payload bytes copied per message after the source | 1 MiB | {:.0} | {:.0} | |",
+            "| payload bytes copied per message after the source | 1 MiB | {:.0} | {:.0} |{c} |{cr}",
             z.value, st.value
         );
     }
+    #[cfg(not(feature = "iceoryx2"))]
+    println!("\n{NOT_BUILT}");
     if let Some(r) = get("stream-rate", STREAM, 64) {
         println!(
             "\ncopying stream, 64 B messages, one pair: {:.1} M msg/s",
