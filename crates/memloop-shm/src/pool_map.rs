@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 const PAGE: u64 = 4096;
+/// Pools up to this size are mapped with their page tables filled ([`PoolMapping::map`]).
+const POPULATE_MAX: u64 = 256 << 20;
 
 /// One pool's data, mapped from the region's file.
 pub struct PoolMapping {
@@ -59,6 +61,13 @@ impl PoolMapping {
         }
         let mut opts = MmapOptions::new();
         opts.offset(off).len(len as usize);
+        // Page tables filled now (the pool's memory is reserved already): a pool's pages are
+        // otherwise faulted in one by one, by each member, the first time it touches each —
+        // ~1 µs a page, paid inside the first messages. Not for huge pools, whose readers may
+        // touch little of them.
+        if len <= POPULATE_MAX {
+            opts.populate();
+        }
         let raw = match writable {
             true => opts.map_raw(region.file()),
             false => opts.map_raw_read_only(region.file()),
