@@ -32,6 +32,8 @@ struct PoolState {
     free: Vec<u32>,
     out: Vec<bool>,
     loaned: Vec<bool>,
+    /// Loans not yet added to the pool's counter in the region (added at each scan).
+    uncounted: u64,
 }
 
 impl Pool {
@@ -67,6 +69,7 @@ impl Pool {
                     free: (0..info.buffers).rev().collect(),
                     out: vec![false; info.buffers as usize],
                     loaned: vec![false; info.buffers as usize],
+                    uncounted: 0,
                 }),
             }),
         })
@@ -94,14 +97,14 @@ impl Pool {
 
     /// [`Pool::loan`] waiting at most `timeout` ([`Error::TimedOut`]).
     pub fn loan_timeout(&self, timeout: Option<Duration>) -> Result<Loan, Error> {
+        if let Some(l) = self.inner.loan_now()? {
+            return Ok(l);
+        }
         let deadline = timeout.map(|t| Instant::now() + t);
         let bell = self.inner.bell()?;
         let policy = self.inner.policy();
         let mut backoff = memloop_ring::wait::MIN_BACKOFF;
         loop {
-            if let Some(l) = self.inner.loan_now()? {
-                return Ok(l);
-            }
             let left = match deadline {
                 Some(d) => match d.checked_duration_since(Instant::now()) {
                     Some(l) if !l.is_zero() => l,
@@ -117,6 +120,9 @@ impl Pool {
             }
             bell.sleep(seen, &policy, left.min(LOAN_SLICE), &mut backoff);
             bell.disarm();
+            if let Some(l) = self.inner.loan_now()? {
+                return Ok(l);
+            }
         }
     }
 
@@ -169,8 +175,8 @@ impl PoolInner {
             .ok_or_else(|| Error::Io(std::io::Error::other(format!("buffer {i} taken twice"))))?;
         st.out[i as usize] = true;
         st.loaned[i as usize] = true;
+        st.uncounted += 1;
         drop(st);
-        self.registry().note_loans(self.info.id, 1);
         let len = buf.len();
         Ok(Some(Loan {
             pool: self.clone(),
@@ -182,6 +188,8 @@ impl PoolInner {
     /// Finds the buffers that came back: out, not on loan, named by no descriptor ring. A
     /// scan that could not finish returns nothing this time (never a buffer still in use).
     fn refill(&self, st: &mut PoolState) -> Result<(), Error> {
+        self.registry()
+            .note_loans(self.info.id, std::mem::take(&mut st.uncounted));
         let refs = match self.registry().pool_references(&self.info) {
             Ok(r) => r,
             Err(e) => {
@@ -213,7 +221,9 @@ impl Drop for PoolInner {
     /// Closing: holders keep reading; the pool goes once nothing references it (now, or at
     /// the last release, or at a sweep).
     fn drop(&mut self) {
+        let uncounted = self.st.get_mut().map_or(0, |s| s.uncounted);
         let reg = self.registry();
+        reg.note_loans(self.info.id, uncounted);
         if let Err(e) = reg.close_pool(self.info.id) {
             tracing::debug!(pool = self.info.id.idx, "closing a pool: {e}");
         }
