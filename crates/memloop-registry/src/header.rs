@@ -112,8 +112,11 @@ pub(crate) const H_ENDPOINTS_EPOCH: u64 = H_LATE_CLIENTS + 8;
 /// One more than the highest channel slot a descriptor pair was ever built in (a hint, only
 /// raised): a pool's scan of the channel kinds stops there.
 pub(crate) const H_DESC_HIGH: u64 = H_ENDPOINTS_EPOCH + 8;
-const _: () = assert!(H_DESC_HIGH + 8 <= HEADER_BYTES);
-const _: () = assert!(H_DESC_HIGH + 8 <= H_COUNTERS2);
+/// Bumped after each descriptor channel is offered: a pool owner's cached list of them
+/// (`tables/pools.rs`, `ScanCache`) stands while it has not moved.
+pub(crate) const H_DESC_EPOCH: u64 = H_DESC_HIGH + 8;
+const _: () = assert!(H_DESC_EPOCH + 8 <= HEADER_BYTES);
+const _: () = assert!(H_DESC_EPOCH + 8 <= H_COUNTERS2);
 const _: () = assert!(cfg!(loom) || H_COUNTERS2 + 8 * COUNTER_BLOCK as u64 <= HEADER_BYTES);
 /// Kick lanes: a futex word per lane, bumped to wake a member's heartbeat early (zero and
 /// unused in regions made before them: a member there only beats on its period).

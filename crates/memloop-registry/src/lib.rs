@@ -55,7 +55,9 @@ pub use tables::members::{
     net_scope, MemberIdentity, MemberInfo, MemberState, BEAT_LOCKED, BEAT_NONE, MAX_ADDRESSES,
     MAX_MEMBER_NAME,
 };
-pub use tables::pools::{PoolId, PoolInfo, MAX_POOL_BUFFER, MAX_POOL_BUFFERS, POOL_ALIGN};
+pub use tables::pools::{
+    PoolId, PoolInfo, ScanCache, MAX_POOL_BUFFER, MAX_POOL_BUFFERS, POOL_ALIGN,
+};
 
 use header::Layout;
 

@@ -51,6 +51,10 @@ pub struct ZcArgs {
     /// Message sizes of the latency figures, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "64,4K,64K,1M,4M")]
     sizes: Vec<String>,
+    /// Zero-copy ports spin this many µs before sleeping (`ZcPort::set_spin`; default: the
+    /// library's ~50 µs, adaptive).
+    #[arg(long, value_name = "US")]
+    zc_spin_us: Option<u64>,
 }
 
 /// A peer role: `echo` (latency), `middle` and `sink` (pipeline), `drain` (stream rate).
@@ -77,13 +81,17 @@ pub struct ZcPeerArgs {
     touch: bool,
     #[arg(long)]
     cpu: Option<usize>,
+    /// See `memloop bench zerocopy --zc-spin-us`.
+    #[arg(long)]
+    zc_spin_us: Option<u64>,
 }
 
-struct Cfg {
-    dur: Duration,
+pub(super) struct Cfg {
+    pub(super) dur: Duration,
     repeat: usize,
     sizes: Vec<usize>,
-    cpus: Option<(usize, usize)>,
+    pub(super) cpus: Option<(usize, usize)>,
+    zc_spin: Option<Duration>,
 }
 
 pub fn run(a: &ZcArgs) -> CliResult<()> {
@@ -104,6 +112,7 @@ pub fn run(a: &ZcArgs) -> CliResult<()> {
         repeat: a.repeat.unwrap_or(if a.quick { 1 } else { 3 }).max(1),
         sizes,
         cpus: super::sys::two_cpus(),
+        zc_spin: a.zc_spin_us.map(Duration::from_micros),
     };
     if let Some((mine, _)) = cfg.cpus {
         super::sys::pin_to(mine)?;
@@ -273,6 +282,7 @@ fn echo_zc(node: &Node, a: &ZcPeerArgs) -> CliResult<()> {
     let l = ZcListener::bind(node, &a.svc)?;
     ready();
     let mut port = l.accept()?;
+    port.set_spin(a.zc_spin_us.map(Duration::from_micros));
     let mut sink = 0u64;
     while let Some(m) = port.recv()? {
         let seq = seq_of(m.bytes());
@@ -438,6 +448,9 @@ fn spawn_echo(
     if let Some((_, peer)) = cfg.cpus {
         args.extend(["--cpu".into(), peer.to_string()]);
     }
+    if let Some(s) = cfg.zc_spin.filter(|_| mode == "zc") {
+        args.extend(["--zc-spin-us".into(), s.as_micros().to_string()]);
+    }
     Ok((ZcPeer::spawn(&args)?, svc))
 }
 
@@ -475,6 +488,7 @@ fn latency_zc(node: &Node, region: &str, size: usize, touch: bool, cfg: &Cfg) ->
     let (peer, svc) = spawn_echo(region, "zc", size, touch, cfg)?;
     let pool = Pool::create(node, size as u32, LAT_BUFFERS)?;
     let mut port = ZcPort::connect(node, &svc)?;
+    port.set_spin(cfg.zc_spin);
     let mut sink = 0u64;
     let rtts = time_trips(cfg, |seq| {
         let mut b = pool.loan()?;

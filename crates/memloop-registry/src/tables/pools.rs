@@ -36,7 +36,7 @@ use crate::state_word::{bad_state, StateWord};
 use crate::tables::channels::{c_phase, is_marker, C_ACCEPTED, C_OFFERED};
 use crate::tables::slot_view;
 use crate::{ChannelKind, Registry};
-use memloop_shm::sync::Ordering::Relaxed;
+use memloop_shm::sync::Ordering::{Relaxed, SeqCst};
 use memloop_shm::{ShmU32, ShmU64};
 
 const P_FREE: u8 = 0;
@@ -93,6 +93,24 @@ impl PoolId {
     pub(crate) fn segment_tag(self) -> u64 {
         pack_id(self.idx | POOL_TAG_BIT, self.gen)
     }
+}
+
+/// A pool owner's memory between scans: the descriptor channels its last full look found,
+/// valid while no descriptor channel was offered since (the region's epoch of them). A
+/// channel offered later moves the epoch before it can hold a descriptor, so a scan with an
+/// unchanged epoch has every channel that may; freed or refused ones it skips by their state
+/// word. (One scan misses nothing either way: what appears during it is a forward, which the
+/// forwards word catches, or the owner's own loan, which it knows.)
+#[derive(Default)]
+pub struct ScanCache {
+    epoch: Option<u64>,
+    chans: Vec<CachedChannel>,
+}
+
+struct CachedChannel {
+    id: ChannelId,
+    c2s: memloop_shm::ShmSlice,
+    s2c: memloop_shm::ShmSlice,
 }
 
 /// A validated pool entry.
@@ -325,12 +343,24 @@ impl Registry {
     /// buffer. `Err` (then count every buffer as referenced) when a ring could not be read or
     /// forwards kept moving under the scan.
     pub fn pool_references(&self, pool: &PoolInfo) -> Result<Vec<bool>, RegistryError> {
+        self.pool_references_cached(pool, &mut ScanCache::default())
+    }
+
+    /// [`Registry::pool_references`] keeping the descriptor channels it found in `cache`
+    /// for the next scan, which then reads one state word and the two ring windows per
+    /// channel — unless a descriptor channel was offered since (the epoch moved): then it
+    /// looks for them all again.
+    pub fn pool_references_cached(
+        &self,
+        pool: &PoolInfo,
+        cache: &mut ScanCache,
+    ) -> Result<Vec<bool>, RegistryError> {
         let slot = self.pool_slot(pool.id.idx)?;
         slot.u64(F_SCANS)?.fetch_add(1, Relaxed);
         let forwards = slot.u64(F_FORWARDS)?;
         let stable = memloop_ring::scan_stable(&forwards, SCAN_TRIES, || {
             let mut refs = vec![false; pool.buffers as usize];
-            self.scan_descriptor_rings(|d| {
+            self.scan_descriptor_rings(cache, |d| {
                 let named = PoolId::from_wire(d.pool, d.pool_gen) == Some(pool.id);
                 if let Some(b) = named.then(|| pool.buffer_of(d.offset, d.len)).flatten() {
                     refs[b as usize] = true;
@@ -348,8 +378,36 @@ impl Registry {
     /// that closed or died, are never read again).
     fn scan_descriptor_rings(
         &self,
+        cache: &mut ScanCache,
         mut f: impl FnMut(&memloop_ring::Descriptor),
     ) -> Result<(), RegistryError> {
+        let epoch = self.desc_epoch();
+        if cache.epoch != Some(epoch) {
+            cache.chans = self.descriptor_channels()?;
+            cache.epoch = Some(epoch);
+        }
+        for c in &cache.chans {
+            let w = self.channel_word(c.id.idx)?;
+            let live = !is_marker(w) && matches!(c_phase(w), C_OFFERED | C_ACCEPTED);
+            if w.gen() != c.id.gen || !live {
+                continue; // freed (with its references), or refused
+            }
+            // A reader that closed its side holds nothing (its messages keep the side open
+            // while they live), nor does a dead one: such a ring's slots are never read.
+            let gone = |side| crate::tables::channels::side_gone(w, side);
+            if !gone(crate::Side::Server) {
+                memloop_ring::scan_held(&c.c2s, &mut f)?;
+            }
+            if !gone(crate::Side::Client) {
+                memloop_ring::scan_held(&c.s2c, &mut f)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every OFFERED or ACCEPTED descriptor channel now, with views of its rings.
+    fn descriptor_channels(&self) -> Result<Vec<CachedChannel>, RegistryError> {
+        let mut out = Vec::new();
         for idx in self.slots_of_kind(ChannelKind::DescriptorPair) {
             let w = self.channel_word(idx)?;
             if is_marker(w) || !matches!(c_phase(w), C_OFFERED | C_ACCEPTED) {
@@ -359,31 +417,35 @@ impl Registry {
             if kind != ChannelKind::DescriptorPair.code() as u32 {
                 continue;
             }
-            let ch = ChannelId { idx, gen: w.gen() };
-            let rings = match self.rings_of(ch, ChannelKind::DescriptorPair) {
-                Ok(r) => r,
-                Err(RegistryError::Stale) => continue, // freed meanwhile: nothing held
-                Err(e) if self.channel_word(idx)?.gen() != ch.gen => {
+            let id = ChannelId { idx, gen: w.gen() };
+            match self.rings_of(id, ChannelKind::DescriptorPair) {
+                Ok(r) => out.push(CachedChannel {
+                    id,
+                    c2s: r.c2s,
+                    s2c: r.s2c,
+                }),
+                Err(RegistryError::Stale) => {} // freed meanwhile: nothing held
+                Err(e) if self.channel_word(idx)?.gen() != id.gen => {
                     tracing::trace!("channel {idx} moved on under the scan: {e}");
-                    continue;
                 }
                 Err(e) => return Err(e),
-            };
-            // A reader that closed its side holds nothing (its messages keep the side open
-            // while they live), nor does a dead one: such a ring's slots are never read.
-            let info = match self.channel(ch) {
-                Ok(i) => i,
-                Err(RegistryError::Stale | RegistryError::NotFound) => continue,
-                Err(e) => return Err(e),
-            };
-            if !(info.server_closed || info.server_dead) {
-                memloop_ring::scan_held(&rings.c2s, &mut f)?;
-            }
-            if !(info.client_closed || info.client_dead) {
-                memloop_ring::scan_held(&rings.s2c, &mut f)?;
             }
         }
-        Ok(())
+        Ok(out)
+    }
+
+    /// Descriptor channels offered so far (see [`ScanCache`]).
+    fn desc_epoch(&self) -> u64 {
+        self.header_hint(crate::header::H_DESC_EPOCH)
+            .map_or(0, |w| w.load(SeqCst))
+    }
+
+    /// A descriptor channel was offered (after it is OFFERED, before anyone can put a
+    /// descriptor in it): cached scans look for descriptor channels again.
+    pub(crate) fn desc_channel_offered(&self) {
+        if let Some(w) = self.header_hint(crate::header::H_DESC_EPOCH) {
+            w.fetch_add(1, SeqCst);
+        }
     }
 
     /// LIVE → CLOSING: no new loans; the pool goes once nothing references it. By its owner,

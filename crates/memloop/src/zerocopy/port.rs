@@ -56,6 +56,8 @@ pub struct ZcPort {
     tx: SlotProducer,
     nonblocking: bool,
     timeout: Option<Duration>,
+    /// How long a wait spins before it sleeps (`None`: the node's policy for this peer).
+    spin: Option<Duration>,
 }
 
 /// What a port shares with the messages it received (they release through it, and may
@@ -129,6 +131,7 @@ impl ZcPort {
             tx: SlotProducer::attach(tx)?,
             nonblocking: false,
             timeout: None,
+            spin: None,
         })
     }
 
@@ -144,6 +147,13 @@ impl ZcPort {
     /// Longest wait of a blocking send or receive ([`Error::TimedOut`]).
     pub fn set_timeout(&mut self, t: Option<Duration>) {
         self.timeout = t;
+    }
+    /// How long a blocking send or receive may spin before it sleeps (`None`: the default,
+    /// ~50 µs and adaptive). A longer spin trades CPU for latency when the peer takes a while
+    /// to answer — a wake-up from sleep costs tens of µs on a VM; the spin still adapts down
+    /// when it keeps failing.
+    pub fn set_spin(&mut self, spin: Option<Duration>) {
+        self.spin = spin;
     }
 
     /// Sends a message — a loan, a received message forwarded, or a [`Message`] mixing
@@ -231,7 +241,10 @@ impl ZcPort {
                 false => Error::WouldBlock,
             });
         }
-        let policy = self.sh.policy;
+        let mut policy = self.sh.policy;
+        if let Some(s) = self.spin {
+            policy.spin = s;
+        }
         let slice = match policy.mode {
             WakeMode::SleepPoll => crate::LIVENESS_SLICE_VM,
             WakeMode::Futex => crate::LIVENESS_SLICE,

@@ -363,6 +363,15 @@ impl<'a> ChannelSlot<'a> {
     }
 }
 
+/// Whether `side` of the channel whose state word is `w` closed or died.
+pub(crate) fn side_gone(w: StateWord, side: Side) -> bool {
+    let (closed, dead) = match side {
+        Side::Client => (CLIENT_CLOSED, CLIENT_DEAD),
+        Side::Server => (SERVER_CLOSED, SERVER_DEAD),
+    };
+    w.low() & (closed | dead) != 0
+}
+
 pub(crate) fn c_phase(w: StateWord) -> u8 {
     w.low() & PHASE_MASK
 }
@@ -558,7 +567,11 @@ impl Registry {
             Some(t) if kind == ChannelKind::StreamPair => IndexKey::Client(t.client),
             _ => IndexKey::Endpoint(pack_id(ep.idx, ep.gen)),
         };
-        self.publish_offer(id, reserved, client, (ep, key), kind, false)
+        let published = self.publish_offer(id, reserved, client, (ep, key), kind, false)?;
+        if kind == ChannelKind::DescriptorPair {
+            self.desc_channel_offered();
+        }
+        Ok(published)
     }
 
     /// A late-ring offer for the TCP connection `tuple` (it fell back at connect): published

@@ -199,3 +199,40 @@ fn a_dead_owners_pools_close_and_a_sweep_frees_them_once_unreferenced() {
     r.decline(ch).ok();
     assert_eq!(r.pool_references(&q).unwrap(), [false]);
 }
+
+#[test]
+fn a_cached_scan_finds_channels_offered_after_it_and_skips_freed_ones() {
+    let (r, m) = test_registry_with_member("owner");
+    let p = r.create_pool(m, 64, 4).unwrap();
+    let mut cache = ScanCache::default();
+    let (ch1, mut tx1, _rx1) = channel(&r, m);
+    tx1.push_desc(&desc(&p, 0, 1)).unwrap();
+    assert_eq!(
+        r.pool_references_cached(&p, &mut cache).unwrap(),
+        [true, false, false, false]
+    );
+    // Offered after the cache was filled: the epoch moved, so the next scan looks again.
+    let ep = r
+        .add_endpoint(m, &EndpointKey::Native("zc2".into()))
+        .unwrap();
+    let ch2 = r
+        .offer_kind(m, ep, ChannelKind::DescriptorPair, 4096, None)
+        .unwrap();
+    let rings = r.rings_of(ch2, ChannelKind::DescriptorPair).unwrap();
+    SlotProducer::attach(rings.c2s)
+        .unwrap()
+        .push_desc(&desc(&p, 2, 1))
+        .unwrap();
+    assert_eq!(
+        r.pool_references_cached(&p, &mut cache).unwrap(),
+        [true, false, true, false]
+    );
+    // Freed: its references go with it, cache or not.
+    r.close(ch1, Side::Client).unwrap();
+    r.decline(ch1).ok();
+    assert_eq!(
+        r.pool_references_cached(&p, &mut cache).unwrap(),
+        [false, false, true, false]
+    );
+    assert_eq!(r.pool_references(&p).unwrap(), [false, false, true, false]);
+}
