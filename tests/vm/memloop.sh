@@ -19,6 +19,12 @@
 #     both paths) are checked. Then it is promoted back to its ring with `memloop promote
 #     --conn`, and demoted/promoted again, 3 cycles in all, while the stream stays live (see
 #     the run's own comment below for what is checked).
+#  4. zero-copy (issue 17): guest b sends 4 MiB (sha256) to guest a as descriptors of its own
+#     pool's buffers (`memloop cat --zero-copy`); a reads them in place from the ivshmem BAR,
+#     mapped read-only, and b exits 0 only once every buffer came back and a finished.
+#     Checked: the sha256, both exit statuses, the message counts, the pool's mappings of
+#     `resource2` (read-only in a, writable in b, same offset and size) and the region's usage
+#     back to its baseline without a reclaim (pool, channel and segments freed by their owners).
 #
 # Needs root. Exit status 0 = passed. `--json FILE` also writes the measurements.
 # shellcheck disable=SC2016 # (guest and host job scripts are single-quoted on purpose)
@@ -547,6 +553,115 @@ EOF
 "$M" region reclaim --region "$region" >/dev/null
 after=$(usage)
 if [ "$after" = "$baseline" ]; then ok "region usage back to baseline after run 3 ($after)"; else bad "region usage after run 3: $after, before: $baseline"; fi
+rm -rf "$region" "$region.wake"
+
+# ---------------------------------------------------------------------------------------------
+# 4. zero-copy: a descriptor channel between the guests (issue 17)
+#
+# b's stdin is the data, then held open until a has looked at its listener's mappings (both
+# ends still up, every message sent); a tells b over TCP. Each side prints its mappings of the
+# BAR: the region (rw) and, besides it, the pool: a's read-only, b's writable.
+
+rm -rf "$region" "$region.wake"
+"$M" region create --region "$region" --size 64M >/dev/null
+baseline=$(usage)
+
+job_a='
+memloop cat --zero-copy --listen zc-sink >/tmp/out 2>/tmp/err &
+p=$!
+# The pool is mapped at the first message: a read-only mapping of the BAR besides the region.
+i=0
+until grep -q "r--s .*resource2" /proc/$p/maps 2>/dev/null; do
+  if ! kill -0 $p 2>/dev/null || [ $i -ge 600 ]; then echo "a: no read-only mapping of the pool"; break; fi
+  sleep 0.1
+  i=$((i + 1))
+done
+grep resource2 /proc/$p/maps | sed "s/^/a listener maps: /"
+echo looked | socat -u - TCP:10.77.0.3:7300,retry=300,interval=0.1
+wait $p && rc=0 || rc=$?
+echo "a: listener exit $rc"
+sed "s/^/a: /" /tmp/err
+echo "a zc sha256 $(sha256sum < /tmp/out | sed "s/ .*//") ($(wc -c < /tmp/out) B)"'
+
+job_b='
+head -c 4194304 /dev/urandom > /tmp/data
+echo "b data sha256 $(sha256sum < /tmp/data | sed "s/ .*//") ($(wc -c < /tmp/data) B)"
+{
+  cat /tmp/data
+  socat -u TCP-LISTEN:7300,reuseaddr - >/dev/null
+  grep resource2 /proc/$(pidof memloop)/maps | sed "s/^/b sender maps: /" >&2
+} | memloop cat --zero-copy --connect zc-sink 2>/tmp/err && rc=0 || rc=$?
+echo "b: sender exit $rc"
+sed "s/^/b: /" /tmp/err'
+
+echo "== run 4: zero-copy between the guests (descriptors of b's pool, read in place by a)"
+t0=$(date +%s.%N)
+if "$VM" run --region "$region" --timeout 120 --quiet --log-dir "$logs/zerocopy" --a "$job_a" --b "$job_b"; then
+  ok "run 4 finished (run 4: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s)"
+else
+  bad "run 4 failed (logs in $logs/zerocopy)"
+fi
+
+python3 - "$logs/zerocopy" <<'EOF' || bad "run 4 checks (see above)"
+import re, sys
+d = sys.argv[1]
+text = {g: open(f"{d}/{g}.log", errors="replace").read() for g in ("a", "b")}
+def grab(g, pat):
+    m = re.search(pat, text[g])
+    return m.groups() if m else None
+fails = []
+def check(cond, good, badmsg):
+    if cond:
+        print(f"vm-test: ok: {good}")
+    else:
+        fails.append(badmsg)
+for g in ("a", "b"):
+    for l in text[g].splitlines():
+        if re.match(rf"{g} (listener|sender) maps: |{g}: ", l.strip()):
+            print(f"vm-test:   {l.strip()}")
+sent = grab("b", r"b data sha256 ([0-9a-f]{64}) \((\d+) B\)")
+got = grab("a", r"a zc sha256 ([0-9a-f]{64}) \((\d+) B\)")
+check(sent and got == sent, f"checksum b -> a over descriptors ({sent and sent[1]} B): {sent and sent[0]}",
+      f"sha256 received {got} != sent {sent}")
+rc = {"a": grab("a", r"a: listener exit (\d+)"), "b": grab("b", r"b: sender exit (\d+)")}
+check(rc["a"] == ("0",), "a: the listener exited 0 (EOF after the last message)", f"a: listener exit {rc['a']}")
+back = grab("b", r"b: memloop cat: zero-copy: (\d+) messages from a pool of (\d+) buffers of (\d+) KiB; "
+                 r"all (\d+) buffers back ([0-9.]+) s after EOF")
+check(rc["b"] == ("0",) and back and back[1] == back[3],
+      f"b: the sender exited 0 with every buffer back ({back and back[3]} of {back and back[1]}, "
+      f"{back and back[4]} s after EOF)",
+      f"b: sender exit {rc['b']}, buffers back: {back}")
+recv = grab("a", r"a: memloop cat: zero-copy: (\d+) messages received")
+check(back and recv and recv[0] == back[0], f"{recv and recv[0]} messages sent and received",
+      f"messages: sent {back and back[0]}, received {recv and recv[0]}")
+# Mappings of the BAR as (length, perms, page offset): the region, and the pool on its own.
+def maps(g, who):
+    return [(int(m.group(2), 16) - int(m.group(1), 16), m.group(3), int(m.group(4), 16)) for m in
+            re.finditer(rf"{g} {who} maps: ([0-9a-f]+)-([0-9a-f]+) (\S+) ([0-9a-f]+) .*resource2", text[g])]
+ma, mb = maps("a", "listener"), maps("b", "sender")
+pool = back and int(back[1]) * int(back[2]) * 1024
+ro = [m for m in ma if m[0] == pool]
+rw = [m for m in mb if m[0] == pool]
+# (The page offsets in /proc/PID/maps count from the BAR's physical address.)
+base = min((m[2] for m in ma), default=0)
+check(len(ro) == 1 and ro[0][1] == "r--s" and len(rw) == 1 and rw[0][1] == "rw-s" and ro[0][2] == rw[0][2],
+      f"the pool ({pool} B at {ro and hex(ro[0][2] - base)} in the region) is mapped from the BAR "
+      f"read-only in a, writable in b",
+      f"pool mappings: a {ma}, b {mb} (want {pool} B: r--s in a, rw-s in b, at one offset)")
+check(len(ma) == 2 and len(mb) == 2, "each side maps the BAR twice: the region and the pool",
+      f"mappings of the BAR: a {ma}, b {mb}")
+for f in fails:
+    print("vm-test: FAILED:", f)
+sys.exit(1 if fails else 0)
+EOF
+
+after=$(usage)
+pools=$(MEMLOOP_LOG= "$M" status --json --region "$region" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["summary"]["pools"]))')
+if [ "$after" = "$baseline" ] && [ "$pools" = 0 ]; then
+  ok "region usage back to baseline after run 4 without a reclaim ($after; no pools)"
+else
+  bad "region usage after run 4: $after ($pools pools), before: $baseline"
+fi
 rm -rf "$region" "$region.wake"
 
 echo "vm-test: $passed passed, $failed failed, $(awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s in all (logs in $logs)"

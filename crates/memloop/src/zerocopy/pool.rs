@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 /// Longest sleep of a blocked [`Pool::loan`] between scans (a release rings the pool's bell
 /// and wakes it sooner; a reader that died releases nothing, its channel's end does).
 const LOAN_SLICE: Duration = Duration::from_millis(50);
+/// Longest polling sleep of a loan waiting for a buffer a VM holds.
+const POLL_SLICE: Duration = Duration::from_millis(1);
 /// Pools of buffers this large look for returned buffers at every loan (see `loan_now`).
 const EAGER_SCAN_BYTES: u32 = 512 << 10;
 
@@ -153,8 +155,15 @@ impl PoolInner {
         Ok(WaitCell::new(waiting, seq))
     }
 
+    /// How a loan waits for a buffer: on the bell's futex, unless a holder may be in another
+    /// kernel (a VM on the region), whose release cannot wake a futex — then polling sleeps
+    /// of at most [`POLL_SLICE`]. (Looked up per wait: a VM may join at any time.)
     fn policy(&self) -> WaitPolicy {
-        let futex = self.node.inner.region.futex_usable();
+        let region = &self.node.inner.region;
+        let futex = region.futex_usable()
+            && !region
+                .registry()
+                .has_member_booted_elsewhere(&crate::identity::boot_id());
         WaitPolicy {
             mode: if futex {
                 WakeMode::Futex
@@ -162,7 +171,7 @@ impl PoolInner {
                 WakeMode::SleepPoll
             },
             spin: Duration::ZERO,
-            max_sleep: LOAN_SLICE,
+            max_sleep: if futex { LOAN_SLICE } else { POLL_SLICE },
         }
     }
 
