@@ -179,6 +179,34 @@ pub fn wait_switch_bell(bell: &ShmU32, seen: u32, timeout: std::time::Duration) 
     futex::wait(bell, seen, timeout);
 }
 
+/// Offers a channel of `kind` (rings of `capacity` bytes) to the native service `service`,
+/// and rings its listener's doorbell: the channel and the listener's member. A full region
+/// is retried once after reclaiming the dead.
+pub(crate) fn offer_to_service(
+    n: &crate::node::NodeInner,
+    service: &str,
+    kind: ChannelKind,
+    capacity: u64,
+) -> Result<(ChannelId, MemberId), Error> {
+    let reg = n.region.registry();
+    let key = memloop_registry::EndpointKey::Native(service.to_string());
+    let ep = reg
+        .lookup(&key)
+        .ok_or_else(|| Error::NoService(service.into()))?;
+    if !n.check_peer(ep.owner) {
+        return Err(Error::NoService(service.into()));
+    }
+    let ch = match reg.offer_kind(n.id, ep.id, kind, capacity, None) {
+        Err(memloop_registry::RegistryError::RegionFull { .. }) if n.reclaim_dead() > 0 => {
+            reg.offer_kind(n.id, ep.id, kind, capacity, None)?
+        }
+        other => other?,
+    };
+    // Tells a listener sleeping in `accept` that an offer is waiting.
+    endpoint_bell(reg, ep.id)?.notify();
+    Ok((ch, ep.owner))
+}
+
 /// Releases our side of a channel; its ring memory is freed once both sides let go. An
 /// error only means the slot changed under us (reclaimed, or a buggy peer): it is logged.
 pub fn release(reg: &Registry, ch: ChannelId, side: Side) {

@@ -8,9 +8,7 @@
 use crate::channel::{self, PeerWatch, StreamEnds};
 use crate::error::Error;
 use crate::node::{Node, NodeInner};
-use memloop_registry::{
-    ChannelId, EndpointKey, MemberId, RegistryError, Side, DEFAULT_RING_CAPACITY,
-};
+use memloop_registry::{ChannelId, MemberId, Side, DEFAULT_RING_CAPACITY};
 use memloop_ring::{RingError, StreamConsumer, StreamProducer, WaitPolicy, WakeMode};
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::sync::Arc;
@@ -56,24 +54,9 @@ impl Stream {
 
     /// Connects with rings of `capacity` bytes per direction (a power of two).
     pub fn connect_with(node: &Node, service: &str, capacity: u64) -> Result<Stream, Error> {
-        let n = &node.inner;
-        let reg = n.region.registry();
-        let key = EndpointKey::Native(service.to_string());
-        let ep = reg
-            .lookup(&key)
-            .ok_or_else(|| Error::NoService(service.into()))?;
-        if !n.check_peer(ep.owner) {
-            return Err(Error::NoService(service.into()));
-        }
-        let ch = match reg.offer(n.id, ep.id, capacity, None) {
-            Err(RegistryError::RegionFull { .. }) if n.reclaim_dead() > 0 => {
-                reg.offer(n.id, ep.id, capacity, None)?
-            }
-            other => other?,
-        };
-        // Tells a listener sleeping in `accept` that an offer is waiting.
-        channel::endpoint_bell(reg, ep.id)?.notify();
-        Self::attach(n.clone(), ch, Side::Client, ep.owner)
+        let kind = memloop_registry::ChannelKind::StreamPair;
+        let (ch, peer) = channel::offer_to_service(&node.inner, service, kind, capacity)?;
+        Self::attach(node.inner.clone(), ch, Side::Client, peer)
     }
 
     pub(crate) fn attach(

@@ -1,8 +1,10 @@
 //! Cross-process tests: real processes (this test binary re-executed in a child role) talking
 //! through one region. Heavy volumes are scaled by `MEMLOOP_STRESS_BYTES` / `MEMLOOP_KILL_TRIALS`.
 
+mod common;
+use common::TestRegion;
 use memloop::registry::Usage;
-use memloop::{CreateRegion, Error, Listener, Node, Region, RegionSpec, Stream};
+use memloop::{Error, Listener, Node, Region, RegionSpec, Stream};
 use rand::{Rng, SeedableRng};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -49,31 +51,6 @@ fn wait_child(child: &mut Child, limit: Duration) -> Option<i32> {
     let _ = child.kill();
     let _ = child.wait();
     None
-}
-
-struct TestRegion {
-    name: String,
-    region: Region,
-}
-
-impl TestRegion {
-    fn new(tag: &str, size: u64) -> Self {
-        let name = format!("test-{tag}-{}", std::process::id());
-        let spec = RegionSpec::Named(name.clone());
-        let _ = Region::destroy(&spec);
-        let opts = CreateRegion {
-            params: memloop::registry::RegionParams::for_size(size),
-            ..CreateRegion::default()
-        };
-        let region = Region::open_or_create(&spec, &opts).unwrap();
-        Self { name, region }
-    }
-}
-
-impl Drop for TestRegion {
-    fn drop(&mut self) {
-        let _ = Region::destroy(&RegionSpec::Named(self.name.clone()));
-    }
 }
 
 fn main() -> std::process::ExitCode {

@@ -2,44 +2,15 @@
 //! sender addresses, drops on a full receiver, closed and killed peers — between real
 //! processes (this binary re-executed in a child role) and between sockets of one process.
 
+mod common;
+use common::TestRegion;
 use memloop::datagram::{DropReason, Sent};
-use memloop::{CreateRegion, DatagramSocket, Error, Node, Region, RegionSpec};
+use memloop::{DatagramSocket, Error, Node, Region, RegionSpec};
 use std::net::SocketAddr;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 const ROLE: &str = "MEMLOOP_CHILD_ROLE";
-
-struct TestRegion {
-    name: String,
-    region: Region,
-}
-
-impl TestRegion {
-    fn new(tag: &str) -> Self {
-        let name = format!("test-dgram-{tag}-{}", std::process::id());
-        let spec = RegionSpec::Named(name.clone());
-        let _ = Region::destroy(&spec);
-        let opts = CreateRegion {
-            params: memloop::registry::RegionParams::for_size(64 << 20),
-            ..CreateRegion::default()
-        };
-        let region = Region::open_or_create(&spec, &opts).unwrap();
-        Self { name, region }
-    }
-
-    fn node(&self, name: &str) -> Node {
-        let region = Region::open(&RegionSpec::Named(self.name.clone())).unwrap();
-        let _ = &self.region;
-        Node::join(region, name).unwrap()
-    }
-}
-
-impl Drop for TestRegion {
-    fn drop(&mut self) {
-        let _ = Region::destroy(&RegionSpec::Named(self.name.clone()));
-    }
-}
 
 fn main() -> std::process::ExitCode {
     if let Ok(role) = std::env::var(ROLE) {
@@ -165,7 +136,7 @@ fn child_hand_back_sender(node: &Node, dst: SocketAddr, done: u16) -> i32 {
 }
 
 fn datagrams_keep_boundaries_order_and_senders_between_processes() {
-    let r = TestRegion::new("rr");
+    let r = TestRegion::new("dgram-rr", 64 << 20);
     let node = r.node("server");
     let srv = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
     srv.set_read_timeout(Some(Duration::from_secs(20)));
@@ -198,7 +169,7 @@ fn datagrams_keep_boundaries_order_and_senders_between_processes() {
 }
 
 fn a_full_receiver_drops_and_counts_and_the_sender_never_waits() {
-    let r = TestRegion::new("full");
+    let r = TestRegion::new("dgram-full", 64 << 20);
     let node = r.node("one");
     let rx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
     let tx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
@@ -242,7 +213,7 @@ fn a_full_receiver_drops_and_counts_and_the_sender_never_waits() {
 }
 
 fn a_closed_receiver_drops_then_a_new_socket_at_the_address_gets_a_new_pair() {
-    let r = TestRegion::new("closed");
+    let r = TestRegion::new("dgram-closed", 64 << 20);
     let node = r.node("one");
     let tx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
     let rx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
@@ -267,7 +238,7 @@ fn a_closed_receiver_drops_then_a_new_socket_at_the_address_gets_a_new_pair() {
 }
 
 fn peek_truncation_and_next_length_behave_as_udp() {
-    let r = TestRegion::new("peek");
+    let r = TestRegion::new("dgram-peek", 64 << 20);
     let node = r.node("one");
     let rx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
     let tx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
@@ -287,7 +258,7 @@ fn peek_truncation_and_next_length_behave_as_udp() {
 }
 
 fn a_wildcard_sender_is_seen_at_its_route_address() {
-    let r = TestRegion::new("wild");
+    let r = TestRegion::new("dgram-wild", 64 << 20);
     let node = r.node("one");
     let rx = DatagramSocket::bind(&node, "0.0.0.0:0".parse().unwrap()).unwrap();
     let tx = DatagramSocket::bind(&node, "0.0.0.0:0".parse().unwrap()).unwrap();
@@ -308,7 +279,7 @@ fn a_wildcard_sender_is_seen_at_its_route_address() {
 }
 
 fn a_sleeping_receiver_is_woken_and_a_timeout_ends_its_wait() {
-    let r = TestRegion::new("sleep");
+    let r = TestRegion::new("dgram-sleep", 64 << 20);
     let node = r.node("one");
     let rx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
     let tx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
@@ -330,7 +301,7 @@ fn a_sleeping_receiver_is_woken_and_a_timeout_ends_its_wait() {
 }
 
 fn a_killed_senders_datagrams_are_delivered_then_its_pair_goes() {
-    let r = TestRegion::new("kill");
+    let r = TestRegion::new("dgram-kill", 64 << 20);
     let node = r.node("server");
     let rx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
     let mut kid = spawn_child("blaster", &r, rx.local_addr(), 0);
@@ -359,7 +330,7 @@ fn a_killed_senders_datagrams_are_delivered_then_its_pair_goes() {
 }
 
 fn datagrams_to_an_address_nobody_bound_are_refused_for_the_kernel_path() {
-    let r = TestRegion::new("none");
+    let r = TestRegion::new("dgram-none", 64 << 20);
     let node = r.node("one");
     let tx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
     // A kernel socket that is no member: the datagram is not ours to carry.
@@ -372,7 +343,7 @@ fn datagrams_to_an_address_nobody_bound_are_refused_for_the_kernel_path() {
 }
 
 fn a_retiring_receiver_hands_what_it_did_not_read_back_to_its_sender() {
-    let r = TestRegion::new("handback");
+    let r = TestRegion::new("dgram-handback", 64 << 20);
     let node = r.node("one");
     let tx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
     let rx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
@@ -418,7 +389,7 @@ fn a_retiring_receiver_hands_what_it_did_not_read_back_to_its_sender() {
 }
 
 fn a_sender_in_another_process_gets_back_what_a_retiring_receiver_did_not_read() {
-    let r = TestRegion::new("handback-x");
+    let r = TestRegion::new("dgram-handback-x", 64 << 20);
     let node = r.node("server");
     let rx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
     let done = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
@@ -435,7 +406,7 @@ fn a_sender_in_another_process_gets_back_what_a_retiring_receiver_did_not_read()
 }
 
 fn a_closing_sender_withdraws_only_what_no_receiver_took() {
-    let r = TestRegion::new("withdraw");
+    let r = TestRegion::new("dgram-withdraw", 64 << 20);
     let node = r.node("one");
     let tx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
     let untaken = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
@@ -466,7 +437,7 @@ fn a_closing_sender_withdraws_only_what_no_receiver_took() {
 }
 
 fn the_receive_buffer_sizes_new_rings_and_bounds_the_queue() {
-    let r = TestRegion::new("rcvbuf");
+    let r = TestRegion::new("dgram-rcvbuf", 64 << 20);
     let node = r.node("one");
     let tx = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();
     let small = DatagramSocket::bind(&node, "127.0.0.1:0".parse().unwrap()).unwrap();

@@ -2,9 +2,11 @@
 //! loans that come back, read-only views the MMU enforces, forwarding through a pipeline,
 //! forged descriptors, and a stage killed while it holds buffers.
 
+mod common;
+use common::TestRegion;
 use memloop::ring::{Descriptor, SlotProducer};
 use memloop::zerocopy::{Message, Pool, ZcListener, ZcPort};
-use memloop::{CreateRegion, Error, Node, Region, RegionSpec};
+use memloop::{Error, Node, Region, RegionSpec};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -31,36 +33,6 @@ fn check(seq: u32, bytes: &[u8], from: usize) -> bool {
         .iter()
         .enumerate()
         .all(|(i, &b)| b == pattern(seq, from + i))
-}
-
-struct TestRegion {
-    name: String,
-    region: Region,
-}
-
-impl TestRegion {
-    fn new(tag: &str) -> Self {
-        let name = format!("test-zc-{tag}-{}", std::process::id());
-        let spec = RegionSpec::Named(name.clone());
-        let _ = Region::destroy(&spec);
-        let opts = CreateRegion {
-            params: memloop::registry::RegionParams::for_size(64 << 20),
-            ..CreateRegion::default()
-        };
-        let region = Region::open_or_create(&spec, &opts).unwrap();
-        Self { name, region }
-    }
-
-    fn node(&self, name: &str) -> Node {
-        let region = Region::open(&RegionSpec::Named(self.name.clone())).unwrap();
-        Node::join(region, name).unwrap()
-    }
-}
-
-impl Drop for TestRegion {
-    fn drop(&mut self) {
-        let _ = Region::destroy(&RegionSpec::Named(self.name.clone()));
-    }
 }
 
 /// A child process in `role`, talking over stdin/stdout lines.
@@ -346,7 +318,7 @@ fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
 /// 300 messages from a pool of 4 buffers: every loan after the fourth is a buffer the
 /// receiver released.
 fn loans_come_back_after_the_receiver_drops_them() {
-    let r = TestRegion::new("loans");
+    let r = TestRegion::new("zc-loans", 64 << 20);
     let mut sink = Stage::spawn("sink", &r.name, &["loans", "0"]);
     assert_eq!(sink.line(), "ready");
     let node = r.node("source");
@@ -370,7 +342,7 @@ fn loans_come_back_after_the_receiver_drops_them() {
 }
 
 fn a_receiver_that_writes_into_a_received_buffer_faults() {
-    let r = TestRegion::new("ro");
+    let r = TestRegion::new("zc-ro", 64 << 20);
     let mut st = Stage::spawn("scribbler", &r.name, &["ro"]);
     assert_eq!(st.line(), "ready");
     let node = r.node("source");
@@ -404,7 +376,7 @@ fn a_receiver_that_writes_into_a_received_buffer_faults() {
 /// until the sink lets go — though the source shares no channel with the sink — and the
 /// source may close its pool meanwhile: the pool goes with the last release.
 fn a_forwarded_buffer_returns_when_the_last_stage_releases_it() {
-    let r = TestRegion::new("fwd");
+    let r = TestRegion::new("zc-fwd", 64 << 20);
     let mut sink = Stage::spawn("sink", &r.name, &["fwd-sink", "5"]);
     assert_eq!(sink.line(), "ready");
     let mut mid = Stage::spawn("middle", &r.name, &["fwd-mid", "fwd-sink"]);
@@ -443,7 +415,7 @@ fn a_forwarded_buffer_returns_when_the_last_stage_releases_it() {
 /// Descriptors a buggy or hostile peer could write, pushed raw into a port's ring: each is
 /// refused with an error naming what is wrong, and a good one still works after them.
 fn forged_descriptors_are_refused_with_an_error() {
-    let r = TestRegion::new("forged");
+    let r = TestRegion::new("zc-forged", 64 << 20);
     let a = r.node("receiver");
     let b = r.node("owner");
     let l = ZcListener::bind(&a, "forged").unwrap();
@@ -514,7 +486,7 @@ fn forged_descriptors_are_refused_with_an_error() {
 /// A sink that holds every message it gets is SIGKILLed: the buffers it held come back (its
 /// channel's reader is dead: its slots are read by nobody), with nothing released by hand.
 fn a_stage_killed_while_holding_buffers_gives_them_all_back() {
-    let r = TestRegion::new("kill");
+    let r = TestRegion::new("zc-kill", 64 << 20);
     let mut sink = Stage::spawn("sink", &r.name, &["kill", "1000"]);
     assert_eq!(sink.line(), "ready");
     let node = r.node("source");
@@ -550,7 +522,7 @@ fn unsafe_kill(s: &Stage) {
 /// holds no pool, channel or ring segment more than before. Trials: `MEMLOOP_KILL_TRIALS`.
 fn sigkill_of_any_stage_at_random_moments_leaves_nothing_behind() {
     use rand::{Rng, SeedableRng};
-    let r = TestRegion::new("killany");
+    let r = TestRegion::new("zc-killany", 64 << 20);
     let me = r.node("watcher");
     let reg = r.region.registry();
     let base = reg.usage();

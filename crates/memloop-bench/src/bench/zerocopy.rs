@@ -152,7 +152,7 @@ pub fn run(a: &ZcArgs) -> CliResult<()> {
 // Peers.
 
 /// A peer process, its stdout read line by line; killed if dropped unfinished.
-struct ZcPeer {
+pub(super) struct ZcPeer {
     child: Child,
     out: BufReader<std::process::ChildStdout>,
 }
@@ -545,10 +545,10 @@ fn latency_stream(
 /// message rate and the payload bytes each path copied per message after the source.
 fn pipeline(node: &Node, region: &str, mode: &str, cfg: &Cfg) -> CliResult<Vec<Record>> {
     let (sink_svc, mid_svc) = (unique("sink"), unique("mid"));
-    let mut sink = ZcPeer::spawn(&peer_args("sink", mode, region, &sink_svc, PIPE_MSG))?;
+    let sink = ZcPeer::spawn(&peer_args("sink", mode, region, &sink_svc, PIPE_MSG))?;
     let mut margs = peer_args("middle", mode, region, &mid_svc, PIPE_MSG);
     margs.extend(["--out".into(), sink_svc]);
-    let mut mid = ZcPeer::spawn(&margs)?;
+    let mid = ZcPeer::spawn(&margs)?;
     let start = Instant::now();
     let mut seq = 0u64;
     if mode == "zc" {
@@ -571,6 +571,26 @@ fn pipeline(node: &Node, region: &str, mode: &str, cfg: &Cfg) -> CliResult<Vec<R
         }
         s.shutdown_write();
     }
+    pipeline_records(mid, sink, if mode == "zc" { ZC } else { STREAM }, seq, {
+        // The source's own copy into the stream counts too.
+        if mode == "zc" {
+            0
+        } else {
+            PIPE_MSG as u64
+        }
+    })
+}
+
+/// A pipeline's end: the middle stage says the payload bytes it copied, the sink its count
+/// and the seconds from its first message to its last. Records the sink's rate and the
+/// bytes copied per message after the source (plus `source_copy` per message).
+pub(super) fn pipeline_records(
+    mut mid: ZcPeer,
+    mut sink: ZcPeer,
+    path: &'static str,
+    sent: u64,
+    source_copy: u64,
+) -> CliResult<Vec<Record>> {
     let copied: u64 = mid
         .line()?
         .split_whitespace()
@@ -585,16 +605,14 @@ fn pipeline(node: &Node, region: &str, mode: &str, cfg: &Cfg) -> CliResult<Vec<R
     sink.finish()?;
     if n < 1.0 || secs <= 0.0 {
         return Err(fail(format!(
-            "pipeline over {mode}: the sink said {said:?}"
+            "pipeline over {path}: the sink said {said:?}"
         )));
     }
-    let path = if mode == "zc" { ZC } else { STREAM };
-    let rate = n / secs;
-    let per_msg =
-        copied as f64 / seq.max(1) as f64 + if mode == "zc" { 0.0 } else { PIPE_MSG as f64 };
+    let per_msg = copied as f64 / sent.max(1) as f64 + source_copy as f64;
+    let m = PIPE_MSG as u64;
     Ok(vec![
-        Record::new("pipeline", path, PIPE_MSG as u64, "msg/s", rate),
-        Record::new("pipeline-copied", path, PIPE_MSG as u64, "B/msg", per_msg),
+        Record::new("pipeline", path, m, "msg/s", n / secs),
+        Record::new("pipeline-copied", path, m, "B/msg", per_msg),
     ])
 }
 

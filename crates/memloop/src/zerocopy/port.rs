@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::listener::Listener;
 use crate::node::Node;
 use memloop_registry::{
-    ChannelId, ChannelKind, EndpointKey, MemberId, PoolId, PoolInfo, Registry, RegistryError, Side,
+    ChannelId, ChannelKind, MemberId, PoolId, PoolInfo, Registry, RegistryError, Side,
 };
 use memloop_ring::{
     Descriptor, HeldConsumer, HeldReleaser, RingError, SlotProducer, WaitCell, WaitPolicy, WakeMode,
@@ -85,24 +85,9 @@ struct PoolView {
 impl ZcPort {
     /// Connects to the service `service`, bound by a [`ZcListener`].
     pub fn connect(node: &Node, service: &str) -> Result<ZcPort, Error> {
-        let n = &node.inner;
-        let reg = n.region.registry();
-        let key = EndpointKey::Native(service.to_string());
-        let ep = reg
-            .lookup(&key)
-            .ok_or_else(|| Error::NoService(service.into()))?;
-        if !n.check_peer(ep.owner) {
-            return Err(Error::NoService(service.into()));
-        }
         let kind = ChannelKind::DescriptorPair;
-        let ch = match reg.offer_kind(n.id, ep.id, kind, DEFAULT_DESC_RING, None) {
-            Err(RegistryError::RegionFull { .. }) if n.reclaim_dead() > 0 => {
-                reg.offer_kind(n.id, ep.id, kind, DEFAULT_DESC_RING, None)?
-            }
-            other => other?,
-        };
-        channel::endpoint_bell(reg, ep.id)?.notify();
-        Self::attach(node, ch, Side::Client, ep.owner)
+        let (ch, peer) = channel::offer_to_service(&node.inner, service, kind, DEFAULT_DESC_RING)?;
+        Self::attach(node, ch, Side::Client, peer)
     }
 
     fn attach(node: &Node, ch: ChannelId, side: Side, peer: MemberId) -> Result<ZcPort, Error> {

@@ -387,8 +387,8 @@ impl Run {
         let svc = service(&self.node, &mid_svc, 8)?;
         let out = publisher(&svc, PIPE_MSG)?;
         let margs = ["--out".to_string(), sink_svc.clone()];
-        let mut mid = self.spawn("middle", &mid_svc, PIPE_MSG, &margs)?;
-        let mut sink = self.spawn("sink", &sink_svc, PIPE_MSG, &[])?;
+        let mid = self.spawn("middle", &mid_svc, PIPE_MSG, &margs)?;
+        let sink = self.spawn("sink", &sink_svc, PIPE_MSG, &[])?;
         let start = Instant::now();
         let mut seq = 0u64;
         while start.elapsed() < cfg.dur {
@@ -398,33 +398,6 @@ impl Run {
             seq += 1;
         }
         send_end(&out, PIPE_MSG)?;
-        let copied: u64 = mid
-            .line()?
-            .split_whitespace()
-            .next()
-            .and_then(|w| w.parse().ok())
-            .unwrap_or(0);
-        let said = sink.line()?;
-        let mut f = said.split_whitespace();
-        let n: f64 = f.next().and_then(|w| w.parse().ok()).unwrap_or(0.0);
-        let secs: f64 = f.next().and_then(|w| w.parse().ok()).unwrap_or(0.0);
-        mid.finish()?;
-        sink.finish()?;
-        if n < 1.0 || secs <= 0.0 {
-            return Err(fail(format!(
-                "pipeline over iceoryx2: the sink said {said:?}"
-            )));
-        }
-        let m = PIPE_MSG as u64;
-        Ok(vec![
-            Record::new("pipeline", IOX, m, "msg/s", n / secs),
-            Record::new(
-                "pipeline-copied",
-                IOX,
-                m,
-                "B/msg",
-                copied as f64 / seq.max(1) as f64,
-            ),
-        ])
+        super::pipeline_records(mid, sink, IOX, seq, 0)
     }
 }
