@@ -474,9 +474,19 @@ fn forged_descriptors_are_refused_with_an_error() {
             Ok(_) => panic!("{d:?} accepted"),
         }
     }
-    assert!(raw.push_desc(&good).unwrap());
+    // A bad segment inside a message: the whole message goes, the next one is whole.
+    let more = Descriptor {
+        flags: Descriptor::FLAG_MORE,
+        ..good
+    };
+    let tail = Descriptor { user: 7, ..good };
+    for d in [more, Descriptor { len: 0, ..more }, tail] {
+        assert!(raw.push_desc(&d).unwrap());
+    }
+    assert!(matches!(port.recv(), Err(Error::Forged(_))));
+    assert!(raw.push_desc(&Descriptor { user: 9, ..good }).unwrap());
     let m = port.recv().unwrap().unwrap();
-    assert_eq!(m.len(), 10);
+    assert_eq!((m.len(), m.segment_count(), m.user()), (10, 1, 9));
     drop(m);
     // Every forged slot was released: the ring's room is all back.
     assert_eq!(raw.free_slots().unwrap(), raw.slots());

@@ -176,24 +176,26 @@ impl ZcPort {
     }
 
     /// Loans are the rings' now; forwarded pools are told, before the sender may release
-    /// what it forwarded (the registry's pools module says why).
+    /// what it forwarded (the registry's pools module says why). Every loan is marked sent
+    /// first: one dropped unmarked would go back to its free list while a ring names it.
     fn after_publish(&self, msg: Message<'_>) -> Result<(), Error> {
-        let reg = self.sh.registry();
-        let mut noted: Vec<PoolId> = Vec::new();
+        let mut forwarded: Vec<PoolId> = Vec::new();
         for p in msg.parts {
             match p {
                 Part::Loan(l) => l.sent(),
                 Part::Held { d, .. } => {
-                    let id =
-                        PoolId::from_wire(d.pool, d.pool_gen).ok_or(Error::Forged("pool 0"))?;
-                    if !noted.contains(&id) {
-                        reg.note_forward(id)?;
-                        noted.push(id);
+                    let id = PoolId::from_wire(d.pool, d.pool_gen);
+                    if let Some(id) = id.filter(|id| !forwarded.contains(id)) {
+                        forwarded.push(id);
                     }
                 }
             }
         }
-        Ok(())
+        let reg = self.sh.registry();
+        forwarded
+            .into_iter()
+            .try_for_each(|id| reg.note_forward(id))
+            .map_err(Error::from)
     }
 
     /// The next message; `Ok(None)` once the peer shut down its sending side and everything
@@ -293,10 +295,9 @@ impl PortShared {
             match self.view_of(&d) {
                 Ok(view) => segs.push(Segment { pos, d, view }),
                 Err(e) => {
-                    self.releaser.mark(pos)?;
                     segs.iter()
                         .for_each(|s| self.releaser.mark(s.pos).unwrap_or(()));
-                    rx.advance()?;
+                    self.drop_rest(rx, pos, d)?;
                     return Err(e);
                 }
             }
@@ -307,6 +308,20 @@ impl PortShared {
                 }));
             }
         }
+    }
+
+    /// Releases the refused descriptor at `pos` and the rest of its message (published with
+    /// it), so the next receive starts at the next message.
+    fn drop_rest(&self, rx: &mut HeldConsumer, pos: u64, d: Descriptor) -> Result<(), Error> {
+        self.releaser.mark(pos)?;
+        let mut more = d.flags & Descriptor::FLAG_MORE != 0;
+        while more {
+            let Some((p, next)) = rx.take()? else { break };
+            self.releaser.mark(p)?;
+            more = next.flags & Descriptor::FLAG_MORE != 0;
+        }
+        rx.advance()?;
+        Ok(())
     }
 
     /// The read-only view of the pool a descriptor names, after checking that the pool is
