@@ -8,6 +8,7 @@
 //! bump would pass: `push_desc` fences (SeqCst) after publishing, for its wake-up check.)
 //! Run: RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 //!      cargo test -p memloop-ring --release --test loom_forward
+mod common;
 use loom::thread;
 use memloop_ring::*;
 use memloop_shm::ShmSlice;
@@ -37,28 +38,11 @@ fn naming_b(user: u32) -> Descriptor {
     }
 }
 
-/// `loom::model` without a preemption bound, whatever `LOOM_MAX_PREEMPTIONS` says: the model
-/// is small enough to explore every execution (a few thousand); reports how many it explored.
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.max_branches = 1_000_000;
-    b.preemption_bound = None;
-    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = runs.clone();
-    b.check(move || {
-        counted.fetch_add(1, Relaxed);
-        f()
-    });
-    let n = runs.load(Relaxed);
-    eprintln!("loom explored {n} executions");
-    assert!(n > 1, "the model did not branch");
-}
-
 /// `bump`: the forwarder notes its forward; `stable`: the scan goes through `scan_stable`.
 fn forward_during_scan(bump: bool, stable: bool) {
     let retried = Arc::new(AtomicBool::new(false));
     let retried_in = retried.clone();
-    model(move || {
+    common::model_all(move || {
         let (a, b, words) = (ring(), ring(), ShmSlice::new_model(8));
         // X in ring A, taken: held by the forwarder (A's reader) until it marks it released.
         let mut to_a = SlotProducer::attach(a.clone()).unwrap();

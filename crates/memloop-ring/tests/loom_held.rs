@@ -37,12 +37,11 @@
 //! the reader's last look at it.
 //! Run: RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 //!      cargo test -p memloop-ring --release --test loom_held -- --nocapture
+mod common;
 use loom::thread;
 use memloop_ring::*;
 use memloop_shm::sync::Ordering::Relaxed;
 use memloop_shm::ShmSlice;
-use std::sync::Arc;
-use std::time::Instant;
 
 /// Descriptors pushed through two slots, so each slot is used twice (the reader's script
 /// below is written for four).
@@ -73,24 +72,6 @@ fn slot_at(pos: u64) -> u64 {
     RING_HEADER_BYTES + (pos & (CAP - 1))
 }
 
-/// `loom::model` without a preemption bound, whatever `LOOM_MAX_PREEMPTIONS` says: every
-/// execution is explored; reports how many, and how long that took.
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.max_branches = 1_000_000;
-    b.preemption_bound = None;
-    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = runs.clone();
-    let t0 = Instant::now();
-    b.check(move || {
-        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        f()
-    });
-    let n = runs.load(std::sync::atomic::Ordering::Relaxed);
-    eprintln!("loom explored {n} executions in {:.2?}", t0.elapsed());
-    assert!(n > 1, "the model did not branch");
-}
-
 /// How the reader lets go of the pair (d1, d2) it holds, d2 taken after d1.
 #[derive(Clone, Copy)]
 enum Release {
@@ -103,7 +84,7 @@ enum Release {
 /// `overwrite`: the producer clears a slot's flags word before filling it (what the copy of a
 /// descriptor does to real memory, not to the model's; see the header).
 fn loan_send_release(release: Release, overwrite: bool) {
-    model(move || {
+    common::model_all(move || {
         let v = ring();
         let mut to = SlotProducer::attach(v.clone()).unwrap();
         let pv = v.clone();

@@ -436,9 +436,13 @@ impl Registry {
             .atomic_u64(self.layout.kinds_off + 8 * (idx as u64 / 8))?;
         let shift = 8 * (idx % 8);
         let code = kind.code() as u64 & 0xff;
-        let _ = word.fetch_update(SeqCst, SeqCst, |w| {
-            Some((w & !(0xff << shift)) | code << shift)
-        });
+        // A slot mostly gets the kind it had: then a load, and no write to a shared line on
+        // the connection's set-up path.
+        if (word.load(SeqCst) >> shift) & 0xff != code {
+            let _ = word.fetch_update(SeqCst, SeqCst, |w| {
+                Some((w & !(0xff << shift)) | code << shift)
+            });
+        }
         if kind == ChannelKind::DescriptorPair {
             if let Some(high) = self.header_hint(crate::header::H_DESC_HIGH) {
                 high.fetch_max(idx as u64 + 1, SeqCst);
