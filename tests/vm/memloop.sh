@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # memloop between two real QEMU guests (TCG) that share one ivshmem region, and with the host.
-# Two runs of scripts/vm/vm.sh:
+# Five runs of scripts/vm/vm.sh:
 #
 #  1. pair: the native API between the guests and guest <-> host (8 MB, sha256 on both ends),
 #     unmodified socat under the preload between the guests and guest -> host (8 MB, sha256)
@@ -25,6 +25,12 @@
 #     Checked: the sha256, both exit statuses, the message counts, the pool's mappings of
 #     `resource2` (read-only in a, writable in b, same offset and size) and the region's usage
 #     back to its baseline without a reclaim (pool, channel and segments freed by their owners).
+#  5. zero-copy, a reader that writes (issue 17): guest a's `memloop-bench zc-scribble` receives
+#     one message from b's pool (first byte 'Z'), prints that byte, then writes into the
+#     buffer: its mapping of the BAR is read-only, so it must die of SIGSEGV (status 139)
+#     without printing `wrote`. b's `memloop cat --zero-copy` gets its buffer back from the dead
+#     reader (b's heartbeat sweep reclaims it), then exits 1 within 10 s: the listener is gone.
+#     Region usage back to its baseline without a reclaim.
 #
 # Needs root. Exit status 0 = passed. `--json FILE` also writes the measurements.
 # shellcheck disable=SC2016 # (guest and host job scripts are single-quoted on purpose)
@@ -661,6 +667,88 @@ if [ "$after" = "$baseline" ] && [ "$pools" = 0 ]; then
   ok "region usage back to baseline after run 4 without a reclaim ($after; no pools)"
 else
   bad "region usage after run 4: $after ($pools pools), before: $baseline"
+fi
+rm -rf "$region" "$region.wake"
+
+# ---------------------------------------------------------------------------------------------
+# 5. zero-copy: a reader that writes into a received buffer faults inside a guest (issue 17)
+#
+# a: `memloop-bench zc-scribble` (its region as `memloop cat`'s: $MEMLOOP_REGION, the BAR)
+# takes one message, prints `read <first byte>`, then writes into it through its read-only
+# mapping of the BAR (`memloop_shm::fault_probe`, which first checks that the mapping is
+# read-only). b starts its sender once a's listener is in the region, so the sender's time is
+# its own: one message, EOF, then it waits for its buffer and for the listener's end (dead).
+
+rm -rf "$region" "$region.wake"
+"$M" region create --region "$region" --size 64M >/dev/null
+baseline=$(usage)
+
+job_a='
+memloop-bench zc-scribble --listen zc-scribble >/tmp/out 2>/tmp/err && rc=0 || rc=$?
+echo "a: scribbler exit $rc"
+sed "s/^/a: scribbler says: /" /tmp/out
+sed "s/^/a: scribbler stderr: /" /tmp/err'
+
+job_b='
+until memloop status --json 2>/dev/null | grep -q "native zc-scribble"; do sleep 0.1; done
+t0=$(cut -d" " -f1 /proc/uptime)
+printf "Zero-copy: a reader that writes faults" | memloop cat --zero-copy --connect zc-scribble 2>/tmp/err && rc=0 || rc=$?
+t1=$(cut -d" " -f1 /proc/uptime)
+echo "b: sender exit $rc after $(awk -v a="$t0" -v b="$t1" "BEGIN{printf \"%.2f\", b-a}") s"
+sed "s/^/b: /" /tmp/err'
+
+echo "== run 5: zero-copy, a reader in guest a writes into b's buffer and must fault"
+t0=$(date +%s.%N)
+if "$VM" run --region "$region" --timeout 90 --quiet --log-dir "$logs/scribble" --a "$job_a" --b "$job_b"; then
+  ok "run 5 finished (run 5: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s)"
+else
+  bad "run 5 failed (logs in $logs/scribble)"
+fi
+
+python3 - "$logs/scribble" <<'EOF' || bad "run 5 checks (see above)"
+import re, sys
+d = sys.argv[1]
+text = {g: open(f"{d}/{g}.log", errors="replace").read() for g in ("a", "b")}
+def grab(g, pat):
+    m = re.search(pat, text[g])
+    return m.groups() if m else None
+fails = []
+def check(cond, good, badmsg):
+    if cond:
+        print(f"vm-test: ok: {good}")
+    else:
+        fails.append(badmsg)
+for g in ("a", "b"):
+    for l in text[g].splitlines():
+        if re.match(rf"{g}: ", l.strip()):
+            print(f"vm-test:   {l.strip()}")
+says = [m.group(1).strip() for m in re.finditer(r"a: scribbler says: (.*)", text["a"])]
+want = f"read {ord('Z')}"
+check(says[:1] == [want], f"a read the first byte of b's buffer in place ('{want}')",
+      f"a: the scribbler said {says} (want '{want}' first)")
+rc = grab("a", r"a: scribbler exit (\d+)")
+check(rc == ("139",), "a: the scribbler died of SIGSEGV (exit 139) writing through its read-only mapping of the BAR",
+      f"a: scribbler exit {rc} (want 139: SIGSEGV)")
+check("wrote" not in says, "a: no 'wrote': the write never landed", f"a: the scribbler survived its write: {says}")
+sent = grab("b", r"b: sender exit (\d+) after ([0-9.]+) s")
+# The sender looks at the listener's end only once every buffer is back (else it fails with
+# "N of M buffers still held"); that end is dead: exit 1, PeerDead.
+err = grab("b", r"b: memloop: error: (waiting for the listener to finish: the peer process is gone)")
+check(sent and sent[0] == "1" and float(sent[1]) < 10 and err,
+      f"b: its buffer came back from the dead reader; the sender exited 1 (listener gone) after {sent and sent[1]} s",
+      f"b: sender exit and time {sent}, error {err} (want exit 1 within 10 s with 'waiting for the "
+      f"listener to finish: the peer process is gone', which it reaches with every buffer back)")
+for f in fails:
+    print("vm-test: FAILED:", f)
+sys.exit(1 if fails else 0)
+EOF
+
+after=$(usage)
+pools=$(MEMLOOP_LOG= "$M" status --json --region "$region" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["summary"]["pools"]))')
+if [ "$after" = "$baseline" ] && [ "$pools" = 0 ]; then
+  ok "region usage back to baseline after run 5 without a reclaim ($after; no pools)"
+else
+  bad "region usage after run 5: $after ($pools pools), before: $baseline"
 fi
 rm -rf "$region" "$region.wake"
 

@@ -9,6 +9,7 @@
 
 mod bench;
 mod peer;
+mod zc_scribble;
 
 // The CLI's helpers, under the paths the benchmark modules use.
 use memloop_cli::{error, units};
@@ -48,6 +49,10 @@ enum Cmd {
     /// A process of `process` (fork loops, echo servers, short connections).
     #[command(hide = true)]
     ProcPeer(bench::process::peer::PeerArgs),
+    /// A zero-copy receiver that writes into what it received and must die of SIGSEGV
+    /// (tests/vm/memloop.sh).
+    #[command(hide = true)]
+    ZcScribble(zc_scribble::ScribbleArgs),
     /// `memloop domains`, for the peers' domains.
     #[command(hide = true, subcommand)]
     Domains(domains::DomainsCmd),
@@ -68,6 +73,7 @@ fn main() -> ExitCode {
         Cmd::SwitchPeer(a) => bench::switch::peer::run(&a),
         Cmd::ProcPeer(a) => bench::process::peer::run(&a),
         Cmd::ZcPeer(a) => bench::zerocopy::run_peer(&a),
+        Cmd::ZcScribble(a) => zc_scribble::run(&a),
         Cmd::Domains(c) => domains::run(c),
         Cmd::Run(a) => run::run(&a),
         Cmd::Region(c) => region_cmd::run(c),

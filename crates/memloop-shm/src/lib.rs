@@ -11,12 +11,15 @@
 //! - [`futex`]: wait/wake on a 32-bit word in shared memory (same kernel only: an optimisation);
 //! - [`sched`]: scheduler hints for waiters (our CPU, runnable threads vs CPUs);
 //! - [`forkgate`]: lets a process with no state skip its fork handlers;
+//! - [`fault_probe`]: a write into a read-only view, for tests that show the MMU refuses it;
 //! - [`member_lock`]: a member's proof of life without a thread (an OFD lock on the region file);
 //! - [`sync`]: the atomics facade that swaps std for loom under `cfg(loom)`.
 //!
 //! Under `cfg(loom)` the mapping is replaced by a heap model ([`ShmSlice::new_model`]) so that
 //! the algorithms built on it can be model-checked.
 
+#[cfg(not(loom))]
+pub mod fault_probe;
 pub mod forkgate;
 pub mod futex;
 #[cfg(not(loom))]

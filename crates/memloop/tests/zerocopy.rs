@@ -217,10 +217,8 @@ fn child_scribbler(node: &Node, args: &[String]) -> i32 {
     let mut port = l.accept().expect("accept");
     let m = port.recv().expect("recv").expect("a message");
     say(&format!("read {}", m.bytes()[0]));
-    let p = m.bytes().as_ptr() as *mut u8;
-    // SAFETY: none — this write is the test: the buffer is mapped read-only, so the MMU must
-    // stop it with SIGSEGV before it lands.
-    unsafe { p.write_volatile(0xee) };
+    // The buffer is mapped read-only: the MMU must stop this with SIGSEGV before it lands.
+    memloop_shm::fault_probe::write_into(m.bytes(), 0xee).expect("a read-only view");
     say("wrote");
     0
 }
