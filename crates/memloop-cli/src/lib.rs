@@ -5,6 +5,7 @@
 pub mod cat;
 pub mod container;
 pub mod domains;
+pub mod pipe_cmd;
 pub mod error;
 pub mod prometheus;
 pub mod region_cmd;

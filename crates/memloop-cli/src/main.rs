@@ -6,7 +6,9 @@
 mod forward;
 
 use clap::{CommandFactory, Parser, Subcommand};
-use memloop_cli::{cat, container, domains, init_logging, region_cmd, run, status, switch_cmd};
+use memloop_cli::{
+    cat, container, domains, init_logging, pipe_cmd, region_cmd, run, status, switch_cmd,
+};
 use std::ffi::OsString;
 use std::process::ExitCode;
 
@@ -48,6 +50,10 @@ enum Cmd {
     Run(run::RunArgs),
     /// Copy stdin into a native memloop stream, or one stream to stdout (netcat for services).
     Cat(cat::CatArgs),
+    /// The pipe service (vPipe): transfers between descriptors moved by a service with
+    /// splice, sendfile or copy_file_range, shared among tenants by weight.
+    #[command(subcommand)]
+    Pipe(pipe_cmd::PipeCmd),
     /// Containers opted in by an annotation (`io.memloop.region=REGION`): the OCI hook.
     #[command(subcommand)]
     Container(container::ContainerCmd),
@@ -83,6 +89,7 @@ fn main() -> ExitCode {
         Cmd::Run(a) => run::run(&a),
         Cmd::Cat(a) => cat::run(&a),
         Cmd::Container(c) => container::run(c),
+        Cmd::Pipe(c) => pipe_cmd::run(c),
         Cmd::GenerateDocs { dir } => generate_docs(&dir),
     };
     match result {
