@@ -796,7 +796,22 @@ fn text(out: &mut dyn Write, region: &Region, s: &Snapshot, a: &StatusArgs) -> i
         s.ring_bytes()
     )?;
     write_top(out, s, a.top)?;
+    if let Some(v) = pipe_service(region) {
+        write!(out, "\n{}", crate::pipe_cmd::render(&v))?;
+    }
     write_lists(out, s, a)
+}
+
+/// The statistics of the region's pipe service, if one serves (`memloop pipe serve`).
+fn pipe_service(region: &Region) -> Option<Value> {
+    let socket = memloop::region::wake_dir(region.path()).join("pipe");
+    if !socket.exists() {
+        return None;
+    }
+    let mut c = memloop_pipe::client::Client::connect(&socket, Some("memloop-status"), 1).ok()?;
+    c.set_timeout(Some(std::time::Duration::from_secs(2)))
+        .ok()?;
+    serde_json::from_str(&c.stats().ok()?).ok()
 }
 
 fn write_lists(out: &mut dyn Write, s: &Snapshot, a: &StatusArgs) -> io::Result<()> {
@@ -1184,6 +1199,8 @@ fn json_head(region: &Region, s: &Snapshot, top: usize) -> Map<String, Value> {
                     "state": reg.state().name(), "params": params_j },
         "usage": usage_j,
         "summary": summary_json(s, top),
+        // The region's pipe service (issue 20): per-tenant bytes, CPU and waiting time.
+        "pipe": pipe_service(region),
         "fallbacks": fallbacks_json(c),
         "switches": switches_json(c),
         // Late-ring attempts that left their connection on TCP.

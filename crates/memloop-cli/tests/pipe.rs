@@ -194,3 +194,48 @@ fn sigterm_stops_the_service_and_removes_its_socket() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+#[test]
+fn memloop_status_shows_the_regions_pipe_service_and_its_tenants() {
+    let region = format!("/dev/shm/memloop-pipe-status-{}", std::process::id());
+    let run = |args: &[&str]| Command::new(BIN).args(args).output().unwrap();
+    let o = run(&["region", "create", "--region", &region, "--size", "16M"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let socket = PathBuf::from(format!("{region}.wake/pipe"));
+    let child = Command::new(BIN)
+        .args(["pipe", "serve", "--region", &region])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let s = Serve { child, socket };
+    wait_until("the socket", || s.socket.exists());
+    let o = copy(
+        &s.socket,
+        &["/dev/zero", "/dev/null", "--len", "2M", "--tenant", "zeros"],
+    )
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(&["status", "--region", &region, "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let zeros = v["pipe"]["tenants"]
+        .as_array()
+        .expect("a pipe section with tenants")
+        .iter()
+        .find(|t| t["name"] == "zeros")
+        .cloned()
+        .expect("the tenant");
+    assert_eq!(zeros["bytes"], 2u64 << 20);
+    let o = run(&["status", "--region", &region]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("pipe service at") && text.contains("zeros"),
+        "{text}"
+    );
+    drop(s);
+    let o = run(&["status", "--region", &region, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["pipe"].is_null(), "no service, no section");
+    let _ = run(&["region", "destroy", "--region", &region]);
+}

@@ -58,6 +58,17 @@ impl Client {
         }
     }
 
+    /// Bounds every wait for the service's answers (`None`: wait as long as it takes);
+    /// a wait that runs out is an `Io` error of kind `WouldBlock`.
+    pub fn set_timeout(&mut self, t: Option<std::time::Duration>) -> Result<(), PipeError> {
+        rustix::net::sockopt::set_socket_timeout(
+            &self.sock,
+            rustix::net::sockopt::Timeout::Recv,
+            t,
+        )?;
+        Ok(())
+    }
+
     /// The tenant the service charges us to, and its weight.
     pub fn tenant(&self) -> (&str, u16) {
         (&self.tenant, self.weight)
