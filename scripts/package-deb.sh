@@ -6,6 +6,7 @@
 #   /usr/share/man/man1/memloop*.1.gz           (generated from the command line's definition)
 #   bash, zsh and fish completions              (likewise)
 #   /lib/systemd/system/memloop-region.service  (the default region at boot, group memloop)
+#   /lib/systemd/system/memloop-pipe.service    (the pipe service on the default region; not enabled by default)
 #   /usr/share/containers/oci/hooks.d/memloop.json (containers opt in by an annotation)
 #   /usr/lib/memloop/memloop-runc               (the same as an OCI runtime wrapper, for docker)
 # and a postinst that creates the `memloop` group. Prints the package's path.
@@ -40,6 +41,7 @@ install -D -m 644 "$docs/completions/memloop.fish" "$root/usr/share/fish/vendor_
 rm -rf "$docs"
 
 install -D -m 644 packaging/memloop-region.service "$root/lib/systemd/system/memloop-region.service"
+install -D -m 644 packaging/memloop-pipe.service "$root/lib/systemd/system/memloop-pipe.service"
 # The OCI runtime wrapper for engines without precreate hooks (docker): memloop by that name.
 ln -s /usr/bin/memloop "$root/usr/lib/memloop/memloop-runc"
 # The hook description, for the installed binary.

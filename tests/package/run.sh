@@ -74,17 +74,18 @@ words=$(bash -c 'source /usr/share/bash-completion/completions/memloop
 grep -qx status <<<"$words" || fail "bash completion of 'memloop st': $words"
 ok "completions (bash completes 'memloop st' to status; zsh, fish files)"
 
-unit=/lib/systemd/system/memloop-region.service
-[ -f "$unit" ] || fail "no systemd unit"
-if command -v systemd-analyze >/dev/null; then
-  systemd-analyze verify "$unit" 2>"$work/verify.err" ||
-    fail "systemd-analyze verify: $(cat "$work/verify.err")"
-fi
+for unit in /lib/systemd/system/memloop-region.service /lib/systemd/system/memloop-pipe.service; do
+  [ -f "$unit" ] || fail "no systemd unit $unit"
+  if command -v systemd-analyze >/dev/null; then
+    systemd-analyze verify "$unit" 2>"$work/verify.err" ||
+      fail "systemd-analyze verify: $(cat "$work/verify.err")"
+  fi
+done
 [ "$(readlink /usr/lib/memloop/memloop-runc)" = /usr/bin/memloop ] || fail "no runtime wrapper link"
 hook=/usr/share/containers/oci/hooks.d/memloop.json
 python3 -c 'import json,sys; h=json.load(open(sys.argv[1])); assert h["hook"]["path"] == "/usr/bin/memloop" and h["stages"] == ["precreate"], h' "$hook" ||
   fail "the OCI hook description: $(cat "$hook")"
-ok "systemd unit and OCI hook in place"
+ok "systemd units (region, pipe service) and OCI hook in place"
 
 /usr/bin/memloop region destroy --region "$region" >/dev/null 2>&1 || true
 dpkg -r memloop >/dev/null || fail "dpkg -r"
