@@ -8,6 +8,7 @@ declare -A need=(
   [/usr/bin/python3]=python3
   [curl]=curl
   [nginx]=nginx
+  [lighttpd]=lighttpd
   [redis-server]=redis-server
   [redis-cli]=redis-tools
   [redis-benchmark]=redis-tools

@@ -15,7 +15,7 @@ mod zc_scribble;
 use memloop_cli::{error, units};
 
 use clap::{Parser, Subcommand};
-use memloop_cli::{domains, init_logging, region_cmd, run};
+use memloop_cli::{domains, init_logging, pipe_cmd, region_cmd, run};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -49,6 +49,12 @@ enum Cmd {
     /// A process of `process` (fork loops, echo servers, short connections).
     #[command(hide = true)]
     ProcPeer(bench::process::peer::PeerArgs),
+    /// An end of `pipe` (the relay's source and sink).
+    #[command(hide = true)]
+    PipePeer(bench::pipe::peer::PeerArgs),
+    /// `memloop pipe`, for the service of `pipe`.
+    #[command(hide = true, subcommand)]
+    PipeService(pipe_cmd::PipeCmd),
     /// A zero-copy receiver that writes into what it received and must die of SIGSEGV
     /// (tests/vm/memloop.sh).
     #[command(hide = true)]
@@ -74,6 +80,8 @@ fn main() -> ExitCode {
         Cmd::ProcPeer(a) => bench::process::peer::run(&a),
         Cmd::ZcPeer(a) => bench::zerocopy::run_peer(&a),
         Cmd::ZcScribble(a) => zc_scribble::run(&a),
+        Cmd::PipePeer(a) => bench::pipe::peer::run(&a),
+        Cmd::PipeService(c) => pipe_cmd::run(c),
         Cmd::Domains(c) => domains::run(c),
         Cmd::Run(a) => run::run(&a),
         Cmd::Region(c) => region_cmd::run(c),

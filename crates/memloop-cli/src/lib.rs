@@ -5,8 +5,8 @@
 pub mod cat;
 pub mod container;
 pub mod domains;
-pub mod pipe_cmd;
 pub mod error;
+pub mod pipe_cmd;
 pub mod prometheus;
 pub mod region_cmd;
 pub mod run;

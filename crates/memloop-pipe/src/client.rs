@@ -1,6 +1,6 @@
 //! A client of the pipe service: hand it a source, a sink and a length; learn when the bytes
-//! have moved. Blocking ([`Client::pipe`]) or not ([`Client::submit`], then
-//! [`Client::completion`] when [`Client::as_fd`] polls readable).
+//! have moved. Blocking ([`Client::pipe`]) or not ([`Client::submit`] or
+//! [`Client::submit_at`], then [`Client::completion`] when [`Client::as_fd`] polls readable).
 
 use crate::transfer::Primitive;
 use crate::wire::{self, ToClient, ToService};
@@ -95,12 +95,29 @@ impl Client {
         dst: BorrowedFd<'_>,
         len: Option<u64>,
     ) -> Result<u64, PipeError> {
+        self.submit_at(src, dst, len, None)
+    }
+
+    /// [`Client::submit`] reading the source at `src_off` (`sendfile` with an offset): the
+    /// source must then be a regular file, and its file position is left where it was — the
+    /// transfer's end is `src_off` + the bytes moved. `None`: at the file's own position,
+    /// which advances.
+    pub fn submit_at(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        len: Option<u64>,
+        src_off: Option<u64>,
+    ) -> Result<u64, PipeError> {
         if len == Some(0) {
             return Err(PipeError::BadLength(0));
         }
+        if src_off.is_some_and(|o| o > i64::MAX as u64) {
+            return Err(PipeError::Io(rustix::io::Errno::INVAL.into()));
+        }
         self.next_id += 1;
         let id = self.next_id;
-        let m = ToService::Submit { id, len };
+        let m = ToService::Submit { id, len, src_off };
         socket::send(self.sock.as_fd(), &m.encode(), &[src, dst])?;
         Ok(id)
     }

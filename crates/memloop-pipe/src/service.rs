@@ -400,7 +400,9 @@ fn handle(
     p: socket::Packet,
 ) -> Result<(), PipeError> {
     match ToService::decode(&p.bytes)? {
-        ToService::Submit { id, len } => submit(sh, cid, tenant, sock, id, len, p.fds),
+        ToService::Submit { id, len, src_off } => {
+            submit(sh, cid, tenant, sock, id, (len, src_off), p.fds)
+        }
         ToService::Cancel { id } => {
             cancel(sh, cid, id);
             Ok(())
@@ -419,11 +421,11 @@ fn submit(
     tenant: TenantId,
     sock: &Arc<OwnedFd>,
     id: u64,
-    len: Option<u64>,
+    (len, src_off): (Option<u64>, Option<u64>),
     fds: Vec<OwnedFd>,
 ) -> Result<(), PipeError> {
     let transfer = match <[OwnedFd; 2]>::try_from(fds) {
-        Ok([src, dst]) => Transfer::new(src, dst, len),
+        Ok([src, dst]) => Transfer::new(src, dst, len, src_off),
         Err(v) => Err(PipeError::Protocol(format!(
             "a submission with {} descriptors (want 2)",
             v.len()

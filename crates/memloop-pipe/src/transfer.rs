@@ -18,11 +18,15 @@
 //! retries within the same [`Transfer::step`]; [`Transfer::fallback_log`] says what was refused.
 //! Every other error is returned as [`PipeError::Io`].
 //!
-//! The descriptors are shared with the client, so the transfer never changes their flags and
-//! always passes NULL offsets: files are read and written at their own positions, and a client
-//! sees its offsets advanced by the bytes moved (as with `sendfile(…, NULL, …)`). Bytes read
-//! from the source but not yet written to the sink (in the transfer's pipe or copy buffer) are
-//! [`Transfer::held`]; they are not counted in [`Transfer::moved`].
+//! The descriptors are shared with the client, so the transfer never changes their flags.
+//! Without a source offset, files are read and written at their own positions, and a client
+//! sees its offsets advanced by the bytes moved (as with `sendfile(…, NULL, …)`). With one
+//! (`src_off`, a regular-file source only: `sendfile(…, &off, …)`), the source is read at that
+//! offset — the primitives get an offset pointer, the copy loop `pread`s — and its file
+//! position is left alone; [`Transfer::src_offset`] says where the next read would start. The
+//! sink is always written at its own position. Bytes read from the source but not yet written
+//! to the sink (in the transfer's pipe or copy buffer) are [`Transfer::held`]; they are not
+//! counted in [`Transfer::moved`].
 //!
 //! A step never waits. Before reading from a socket or a pipe it polls it with a zero timeout
 //! and reports [`Step::WaitInput`] when there is nothing to read; before writing to a socket or
@@ -133,6 +137,8 @@ pub struct Transfer {
     src_kind: EndKind,
     dst_kind: EndKind,
     len: Option<u64>,
+    /// Where the next read of the source starts, when the transfer reads at an offset.
+    src_off: Option<u64>,
     dst_append: bool,
     primitive: Primitive,
     moved: u64,
@@ -144,11 +150,29 @@ pub struct Transfer {
 
 impl Transfer {
     /// Checks both descriptors and picks a primitive. `len`: `None` = until end of input.
-    pub fn new(src: OwnedFd, dst: OwnedFd, len: Option<u64>) -> Result<Transfer, PipeError> {
+    /// `src_off`: read the source, which must then be a regular file, from this offset
+    /// without moving its file position (`None`: at and advancing its position).
+    pub fn new(
+        src: OwnedFd,
+        dst: OwnedFd,
+        len: Option<u64>,
+        src_off: Option<u64>,
+    ) -> Result<Transfer, PipeError> {
         let (src_kind, _) = check_end(src.as_fd(), "source", false)?;
         let (dst_kind, dst_flags) = check_end(dst.as_fd(), "sink", true)?;
         if len == Some(0) {
             return Err(PipeError::BadLength(0));
+        }
+        if let Some(off) = src_off {
+            if src_kind != EndKind::File {
+                return Err(PipeError::BadFd {
+                    which: "source",
+                    why: format!("an offset on a non-file ({src_kind:?})"),
+                });
+            }
+            if off > i64::MAX as u64 {
+                return Err(PipeError::Io(Errno::INVAL.into()));
+            }
         }
         let primitive = choose(src_kind, dst_kind);
         let via = if primitive == Primitive::SpliceViaPipe {
@@ -162,6 +186,7 @@ impl Transfer {
             src_kind,
             dst_kind,
             len,
+            src_off,
             dst_append: dst_flags.contains(OFlags::APPEND),
             primitive,
             moved: 0,
@@ -220,6 +245,13 @@ impl Transfer {
     /// The length asked for (`None`: until the source ends).
     pub fn length(&self) -> Option<u64> {
         self.len
+    }
+
+    /// Where the next read of the source starts, for a transfer that reads at an offset
+    /// (`None`: it reads at the file's own position). Ahead of the first offset by
+    /// [`Transfer::moved`] + [`Transfer::held`].
+    pub fn src_offset(&self) -> Option<u64> {
+        self.src_off
     }
 
     /// How many times the kernel refused a primitive and the transfer fell back.
@@ -342,14 +374,16 @@ impl Transfer {
                 return Ok(Stop::Output);
             };
             let want = room.min(left).min(cap).min(MAX_CALL) as usize;
+            // (The kernel advances the offset by what it read.)
+            let off = self.src_off.as_mut();
             let r = match self.primitive {
                 Primitive::CopyFileRange => {
-                    rustix::fs::copy_file_range(&self.src, None, &self.dst, None, want)
+                    rustix::fs::copy_file_range(&self.src, off, &self.dst, None, want)
                 }
-                Primitive::Sendfile => rustix::fs::sendfile(&self.dst, &self.src, None, want),
+                Primitive::Sendfile => rustix::fs::sendfile(&self.dst, &self.src, off, want),
                 _ => rustix::pipe::splice(
                     &self.src,
-                    None,
+                    off,
                     &self.dst,
                     None,
                     want,
@@ -426,7 +460,7 @@ impl Transfer {
             let want = room.min(left).min(via.cap as u64) as usize;
             match rustix::pipe::splice(
                 &self.src,
-                None,
+                self.src_off.as_mut(),
                 &via.w,
                 None,
                 want,
@@ -499,6 +533,8 @@ impl Transfer {
             let buf = &mut copy.buf[..want];
             let r = if self.src_kind == EndKind::Socket {
                 rustix::net::recv(&self.src, buf, RecvFlags::DONTWAIT).map(|(n, _)| n)
+            } else if let Some(off) = self.src_off {
+                rustix::io::pread(&self.src, buf, off)
             } else {
                 rustix::io::read(&self.src, buf)
             };
@@ -507,6 +543,9 @@ impl Transfer {
                 Ok(n) => {
                     copy.start = 0;
                     copy.end = n;
+                    if let Some(off) = &mut self.src_off {
+                        *off += n as u64;
+                    }
                 }
                 Err(Errno::INTR) => {}
                 Err(Errno::AGAIN) => return Ok(Stop::Input),

@@ -5,7 +5,7 @@
 //! | tag | message | body |
 //! | --- | --- | --- |
 //! | 1 | `Hello` | version u16, weight u16, name length u8, name (UTF-8, ≤ 64 B; empty: the service names the tenant) |
-//! | 2 | `Submit` | id u64, len u64 (0: until the source ends) — with exactly 2 fds: source, sink |
+//! | 2 | `Submit` | id u64, len u64 (0: until the source ends), source offset u64 (`u64::MAX`: none, read at the file's own position; else at most `i64::MAX`) — with exactly 2 fds: source, sink |
 //! | 3 | `Cancel` | id u64 |
 //! | 4 | `Stats` | — |
 //! | 0x81 | `Welcome` | version u16, weight u16, tenant name (the rest) |
@@ -16,8 +16,11 @@
 use crate::transfer::Primitive;
 use crate::PipeError;
 
-/// The protocol's version; a service refuses a client of another one.
-pub const VERSION: u16 = 1;
+/// The protocol's version; a service refuses a client of another one. (2: `Submit` carries a
+/// source offset.)
+pub const VERSION: u16 = 2;
+/// A `Submit`'s source offset meaning "none".
+pub const NO_OFFSET: u64 = u64::MAX;
 /// Longest tenant name.
 pub const MAX_NAME: usize = 64;
 /// Largest packet either side sends (a statistics reply is the big one).
@@ -30,10 +33,12 @@ pub enum ToService {
         weight: u16,
         name: String,
     },
-    /// The two descriptors travel with the packet.
+    /// The two descriptors travel with the packet. `src_off`: read the source (a regular
+    /// file) at this offset, leaving its file position alone (`sendfile` with an offset).
     Submit {
         id: u64,
         len: Option<u64>,
+        src_off: Option<u64>,
     },
     Cancel {
         id: u64,
@@ -91,10 +96,11 @@ impl ToService {
                 b.push(name.len() as u8);
                 b.extend(name.as_bytes());
             }
-            ToService::Submit { id, len } => {
+            ToService::Submit { id, len, src_off } => {
                 b.push(T_SUBMIT);
                 b.extend(id.to_le_bytes());
                 b.extend(len.unwrap_or(0).to_le_bytes());
+                b.extend(src_off.unwrap_or(NO_OFFSET).to_le_bytes());
             }
             ToService::Cancel { id } => {
                 b.push(T_CANCEL);
@@ -124,10 +130,18 @@ impl ToService {
                     name,
                 }
             }
-            T_SUBMIT => ToService::Submit {
-                id: r.u64()?,
-                len: Some(r.u64()?).filter(|&l| l != 0),
-            },
+            T_SUBMIT => {
+                let id = r.u64()?;
+                let len = Some(r.u64()?).filter(|&l| l != 0);
+                let src_off = match r.u64()? {
+                    NO_OFFSET => None,
+                    o if o > i64::MAX as u64 => {
+                        return Err(bad(format!("source offset {o} beyond a file's largest")))
+                    }
+                    o => Some(o),
+                };
+                ToService::Submit { id, len, src_off }
+            }
             T_CANCEL => ToService::Cancel { id: r.u64()? },
             T_STATS => ToService::Stats,
             t => return Err(bad(format!("unknown message tag {t:#x} from a client"))),
@@ -302,10 +316,20 @@ mod tests {
                 weight: 4,
                 name: "tenant-é".into(),
             },
-            ToService::Submit { id: 7, len: None },
+            ToService::Submit {
+                id: 7,
+                len: None,
+                src_off: None,
+            },
             ToService::Submit {
                 id: u64::MAX,
                 len: Some(1 << 40),
+                src_off: Some(0),
+            },
+            ToService::Submit {
+                id: 8,
+                len: Some(5),
+                src_off: Some(i64::MAX as u64),
             },
             ToService::Cancel { id: 3 },
             ToService::Stats,
@@ -348,6 +372,19 @@ mod tests {
             ToClient::decode(&[T_DONE; 22]).is_err(),
             "unknown primitive"
         );
+        let submit = ToService::Submit {
+            id: 1,
+            len: None,
+            src_off: Some(3),
+        }
+        .encode();
+        assert!(
+            ToService::decode(&submit[..submit.len() - 8]).is_err(),
+            "a submission without its offset (version 1's)"
+        );
+        let mut far = submit[..submit.len() - 8].to_vec();
+        far.extend((i64::MAX as u64 + 1).to_le_bytes());
+        assert!(ToService::decode(&far).is_err(), "offset beyond i64::MAX");
         let mut hello = vec![T_HELLO, 1, 0, 1, 0, 65];
         hello.extend([b'a'; 65]);
         assert!(ToService::decode(&hello).is_err(), "name too long");

@@ -476,7 +476,8 @@ fn run_pair(src: Kind, dst: Kind, mode: LenMode, expect: Primitive, data: Arc<Ve
     let (src_flags, dst_flags) = (flags(&src_fd), flags(&dst_fd));
     let what = format!("{src:?} → {dst:?} ({mode:?}, {n} bytes)");
 
-    let mut t = Transfer::new(src_fd, dst_fd, len).unwrap_or_else(|e| panic!("{what}: new: {e}"));
+    let mut t =
+        Transfer::new(src_fd, dst_fd, len, None).unwrap_or_else(|e| panic!("{what}: new: {e}"));
     assert_eq!(t.kinds(), (src.end_kind(), dst.end_kind()), "{what}: kinds");
     let stats = drive(&mut t).unwrap_or_else(|e| panic!("{what}: {e} after {} bytes", t.moved()));
     assert_eq!(
@@ -620,7 +621,7 @@ fn file_to_file_across_file_systems() {
             let src = File::open(&src_path).unwrap();
             let src_dup = src.try_clone().unwrap();
             let dst = File::create(&dst_path).unwrap();
-            let mut t = Transfer::new(src.into(), dst.into(), len).unwrap();
+            let mut t = Transfer::new(src.into(), dst.into(), len, None).unwrap();
             assert_eq!(
                 t.primitive(),
                 Primitive::CopyFileRange,
@@ -692,7 +693,7 @@ fn append_sink_falls_back_through_the_whole_chain() {
             .append(true)
             .open(&dst_path)
             .unwrap();
-        let mut t = Transfer::new(src.into(), dst.into(), None).unwrap();
+        let mut t = Transfer::new(src.into(), dst.into(), None, None).unwrap();
         assert_eq!(t.primitive(), Primitive::CopyFileRange);
         drive(&mut t).unwrap();
         let chain: Vec<(Primitive, Primitive)> =
@@ -767,7 +768,7 @@ fn files_are_read_and_written_at_their_own_offsets() {
             if let Some(f) = &mut sink.file {
                 f.write_all(&[b'h'; 500]).unwrap();
             }
-            let mut t = Transfer::new(src.into(), sink.fd.take().unwrap(), None).unwrap();
+            let mut t = Transfer::new(src.into(), sink.fd.take().unwrap(), None, None).unwrap();
             drive(&mut t).unwrap();
             assert_eq!(t.moved(), (d.len() - 1000) as u64);
             assert_eq!(rustix::fs::tell(&src_dup).unwrap(), d.len() as u64);
@@ -786,6 +787,114 @@ fn files_are_read_and_written_at_their_own_offsets() {
     })
 }
 
+/// With a source offset (`sendfile(…, &off, …)`), every primitive reads the file from that
+/// offset and leaves its position alone: file → file (`copy_file_range`), → TCP and
+/// → `/dev/null` (`sendfile`), → pipe (`splice`), and an `O_APPEND` file (the whole fallback
+/// chain down to the copy loop, which `pread`s). The bytes are the file's from the offset on.
+#[test]
+fn a_source_offset_is_honoured_and_the_file_position_left_alone() {
+    within(TEST_LIMIT, || {
+        let dir = TempDir::new("src-off");
+        let d = data();
+        let src_path = dir.path("source");
+        std::fs::write(&src_path, &d[..]).unwrap();
+        const OFF: u64 = 123_457;
+        const POS: u64 = 999;
+        for (dst_kind, append, prim) in [
+            (Kind::File, false, Primitive::CopyFileRange),
+            (Kind::Tcp, false, Primitive::Sendfile),
+            (Kind::Null, false, Primitive::Sendfile),
+            (Kind::Pipe, false, Primitive::Splice),
+            (Kind::File, true, Primitive::Copy),
+        ] {
+            for len in [None, Some(SHORT_LEN as u64)] {
+                let what = format!("{dst_kind:?} (append {append}, len {len:?})");
+                let src = File::open(&src_path).unwrap();
+                rustix::fs::seek(&src, rustix::fs::SeekFrom::Start(POS)).unwrap();
+                let src_dup = src.try_clone().unwrap();
+                let mut sink = make_sink(dst_kind, &dir);
+                let dst = match append {
+                    false => sink.fd.take().unwrap(),
+                    true => {
+                        drop(sink.fd.take());
+                        std::fs::OpenOptions::new()
+                            .append(true)
+                            .open(sink.path.as_ref().unwrap())
+                            .unwrap()
+                            .into()
+                    }
+                };
+                let mut t = Transfer::new(src.into(), dst, len, Some(OFF))
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                drive(&mut t).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let n = len.unwrap_or(d.len() as u64 - OFF);
+                assert_eq!(t.moved(), n, "{what}: moved");
+                assert_eq!(t.primitive(), prim, "{what}: {:?}", t.fallback_log());
+                assert_eq!(
+                    t.src_offset(),
+                    Some(OFF + n),
+                    "{what}: the transfer's offset"
+                );
+                assert_eq!(
+                    rustix::fs::tell(&src_dup).unwrap(),
+                    POS,
+                    "{what}: the source's file position moved"
+                );
+                drop(t);
+                let want = &d[OFF as usize..(OFF + n) as usize];
+                if let Some(got) = sink.arrived() {
+                    assert_eq!(got, hash_of(want), "{what}: the bytes that arrived");
+                }
+            }
+        }
+    })
+}
+
+/// An offset at the end of the file moves nothing (until the end: done; an exact length:
+/// the source ended early); an offset on anything but a regular file is refused.
+#[test]
+fn an_offset_at_the_end_moves_nothing_and_one_on_a_non_file_is_refused() {
+    within(TEST_LIMIT, || {
+        let dir = TempDir::new("src-off-end");
+        let d = data();
+        let src_path = dir.path("source");
+        std::fs::write(&src_path, &d[..]).unwrap();
+        let open = || -> OwnedFd { File::open(&src_path).unwrap().into() };
+        let null = || -> OwnedFd {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/null")
+                .unwrap()
+                .into()
+        };
+        let mut t = Transfer::new(open(), null(), None, Some(d.len() as u64)).unwrap();
+        assert_eq!(t.step(BUDGET).unwrap(), Step::Done);
+        assert_eq!(t.moved(), 0);
+        let mut t = Transfer::new(open(), null(), Some(10), Some(d.len() as u64 + 5)).unwrap();
+        assert!(t.step(BUDGET).is_err(), "ended before the length");
+        let (r, _w) = pipe_pair();
+        expect_bad_fd(
+            Transfer::new(r, null(), None, Some(0)),
+            "source",
+            "an offset on a pipe",
+        );
+        let (a, _b) = tcp_pair();
+        match Transfer::new(a, null(), None, Some(0)) {
+            Err(PipeError::BadFd {
+                which: "source",
+                why,
+            }) => {
+                assert!(why.contains("an offset on a non-file"), "{why}")
+            }
+            other => panic!("an offset on a socket: {:?}", other.err()),
+        }
+        match Transfer::new(open(), null(), None, Some(i64::MAX as u64 + 1)) {
+            Err(e) => assert_eq!(e.errno(), Errno::INVAL.raw_os_error(), "{e}"),
+            Ok(_) => panic!("an offset beyond i64::MAX accepted"),
+        }
+    })
+}
+
 #[test]
 fn a_step_moves_no_more_than_its_budget() {
     within(TEST_LIMIT, || {
@@ -798,6 +907,7 @@ fn a_step_moves_no_more_than_its_budget() {
                 source.fd.take().unwrap(),
                 sink.fd.take().unwrap(),
                 Some(d.len() as u64),
+                None,
             )
             .unwrap();
             assert_eq!(t.step(0).unwrap(), Step::Moved(0), "budget 0");
@@ -838,6 +948,7 @@ fn ends_early(src: Kind, dst: Kind, expect: Primitive) {
         source.fd.take().unwrap(),
         sink.fd.take().unwrap(),
         Some(asked),
+        None,
     )
     .unwrap();
     assert_eq!(t.primitive(), expect);
@@ -918,43 +1029,43 @@ fn bad_descriptors_are_refused() {
     let listener = || -> OwnedFd { TcpListener::bind("127.0.0.1:0").unwrap().into() };
 
     expect_bad_fd(
-        Transfer::new(directory(), writable(), None),
+        Transfer::new(directory(), writable(), None, None),
         "source",
         "directory source",
     );
     expect_bad_fd(
-        Transfer::new(readable(), directory(), None),
+        Transfer::new(readable(), directory(), None, None),
         "sink",
         "directory sink",
     );
     expect_bad_fd(
-        Transfer::new(writable(), writable(), None),
+        Transfer::new(writable(), writable(), None, None),
         "source",
         "write-only source",
     );
     expect_bad_fd(
-        Transfer::new(readable(), readable(), None),
+        Transfer::new(readable(), readable(), None, None),
         "sink",
         "read-only sink",
     );
     expect_bad_fd(
-        Transfer::new(listener(), writable(), None),
+        Transfer::new(listener(), writable(), None, None),
         "source",
         "listening source",
     );
     expect_bad_fd(
-        Transfer::new(readable(), listener(), None),
+        Transfer::new(readable(), listener(), None, None),
         "sink",
         "listening sink",
     );
     let (r, w) = pipe_pair();
     expect_bad_fd(
-        Transfer::new(w, writable(), None),
+        Transfer::new(w, writable(), None, None),
         "source",
         "pipe write end as source",
     );
     expect_bad_fd(
-        Transfer::new(readable(), r, None),
+        Transfer::new(readable(), r, None, None),
         "sink",
         "pipe read end as sink",
     );
@@ -965,13 +1076,13 @@ fn bad_descriptors_are_refused() {
     )
     .unwrap();
     expect_bad_fd(
-        Transfer::new(o_path, writable(), None),
+        Transfer::new(o_path, writable(), None, None),
         "source",
         "O_PATH source",
     );
     let udp: OwnedFd = UdpSocket::bind("127.0.0.1:0").unwrap().into();
     expect_bad_fd(
-        Transfer::new(udp, writable(), None),
+        Transfer::new(udp, writable(), None, None),
         "source",
         "datagram socket",
     );
@@ -981,13 +1092,13 @@ fn bad_descriptors_are_refused() {
         .unwrap()
         .into();
     expect_bad_fd(
-        Transfer::new(readable(), ulistener, None),
+        Transfer::new(readable(), ulistener, None, None),
         "sink",
         "unix listening sink",
     );
 
     // The good pair is accepted, so the refusals above are about the bad end.
-    let t = Transfer::new(readable(), writable(), None).expect("a good pair");
+    let t = Transfer::new(readable(), writable(), None, None).expect("a good pair");
     assert_eq!(t.kinds(), (EndKind::File, EndKind::File));
 }
 
@@ -995,7 +1106,7 @@ fn bad_descriptors_are_refused() {
 fn zero_length_is_refused() {
     let (a, _b) = unix_pair();
     let (_c, d) = unix_pair();
-    match Transfer::new(a, d, Some(0)) {
+    match Transfer::new(a, d, Some(0), None) {
         Err(PipeError::BadLength(0)) => {}
         Err(e) => panic!("expected BadLength(0), got {e:?}"),
         Ok(_) => panic!("Some(0) accepted"),
@@ -1033,7 +1144,7 @@ fn expect_broken(src: Kind, dst: Kind, expect: Primitive) {
         _ => unreachable!(),
     };
     drop(peer);
-    let mut t = Transfer::new(source.fd.take().unwrap(), handed, None).unwrap();
+    let mut t = Transfer::new(source.fd.take().unwrap(), handed, None, None).unwrap();
     assert_eq!(t.primitive(), expect);
     let err = match drive(&mut t) {
         Ok(stats) => panic!("{src:?} → closed {dst:?}: no error ({stats:?})"),
@@ -1098,7 +1209,7 @@ fn an_empty_source_reports_wait_input() {
                 _ => pipe_pair(),
             };
             let mut sink = make_sink(dst_kind, &dir);
-            let mut t = Transfer::new(handed, sink.fd.take().unwrap(), None).unwrap();
+            let mut t = Transfer::new(handed, sink.fd.take().unwrap(), None, None).unwrap();
             let start = Instant::now();
             for _ in 0..3 {
                 assert_eq!(t.step(BUDGET).unwrap(), Step::WaitInput, "{src_kind:?}");
@@ -1140,6 +1251,7 @@ fn a_full_pipe_sink_reports_wait_output() {
             File::open(&src_path).unwrap().into(),
             w,
             Some(d.len() as u64),
+            None,
         )
         .unwrap();
         let start = Instant::now();
@@ -1180,8 +1292,13 @@ fn a_socket_sink_nobody_reads_reports_wait_output() {
                 unix_pair()
             };
             rustix::net::sockopt::set_socket_recv_buffer_size(&peer, 64 * 1024).unwrap();
-            let mut t =
-                Transfer::new(source.fd.take().unwrap(), handed, Some(big.len() as u64)).unwrap();
+            let mut t = Transfer::new(
+                source.fd.take().unwrap(),
+                handed,
+                Some(big.len() as u64),
+                None,
+            )
+            .unwrap();
             assert_eq!(t.primitive(), prim);
             // A budget far above what any socket buffer holds: the cap must come from the
             // socket, not from the budget.

@@ -71,6 +71,52 @@ fn a_file_reaches_a_tcp_socket_whole_and_the_file_offset_moves() {
     assert_eq!(f.stream_position().unwrap(), want.len() as u64, "offset");
 }
 
+/// `submit_at`: the service reads the file from the offset given, the client's file position
+/// stays where it was, and an offset on a pipe is refused with `EBADF`.
+#[test]
+fn submit_at_reads_from_the_offset_and_leaves_the_file_position() {
+    let (_svc, path) = service("submit-at", |_| {});
+    let want = data(5 << 20, 7);
+    let mut src = temp_file("submit-at", &want);
+    src.seek(std::io::SeekFrom::Start(77)).unwrap();
+    let (out, mut inp) = std::os::unix::net::UnixStream::pair().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        inp.read_to_end(&mut got).unwrap();
+        got
+    });
+    let mut c = Client::connect(&path, Some("at"), 1).unwrap();
+    let off = 1_000_003u64;
+    let id = c
+        .submit_at(src.as_fd(), out.as_fd(), Some(3 << 20), Some(off))
+        .unwrap();
+    let done = c.wait_for(id).unwrap();
+    done.result.unwrap();
+    assert_eq!(done.moved, 3 << 20);
+    assert_eq!(done.primitive, Some(Primitive::Sendfile));
+    drop(out);
+    let got = reader.join().unwrap();
+    assert!(
+        got == want[off as usize..off as usize + (3 << 20)],
+        "the bytes from the offset on"
+    );
+    assert_eq!(
+        src.stream_position().unwrap(),
+        77,
+        "file position untouched"
+    );
+    let (r, w) = rustix::pipe::pipe().unwrap();
+    let id = c.submit_at(r.as_fd(), w.as_fd(), None, Some(0)).unwrap();
+    match c.wait_for(id).unwrap().result {
+        Err(PipeError::Io(e)) => assert_eq!(
+            e.raw_os_error(),
+            Some(rustix::io::Errno::BADF.raw_os_error()),
+            "{e}"
+        ),
+        r => panic!("an offset on a pipe: {r:?}"),
+    }
+}
+
 #[test]
 fn a_socket_relay_moves_everything_and_reports_splice() {
     let (_svc, path) = service("relay", |_| {});

@@ -15,7 +15,10 @@
  *   - inherits an inet socket or an epoll set across exec (found at load, in /proc/self/fd),
  *   - may receive one from another process (recvmsg/recvmmsg with a control buffer,
  *     pidfd_getfd, or syscall(SYS_pidfd_getfd)),
- *   - sets up io_uring through syscall() (the engine then keeps its connections on TCP).
+ *   - sets up io_uring through syscall() (the engine then keeps its connections on TCP),
+ *   - calls the pipe service's functions (memloop_pipe*, include/memloop_pipe.h, which are
+ *     the engine's), or a large sendfile with MEMLOOP_PIPE_SENDFILE=1 (the engine hands it
+ *     to the pipe service).
  * Nothing else can be a ring connection or hold one, so nothing else needs it.
  *
  * Once loaded, each intercepted call goes to the engine's export of the same name (one
@@ -39,6 +42,7 @@
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,10 +101,6 @@
     X(int, select, (int n, fd_set *r, fd_set *w, fd_set *x, struct timeval *t),               \
       (n, r, w, x, t), fdsets_passable(n, r, w, x))                                           \
     X(ssize_t, send, (int fd, const void *b, size_t n, int fl), (fd, b, n, fl), passable(fd)) \
-    X(ssize_t, sendfile, (int o, int i, off_t *off, size_t n), (o, i, off, n),                \
-      passable(o) && passable(i))                                                             \
-    X(ssize_t, sendfile64, (int o, int i, off64_t *off, size_t n), (o, i, off, n),            \
-      passable(o) && passable(i))                                                             \
     X(int, sendmmsg, (int fd, struct mmsghdr *m, unsigned n, int fl), (fd, m, n, fl),         \
       passable(fd) && !mmsg_control(m, n))                                                    \
     X(ssize_t, sendmsg, (int fd, const struct msghdr *m, int fl), (fd, m, fl),                \
@@ -137,6 +137,8 @@
     X(ssize_t, __recv_chk, (int fd, void *b, size_t n, size_t len, int fl))                   \
     X(ssize_t, __recvfrom_chk,                                                                \
       (int fd, void *b, size_t n, size_t len, int fl, struct sockaddr *a, socklen_t *l))      \
+    X(ssize_t, sendfile, (int o, int i, off_t *off, size_t n))                                \
+    X(ssize_t, sendfile64, (int o, int i, off64_t *off, size_t n))                            \
     X(pid_t, vfork, (void))                                                                   \
     X(int, execv, (const char *p, char *const *a))                                            \
     X(int, execve, (const char *p, char *const *a, char *const *e))                           \
@@ -198,6 +200,19 @@ typedef const unsigned char *(*kinds_fn)(size_t *);
 static kinds_fn engine_kinds;
 typedef void (*deferred_fn)(const int *, int);
 static deferred_fn engine_fork_child_deferred;
+
+/* The engine's pipe-service functions (include/memloop_pipe.h); optional: an engine without
+ * them makes ours return -ENOSYS. */
+typedef int64_t (*pipe_fn)(int, int, uint64_t);
+typedef int (*pipe_fd_fn)(void);
+typedef int (*pipe_complete_fn)(int64_t *, uint64_t *, int *, int);
+typedef int (*pipe_cancel_fn)(int64_t);
+static struct {
+    pipe_fn pipe, submit;
+    pipe_fd_fn fd;
+    pipe_complete_fn complete;
+    pipe_cancel_fn cancel;
+} engine_pipe;
 
 static inline int loaded(void) {
     return atomic_load_explicit(&state, memory_order_acquire) == 2;
@@ -329,6 +344,11 @@ static void open_engine(void) {
     /* (Optional: without them, every fork child runs the engine's handler at once.) */
     engine_fork_child_deferred = (deferred_fn)dlsym(h, "memloop_engine_fork_child_deferred");
     engine_kinds = (kinds_fn)dlsym(h, "memloop_engine_kinds");
+    engine_pipe.pipe = (pipe_fn)dlsym(h, "memloop_pipe");
+    engine_pipe.submit = (pipe_fn)dlsym(h, "memloop_pipe_submit");
+    engine_pipe.fd = (pipe_fd_fn)dlsym(h, "memloop_pipe_fd");
+    engine_pipe.complete = (pipe_complete_fn)dlsym(h, "memloop_pipe_complete");
+    engine_pipe.cancel = (pipe_cancel_fn)dlsym(h, "memloop_pipe_cancel");
     /* An engine missing one of them is not ours (or from another version): not used. */
 #define CHECK(ret, name, ...) ok = ok && engine.name;
     int ok = engine_fork_prepare && engine_fork_parent && engine_fork_child && engine_exit;
@@ -636,6 +656,75 @@ EXPORT void closefrom(int fd) {
     } else {
         NEXT(closefrom)(fd);
     }
+}
+
+/* ---- sendfile and the pipe service ------------------------------------------------------- */
+
+/* MEMLOOP_PIPE_SENDFILE=1: a sendfile of at least MEMLOOP_PIPE_SENDFILE_MIN bytes (64 KiB) is
+ * the engine's to hand to the pipe service, whatever the descriptors are: the engine is loaded
+ * for it (a process that never made an inet socket has not loaded it) and a fork child that
+ * has not needed the engine yet wakes it. The engine decides again (same settings). */
+static int pipe_sendfile(size_t n) {
+    /* -1: not read yet; 0: off. (Threads reading it at once store the same value.) */
+    static _Atomic long long pipe_min = -1;
+    long long min = atomic_load_explicit(&pipe_min, memory_order_relaxed);
+    if (min < 0) {
+        const char *on = memloop_shim_env("MEMLOOP_PIPE_SENDFILE");
+        const char *m = memloop_shim_env("MEMLOOP_PIPE_SENDFILE_MIN");
+        long long v = 64 << 10;
+        if (m && *m) {
+            char *end;
+            long long parsed = strtoll(m, &end, 10);
+            if (*end == '\0' && parsed >= 0) {
+                v = parsed > 0 ? parsed : 1;
+            }
+        }
+        min = (on && *on && strcmp(on, "0") != 0) ? v : 0;
+        atomic_store_explicit(&pipe_min, min, memory_order_relaxed);
+    }
+    return min > 0 && (unsigned long long)n >= (unsigned long long)min;
+}
+
+#define SENDFILE(name, offt)                                                                  \
+    EXPORT ssize_t name(int o, int i, offt *off, size_t n) {                                  \
+        int piped = pipe_sendfile(n);                                                         \
+        if (!loaded() && piped) {                                                             \
+            need_engine();                                                                    \
+        }                                                                                     \
+        return loaded() && !DEFERRED(passable(o) && passable(i) && !piped)                    \
+                   ? engine.name(o, i, off, n)                                                \
+                   : NEXT(name)(o, i, off, n);                                                \
+    }
+SENDFILE(sendfile, off_t)
+SENDFILE(sendfile64, off64_t)
+
+/* The pipe service's C functions (include/memloop_pipe.h) are the engine's: these load it
+ * (unless MEMLOOP_DISABLE is set), run a deferred fork child's handler, and forward; without
+ * an engine (disabled, not loadable, or one without them) they return -ENOSYS. */
+static int pipe_engine(void) {
+    need_engine();
+    return loaded() && !DEFERRED(0) && engine_pipe.pipe && engine_pipe.submit &&
+           engine_pipe.fd && engine_pipe.complete && engine_pipe.cancel;
+}
+
+EXPORT int64_t memloop_pipe(int src_fd, int dst_fd, uint64_t len) {
+    return pipe_engine() ? engine_pipe.pipe(src_fd, dst_fd, len) : -ENOSYS;
+}
+
+EXPORT int64_t memloop_pipe_submit(int src_fd, int dst_fd, uint64_t len) {
+    return pipe_engine() ? engine_pipe.submit(src_fd, dst_fd, len) : -ENOSYS;
+}
+
+EXPORT int memloop_pipe_fd(void) {
+    return pipe_engine() ? engine_pipe.fd() : -ENOSYS;
+}
+
+EXPORT int memloop_pipe_complete(int64_t *id, uint64_t *moved, int *error, int wait) {
+    return pipe_engine() ? engine_pipe.complete(id, moved, error, wait) : -ENOSYS;
+}
+
+EXPORT int memloop_pipe_cancel(int64_t id) {
+    return pipe_engine() ? engine_pipe.cancel(id) : -ENOSYS;
 }
 
 #define CHK(ret, name, params, args, pass)                                                    \

@@ -183,11 +183,17 @@ fn settings() -> &'static Settings {
 /// Reads the settings now (called from the library's constructor).
 pub fn capture_settings() {
     settings();
+    crate::pipe::settings();
     crate::testpoint::capture();
 }
 
 pub fn disabled() -> bool {
     settings().disabled
+}
+
+/// The region the library joins (`MEMLOOP_REGION` as the process started, else the default).
+pub fn region() -> RegionSpec {
+    settings().region.clone()
 }
 
 /// The engine, joining the region on first use; `None` while dormant.

@@ -11,6 +11,9 @@
 //! - `pollsel` and `epoll` answer readiness for mixed ring and kernel fds.
 //! - `inherit` re-adopts ring connections inherited across `exec`.
 //! - `udp` carries datagrams of UDP sockets between members on datagram pairs.
+//! - `pipe` is the process's client of the pipe service (`memloop-pipe`): the C functions
+//!   `memloop_pipe*` (`crates/memloop-preload/include/memloop_pipe.h`, exported by `hooks`) and large `sendfile`
+//!   calls handed to the service with `MEMLOOP_PIPE_SENDFILE=1`.
 //!
 //! `unsafe` lives in `hooks`, `real` (the C ABI boundary) and `forklock` (a mutex that can be
 //! released by the fork handlers); shared memory is still only touched through `memloop-shm`.
@@ -28,6 +31,7 @@ mod image;
 mod inherit;
 mod late;
 mod listen;
+mod pipe;
 mod plain;
 mod pollsel;
 mod real;

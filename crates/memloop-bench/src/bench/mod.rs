@@ -3,6 +3,7 @@
 mod baselines;
 mod native;
 mod pingpong;
+pub mod pipe;
 pub mod process;
 pub mod proto;
 mod remote;
@@ -43,6 +44,10 @@ pub enum BenchCmd {
     /// Zero-copy descriptors vs memloop's copying streams: one-way latency by size, a
     /// three-stage pipeline of 1 MiB messages, the copying stream's 64-byte message rate.
     Zerocopy(zerocopy::ZcArgs),
+    /// The pipe service (vPipe) vs what programs do without it: a socket→socket relay vs a
+    /// copy loop, fairness at weights 1:2:4 (Jain's index), a static-file server (lighttpd or
+    /// nginx) with the service vs its own sendfile.
+    Pipe(pipe::PipeArgs),
     /// The server end of one measurement, started by hand (e.g. in another VM).
     Serve(remote::ServeArgs),
     /// The client end: one measurement against `bench serve`, printed as a JSON line.
@@ -85,6 +90,7 @@ pub fn run(cmd: BenchCmd) -> CliResult<()> {
         BenchCmd::Switch(a) => switch::run(&a),
         BenchCmd::Process(a) => process::run(&a),
         BenchCmd::Zerocopy(a) => zerocopy::run(&a),
+        BenchCmd::Pipe(a) => pipe::run(&a),
         BenchCmd::Study(a) => study::run(&a),
         BenchCmd::Serve(a) => remote::serve(&a),
         BenchCmd::Probe(a) => remote::probe(&a),

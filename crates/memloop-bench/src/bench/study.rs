@@ -17,6 +17,7 @@ mod report;
 mod rounds;
 mod seeds;
 mod vms;
+mod vpipe;
 
 use crate::error::{fail, CliResult, Context};
 use indicatif::{ProgressBar, ProgressStyle};

@@ -1,6 +1,8 @@
 //! The data calls: read/write/send/recv and their vector, msg, `_chk` and mmsg variants,
 //! sendfile and splice. A ring connection copies through its rings; a recorded TCP
-//! connection goes to the kernel with byte counts; anything else straight to the kernel.
+//! connection goes to the kernel with byte counts; anything else straight to the kernel —
+//! except a large `sendfile` when the user asked for the pipe service
+//! (`MEMLOOP_PIPE_SENDFILE=1`, [`service_sendfile`]).
 
 use super::datagram;
 use super::{fail, hook, iovecs, iovecs_mut, slice, slice_mut, track};
@@ -11,6 +13,7 @@ use crate::real;
 use crate::table;
 use libc::{c_int, c_void, size_t, sockaddr, socklen_t, ssize_t};
 use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::BorrowedFd;
 
 /// A ring result as the C call's return value.
 fn len(n: usize) -> ssize_t {
@@ -560,17 +563,95 @@ unsafe fn ring_sendfile(
     result.map(|()| len(total))
 }
 
+/// The largest count one `sendfile` moves (the kernel's `MAX_RW_COUNT`).
+const MAX_RW_COUNT: size_t = 0x7fff_f000;
+
+/// `sendfile` on a kernel descriptor moved by the pipe service (`MEMLOOP_PIPE_SENDFILE=1`,
+/// `count` ≥ `MEMLOOP_PIPE_SENDFILE_MIN`; see `crate::pipe`), else by `kernel`. Only a regular
+/// file source: the service reads it at the offset given, or at the file's position, which is
+/// read here and set to where the transfer ended, as the kernel does (it reads the position,
+/// moves, and writes it back). A non-blocking sink that is full now gets the kernel's answer
+/// (`EAGAIN`) at once.
+///
+/// # Safety
+/// `offset` must be null or point to a readable, writable `off64_t`.
+unsafe fn service_sendfile(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut libc::off64_t,
+    count: size_t,
+    kernel: impl FnOnce() -> ssize_t,
+) -> ssize_t {
+    if !crate::pipe::sendfile_wanted(count)
+        || real::fstat_mode(in_fd).map_or(true, |m| m & libc::S_IFMT != libc::S_IFREG)
+        || real::fd_flags(out_fd) < 0
+    {
+        return kernel();
+    }
+    let count = count.min(MAX_RW_COUNT);
+    // SAFETY: null or a valid off64_t, by the contract.
+    let given = unsafe { offset.as_mut() };
+    let start = match &given {
+        Some(o) => **o,
+        // SAFETY: lseek64 takes no pointers.
+        None => unsafe { libc::lseek64(in_fd, 0, libc::SEEK_CUR) },
+    };
+    if start < 0 {
+        return kernel(); // (a bad offset: the kernel's EINVAL)
+    }
+    let nonblock = real::status_flags(out_fd) & libc::O_NONBLOCK != 0;
+    if nonblock
+        && real::wait_fd(out_fd, libc::POLLOUT, Some(std::time::Duration::ZERO))
+            .map_or(true, |ev| ev & libc::POLLOUT == 0)
+    {
+        return kernel();
+    }
+    // SAFETY: both are open descriptors of this process (`fstat` and `F_GETFD` succeeded just
+    // now), borrowed for this call only, during which sendfile's contract keeps them open;
+    // the borrows are only handed to system calls (one closed meanwhile fails with EBADF).
+    let (out, inp) = unsafe {
+        (
+            BorrowedFd::borrow_raw(out_fd),
+            BorrowedFd::borrow_raw(in_fd),
+        )
+    };
+    match crate::pipe::sendfile(out, inp, start as u64, count as u64, nonblock) {
+        crate::pipe::Sent::Moved(n) => {
+            let end = start + n as i64;
+            match given {
+                Some(o) => *o = end,
+                None => {
+                    // SAFETY: lseek64 takes no pointers.
+                    if unsafe { libc::lseek64(in_fd, end, libc::SEEK_SET) } < 0 {
+                        tracing::debug!(in_fd, errno = real::errno(), "sendfile: position not set");
+                    }
+                }
+            }
+            n as ssize_t
+        }
+        crate::pipe::Sent::Failed(e) => {
+            real::set_errno(e);
+            -1
+        }
+        crate::pipe::Sent::Kernel => kernel(),
+    }
+}
+
 hook! {
     fn sendfile(out_fd: c_int, in_fd: c_int, offset: *mut libc::off_t, count: size_t)
         -> ssize_t;
-    real kernel = real::sendfile, pass if table::kind(out_fd) != table::K_OBJ;
+    real kernel = real::sendfile,
+        pass if table::kind(out_fd) != table::K_OBJ && !crate::pipe::sendfile_wanted(count);
     on_panic fail(libc::EIO);
     {
         data_call(
             out_fd,
             // SAFETY: sendfile's contract: `offset` is null or a valid off_t (= off64_t here).
             |c| unsafe { ring_sendfile(c, in_fd, offset.cast(), count) },
-            |p| kernel_send(p, kernel),
+            // SAFETY: as above.
+            |p| kernel_send(p, || unsafe {
+                service_sendfile(out_fd, in_fd, offset.cast(), count, kernel)
+            }),
         )
     }
 }
@@ -578,14 +659,18 @@ hook! {
 hook! {
     fn sendfile64(out_fd: c_int, in_fd: c_int, offset: *mut libc::off64_t, count: size_t)
         -> ssize_t;
-    real kernel = real::sendfile64, pass if table::kind(out_fd) != table::K_OBJ;
+    real kernel = real::sendfile64,
+        pass if table::kind(out_fd) != table::K_OBJ && !crate::pipe::sendfile_wanted(count);
     on_panic fail(libc::EIO);
     {
         data_call(
             out_fd,
             // SAFETY: sendfile64's contract: `offset` is null or a valid off64_t.
             |c| unsafe { ring_sendfile(c, in_fd, offset, count) },
-            |p| kernel_send(p, kernel),
+            // SAFETY: as above.
+            |p| kernel_send(p, || unsafe {
+                service_sendfile(out_fd, in_fd, offset, count, kernel)
+            }),
         )
     }
 }

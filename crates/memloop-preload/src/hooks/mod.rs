@@ -7,7 +7,9 @@
 //! - `data`: the read/write/send/recv families, sendfile, splice;
 //! - `wait`: poll, select, epoll;
 //! - `process`: fork, exec, close_range/closefrom, `syscall`, `pidfd_getfd`, and the
-//!   library's start-up.
+//!   library's start-up;
+//! - `pipe`: the pipe service's C functions (`memloop_pipe*`), which are not hooks but
+//!   exports of their own (they return `-errno` and leave errno alone).
 //!
 //! Panic policy, per class (see each hook's `on_panic`):
 //! - data and wait calls on ring fds fail with `EIO`: their bytes and readiness live in the
@@ -36,6 +38,7 @@ use std::time::Duration;
 
 mod data;
 mod datagram;
+mod pipe;
 mod process;
 mod socket;
 mod wait;

@@ -31,7 +31,7 @@ pub const SEEDS: (u32, &str, &str) = (
      in the setting.",
 );
 
-pub const ALL: [Exp; 11] = [
+pub const ALL: [Exp; 12] = [
     Exp {
         id: 1,
         slug: "sizes",
@@ -166,6 +166,30 @@ pub const ALL: [Exp; 11] = [
         steps: |_| 1,
         run: super::vms::exp10,
         figures: super::vms::fig10,
+    },
+    Exp {
+        id: super::vpipe::ID,
+        slug: "pipe",
+        title: "The pipe service (vPipe): relay, fairness, static-file server",
+        about: "`memloop bench pipe` in the host's network (127.0.0.1), the service a `memloop \
+                pipe serve` process. A socket → socket relay of 1 GiB (128 MiB with --quick) \
+                from a source process to a sink process, ends that copy nothing (sendfile of \
+                a RAM file in, splice to /dev/null out; a pass before it checks every byte): \
+                a user-space copy loop (256 KiB) vs both sockets handed to the service, and \
+                splice in the relay itself for reference; the relay and its service on one \
+                CPU, the ends on the other; GB/s and CPU per byte of the relay and the \
+                service. Fairness: one worker, tenants of weights 1:2:4 each moving /dev/zero \
+                → /dev/null, byte shares over a window (the service's statistics) and Jain's \
+                index of the weight-normalised shares (target ≥ 0.95), then 1:2 after the \
+                heaviest stops. A static-file server (lighttpd, else nginx; sendfile on) \
+                sending 1, 16 and 64 MiB files from RAM to a keep-alive client on the other \
+                CPU: its own sendfile vs under `memloop run` with MEMLOOP_PIPE_SENDFILE=1 and \
+                the service (unpinned) on the region's socket, which must show the server's \
+                bytes (else \"not routed\", and no figure); throughput and the server's CPU \
+                per byte.",
+        steps: super::vpipe::steps,
+        run: super::vpipe::exp13,
+        figures: super::vpipe::fig13,
     },
 ];
 

@@ -221,6 +221,8 @@ pub fn write(dir: &Path, ctx: &Context, outcomes: &[Outcome], records: &[Rec]) -
         for r in mine {
             let size = if o.id == 3 && r.test == "crr" {
                 "-".to_string()
+            } else if o.id == super::vpipe::ID && r.test.starts_with("fairness") {
+                format!("{} tenants", r.size)
             } else {
                 fmt_size(r.size)
             };
