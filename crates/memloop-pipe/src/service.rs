@@ -625,14 +625,72 @@ fn primitive_name(p: Primitive) -> String {
 
 fn worker(sh: &Shared) {
     while let Some((key, tenant, mut t)) = next_job(sh) {
-        let cpu0 = thread_cpu();
-        let t0 = Instant::now();
-        let before = t.moved();
-        let r = t.step(sh.cfg.chunk);
-        let bytes = t.moved() - before;
-        let (cpu, wall) = (thread_cpu().saturating_sub(cpu0), t0.elapsed());
-        after_step(sh, key, tenant, t, r, bytes, cpu, wall);
+        let mut lingered = false;
+        loop {
+            let cpu0 = thread_cpu();
+            let t0 = Instant::now();
+            let before = t.moved();
+            let r = t.step(sh.cfg.chunk);
+            let bytes = t.moved() - before;
+            let (cpu, wall) = (thread_cpu().saturating_sub(cpu0), t0.elapsed());
+            let step = Ran {
+                key,
+                tenant,
+                bytes,
+                cpu,
+                wall,
+                lingered,
+            };
+            match after_step(sh, step, t, r) {
+                Next::Again(back) => (t, lingered) = (back, false),
+                Next::Linger(back, src) => {
+                    linger(&back, src);
+                    (t, lingered) = (back, true);
+                }
+                Next::Over => break,
+            }
+        }
     }
+}
+
+/// How long a worker with nothing else to do waits for a transfer's descriptor itself before
+/// parking it: a park and its wake-up cost two thread hand-offs (tens of µs each on a VM),
+/// where a socket's reader usually drains it within microseconds.
+const LINGER: Duration = Duration::from_micros(500);
+
+/// Waits up to [`LINGER`] for the source to be readable (or the sink writable).
+fn linger(t: &Transfer, src: bool) {
+    let (fd, ev) = match src {
+        true => (t.src(), PollFlags::IN),
+        false => (t.dst(), PollFlags::OUT),
+    };
+    let mut fds = [PollFd::new(fd, ev)];
+    let timeout = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: LINGER.as_nanos() as _,
+    };
+    let _ = poll(&mut fds, Some(&timeout));
+}
+
+/// One chunk a worker ran, for [`after_step`].
+struct Ran {
+    key: u64,
+    tenant: TenantId,
+    bytes: u64,
+    cpu: Duration,
+    wall: Duration,
+    /// The worker already lingered on this job since its last progress.
+    lingered: bool,
+}
+
+/// What the worker does next with the job it ran.
+enum Next {
+    /// Run it again at once: no other job waits for a turn.
+    Again(Transfer),
+    /// Wait a little for its source (true) or sink, then run it again.
+    Linger(Transfer, bool),
+    /// It is queued, parked or finished.
+    Over,
 }
 
 /// Waits for a job the credits pick; `None` at stop.
@@ -649,31 +707,34 @@ fn next_job(sh: &Shared) -> Option<(u64, TenantId, Transfer)> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn after_step(
-    sh: &Shared,
-    key: u64,
-    tenant: TenantId,
-    t: Transfer,
-    r: Result<Step, PipeError>,
-    bytes: u64,
-    cpu: Duration,
-    wall: Duration,
-) {
-    let now = sh.now();
+/// Charges a chunk and decides what becomes of its job. A job keeps its worker while no
+/// other job is queued (no turn to give, so no hand-off to pay for); otherwise it goes back
+/// to its tenant's queue, and the credits pick who runs next.
+fn after_step(sh: &Shared, ran: Ran, t: Transfer, r: Result<Step, PipeError>) -> Next {
+    let (key, tenant, now) = (ran.key, ran.tenant, sh.now());
     let mut st = sh.lock();
-    st.credits.charge(tenant, bytes, cpu, wall, now);
+    st.credits.charge(tenant, ran.bytes, ran.cpu, ran.wall, now);
+    let cancelled = !matches!(st.jobs.get(&key), Some(j) if !j.cancelled);
+    let alone = st.queues.values().all(|q| q.is_empty());
+    let keep = !cancelled && !sh.stopping() && alone;
+    match &r {
+        Ok(Step::Moved(_)) if keep => return Next::Again(t),
+        Ok(Step::WaitInput) if keep && !ran.lingered => return Next::Linger(t, true),
+        Ok(Step::WaitOutput) if keep && !ran.lingered => return Next::Linger(t, false),
+        _ => {}
+    }
     if let Some(n) = st.running.get_mut(&tenant) {
         *n = n.saturating_sub(1);
     }
-    let cancelled = !matches!(st.jobs.get(&key), Some(j) if !j.cancelled);
     if let Some(j) = st.jobs.get_mut(&key) {
         j.transfer = Some(t);
     }
+    let mut requeued = false;
     let done = match r {
         _ if cancelled || sh.stopping() => st.finish(key, Err(PipeError::Cancelled)),
         Ok(Step::Moved(_)) => {
             st.enqueue(key, tenant, now);
+            requeued = true;
             None
         }
         Ok(Step::WaitInput) => park(sh, &mut st, key, true),
@@ -686,11 +747,15 @@ fn after_step(
     };
     st.update_backlog(tenant, now);
     drop(st);
-    sh.work.notify_one();
+    // This worker picks again at once; another is needed only if more than its job waits.
+    if !requeued || !alone {
+        sh.work.notify_one();
+    }
     sh.room.notify_all();
     if let Some((sock, d)) = done {
         let _ = socket::send(sock.as_fd(), &ToClient::Done(d).encode(), &[]);
     }
+    Next::Over
 }
 
 /// Puts a job in the epoll set until its source (or sink) is ready.
