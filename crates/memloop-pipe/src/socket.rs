@@ -21,12 +21,7 @@ pub fn connect(path: &Path) -> Result<OwnedFd, PipeError> {
         source: e,
     };
     let addr = SocketAddrUnix::new(path).map_err(|e| no_service(e.into()))?;
-    let fd = net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )?;
+    let fd = seqpacket()?;
     net::connect(&fd, &addr).map_err(|e| no_service(e.into()))?;
     Ok(fd)
 }
@@ -35,15 +30,19 @@ pub fn connect(path: &Path) -> Result<OwnedFd, PipeError> {
 pub fn listen(path: &Path) -> Result<OwnedFd, PipeError> {
     let _ = std::fs::remove_file(path);
     let addr = SocketAddrUnix::new(path)?;
-    let fd = net::socket_with(
+    let fd = seqpacket()?;
+    net::bind(&fd, &addr)?;
+    net::listen(&fd, 128)?;
+    Ok(fd)
+}
+
+fn seqpacket() -> rustix::io::Result<OwnedFd> {
+    net::socket_with(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
         SocketFlags::CLOEXEC,
         None,
-    )?;
-    net::bind(&fd, &addr)?;
-    net::listen(&fd, 128)?;
-    Ok(fd)
+    )
 }
 
 /// Sends one packet with `fds` attached. `MSG_NOSIGNAL`: a dead peer is an error, not a

@@ -17,7 +17,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{memloop_bin, spawn, Proc, RegionGuard, Scratch};
+use support::{gcc, memloop_bin, spawn, Proc, RegionGuard, Scratch};
 
 fn main() -> std::process::ExitCode {
     use memloop_testkit::{test, tool};
@@ -136,22 +136,10 @@ fn log_of(path: &Path) -> String {
 /// `examples/c/pipe_copy.c` built with gcc against `include/memloop_pipe.h`.
 fn build_example(dir: &Scratch) -> PathBuf {
     let exe = dir.0.join("pipe_copy");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/c/pipe_copy.c");
-    let built = Command::new("gcc")
-        .args([
-            "-std=gnu11",
-            "-O2",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-pthread",
-            "-o",
-        ])
-        .arg(&exe)
-        .arg(&src)
-        .status()
-        .expect("gcc");
-    assert!(built.success(), "gcc failed on {}", src.display());
+    gcc(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/c/pipe_copy.c"),
+        &exe,
+    );
     exe
 }
 

@@ -50,8 +50,8 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use support::{
-    env_prefix, killed, memloop_bin, not_started, spawn, wait_bounded, wait_for_port, workspace,
-    Outcome, RegionGuard, Scratch,
+    env_prefix, gcc, killed, memloop_bin, not_started, spawn, wait_bounded, wait_for_port,
+    workspace, Outcome, RegionGuard, Scratch,
 };
 
 fn main() -> std::process::ExitCode {
@@ -1215,22 +1215,10 @@ fn run_c(exe: &std::path::Path, region: Option<&str>, args: &str) -> (Option<i32
 /// Builds `tests/semantics/c/NAME.c` into `dir` (gcc, warnings as errors).
 fn build_c(dir: &Scratch, name: &str) -> PathBuf {
     let exe = dir.0.join(name);
-    let src = workspace().join(format!("tests/semantics/c/{name}.c"));
-    let built = Command::new("gcc")
-        .args([
-            "-std=gnu11",
-            "-O2",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-pthread",
-            "-o",
-        ])
-        .arg(&exe)
-        .arg(&src)
-        .status()
-        .expect("gcc (apt-get install gcc)");
-    assert!(built.success(), "gcc failed on {}", src.display());
+    gcc(
+        &workspace().join(format!("tests/semantics/c/{name}.c")),
+        &exe,
+    );
     exe
 }
 

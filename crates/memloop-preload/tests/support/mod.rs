@@ -299,3 +299,22 @@ impl Outcome {
         }
     }
 }
+
+/// Builds the C program `src` into `exe` (gcc, warnings as errors).
+pub fn gcc(src: &Path, exe: &Path) {
+    let built = Command::new("gcc")
+        .args([
+            "-std=gnu11",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pthread",
+            "-o",
+        ])
+        .arg(exe)
+        .arg(src)
+        .status()
+        .expect("gcc (apt-get install gcc)");
+    assert!(built.success(), "gcc failed on {}", src.display());
+}
