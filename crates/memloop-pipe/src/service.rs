@@ -7,7 +7,10 @@
 //!   limit is simply not read — its own sends then block: push-back without a queue that
 //!   grows);
 //! - **workers** (one per CPU by default) run one chunk of the job [`Credits`] picks, then
-//!   charge its bytes and thread CPU time to the tenant;
+//!   charge its bytes and thread CPU time to the tenant. At most that many jobs run at once.
+//!   A job keeps its thread while no other job waits for a turn, and a job submitted when
+//!   none waits is run by its client's reader itself, in a worker's stead: each hand-off
+//!   between threads is a wake-up, tens of µs on a VM;
 //! - one **poller**: a transfer whose source has nothing to read (or whose sink is full) is
 //!   parked in an epoll set, not left to hold a worker, and comes back when it is ready.
 //!
@@ -465,8 +468,19 @@ fn submit(
         },
     );
     st.enqueue(key, tenant, now);
+    // Nothing else waits for a turn: this thread runs it at once (a hand-off to a worker
+    // costs a wake-up, tens of µs on a VM). It reads its client's next message when the
+    // transfer ends, parks or has to take turns.
+    let alone = st.queues.values().map(VecDeque::len).sum::<usize>() == 1;
+    let mine = match alone {
+        true => st.pick(now, sh.cfg.workers.max(1)),
+        false => None,
+    };
     drop(st);
-    sh.work.notify_one();
+    match mine {
+        Some((key, tenant, t)) => run_job(sh, key, tenant, t),
+        None => sh.work.notify_one(),
+    }
     Ok(())
 }
 
@@ -522,8 +536,13 @@ impl State {
         self.credits.set_backlogged(tenant, queued || running, now);
     }
 
-    /// The next job to run, by credits among the tenants with one queued.
-    fn pick(&mut self, now: Duration) -> Option<(u64, TenantId, Transfer)> {
+    /// The next job to run, by credits among the tenants with one queued, if fewer than `slots`
+    /// run (a client's reader may run one in a worker's stead).
+    /// `None` as well while `slots` jobs run already (whichever threads run them).
+    fn pick(&mut self, now: Duration, slots: usize) -> Option<(u64, TenantId, Transfer)> {
+        if self.running.values().sum::<usize>() >= slots {
+            return None;
+        }
         let queues = &self.queues;
         let tenant = self
             .credits
@@ -624,31 +643,36 @@ fn primitive_name(p: Primitive) -> String {
 // Workers and the poller.
 
 fn worker(sh: &Shared) {
-    while let Some((key, tenant, mut t)) = next_job(sh) {
-        let mut lingered = false;
-        loop {
-            let cpu0 = thread_cpu();
-            let t0 = Instant::now();
-            let before = t.moved();
-            let r = t.step(sh.cfg.chunk);
-            let bytes = t.moved() - before;
-            let (cpu, wall) = (thread_cpu().saturating_sub(cpu0), t0.elapsed());
-            let step = Ran {
-                key,
-                tenant,
-                bytes,
-                cpu,
-                wall,
-                lingered,
-            };
-            match after_step(sh, step, t, r) {
-                Next::Again(back) => (t, lingered) = (back, false),
-                Next::Linger(back, src) => {
-                    linger(&back, src);
-                    (t, lingered) = (back, true);
-                }
-                Next::Over => break,
+    while let Some((key, tenant, t)) = next_job(sh) {
+        run_job(sh, key, tenant, t);
+    }
+}
+
+/// Runs a job chunk by chunk for as long as it keeps this thread ([`after_step`]).
+fn run_job(sh: &Shared, key: u64, tenant: TenantId, mut t: Transfer) {
+    let mut lingered = false;
+    loop {
+        let cpu0 = thread_cpu();
+        let t0 = Instant::now();
+        let before = t.moved();
+        let r = t.step(sh.cfg.chunk);
+        let bytes = t.moved() - before;
+        let (cpu, wall) = (thread_cpu().saturating_sub(cpu0), t0.elapsed());
+        let step = Ran {
+            key,
+            tenant,
+            bytes,
+            cpu,
+            wall,
+            lingered,
+        };
+        match after_step(sh, step, t, r) {
+            Next::Again(back) => (t, lingered) = (back, false),
+            Next::Linger(back, src) => {
+                linger(&back, src);
+                (t, lingered) = (back, true);
             }
+            Next::Over => return,
         }
     }
 }
@@ -700,7 +724,7 @@ fn next_job(sh: &Shared) -> Option<(u64, TenantId, Transfer)> {
         if sh.stopping() {
             return None;
         }
-        if let Some(j) = st.pick(sh.now()) {
+        if let Some(j) = st.pick(sh.now(), sh.cfg.workers.max(1)) {
             return Some(j);
         }
         st = sh.work.wait(st).unwrap_or_else(|p| p.into_inner());
