@@ -559,6 +559,10 @@ impl State {
     /// chunk). Returns the completion to send, if its client is still there.
     fn cancel_job(&mut self, sh: &Shared, key: u64) -> Option<(Arc<OwnedFd>, Done)> {
         let job = self.jobs.get_mut(&key)?;
+        let holds = job.transfer.as_ref().is_some_and(|t| t.held() > 0);
+        if holds && job.phase != Phase::Running {
+            return self.drain_job(sh, key);
+        }
         match job.phase {
             Phase::Running => {
                 job.cancelled = true;
@@ -580,6 +584,22 @@ impl State {
                 self.finish(key, Err(PipeError::Cancelled))
             }
         }
+    }
+
+    /// Cancels a queued or parked job that holds bytes read from its source: it reads no
+    /// more, and ends (as cancelled) once those bytes are in its sink.
+    fn drain_job(&mut self, sh: &Shared, key: u64) -> Option<(Arc<OwnedFd>, Done)> {
+        let job = self.jobs.get_mut(&key)?;
+        job.cancelled = true;
+        let t = job.transfer.as_mut()?;
+        t.stop_reading();
+        if job.phase == (Phase::Parked { src: true }) {
+            let _ = epoll::delete(&sh.epoll, t.src());
+            let tenant = job.tenant;
+            self.enqueue(key, tenant, sh.now());
+            sh.work.notify_one();
+        }
+        None
     }
 
     /// Ends a job: drops it (closing its descriptors), counts it, and returns the completion
@@ -739,8 +759,18 @@ fn after_step(sh: &Shared, ran: Ran, t: Transfer, r: Result<Step, PipeError>) ->
     let mut st = sh.lock();
     st.credits.charge(tenant, ran.bytes, ran.cpu, ran.wall, now);
     let cancelled = !matches!(st.jobs.get(&key), Some(j) if !j.cancelled);
+    // A cancelled transfer still delivers what it took from its source.
+    let mut t = t;
+    let draining = cancelled && !sh.stopping() && t.held() > 0;
+    if draining {
+        t.stop_reading();
+    }
+    let r = match r {
+        Ok(Step::WaitInput) if draining => Ok(Step::Moved(0)),
+        r => r,
+    };
     let alone = st.queues.values().all(|q| q.is_empty());
-    let keep = !cancelled && !sh.stopping() && alone;
+    let keep = (!cancelled || draining) && !sh.stopping() && alone;
     match &r {
         Ok(Step::Moved(_)) if keep => return Next::Again(t),
         Ok(Step::WaitInput) if keep && !ran.lingered => return Next::Linger(t, true),
@@ -755,7 +785,8 @@ fn after_step(sh: &Shared, ran: Ran, t: Transfer, r: Result<Step, PipeError>) ->
     }
     let mut requeued = false;
     let done = match r {
-        _ if cancelled || sh.stopping() => st.finish(key, Err(PipeError::Cancelled)),
+        _ if (cancelled && !draining) || sh.stopping() => st.finish(key, Err(PipeError::Cancelled)),
+        Ok(Step::Done) if cancelled => st.finish(key, Err(PipeError::Cancelled)),
         Ok(Step::Moved(_)) => {
             st.enqueue(key, tenant, now);
             requeued = true;

@@ -232,6 +232,13 @@ impl Transfer {
         (via + copy) as u64
     }
 
+    /// Reads nothing more from the source: the transfer now ends once the bytes it holds
+    /// (read, not yet written) are in the sink. A cancelled transfer ends so, because bytes
+    /// taken from a socket cannot be put back.
+    pub fn stop_reading(&mut self) {
+        self.len = Some(self.moved + self.held());
+    }
+
     /// The primitive in use (the last one fallen back to, if any).
     pub fn primitive(&self) -> Primitive {
         self.primitive

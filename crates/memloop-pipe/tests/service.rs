@@ -331,3 +331,69 @@ fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A relay cancelled while its own pipe holds bytes taken from the source still delivers
+/// them: every byte fed is either in the sink or still unread in the source — none lost.
+#[test]
+fn a_cancelled_relay_delivers_what_it_took_from_its_source() {
+    use std::os::unix::net::UnixStream;
+    let (_svc, path) = service("drain", |_| {});
+    let (mut feed, from) = UnixStream::pair().unwrap();
+    let (to, mut sink) = UnixStream::pair().unwrap();
+    feed.set_nonblocking(true).unwrap();
+    let chunk = data(64 << 10, 9);
+    let mut c = Client::connect(&path, Some("drain"), 1).unwrap();
+    let id = c.submit(from.as_fd(), to.as_fd(), None).unwrap();
+    let mut watcher = Client::connect(&path, Some("watcher"), 1).unwrap();
+    // Fill everything: the sink's buffer, the service's pipe, the source's buffer.
+    let mut fed = 0usize;
+    let t = Instant::now();
+    loop {
+        match feed.write(&chunk) {
+            Ok(n) => fed += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if stats(&mut watcher)["parked"] == 1 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("{e}"),
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "never parked");
+    }
+    c.cancel(id).unwrap();
+    sink.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let reader = std::thread::spawn(move || {
+        let (mut got, mut b) = (0usize, vec![0u8; 1 << 20]);
+        while let Ok(n) = sink.read(&mut b) {
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        got
+    });
+    let done = c.wait_for(id).unwrap();
+    assert!(
+        matches!(done.result, Err(PipeError::Cancelled)),
+        "{:?}",
+        done.result
+    );
+    let delivered = reader.join().unwrap();
+    assert_eq!(
+        delivered as u64, done.moved,
+        "the completion counts what the sink got"
+    );
+    let mut left = 0usize;
+    let mut b = vec![0u8; 1 << 20];
+    from.set_nonblocking(true).unwrap();
+    while let Ok(n) = (&from).read(&mut b) {
+        left += n;
+    }
+    assert_eq!(
+        delivered + left,
+        fed,
+        "fed {fed}: {delivered} delivered, {left} unread"
+    );
+}
