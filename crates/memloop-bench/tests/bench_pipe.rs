@@ -110,6 +110,11 @@ fn quick_pipe_bench_records_every_figure_and_never_a_silent_unrouted_one() {
     // either routed figures or "not routed" and nothing else.
     let sizes = [1u64 << 20, 16 << 20, 64 << 20];
     if !have("lighttpd") && !have("nginx") {
+        // CI installs both (tests/programs/install-deps.sh): there, this part must run.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the static-file part needs lighttpd or nginx (tests/programs/install-deps.sh)"
+        );
         assert!(
             stdout.contains("is installed") || stdout.contains("not installed"),
             "{stdout}"

@@ -362,25 +362,36 @@ impl Transfer {
         Ok(())
     }
 
+    /// Before a read: how much the source may give now (what is left of the length and of
+    /// this step's `budget`), or why the step stops instead — the end, the budget, or a
+    /// source with nothing to read.
+    fn readable(&self, start: u64, budget: u64) -> Result<Result<u64, Stop>, Errno> {
+        let room = self.room();
+        if room == 0 || self.src_eof {
+            return Ok(Err(Stop::End));
+        }
+        let left = budget - (self.moved - start);
+        if left == 0 {
+            return Ok(Err(Stop::Budget));
+        }
+        if !source_ready(self.src.as_fd(), self.src_kind)? {
+            return Ok(Err(Stop::Input));
+        }
+        Ok(Ok(room.min(left)))
+    }
+
     /// `copy_file_range`, `sendfile` or `splice` straight from the source to the sink.
     fn step_direct(&mut self, budget: u64) -> Result<Stop, Errno> {
         let start = self.moved;
         loop {
-            let room = self.room();
-            if room == 0 || self.src_eof {
-                return Ok(Stop::End);
-            }
-            let left = budget - (self.moved - start);
-            if left == 0 {
-                return Ok(Stop::Budget);
-            }
-            if !source_ready(self.src.as_fd(), self.src_kind)? {
-                return Ok(Stop::Input);
-            }
+            let can = match self.readable(start, budget)? {
+                Ok(n) => n,
+                Err(stop) => return Ok(stop),
+            };
             let Some(cap) = sink_room(self.dst.as_fd(), self.dst_kind)? else {
                 return Ok(Stop::Output);
             };
-            let want = room.min(left).min(cap).min(MAX_CALL) as usize;
+            let want = can.min(cap).min(MAX_CALL) as usize;
             // (The kernel advances the offset by what it read.)
             let off = self.src_off.as_mut();
             let r = match self.primitive {
@@ -452,19 +463,12 @@ impl Transfer {
                 }
             }
             // Refill it.
-            let room = self.room();
-            if room == 0 || self.src_eof {
-                return Ok(Stop::End);
-            }
-            let left = budget - (self.moved - start);
-            if left == 0 {
-                return Ok(Stop::Budget);
-            }
-            if !source_ready(self.src.as_fd(), self.src_kind)? {
-                return Ok(Stop::Input);
-            }
+            let can = match self.readable(start, budget)? {
+                Ok(n) => n,
+                Err(stop) => return Ok(stop),
+            };
             let via = self.via.as_mut().expect("splice via pipe without a pipe");
-            let want = room.min(left).min(via.cap as u64) as usize;
+            let want = can.min(via.cap as u64) as usize;
             match rustix::pipe::splice(
                 &self.src,
                 self.src_off.as_mut(),
@@ -525,18 +529,12 @@ impl Transfer {
                 }
                 continue;
             }
-            let room = self.room();
-            if room == 0 || self.src_eof {
-                return Ok(Stop::End);
-            }
-            if left == 0 {
-                return Ok(Stop::Budget);
-            }
-            if !source_ready(self.src.as_fd(), self.src_kind)? {
-                return Ok(Stop::Input);
-            }
+            let can = match self.readable(start, budget)? {
+                Ok(n) => n,
+                Err(stop) => return Ok(stop),
+            };
             let copy = self.copy.as_mut().expect("copy buffer");
-            let want = room.min(left).min(copy.buf.len() as u64) as usize;
+            let want = can.min(copy.buf.len() as u64) as usize;
             let buf = &mut copy.buf[..want];
             let r = if self.src_kind == EndKind::Socket {
                 rustix::net::recv(&self.src, buf, RecvFlags::DONTWAIT).map(|(n, _)| n)
