@@ -6,6 +6,7 @@ pub mod cat;
 pub mod container;
 pub mod domains;
 pub mod error;
+pub mod link_cmd;
 pub mod pipe_cmd;
 pub mod prometheus;
 pub mod region_cmd;

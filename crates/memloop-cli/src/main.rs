@@ -7,7 +7,7 @@ mod forward;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use memloop_cli::{
-    cat, container, domains, init_logging, pipe_cmd, region_cmd, run, status, switch_cmd,
+    cat, container, domains, init_logging, link_cmd, pipe_cmd, region_cmd, run, status, switch_cmd,
 };
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -54,6 +54,10 @@ enum Cmd {
     /// splice, sendfile or copy_file_range, shared among tenants by weight.
     #[command(subcommand)]
     Pipe(pipe_cmd::PipeCmd),
+    /// A network link over the region (MMNet): a TUN interface in each domain whose wire is
+    /// shared memory, for traffic the preload cannot see (static binaries, ICMP, io_uring).
+    #[command(subcommand)]
+    Link(link_cmd::LinkCmd),
     /// Containers opted in by an annotation (`io.memloop.region=REGION`): the OCI hook.
     #[command(subcommand)]
     Container(container::ContainerCmd),
@@ -90,6 +94,7 @@ fn main() -> ExitCode {
         Cmd::Cat(a) => cat::run(&a),
         Cmd::Container(c) => container::run(c),
         Cmd::Pipe(c) => pipe_cmd::run(c),
+        Cmd::Link(c) => link_cmd::run(c),
         Cmd::GenerateDocs { dir } => generate_docs(&dir),
     };
     match result {

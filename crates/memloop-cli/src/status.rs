@@ -799,7 +799,32 @@ fn text(out: &mut dyn Write, region: &Region, s: &Snapshot, a: &StatusArgs) -> i
     if let Some(v) = pipe_service(region) {
         write!(out, "\n{}", crate::pipe_cmd::render(&v))?;
     }
+    write_links(out, reg)?;
     write_lists(out, s, a)
+}
+
+/// Links (`memloop link`): each side's device, carrier and counters.
+fn write_links(out: &mut dyn Write, reg: &Registry) -> io::Result<()> {
+    let rows = crate::link_cmd::links_rows(reg);
+    if rows.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "\nLINKS ({})", rows.len().div_ceil(2))?;
+    let mut all = vec![row(&[
+        "name",
+        "half",
+        "pid",
+        "device",
+        "ipv4",
+        "carrier",
+        "tx pkts/bytes",
+        "rx pkts/bytes",
+        "drops full/bad",
+        "sessions",
+        "offloads",
+    ])];
+    all.extend(rows);
+    print_rows(out, &all)
 }
 
 /// The statistics of the region's pipe service, if one serves (`memloop pipe serve`).
@@ -1201,6 +1226,8 @@ fn json_head(region: &Region, s: &Snapshot, top: usize) -> Map<String, Value> {
         "summary": summary_json(s, top),
         // The region's pipe service (issue 20): per-tenant bytes, CPU and waiting time.
         "pipe": pipe_service(region),
+        // Links (issue 18): both halves of each, with their devices and counters.
+        "links": crate::link_cmd::links_json(reg),
         "fallbacks": fallbacks_json(c),
         "switches": switches_json(c),
         // Late-ring attempts that left their connection on TCP.

@@ -60,6 +60,16 @@ pub enum RegistryError {
     Ring(#[from] memloop_ring::RingError),
     #[error("invalid parameters: {0}")]
     InvalidParams(String),
+    /// A link name that is empty or longer than [`crate::MAX_LINK_NAME`] bytes.
+    #[error("link name {name:?} has {len} bytes: a link name has 1 to {max} bytes of UTF-8")]
+    BadLinkName {
+        name: String,
+        len: usize,
+        max: usize,
+    },
+    /// Both sides of the link are held by live members.
+    #[error("link {name:?} is busy: both of its sides are held by live members")]
+    LinkBusy { name: String },
 }
 
 impl RegistryError {

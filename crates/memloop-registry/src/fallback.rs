@@ -140,7 +140,9 @@ impl FallbackReason {
             | E::BadVersion { .. }
             | E::SizeMismatch { .. } => Self::Layout,
             E::Stale | E::NotFound | E::WrongState { .. } => Self::Stale,
-            E::AddrInUse | E::InvalidParams(_) => Self::Error,
+            E::AddrInUse | E::InvalidParams(_) | E::BadLinkName { .. } | E::LinkBusy { .. } => {
+                Self::Error
+            }
         }
     }
 

@@ -18,12 +18,14 @@
 //! | 1024..1280 | global counters 32..64 |
 //! | 1280..2304 | 256 kick lanes (u32): a member's heartbeat thread sleeps on lane `idx % 256` |
 //! | 2304, 2312 | max buffer pools, pools offset |
+//! | 2320, 2328 | max links, links offset (`tables/links.rs`) |
 //!
 //! Versions: 2 added connection records; 3 added the channel kind to channel slots and grew the
 //! counters to 32 (fallback causes); 4 grew them to 64 (a second block; the fallback reason
 //! `paused` moved the counters after the fallback reasons); 5 added the offer index (tuple →
-//! channel) and the segment tags' free-but-reserved state. Nothing older is migrated:
-//! regions are cheap to recreate.
+//! channel) and the segment tags' free-but-reserved state; 6 to 8 are listed at [`VERSION`];
+//! 9 added the buffer pools, 10 the links table. Nothing older is migrated: regions are cheap
+//! to recreate.
 
 use crate::error::RegistryError;
 use crate::tables::Table;
@@ -38,8 +40,8 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"MLREGN01");
 /// 6: endpoint keys hashed a word at a time, the endpoint's hand-back count, 7: the
 /// heartbeat word's flags `BEAT_LOCKED` / `BEAT_NONE`, 8: a channel's first-close and
 /// decision words — a server no longer rings an accept doorbell nobody asked for, 9: the
-/// buffer pools of zero-copy channels).
-pub const VERSION: u32 = 9;
+/// buffer pools of zero-copy channels, 10: the links table).
+pub const VERSION: u32 = 10;
 /// Bytes reserved for the header (one page; small under loom to keep the model tractable).
 pub const HEADER_BYTES: u64 = if cfg!(loom) { 512 } else { 4096 };
 /// Number of global counters in the header (two blocks of 32).
@@ -52,6 +54,7 @@ pub(crate) const ENDPOINT_BYTES: u64 = 128;
 pub(crate) const CHANNEL_BYTES: u64 = 320;
 pub(crate) const CONN_BYTES: u64 = 128;
 pub(crate) const POOL_BYTES: u64 = 128;
+pub(crate) const LINK_BYTES: u64 = 512;
 /// Member slots are tagged with 12 bits of index elsewhere.
 pub const MAX_MEMBERS: u32 = 4095;
 const MAX_TABLE: u32 = 1 << 24;
@@ -126,7 +129,10 @@ const _: () = assert!(cfg!(loom) || H_KICKS + 4 * KICK_LANES as u64 <= HEADER_BY
 /// The pools table's size and offset (beyond the loom model's header: read as none there).
 const H_POOLS: u64 = H_KICKS + 4 * KICK_LANES as u64;
 const H_POOLS_OFF: u64 = H_POOLS + 8;
-const _: () = assert!(cfg!(loom) || H_POOLS_OFF + 8 <= HEADER_BYTES);
+/// The links table's size and offset (beyond the loom model's header too: one link there).
+const H_LINKS: u64 = H_POOLS_OFF + 8;
+const H_LINKS_OFF: u64 = H_LINKS + 8;
+const _: () = assert!(cfg!(loom) || H_LINKS_OFF + 8 <= HEADER_BYTES);
 
 /// Where global counter `i` lives in the header (none: beyond the loom model's header).
 fn counter_off(i: usize) -> Option<u64> {
@@ -187,6 +193,8 @@ pub struct RegionParams {
     pub max_conns: u32,
     /// Buffer pools of zero-copy channels, region-wide.
     pub max_pools: u32,
+    /// Named point-to-point links (`memloop link`), region-wide.
+    pub max_links: u32,
 }
 
 impl Default for RegionParams {
@@ -202,10 +210,10 @@ pub const DEFAULT_REGION_BYTES: u64 = 2 << 30;
 
 impl RegionParams {
     /// Tables in proportion to a region of `size` bytes: a channel slot, an endpoint and a
-    /// connection record per 128 KiB (at most 16,384 each; at least 64), a member per 16
-    /// channels (64 to 1,024), 4 KiB ring segments. The default 2 GiB region gets 1,024
-    /// members and 16,384 channels, endpoints and records: ~14 MiB of tables, reserved at
-    /// creation; a 64 MiB region ~1 MiB.
+    /// connection record per 128 KiB (at most 16,384 each; at least 64), a member and a
+    /// buffer pool per 16 channels (64 to 1,024), 64 links, 4 KiB ring segments. The default
+    /// 2 GiB region gets 1,024 members and 16,384 channels, endpoints and records: ~14 MiB of
+    /// tables, reserved at creation; a 64 MiB region ~1 MiB.
     pub fn for_size(size: u64) -> Self {
         let per = |bytes: u64, lo: u64, hi: u64| (size / bytes).clamp(lo, hi) as u32;
         let channels = per(128 << 10, 64, 16_384);
@@ -217,6 +225,7 @@ impl RegionParams {
             segment_size: 4096,
             max_conns: channels,
             max_pools: (channels / 16).clamp(64, 1024),
+            max_links: 64,
         }
     }
 
@@ -241,6 +250,7 @@ impl RegionParams {
             segment_size: 4096,
             max_conns: 32,
             max_pools: 16,
+            max_links: 16,
         }
     }
 
@@ -261,9 +271,11 @@ pub(crate) struct Layout {
     pub conns_off: u64,
     /// Buffer pools (`tables/pools.rs`), after the connection records.
     pub pools_off: u64,
+    /// Links (`tables/links.rs`), after the pools.
+    pub links_off: u64,
     /// A byte per channel slot: the kind of the channel last built in it (see
     /// `Registry::note_kind`), so a pool's scan finds descriptor channels without reading
-    /// every channel slot. After the pools.
+    /// every channel slot. After the links.
     pub kinds_off: u64,
     /// The offer index (`tables/index.rs`), between the connection records and the tags.
     pub index_off: u64,
@@ -289,6 +301,7 @@ impl Layout {
             (p.max_channels, "max_channels"),
             (p.max_conns, "max_conns"),
             (p.max_pools, "max_pools"),
+            (p.max_links, "max_links"),
         ] {
             if n == 0 || n > MAX_TABLE {
                 return Err(bad(format!("{what} {n} not in 1..={MAX_TABLE}")));
@@ -305,7 +318,8 @@ impl Layout {
         let channels_off = endpoints_off + p.max_endpoints as u64 * ENDPOINT_BYTES;
         let conns_off = channels_off + p.max_channels as u64 * CHANNEL_BYTES;
         let pools_off = conns_off + p.max_conns as u64 * CONN_BYTES;
-        let kinds_off = pools_off + p.max_pools as u64 * POOL_BYTES;
+        let links_off = pools_off + p.max_pools as u64 * POOL_BYTES;
+        let kinds_off = links_off + p.max_links as u64 * LINK_BYTES;
         let index_off = kinds_off + (p.max_channels as u64).div_ceil(8) * 8;
         let index_buckets = crate::tables::index::index_buckets(p.max_channels);
         let tags_off = index_off + index_buckets * crate::tables::index::BUCKET * 8;
@@ -331,6 +345,7 @@ impl Layout {
             channels_off,
             conns_off,
             pools_off,
+            links_off,
             kinds_off,
             index_off,
             index_buckets,
@@ -372,6 +387,13 @@ impl Layout {
             off: self.pools_off,
             slot_bytes: POOL_BYTES,
             count: self.params.max_pools,
+        }
+    }
+    pub fn links(&self) -> Table {
+        Table {
+            off: self.links_off,
+            slot_bytes: LINK_BYTES,
+            count: self.params.max_links,
         }
     }
 
@@ -445,6 +467,9 @@ impl Registry {
             view.u64_at(H_POOLS)?
                 .store(params.max_pools as u64, Relaxed);
             view.u64_at(H_POOLS_OFF)?.store(layout.pools_off, Relaxed);
+            view.u64_at(H_LINKS)?
+                .store(params.max_links as u64, Relaxed);
+            view.u64_at(H_LINKS_OFF)?.store(layout.links_off, Relaxed);
         }
         for (i, v) in layout.offsets().into_iter().enumerate() {
             view.u64_at(H_OFFSETS + 8 * i as u64)?.store(v, Relaxed);
@@ -501,10 +526,15 @@ impl Registry {
             max_channels: small(H_CHANNELS)?,
             segment_size: rd(H_SEGSIZE)?,
             max_conns: small(H_CONNS)?,
-            // (The loom models' header has no room for it: their regions have one pool.)
+            // (The loom models' header has no room for these: their regions have one pool
+            // and one link.)
             max_pools: match cfg!(loom) {
                 true => 1,
                 false => small(H_POOLS)?,
+            },
+            max_links: match cfg!(loom) {
+                true => 1,
+                false => small(H_LINKS)?,
             },
         };
         let layout = Layout::compute(&params)
@@ -514,13 +544,14 @@ impl Registry {
             *r = rd(H_OFFSETS + 8 * i as u64)?;
         }
         let (nseg, conns_off) = (rd(H_NSEG)?, rd(H_CONNS_OFF)?);
-        let pools_off = match cfg!(loom) {
-            true => layout.pools_off,
-            false => rd(H_POOLS_OFF)?,
+        let (pools_off, links_off) = match cfg!(loom) {
+            true => (layout.pools_off, layout.links_off),
+            false => (rd(H_POOLS_OFF)?, rd(H_LINKS_OFF)?),
         };
         if recorded != layout.offsets()
             || conns_off != layout.conns_off
             || pools_off != layout.pools_off
+            || links_off != layout.links_off
             || nseg != layout.nsegments
             || layout.heap_end() > size
         {

@@ -20,10 +20,19 @@ pub enum ChannelKind {
     /// pipeline returns to its owner when the *last* holder releases it, whom the owner may
     /// share no channel with.
     DescriptorPair = 3,
+    /// Two record rings carrying network frames (`memloop link`): a virtio-net header and an
+    /// IP packet per record. A kind of its own so that a UDP socket never takes a link's
+    /// offer, nor a link a datagram socket's.
+    LinkPair = 4,
 }
 
 impl ChannelKind {
-    pub const ALL: [ChannelKind; 3] = [Self::StreamPair, Self::DatagramPair, Self::DescriptorPair];
+    pub const ALL: [ChannelKind; 4] = [
+        Self::StreamPair,
+        Self::DatagramPair,
+        Self::DescriptorPair,
+        Self::LinkPair,
+    ];
 
     pub fn code(self) -> u16 {
         self as u16
@@ -42,7 +51,7 @@ impl ChannelKind {
     pub fn ring_kinds(self) -> (RingKind, RingKind) {
         match self {
             Self::StreamPair => (RingKind::Stream, RingKind::Stream),
-            Self::DatagramPair => (RingKind::Record, RingKind::Record),
+            Self::DatagramPair | Self::LinkPair => (RingKind::Record, RingKind::Record),
             Self::DescriptorPair => (RingKind::Slots, RingKind::Slots),
         }
     }
@@ -51,7 +60,7 @@ impl ChannelKind {
     pub fn supported(self) -> bool {
         matches!(
             self,
-            Self::StreamPair | Self::DatagramPair | Self::DescriptorPair
+            Self::StreamPair | Self::DatagramPair | Self::DescriptorPair | Self::LinkPair
         )
     }
 
@@ -68,6 +77,7 @@ impl ChannelKind {
             Self::StreamPair => "stream pair",
             Self::DatagramPair => "datagram pair",
             Self::DescriptorPair => "descriptor pair",
+            Self::LinkPair => "link pair",
         }
     }
 }
@@ -87,7 +97,7 @@ mod tests {
         for k in ChannelKind::ALL {
             assert_eq!(ChannelKind::from_code(k.code() as u32).unwrap(), k);
         }
-        for code in [0, 4, 0xffff, u32::MAX] {
+        for code in [0, 5, 0xffff, u32::MAX] {
             assert!(matches!(
                 ChannelKind::from_code(code),
                 Err(RegistryError::UnknownChannelKind { code: c }) if c == code

@@ -11,7 +11,8 @@
 //! Modules: [`header`] (layout, init/attach), `state_word` (the packed state + generation word
 //! every slot starts with), `tables::{members, endpoints (open-addressing hash table), channels
 //! (offer/accept state machine), markers (decline markers of transparent TCP), conns (records
-//! of connections left on TCP), pools (zero-copy buffer pools), segments (ring heap)}` — each with its slot layout and a typed
+//! of connections left on TCP), pools (zero-copy buffer pools), links (named point-to-point
+//! links of `memloop link`), segments (ring heap)}` — each with its slot layout and a typed
 //! slot view — `kind` (channel kinds), `fallback` (why a connection stayed on TCP), `reclaim`,
 //! and `key` (binary encodings). Every value read from the region is validated; garbage yields
 //! [`RegistryError::Corrupt`] (or a more specific typed error), never a panic.
@@ -51,6 +52,9 @@ pub use tables::channels::{
 };
 pub use tables::conns::{ConnRecord, ConnRecordId, RecordReason, COUNTER_TCP_BYTES};
 pub use tables::endpoints::EndpointInfo;
+pub use tables::links::{
+    LinkCounters, LinkHalf, LinkHalfDesc, LinkInfo, LinkRef, MAX_LINK_IFNAME, MAX_LINK_NAME,
+};
 pub use tables::members::{
     net_scope, MemberIdentity, MemberInfo, MemberState, BEAT_LOCKED, BEAT_NONE, MAX_ADDRESSES,
     MAX_MEMBER_NAME,
@@ -79,6 +83,8 @@ pub struct Usage {
     pub conns: u32,
     /// Buffer pools in use (closing ones included).
     pub pools: u32,
+    /// Links in use (half-built and closing ones included).
+    pub links: u32,
     pub segments_used: u64,
     pub segments_total: u64,
 }
@@ -92,6 +98,7 @@ impl Registry {
             channels: self.count_channels(),
             conns: self.count_conns(),
             pools: self.count_pools(),
+            links: self.count_links(),
             segments_used: self.segments_used(),
             segments_total: self.layout.nsegments,
         }

@@ -7,9 +7,9 @@ use crate::key::{ChannelId, ConnTuple, EndpointId, EndpointKey, MemberId};
 use crate::{ChannelState, MemberIdentity, RegionParams, Registry, RegistryError, ShmSlice};
 use loom::thread;
 
-/// Header 512 + 2 members + 2 endpoints + 2 channels (320 B each) + 1 connection record, segment tags,
-/// then four 256-byte segments.
-const SIZE: u64 = 3328;
+/// Header 512 + 2 members + 2 endpoints + 2 channels (320 B each) + 1 connection record + 1 pool
+/// + 1 link (512 B), segment tags, then four 256-byte segments.
+const SIZE: u64 = 3840;
 
 fn tiny() -> RegionParams {
     RegionParams {
@@ -20,6 +20,7 @@ fn tiny() -> RegionParams {
         segment_size: 256,
         max_conns: 1,
         max_pools: 1,
+        max_links: 1,
     }
 }
 

@@ -23,6 +23,8 @@ pub struct Leftovers {
     pub conns_released: u32,
     /// Pools of gone owners that nothing referenced any more.
     pub pools_freed: u32,
+    /// Link halves of gone members cleared, and half-built links of gone creators freed.
+    pub links_cleared: u32,
 }
 
 /// What one call to [`Registry::reclaim`] did.
@@ -36,6 +38,8 @@ pub struct ReclaimReport {
     pub channels_marked: u32,
     /// Its buffer pools: closed (freed once nothing references them), or freed half-built.
     pub pools_closed: u32,
+    /// Its link halves, cleared (a link left with no half is freed), and its half-built links.
+    pub links_left: u32,
     /// Orphan segments swept (segments of freed channels are released with them).
     pub segments_freed: u64,
     /// Connection records released (the member's, and any other dead owner's).
@@ -77,6 +81,10 @@ impl Registry {
         let endpoints_removed = self.remove_endpoints_of(tag);
         let (channels_freed, channels_marked) = self.reclaim_channels(dead);
         let pools_closed = self.reclaim_pools_of(tag);
+        let links_left = self.reclaim_links_of(dead).unwrap_or_else(|e| {
+            tracing::debug!(?dead, "links of a dead member: {e}");
+            0
+        });
         self.finish_reclaim(dead)?;
         let resumed = self.resume_reclaims_of(tag, by);
         tracing::debug!(
@@ -86,6 +94,7 @@ impl Registry {
             channels_freed,
             channels_marked,
             pools_closed,
+            links_left,
             "member reclaimed"
         );
         Ok(ReclaimReport {
@@ -93,6 +102,7 @@ impl Registry {
             channels_freed,
             channels_marked,
             pools_closed,
+            links_left,
             took_over,
             resumed,
             ..ReclaimReport::default()
@@ -108,6 +118,7 @@ impl Registry {
             segments_freed: self.sweep_orphans(),
             conns_released: self.reclaim_conns(),
             pools_freed: self.sweep_pools(),
+            links_cleared: self.sweep_links(),
         }
     }
 

@@ -147,6 +147,7 @@ fn invalid_params_are_refused() {
             ..ok
         },
         RegionParams { max_conns: 0, ..ok },
+        RegionParams { max_links: 0, ..ok },
         RegionParams {
             segment_size: 3000,
             ..ok
@@ -213,21 +214,21 @@ fn region_state_is_kept_in_the_header_and_starts_open() {
 fn a_region_of_the_previous_layout_version_is_refused_naming_both_versions() {
     let view = ShmSlice::new_heap(MIB as usize);
     Registry::init(view.clone(), &params(MIB)).unwrap();
-    assert_eq!(header::VERSION, 9);
+    assert_eq!(header::VERSION, 10);
     view.u64_at(8)
         .unwrap()
-        .store(8, std::sync::atomic::Ordering::SeqCst);
-    let e = Registry::attach(view).err().expect("version 8 refused");
+        .store(9, std::sync::atomic::Ordering::SeqCst);
+    let e = Registry::attach(view).err().expect("version 9 refused");
     assert!(matches!(
         e,
         RegistryError::BadVersion {
-            found: 8,
-            expected: 9
+            found: 9,
+            expected: 10
         }
     ));
     assert_eq!(
         e.to_string(),
-        "region layout version 8, this build understands 9: recreate the region \
+        "region layout version 9, this build understands 10: recreate the region \
          (`memloop region destroy`, then `memloop region create`)"
     );
 }

@@ -24,6 +24,7 @@ fn params() -> RegionParams {
         segment_size: 4096,
         max_conns: 16,
         max_pools: 4,
+        max_links: 4,
     }
 }
 

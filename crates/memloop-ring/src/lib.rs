@@ -31,7 +31,7 @@ pub use error::RingError;
 pub use header::{init_ring, init_ring_windowed, ring_bytes, RingKind, RING_HEADER_BYTES};
 pub use held::{note_forward, scan_held, scan_stable, HeldConsumer, HeldReleaser};
 pub use presence::Presence;
-pub use record::{RecordConsumer, RecordProducer, RecvInfo};
+pub use record::{RecordConsumer, RecordProducer, RecvInfo, Reservation};
 pub use slots::{SlotConsumer, SlotProducer};
 pub use stream::{StreamConsumer, StreamProducer};
 pub use wait::{

@@ -121,6 +121,60 @@ impl RecordProducer {
         Ok(true)
     }
 
+    /// Room for one record of at most `max` bytes, to be written in place (by the kernel,
+    /// say, reading a device straight into the ring) and then published with
+    /// [`RecordProducer::commit`]; `Ok(None)` if it does not fit right now. Nothing is visible
+    /// to the reader before the commit, and a reservation never committed costs nothing.
+    pub fn reserve(&mut self, max: u64) -> Result<Option<Reservation>, RingError> {
+        self.core.check_open()?;
+        if max > self.max_record() {
+            return Err(RingError::TooLarge {
+                len: max,
+                max: self.max_record(),
+            });
+        }
+        let need = self.need(max);
+        if self.core.free_for(need)? < need {
+            return Ok(None);
+        }
+        let cap = self.core.cap();
+        let mut off = self.core.tail & (cap - 1);
+        let skip = if need > RECORD_HEADER_BYTES + pad8(max) {
+            let skip = cap - off;
+            self.core.h.data.write(
+                off,
+                &encode_hdr(skip - RECORD_HEADER_BYTES, RECORD_FLAG_PAD),
+            )?;
+            off = 0;
+            skip
+        } else {
+            0
+        };
+        Ok(Some(Reservation {
+            at: off + RECORD_HEADER_BYTES,
+            max,
+            skip,
+        }))
+    }
+
+    /// The ring's data area, where a [`Reservation`] lies (`Reservation::at`).
+    pub fn data(&self) -> &ShmSlice {
+        &self.core.h.data
+    }
+
+    /// Publishes a reserved record whose first `len` bytes were written in place.
+    pub fn commit(&mut self, r: Reservation, len: u64) -> Result<(), RingError> {
+        if len > r.max {
+            return Err(RingError::TooLarge { len, max: r.max });
+        }
+        self.core
+            .h
+            .data
+            .write(r.at - RECORD_HEADER_BYTES, &encode_hdr(len, 0))?;
+        self.core.publish(r.skip + RECORD_HEADER_BYTES + pad8(len));
+        Ok(())
+    }
+
     pub fn shutdown(&mut self) {
         self.core.shutdown();
     }
@@ -180,6 +234,16 @@ impl RecordProducer {
         let need = self.need(len);
         self.core.wait_writable(need, policy, timeout)
     }
+}
+
+/// Room reserved by [`RecordProducer::reserve`]: `max` bytes at offset `at` of the data area.
+#[derive(Debug)]
+#[must_use = "a reservation is published only by commit"]
+pub struct Reservation {
+    pub at: u64,
+    pub max: u64,
+    /// Bytes of padding before the record (to the ring end), published with it.
+    skip: u64,
 }
 
 /// Every record `c` has from its head on.
@@ -283,6 +347,34 @@ impl RecordConsumer {
             .data
             .read(off + RECORD_HEADER_BYTES, &mut dst[..copied])?;
         Ok(Some(RecvInfo { len, copied }))
+    }
+
+    /// The next record where it lies in the data area ([`RecordConsumer::data`]): its offset
+    /// and length, validated like every header. It stays queued until
+    /// [`RecordConsumer::consume_peeked`], so it can be handed to the kernel in place.
+    pub fn peek_in_place(&mut self) -> Result<Option<(u64, u64)>, RingError> {
+        let Some(len) = self.peek_len()? else {
+            return Ok(None);
+        };
+        let off = self.core.head & (self.core.cap() - 1);
+        Ok(Some((off + RECORD_HEADER_BYTES, len)))
+    }
+
+    /// Releases the record [`RecordConsumer::peek_in_place`] returned (re-reading its
+    /// validated header, so a caller cannot skip by a wrong length); false if there is none.
+    pub fn consume_peeked(&mut self) -> Result<bool, RingError> {
+        match self.peek_len()? {
+            Some(len) => {
+                self.core.consume(RECORD_HEADER_BYTES + pad8(len));
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The ring's data area (read-only use: records found by `peek_in_place`).
+    pub fn data(&self) -> &ShmSlice {
+        &self.core.h.data
     }
 
     /// True when the writer shut down and every record has been received.

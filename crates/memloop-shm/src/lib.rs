@@ -13,6 +13,9 @@
 //! - [`forkgate`]: lets a process with no state skip its fork handlers;
 //! - [`fault_probe`]: a write into a read-only view, for tests that show the MMU refuses it;
 //! - [`member_lock`]: a member's proof of life without a thread (an OFD lock on the region file);
+//! - [`tun`]: a Linux TUN device, the kernel's end of a point-to-point link whose frames go
+//!   through shared memory (with [`ShmSlice::read_from_fd`] / [`ShmSlice::write_to_fd`], the
+//!   kernel copies them straight between the device and the region);
 //! - [`sync`]: the atomics facade that swaps std for loom under `cfg(loom)`.
 //!
 //! Under `cfg(loom)` the mapping is replaced by a heap model ([`ShmSlice::new_model`]) so that
@@ -30,6 +33,8 @@ pub mod member_lock;
 mod pool_map;
 pub mod sched;
 pub mod sync;
+#[cfg(all(target_os = "linux", not(loom)))]
+pub mod tun;
 mod view;
 
 #[cfg(not(loom))]

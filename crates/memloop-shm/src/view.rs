@@ -182,6 +182,69 @@ mod imp {
             Ok(())
         }
 
+        /// `read(2)` from `fd` into bytes `[off, off+len)` of this view: the kernel copies
+        /// straight into shared memory, with no bounce buffer. Bounds-checked (a range outside
+        /// the view is `InvalidInput`); a read-only view is refused (`PermissionDenied`).
+        /// Returns the byte count `read(2)` returned (0 at end of file; a packet device such as
+        /// a TUN gives one frame). `EINTR` is retried. Memory the kernel cannot fill (a sparse
+        /// region on a full file system) is an `EFAULT` error here, never a `SIGBUS`.
+        pub fn read_from_fd(
+            &self,
+            off: u64,
+            len: u64,
+            fd: std::os::fd::BorrowedFd<'_>,
+        ) -> std::io::Result<usize> {
+            use std::os::fd::AsRawFd;
+            let o = self.check(off, len).map_err(fd_io_error)?;
+            if !self.writable {
+                return Err(fd_io_error(OutOfBounds::ReadOnly));
+            }
+            loop {
+                // SAFETY: `check` proved `[o, o+len)` lies inside the view, whose mapping is
+                // writable (checked above) and stays mapped while `self` lives; the kernel
+                // writes plain bytes there, as `write` does, and reports a fault as `EFAULT`.
+                // Concurrent access by a peer is excluded by the protocol above; a buggy peer
+                // can only make the bytes garbage, which readers treat as untrusted data.
+                let n = unsafe {
+                    libc::read(
+                        fd.as_raw_fd(),
+                        self.ptr.as_ptr().add(o).cast::<libc::c_void>(),
+                        len as usize,
+                    )
+                };
+                if let Some(r) = fd_result(n) {
+                    return r;
+                }
+            }
+        }
+
+        /// `write(2)` bytes `[off, off+len)` of this view to `fd`: the kernel copies straight
+        /// out of shared memory. Bounds-checked (a range outside the view is `InvalidInput`).
+        /// Returns the byte count `write(2)` returned. `EINTR` is retried.
+        pub fn write_to_fd(
+            &self,
+            off: u64,
+            len: u64,
+            fd: std::os::fd::BorrowedFd<'_>,
+        ) -> std::io::Result<usize> {
+            use std::os::fd::AsRawFd;
+            let o = self.check(off, len).map_err(fd_io_error)?;
+            loop {
+                // SAFETY: `check` proved `[o, o+len)` lies inside the view, which is readable
+                // and stays mapped while `self` lives; the kernel only reads plain bytes.
+                let n = unsafe {
+                    libc::write(
+                        fd.as_raw_fd(),
+                        self.ptr.as_ptr().add(o).cast::<libc::c_void>(),
+                        len as usize,
+                    )
+                };
+                if let Some(r) = fd_result(n) {
+                    return r;
+                }
+            }
+        }
+
         pub fn u64_at(&self, off: u64) -> Result<ShmU64, OutOfBounds> {
             let view = self.with_range(off, 8)?;
             if off % 8 != 0 {
@@ -215,6 +278,25 @@ mod imp {
             // SAFETY: as in `atomic_u64`, with 4 bytes and 4-byte alignment.
             Ok(unsafe { &*(self.ptr.as_ptr().add(o) as *const AtomicU32) })
         }
+    }
+
+    /// An [`OutOfBounds`] from [`ShmSlice::read_from_fd`] / [`ShmSlice::write_to_fd`] as an
+    /// `io::Error`: `PermissionDenied` for a read-only view, `InvalidInput` otherwise.
+    fn fd_io_error(e: OutOfBounds) -> std::io::Error {
+        let kind = match e {
+            OutOfBounds::ReadOnly => std::io::ErrorKind::PermissionDenied,
+            _ => std::io::ErrorKind::InvalidInput,
+        };
+        std::io::Error::new(kind, e)
+    }
+
+    /// What a `read`/`write` that returned `n` means, or `None` to retry (`EINTR`).
+    fn fd_result(n: isize) -> Option<std::io::Result<usize>> {
+        if n >= 0 {
+            return Some(Ok(n as usize));
+        }
+        let e = std::io::Error::last_os_error();
+        (e.kind() != std::io::ErrorKind::Interrupted).then_some(Err(e))
     }
 
     /// A validated 8-byte atomic in shared memory.
@@ -487,5 +569,85 @@ mod tests {
         s.read(80, &mut b).unwrap();
         assert_eq!(&b, b"hello");
         assert!(sub.u32_at(64).is_err());
+    }
+
+    /// A pipe: (read end, write end).
+    fn pipe() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+        use std::os::fd::FromRawFd;
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: `fds` is valid for writes of the two descriptors `pipe2` returns.
+        let r = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+        assert_eq!(r, 0, "pipe2: {}", std::io::Error::last_os_error());
+        // SAFETY: `pipe2` succeeded: both descriptors are new and owned by nobody else.
+        unsafe {
+            (
+                std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+                std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+            )
+        }
+    }
+
+    #[test]
+    fn fd_io_copies_between_a_pipe_and_the_view() {
+        use std::io::{Read, Write};
+        use std::os::fd::AsFd;
+        let s = ShmSlice::new_heap(256);
+        s.write(100, b"frame from shared memory").unwrap();
+        let (r, w) = pipe();
+        // View -> pipe.
+        assert_eq!(s.write_to_fd(100, 24, w.as_fd()).unwrap(), 24);
+        let mut got = [0u8; 24];
+        std::fs::File::from(r.try_clone().unwrap())
+            .read_exact(&mut got)
+            .unwrap();
+        assert_eq!(&got, b"frame from shared memory");
+        // Pipe -> view, through a sub-view (offsets are relative to it).
+        std::fs::File::from(w.try_clone().unwrap())
+            .write_all(b"from the kernel")
+            .unwrap();
+        let sub = s.slice(192, 64).unwrap();
+        assert_eq!(sub.read_from_fd(8, 64 - 8, r.as_fd()).unwrap(), 15);
+        let mut back = [0u8; 15];
+        s.read(200, &mut back).unwrap();
+        assert_eq!(&back, b"from the kernel");
+        // A read-only view may still be written out.
+        assert_eq!(s.read_only().write_to_fd(200, 4, w.as_fd()).unwrap(), 4);
+        // End of file: the write end closed, read(2) returns 0.
+        drop(w);
+        let mut rest = [0u8; 4];
+        std::fs::File::from(r.try_clone().unwrap())
+            .read_exact(&mut rest)
+            .unwrap();
+        assert_eq!(&rest, b"from");
+        assert_eq!(s.read_from_fd(0, 8, r.as_fd()).unwrap(), 0);
+    }
+
+    #[test]
+    fn fd_io_is_bounds_checked_and_refuses_read_only_views() {
+        use std::io::ErrorKind;
+        use std::os::fd::AsFd;
+        let s = ShmSlice::new_heap(128);
+        let (r, w) = pipe();
+        for (off, len) in [(121, 8), (128, 1), (u64::MAX, 2), (0, 129)] {
+            assert_eq!(
+                s.write_to_fd(off, len, w.as_fd()).unwrap_err().kind(),
+                ErrorKind::InvalidInput,
+                "write_to_fd({off}, {len})"
+            );
+            assert_eq!(
+                s.read_from_fd(off, len, r.as_fd()).unwrap_err().kind(),
+                ErrorKind::InvalidInput,
+                "read_from_fd({off}, {len})"
+            );
+        }
+        let ro = s.read_only();
+        assert_eq!(
+            ro.read_from_fd(0, 8, r.as_fd()).unwrap_err().kind(),
+            ErrorKind::PermissionDenied
+        );
+        // An empty range at the very end is inside the view.
+        assert_eq!(s.write_to_fd(128, 0, w.as_fd()).unwrap(), 0);
+        // Errors of read(2) itself come back as they are: the write end cannot be read.
+        assert!(s.read_from_fd(0, 8, w.as_fd()).is_err());
     }
 }

@@ -50,7 +50,17 @@ impl RecordEnds {
     /// Attaches `side`'s ends of channel `ch`, which must be a datagram pair (validated as
     /// [`StreamEnds::attach`] validates a stream pair).
     pub fn attach(reg: &Registry, ch: ChannelId, side: Side) -> Result<RecordEnds, Error> {
-        let rings = reg.rings_of(ch, ChannelKind::DatagramPair)?;
+        Self::attach_kind(reg, ch, side, ChannelKind::DatagramPair)
+    }
+
+    /// The same for another kind of channel made of two record rings (a link).
+    pub fn attach_kind(
+        reg: &Registry,
+        ch: ChannelId,
+        side: Side,
+        kind: ChannelKind,
+    ) -> Result<RecordEnds, Error> {
+        let rings = reg.rings_of(ch, kind)?;
         let (tx, rx) = match side {
             Side::Client => (rings.c2s, rings.s2c),
             Side::Server => (rings.s2c, rings.c2s),

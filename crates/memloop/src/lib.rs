@@ -19,6 +19,7 @@ mod error;
 pub mod identity;
 pub mod ivshmem;
 mod listener;
+pub mod link;
 pub mod liveness;
 mod node;
 pub mod region;

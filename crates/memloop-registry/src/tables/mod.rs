@@ -1,7 +1,7 @@
 //! The registry's tables, one module each. Every table is an array of fixed-size slots that
 //! start with a [`StateWord`](crate::state_word::StateWord); a module's typed slot view
-//! (`MemberSlot`, `EndpointSlot`, `ChannelSlot`, `ConnSlot`) is the only code that knows the
-//! offsets of its fields, and other modules go through it.
+//! (`MemberSlot`, `EndpointSlot`, `ChannelSlot`, `ConnSlot`, `PoolSlot`, `LinkSlot`) is the
+//! only code that knows the offsets of its fields, and other modules go through it.
 //!
 //! Views follow the checked-view pattern: `XSlot::new_checked(registry, idx)` validates the
 //! index against the table size and the slot against the region once; field accessors are
@@ -11,6 +11,7 @@ pub(crate) mod channels;
 pub(crate) mod conns;
 pub(crate) mod endpoints;
 pub(crate) mod index;
+pub(crate) mod links;
 pub(crate) mod markers;
 pub(crate) mod members;
 pub(crate) mod pools;
@@ -140,6 +141,22 @@ impl<'a> Slot<'a> {
     }
     pub fn st(&self, off: u64, v: u64) -> Result<(), RegistryError> {
         self.region.atomic_u64(self.at(off, 8)?)?.store(v, Relaxed);
+        Ok(())
+    }
+    /// SeqCst load of a data word that a CAS protocol of its own decides (a link's half).
+    pub fn ld_sc(&self, off: u64) -> Result<u64, RegistryError> {
+        Ok(self.region.atomic_u64(self.at(off, 8)?)?.load(SeqCst))
+    }
+    /// SeqCst CAS of such a data word: whether it was `old` and is now `new`.
+    pub fn cas_data(&self, off: u64, old: u64, new: u64) -> Result<bool, RegistryError> {
+        let a = self.region.atomic_u64(self.at(off, 8)?)?;
+        Ok(a.compare_exchange(old, new, SeqCst, Relaxed).is_ok())
+    }
+    /// Relaxed add to a data word (statistics, one writer or many).
+    pub fn add(&self, off: u64, n: u64) -> Result<(), RegistryError> {
+        self.region
+            .atomic_u64(self.at(off, 8)?)?
+            .fetch_add(n, Relaxed);
         Ok(())
     }
     /// A sub-view of `len` bytes at `off` in this slot (8-aligned), for a record another
