@@ -51,6 +51,10 @@ pub struct UpArgs {
     /// The region (default: MEMLOOP_REGION, else "default").
     #[arg(long)]
     region: Option<String>,
+    /// Microseconds the service keeps polling its device after traffic before it sleeps
+    /// (0: sleep at once — least CPU, one more wake-up per packet).
+    #[arg(long, default_value_t = 50, value_name = "US")]
+    spin_us: u64,
     /// Run the service in the foreground instead of starting it in the background.
     #[arg(long)]
     foreground: bool,
@@ -102,14 +106,18 @@ fn netns_of(pid: &str) -> Option<PathBuf> {
     std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()
 }
 
+/// The service's log: in the region's wake directory, or (a region on a device, as the
+/// ivshmem BAR in a guest, has none) in the temporary directory.
 fn log_path(spec: &RegionSpec, link: &str) -> PathBuf {
     let ns = netns_of("self")
-        .map(|p| {
-            p.to_string_lossy()
-                .replace(|c: char| !c.is_ascii_digit(), "")
-        })
+        .map(|p| p.to_string_lossy().replace(|c: char| !c.is_ascii_digit(), ""))
         .unwrap_or_default();
-    memloop::region::wake_dir(&spec.path()).join(format!("link-{link}-net{ns}.log"))
+    let name = format!("link-{link}-net{ns}.log");
+    let dir = memloop::region::wake_dir(&spec.path());
+    match memloop::region::make_wake_dir(&dir) {
+        Ok(()) => dir.join(name),
+        Err(_) => std::env::temp_dir().join(format!("memloop-{name}")),
+    }
 }
 
 /// Starts the service in the background and prints its interface once it is up.
@@ -117,15 +125,14 @@ fn start(a: &UpArgs) -> CliResult<()> {
     let spec = spec(a.region.as_deref());
     Region::open(&spec).context("opening the region")?;
     let log = log_path(&spec, &a.name);
-    if let Some(dir) = log.parent() {
-        memloop::region::make_wake_dir(dir).context(format!("creating {}", dir.display()))?;
-    }
     let log_file = std::fs::File::create(&log).context(format!("creating {}", log.display()))?;
     let exe = std::env::current_exe().context("finding the memloop binary")?;
     let mut cmd = Command::new(exe);
     cmd.args(["link", "up", &a.name, "--foreground", "--mtu"])
         .arg(a.mtu.to_string())
-        .args(["--ring-size", &a.ring_size, "--region"])
+        .args(["--ring-size", &a.ring_size, "--spin-us"])
+        .arg(a.spin_us.to_string())
+        .arg("--region")
         .arg(spec.path());
     for (flag, v) in [
         ("--addr", &a.addr),
@@ -233,6 +240,7 @@ fn serve(a: &UpArgs) -> CliResult<()> {
         node: node.clone(),
         link,
         half,
+        spin: Duration::from_micros(a.spin_us),
     };
     let (dev, desc) = open_device(a)?;
     reg.link_describe(link, half, &desc)
@@ -284,6 +292,8 @@ struct Side {
     node: Node,
     link: LinkRef,
     half: u8,
+    /// How long the device → ring pump keeps looking after traffic before it sleeps.
+    spin: Duration,
 }
 
 impl Side {
@@ -300,6 +310,9 @@ impl Side {
         let _ = dev.set_carrier(true);
         let _ = reg.link_set_carrier(self.link, self.half, true);
         tracing::info!(peer = ?rx.peer(), "link session up");
+        if rx.peer_same_kernel() {
+            rx.set_spin(self.spin);
+        }
         let done = AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -324,6 +337,9 @@ impl Side {
         }
     }
 
+    /// Device → ring until the session ends. After traffic it keeps looking at the device for
+    /// the spin window (a non-blocking read each time) before it sleeps in poll(2): a
+    /// request/response exchange then costs no wake-up on this hop.
     fn device_to_ring(
         &self,
         dev: &TunDevice,
@@ -333,34 +349,32 @@ impl Side {
     ) {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
         let mut scratch = vec![0u8; MAX_FRAME];
-        let mut c = LinkCounters::default();
         let mut looked = Instant::now();
+        let mut idle_since: Option<Instant> = None;
         let slice = Timespec {
             tv_sec: 0,
             tv_nsec: 100_000_000,
         };
         while !stop.load(Relaxed) && !done.load(Relaxed) {
-            let mut fds = [PollFd::new(dev, PollFlags::IN)];
-            let _ = poll(&mut fds, Some(&slice));
-            loop {
-                match tx.pump_from_fd(dev.fd(), &mut scratch) {
-                    Ok(Pumped::Sent(n)) => {
-                        c.tx_packets += 1;
-                        c.tx_bytes += n - VNET_HDR_LEN as u64;
-                    }
-                    Ok(Pumped::Dropped(_)) => c.drops_full += 1,
-                    Ok(Pumped::Idle) => break,
-                    Err(e) => {
-                        tracing::debug!("link: device → ring ends: {e}");
-                        self.count(&mut c);
-                        return;
-                    }
+            match self.pump_batch(dev, tx, &mut scratch) {
+                Ok(0) => {}
+                Ok(_) => {
+                    idle_since = None;
+                    continue;
                 }
-                if c.tx_packets % 64 == 0 {
-                    self.count(&mut c);
+                Err(e) => {
+                    tracing::debug!("link: device → ring ends: {e}");
+                    return;
                 }
             }
-            self.count(&mut c);
+            let now = Instant::now();
+            if now.duration_since(*idle_since.get_or_insert(now)) < self.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            idle_since = None;
+            let mut fds = [PollFd::new(dev, PollFlags::IN)];
+            let _ = poll(&mut fds, Some(&slice));
             if looked.elapsed() >= Duration::from_millis(100) {
                 looked = Instant::now();
                 if tx.peer_lost() {
@@ -368,6 +382,29 @@ impl Side {
                 }
             }
         }
+    }
+
+    /// Moves what the device holds into the ring: the frames moved (drops included).
+    fn pump_batch(
+        &self,
+        dev: &TunDevice,
+        tx: &mut LinkTx,
+        scratch: &mut [u8],
+    ) -> Result<u64, memloop::Error> {
+        let mut c = LinkCounters::default();
+        let r = loop {
+            match tx.pump_from_fd(dev.fd(), scratch) {
+                Ok(Pumped::Sent(n)) => {
+                    c.tx_packets += 1;
+                    c.tx_bytes += n - VNET_HDR_LEN as u64;
+                }
+                Ok(Pumped::Dropped(_)) => c.drops_full += 1,
+                Ok(Pumped::Idle) => break Ok(c.tx_packets + c.drops_full),
+                Err(e) => break Err(e),
+            }
+        };
+        self.count(&mut c);
+        r
     }
 
     fn ring_to_device(

@@ -313,6 +313,11 @@ impl LinkRx {
         Ok(self.rx.peek_len()?.is_some())
     }
 
+    /// How long a wait spins before it sleeps (default: the adaptive window streams use).
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.policy.spin = spin;
+    }
+
     /// The member on the other side.
     pub fn peer(&self) -> Option<MemberId> {
         self.held.watch.peer()
