@@ -110,7 +110,10 @@ fn netns_of(pid: &str) -> Option<PathBuf> {
 /// ivshmem BAR in a guest, has none) in the temporary directory.
 fn log_path(spec: &RegionSpec, link: &str) -> PathBuf {
     let ns = netns_of("self")
-        .map(|p| p.to_string_lossy().replace(|c: char| !c.is_ascii_digit(), ""))
+        .map(|p| {
+            p.to_string_lossy()
+                .replace(|c: char| !c.is_ascii_digit(), "")
+        })
         .unwrap_or_default();
     let name = format!("link-{link}-net{ns}.log");
     let dir = memloop::region::wake_dir(&spec.path());
@@ -463,6 +466,7 @@ fn down(a: &DownArgs) -> CliResult<()> {
         .filter(|l| l.name == a.name)
         .flat_map(|l| l.halves.iter().flatten().map(|h| h.pid))
         .filter(|pid| pid != &0 && netns_of(&pid.to_string()).is_some_and(|ns| Some(ns) == here))
+        .filter(|pid| serves_link(*pid, &a.name))
         .collect();
     let Some(&pid) = pids.first() else {
         return Err(fail(format!(
@@ -483,6 +487,17 @@ fn down(a: &DownArgs) -> CliResult<()> {
         ))),
         false => Ok(()),
     }
+}
+
+/// Process `pid` is a link service for `link` (a pid in the table may be another pid
+/// namespace's: never signal a process that is not ours to stop).
+fn serves_link(pid: u32, link: &str) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let has = |w: &str| args.iter().any(|a| *a == w.as_bytes());
+    has("link") && has("up") && has(link) && has("--foreground")
 }
 
 /// The process exists and is not a zombie waiting to be reaped.
@@ -534,19 +549,36 @@ pub fn links_json(reg: &memloop::registry::Registry) -> serde_json::Value {
         .into()
 }
 
-/// The links as status text rows (empty without links).
+/// The columns of [`links_rows`].
+pub const LINK_COLUMNS: [&str; 11] = [
+    "name",
+    "half",
+    "pid",
+    "device",
+    "ipv4",
+    "carrier",
+    "tx pkts/bytes",
+    "rx pkts/bytes",
+    "drops full/bad",
+    "sessions",
+    "offloads",
+];
+
+/// The links as status text rows, a row per half (empty without links).
 pub fn links_rows(reg: &memloop::registry::Registry) -> Vec<Vec<String>> {
     let links = reg.links().unwrap_or_default();
     let mut rows = Vec::new();
     for l in &links {
         for (i, h) in l.halves.iter().enumerate() {
             let Some(h) = h else {
-                rows.push(vec![
+                let mut r = vec![
                     l.name.clone(),
                     i.to_string(),
                     "-".into(),
-                    "(empty)".into(),
-                ]);
+                    "(no side)".into(),
+                ];
+                r.resize(LINK_COLUMNS.len(), "-".into());
+                rows.push(r);
                 continue;
             };
             let c = &h.counters;

@@ -810,19 +810,7 @@ fn write_links(out: &mut dyn Write, reg: &Registry) -> io::Result<()> {
         return Ok(());
     }
     writeln!(out, "\nLINKS ({})", rows.len().div_ceil(2))?;
-    let mut all = vec![row(&[
-        "name",
-        "half",
-        "pid",
-        "device",
-        "ipv4",
-        "carrier",
-        "tx pkts/bytes",
-        "rx pkts/bytes",
-        "drops full/bad",
-        "sessions",
-        "offloads",
-    ])];
+    let mut all = vec![row(&crate::link_cmd::LINK_COLUMNS)];
     all.extend(rows);
     print_rows(out, &all)
 }
