@@ -496,7 +496,7 @@ fn serves_link(pid: u32, link: &str) -> bool {
         return false;
     };
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-    let has = |w: &str| args.iter().any(|a| *a == w.as_bytes());
+    let has = |w: &str| args.contains(&w.as_bytes());
     has("link") && has("up") && has(link) && has("--foreground")
 }
 

@@ -1,0 +1,3 @@
+module httpcheck
+
+go 1.19
