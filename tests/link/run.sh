@@ -549,6 +549,9 @@ case_carrier() {
   all_carriers_false "$st" || fail "3 s after link down in d1 the status still shows a carrier: $(link_entry "$st")"
   h=$(half_in "$st" 0)
   [ "$h" != null ] || fail "after link down in d1, the status lost d0's half too: $(link_entry "$st")"
+  # The text status lists a link with an empty half too (it once panicked on one).
+  txt=$(timeout -k 2 10 "$ML" status --region "$REGION" 2>&1) || fail "status (text) failed with an empty half: $txt"
+  grep -q "(no side)" <<<"$txt" || fail "status (text) does not show the empty half: $txt"
   seen=$(jq -r --arg n "$LINK" \
     '[.links[] | select(.name == $n)][0].halves | map(select(. != null)) | length' <<<"$st")
   link_up 1
