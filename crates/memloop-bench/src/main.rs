@@ -15,7 +15,7 @@ mod zc_scribble;
 use memloop_cli::{error, units};
 
 use clap::{Parser, Subcommand};
-use memloop_cli::{domains, init_logging, pipe_cmd, region_cmd, run};
+use memloop_cli::{domains, init_logging, link_cmd, pipe_cmd, region_cmd, run};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -55,6 +55,10 @@ enum Cmd {
     /// `memloop pipe`, for the service of `pipe`.
     #[command(hide = true, subcommand)]
     PipeService(pipe_cmd::PipeCmd),
+    /// `memloop link`, for the link services of `link` (each stops when its stdin closes if
+    /// MEMLOOP_BENCH_STOP_ON_EOF is set).
+    #[command(hide = true, subcommand)]
+    LinkService(link_cmd::LinkCmd),
     /// A zero-copy receiver that writes into what it received and must die of SIGSEGV
     /// (tests/vm/memloop.sh).
     #[command(hide = true)]
@@ -82,6 +86,7 @@ fn main() -> ExitCode {
         Cmd::ZcScribble(a) => zc_scribble::run(&a),
         Cmd::PipePeer(a) => bench::pipe::peer::run(&a),
         Cmd::PipeService(c) => pipe_cmd::run(c),
+        Cmd::LinkService(c) => bench::link::service(c),
         Cmd::Domains(c) => domains::run(c),
         Cmd::Run(a) => run::run(&a),
         Cmd::Region(c) => region_cmd::run(c),

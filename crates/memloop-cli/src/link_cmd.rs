@@ -497,7 +497,7 @@ fn serves_link(pid: u32, link: &str) -> bool {
     };
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
     let has = |w: &str| args.contains(&w.as_bytes());
-    has("link") && has("up") && has(link) && has("--foreground")
+    (has("link") || has("link-service")) && has("up") && has(link) && has("--foreground")
 }
 
 /// The process exists and is not a zombie waiting to be reaped.

@@ -1,6 +1,7 @@
 //! `memloop bench`: every path measured side by side in one run, each against a peer process.
 
 mod baselines;
+pub mod link;
 mod native;
 mod pingpong;
 pub mod pipe;
@@ -48,6 +49,10 @@ pub enum BenchCmd {
     /// copy loop, fairness at weights 1:2:4 (Jain's index), a static-file server (lighttpd or
     /// nginx) with the service vs its own sendfile.
     Pipe(pipe::PipeArgs),
+    /// The network link over the region (MMNet, `memloop link`) vs veth+bridge between two
+    /// domains: one TCP flow (iperf3), 64 B TCP round trips, ping, and the idle link's CPU;
+    /// interleaved rounds, medians; ratios against the targets.
+    Link(link::LinkArgs),
     /// The server end of one measurement, started by hand (e.g. in another VM).
     Serve(remote::ServeArgs),
     /// The client end: one measurement against `bench serve`, printed as a JSON line.
@@ -91,6 +96,7 @@ pub fn run(cmd: BenchCmd) -> CliResult<()> {
         BenchCmd::Process(a) => process::run(&a),
         BenchCmd::Zerocopy(a) => zerocopy::run(&a),
         BenchCmd::Pipe(a) => pipe::run(&a),
+        BenchCmd::Link(a) => link::run(&a),
         BenchCmd::Study(a) => study::run(&a),
         BenchCmd::Serve(a) => remote::serve(&a),
         BenchCmd::Probe(a) => remote::probe(&a),

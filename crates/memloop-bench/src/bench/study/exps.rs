@@ -31,7 +31,7 @@ pub const SEEDS: (u32, &str, &str) = (
      in the setting.",
 );
 
-pub const ALL: [Exp; 12] = [
+pub const ALL: [Exp; 13] = [
     Exp {
         id: 1,
         slug: "sizes",
@@ -190,6 +190,28 @@ pub const ALL: [Exp; 12] = [
         steps: super::vpipe::steps,
         run: super::vpipe::exp13,
         figures: super::vpipe::fig13,
+    },
+    Exp {
+        id: super::vlink::ID,
+        slug: "link",
+        title: "A network link over shared memory (MMNet) for traffic the library cannot see",
+        about: "`memloop bench link`: two domains of its own, a link service (`memloop link \
+                up`, a TUN device with the virtio-net header, checksum/TSO offloads, MTU \
+                65535) in each on one region, against the veth+bridge between the same \
+                domains; nothing preloaded, so this is what any traffic sees, including what \
+                the library cannot intercept. One TCP flow (iperf3 -t 5 -O 1; -t 1 with \
+                --quick) from domain 0 to domain 1, Gbit/s as received; 64-byte TCP round \
+                trips back to back on one connection for 5 s (0.3 s with --quick) between the \
+                ordinary socket ends of experiments 1-7 (mean and p99); ping -c 200 -i 0.01 (50 with --quick), \
+                average RTT; then, nothing sent, the CPU of both link services over 5 s (1 s \
+                with --quick), % of one CPU. A link figure counts only if the link's counters \
+                (the links table of `memloop status --json`) grew by at least its traffic, \
+                else the experiment fails (\"not routed\"). Ratios link / veth+bridge against \
+                the issue's targets: stream ≥ 2×, round trip ≤ 0.7×, idle < 1 %. Processes \
+                not pinned.",
+        steps: super::vlink::steps,
+        run: super::vlink::exp14,
+        figures: super::vlink::fig14,
     },
 ];
 

@@ -223,6 +223,10 @@ pub fn write(dir: &Path, ctx: &Context, outcomes: &[Outcome], records: &[Rec]) -
                 "-".to_string()
             } else if o.id == super::vpipe::ID && r.test.starts_with("fairness") {
                 format!("{} tenants", r.size)
+            } else if o.id == super::vlink::ID
+                && crate::bench::link::PER_SIDE.contains(&r.test.as_str())
+            {
+                format!("{} sides", r.size)
             } else {
                 fmt_size(r.size)
             };

@@ -260,6 +260,12 @@ pub struct Testbed {
 impl Testbed {
     /// Creates the domains; `regions` are the region names this run may create.
     pub fn up(regions: &[String]) -> CliResult<Testbed> {
+        Self::up_named(&format!("mlb{}", std::process::id()), regions)
+    }
+
+    /// As [`Self::up`], the domains under `prefix` (a run beside another testbed of ours, as
+    /// `bench link` within the study, needs a prefix of its own; the subnet is always free).
+    pub fn up_named(prefix: &str, regions: &[String]) -> CliResult<Testbed> {
         if !rustix::process::geteuid().is_root() {
             return Err(fail(
                 "`memloop bench tcp` needs root: it creates network namespaces (domains)",
@@ -268,7 +274,7 @@ impl Testbed {
         let exe = std::env::current_exe().context("locating the memloop-bench binary")?;
         let pid = std::process::id();
         let net = free_subnet(pid)?;
-        let prefix = format!("mlb{pid}");
+        let prefix = prefix.to_owned();
         // From here on, dropping `bed` (on any error) removes whatever was created.
         let bed = Testbed {
             janitor: Some(spawn_janitor(&exe, &prefix, regions)?),
