@@ -47,7 +47,7 @@ fi
 echo "== real programs across two domains, ring and TCP-fallback variants"
 cargo test --release -p memloop-cli --test programs -- --ignored --nocapture
 
-echo "== podman containers opted in by an annotation (redis pair, not opted in, SIGKILL, unusable region)"
+echo "== podman and docker containers opted in without touching their images (redis pair, not opted in, SIGKILL, unusable region)"
 tests/containers/run.sh
 
 echo "== the Debian package (build, dpkg -i, memloop run from PATH, man pages, completions, purge); Kubernetes files"

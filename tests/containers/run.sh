@@ -15,17 +15,23 @@
 #      its bytes through a ring.
 # The containers' root file system is the host's, as an overlay (`--rootfs /:O`): no registry
 # is reachable here, and the programs are the host's Debian packages.
-# Needs root, podman and runc (installed with apt-get if missing). Exit status 0 = passed; a
-# machine where podman cannot run at all prints "skipped" (a failure when CI is set).
+# Then the same pair, kill and opt-in checks with docker: tests/containers/docker.sh (its own
+# dockerd, started and stopped there; containers opted in through the runtime wrapper).
+# Needs root, podman and runc (installed with apt-get if missing). MEMLOOP_BIN: the memloop
+# binary (default target/release/memloop; its libmemloop.so beside it). Exit status 0 = passed;
+# a machine where podman cannot run at all prints "skipped" (a failure when CI is set).
 set -euo pipefail
+M=$(realpath -m "${MEMLOOP_BIN:-$(dirname "$0")/../../target/release/memloop}")
 cd "$(dirname "$0")/../.."
-M=$PWD/target/release/memloop
-[ -x "$M" ] && [ -f target/release/libmemloop.so ] ||
+[ -x "$M" ] && [ -f "$(dirname "$M")/libmemloop.so" ] ||
   { echo "containers: build first: cargo build --release -p memloop-cli -p memloop-preload" >&2; exit 1; }
 
+docker_part() { MEMLOOP_BIN=$M tests/containers/docker.sh; }
 skip() {
   if [ -n "${CI:-}" ]; then echo "containers: FAILED (cannot run here): $*" >&2; exit 1; fi
-  echo "containers: skipped: $*"; exit 0
+  echo "containers: skipped: $*"
+  docker_part
+  exit
 }
 [ "$(id -u)" = 0 ] || skip "needs root"
 if ! command -v podman >/dev/null || ! command -v runc >/dev/null; then
@@ -155,3 +161,5 @@ moved=$(($(status | jq '.ring_bytes') - before))
 ok "runtime wrapper (memloop-runc, no hook): a pair in the container moved $moved bytes through a ring"
 
 echo "containers: all $passed checks passed"
+
+docker_part

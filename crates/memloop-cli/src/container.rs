@@ -91,7 +91,7 @@ fn hook() -> CliResult<()> {
 fn with_memloop(input: &str, who: &str) -> CliResult<String> {
     let mut config: Value = serde_json::from_str(input)
         .map_err(|e| fail(format!("the container's configuration is not JSON: {e}")))?;
-    if let Some(region) = config["annotations"][ANNOTATION].as_str().map(String::from) {
+    if let Some(region) = opted_in(&config) {
         if let Err(e) = opt_in(&mut config, &region) {
             // Never in the way: the container runs as it would have without us.
             eprintln!("{who}: {e}; the container runs without memloop (kernel path)");
@@ -101,11 +101,34 @@ fn with_memloop(input: &str, who: &str) -> CliResult<String> {
     Ok(serde_json::to_string(&config)?)
 }
 
+/// The region a container opts in to: its annotation, else the variable [`ENV_OPT_IN`] of its
+/// process environment (for engines that cannot set annotations); `None` if neither.
+fn opted_in(config: &Value) -> Option<String> {
+    if let Some(region) = config["annotations"][ANNOTATION].as_str() {
+        return Some(region.to_string());
+    }
+    let prefix = format!("{ENV_OPT_IN}=");
+    config["process"]["env"]
+        .as_array()?
+        .iter()
+        .find_map(|v| v.as_str()?.strip_prefix(&prefix))
+        .filter(|region| !region.is_empty())
+        .map(String::from)
+}
+
 /// The name under which this binary acts as an OCI runtime (a symlink to `memloop`): for
 /// engines without `precreate` hooks (docker: `"runtimes": {"memloop": {"path":
 /// ".../memloop-runc"}}` in daemon.json, then `docker run --runtime memloop --annotation
-/// io.memloop.region=default …`).
+/// io.memloop.region=default …`, or `-e MEMLOOP_CONTAINER_REGION=default` where docker has no
+/// `--annotation`).
 pub const RUNTIME_NAME: &str = "memloop-runc";
+
+/// The opt-in as a variable of the container's environment, for engines that cannot set OCI
+/// annotations (docker before 24, e.g. Debian 12's `docker.io` 20.10: `docker run --runtime
+/// memloop -e MEMLOOP_CONTAINER_REGION=default …`). Its value names the region as the
+/// annotation's does; the annotation wins when both are set. Only the runtime wrapper sees it:
+/// the hook is called for annotated containers only.
+pub const ENV_OPT_IN: &str = "MEMLOOP_CONTAINER_REGION";
 
 /// As an OCI runtime: on `create` (or `run`) of an annotated container, adds memloop to the
 /// bundle's `config.json` exactly as the hook would; then becomes the real runtime
@@ -281,6 +304,26 @@ mod tests {
         let docker_v1 = "4:pids:/docker/fedcba9876543210fedcba9876543210\n";
         assert_eq!(container_id(docker_v1).as_deref(), Some("fedcba987654"));
         assert_eq!(container_id("0::/user.slice/session-3.scope\n"), None);
+    }
+
+    #[test]
+    fn a_container_opts_in_by_annotation_or_by_its_environment() {
+        let c = |v: Value| opted_in(&v);
+        let env = |e: &[&str]| json!({ "process": { "env": e } });
+        assert_eq!(
+            c(json!({ "annotations": { ANNOTATION: "a" } })),
+            Some("a".into())
+        );
+        assert_eq!(
+            c(env(&["PATH=/bin", "MEMLOOP_CONTAINER_REGION=b"])),
+            Some("b".into())
+        );
+        let mut both = env(&["MEMLOOP_CONTAINER_REGION=b"]);
+        both["annotations"] = json!({ ANNOTATION: "a" });
+        assert_eq!(c(both), Some("a".into()));
+        assert_eq!(c(env(&["MEMLOOP_CONTAINER_REGION="])), None);
+        assert_eq!(c(env(&["MEMLOOP_CONTAINER_REGIONS=x", "PATH=/bin"])), None);
+        assert_eq!(c(json!({ "annotations": { "other": "a" } })), None);
     }
 
     #[test]
