@@ -44,6 +44,11 @@ if [ -f /etc/memloop-vm/modules ]; then
     insmod "$ko" || echo "init: insmod $ko failed"
   done </etc/memloop-vm/modules
 fi
+# TUN devices (memloop link): devtmpfs makes the node when tun loads; make it if it did not.
+if [ -d /sys/class/misc/tun ] && [ ! -c /dev/net/tun ]; then
+  mkdir -p /dev/net
+  mknod -m 666 /dev/net/tun c 10 200
+fi
 
 # Network: loopback, then the first virtio-net interface.
 ip link set lo up

@@ -19,9 +19,9 @@ HOST_IP=10.77.0.1
 HOST_IP6=fd77::1
 # Kernel modules the guests load (their dependencies are added); built-in ones are skipped.
 MODULES=${MEMLOOP_VM_MODULES:-virtio_pci virtio_net tun}
-PACKAGES=(qemu-system-x86 busybox-static cpio socat sockperf xz-utils iproute2)
+PACKAGES=(qemu-system-x86 busybox-static cpio socat sockperf iperf3 xz-utils iproute2)
 # Dynamically linked host programs copied into the guests (with their libraries) as /usr/bin/NAME.
-PROGRAMS=${MEMLOOP_VM_PROGRAMS:-socat sockperf}
+PROGRAMS=${MEMLOOP_VM_PROGRAMS:-socat sockperf iperf3}
 
 log() { printf '[vm] %s\n' "$*" >&2; }
 die() {

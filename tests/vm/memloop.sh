@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # memloop between two real QEMU guests (TCG) that share one ivshmem region, and with the host.
-# Five runs of scripts/vm/vm.sh:
+# Six runs of scripts/vm/vm.sh:
 #
 #  1. pair: the native API between the guests and guest <-> host (8 MB, sha256 on both ends),
 #     unmodified socat under the preload between the guests and guest -> host (8 MB, sha256)
@@ -31,6 +31,15 @@
 #     without printing `wrote`. b's `memloop cat --zero-copy` gets its buffer back from the dead
 #     reader (b's heartbeat sweep reclaims it), then exits 1 within 10 s: the listener is gone.
 #     Region usage back to its baseline without a reclaim.
+#  6. memloop link (issue 18): `memloop link up L` in both guests, a network link whose wire is
+#     the ivshmem BAR (TUN device ml-L in each guest, 10.98.0.1/30 in a, 10.98.0.2/30 in b).
+#     Across it: ping both ways (and IPv6), a static Go HTTP GET/POST (tests/link/go/httpcheck,
+#     SHA-256 checked), a 64 MiB TCP stream a -> b checked on both ends, iperf3 TCP and UDP with
+#     byte counts, the link's counters in `status --json`; then b's link service is SIGKILLed
+#     during a paced 32 MiB stream: a's carrier must drop within 3 s, `link up` again in b
+#     brings it back, a ping works and the stream completes intact. Measured against
+#     virtio-net with the same programs: the 64 MiB stream, iperf3 TCP, `memloop bench probe`
+#     stream 64 KB and rr 64 B, printed side by side with their ratios (and in --json).
 #
 # Needs root. Exit status 0 = passed. `--json FILE` also writes the measurements.
 # shellcheck disable=SC2016 # (guest and host job scripts are single-quoted on purpose)
@@ -40,6 +49,8 @@ VM=scripts/vm/vm.sh
 M=$PWD/target/release/memloop
 json_out=
 [ "${1:-}" = "--json" ] && json_out=$2
+# (Run 1 writes the file, run 6 adds its rows: nothing from an earlier invocation stays.)
+[ -z "$json_out" ] || : >"$json_out"
 
 t_start=$(date +%s.%N)
 passed=0 failed=0
@@ -749,6 +760,319 @@ if [ "$after" = "$baseline" ] && [ "$pools" = 0 ]; then
   ok "region usage back to baseline after run 5 without a reclaim ($after; no pools)"
 else
   bad "region usage after run 5: $after ($pools pools), before: $baseline"
+fi
+rm -rf "$region" "$region.wake"
+
+# ---------------------------------------------------------------------------------------------
+# 6. memloop link between the guests (issue 18): a network link whose wire is the ivshmem BAR
+#
+# Each guest runs `memloop link up L` (a TUN device ml-L, 10.98.0.1/30 + fd98::1/64 in a,
+# 10.98.0.2/30 + fd98::2/64 in b). Guest a drives; b serves. Across the link: ping both ways
+# (and IPv6 a -> b), a static Go program (tests/link/go/httpcheck) GETs 16 MiB and POSTs 16 MiB
+# with their SHA-256 checked, a 64 MiB TCP stream a -> b checked byte by byte and by SHA-256 on
+# both ends (httpcheck send/recv), then the same 64 MiB over virtio-net (10.77.0.3) for the
+# comparison; `memloop bench probe` rr 64 B and stream 64 KB against b's `memloop bench serve`
+# on both paths; iperf3 TCP a -> b (2 s) over both paths and UDP (2 s, 100 Mbit/s offered,
+# 1400 B) over the link, with their byte counts; `memloop status --json` in a before and after the 64 MiB stream (both halves
+# carrier true, a's tx_bytes and b's rx_bytes grown by >= 64 MiB, no bad frames).
+# Fault: a 32 MiB stream a -> b paced at 8 MiB/s; once 4 MiB went, b SIGKILLs its link service;
+# a's carrier must drop within 3 s; then b runs `memloop link up` again, a's carrier comes back,
+# a ping works, and the stream completes intact (TCP retransmits what the dead service lost);
+# a's half counts 2 sessions (restarts). a and b coordinate over virtio-net (socat).
+
+hc=$PWD/target/vm/httpcheck
+run6=1
+if ! command -v go >/dev/null; then
+  bad "run 6: no go on the host to build tests/link/go/httpcheck (skipped)"
+  run6=0
+elif ! (cd tests/link/go/httpcheck && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$hc" .); then
+  bad "run 6: building tests/link/go/httpcheck failed (skipped)"
+  run6=0
+fi
+
+rm -rf "$region" "$region.wake"
+"$M" region create --region "$region" --size 64M >/dev/null
+
+job_link='
+up_s() { cut -d" " -f1 /proc/uptime; }
+since() { awk -v a="$1" -v b="$(up_s)" "BEGIN{printf \"%.2f\", b-a}"; }
+carrier() { cat /sys/class/net/ml-L/carrier 2>/dev/null || echo gone; }
+# wait_carrier WANT SECS: until the carrier of ml-L reads WANT (status 1 after SECS).
+wait_carrier() {
+  t=$(up_s)
+  while [ "$(carrier)" != "$1" ]; do
+    [ "$(since "$t" | cut -d. -f1)" -ge "$2" ] && return 1
+    sleep 0.05
+  done
+}
+# No duplicate address detection on the new interface: its IPv6 address works at once.
+echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad
+link_up() {
+  t=$(up_s)
+  if ifn=$(memloop link up L --addr "$1" --addr6 "$2"); then
+    echo "$MEMLOOP_VM_NAME: link up: $ifn ($(since "$t") s)"
+  else
+    echo "$MEMLOOP_VM_NAME: link up FAILED"
+  fi
+}
+ping_tag() { # TAG ping args...
+  tag=$1; shift
+  ping "$@" > /tmp/ping 2>&1
+  echo "$MEMLOOP_VM_NAME: ping $tag: $(grep transmitted /tmp/ping) / $(grep round-trip /tmp/ping)"
+}
+jline() { printf "R6JSON %s %s\n" "$1" "$(tr -d "\n" < "$2")"; }
+linklog() { cat /tmp/memloop-link-L-*.log 2>/dev/null | sed "s/^/$MEMLOOP_VM_NAME-linklog: /"; }
+'
+
+job_b="$job_link"'
+link_up 10.98.0.2/30 fd98::2/64
+/opt/httpcheck serve 0.0.0.0:8080 > /tmp/serve.out 2>&1 &
+for p in 7602 7603 7604; do /opt/httpcheck recv 0.0.0.0:$p > /tmp/recv-$p.out 2> /tmp/recv-$p.err & done
+memloop bench serve --addr 0.0.0.0:7601 > /dev/null 2>&1 &
+iperf3 -s -p 5201 > /dev/null 2>&1 &
+wait_carrier 1 20 && echo "b: carrier up" || echo "b: no carrier after 20 s"
+ping_tag "b -> a" -c 3 10.98.0.1
+# The fault: a says when its stream is under way.
+socat -u TCP-LISTEN:7609,reuseaddr - > /dev/null
+pid=$(ps -o pid,args | grep "[l]ink up L --foreground" | awk "{ print \$1 }")
+kill -9 $pid
+echo "b: SIGKILLed the link service (pid $pid) at $(up_s)"
+# a says when it saw its carrier drop (or gave up waiting).
+socat -u TCP-LISTEN:7610,reuseaddr - > /dev/null
+link_up 10.98.0.2/30 fd98::2/64
+wait_carrier 1 20 && echo "b: carrier up again" || echo "b: no carrier after the restart"
+socat -u TCP-LISTEN:7611,reuseaddr - > /dev/null
+for p in 7602 7603 7604; do
+  i=0
+  while [ -z "$(grep "\"op\"" /tmp/recv-$p.out)" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+  grep "\"op\"" /tmp/recv-$p.out | sed "s/^/R6JSON recv-$p /"
+  grep -v "^recv: [0-9]* bytes" /tmp/recv-$p.err | sed "s/^/b: recv $p: /"
+done
+grep -v "^listening" /tmp/serve.out | sed "s/^/b: serve: /"
+linklog
+echo "b: done"'
+
+job_a="$job_link"'
+link_up 10.98.0.1/30 fd98::1/64
+t=$(up_s)
+wait_carrier 1 20 && echo "a: carrier up after $(since "$t") s" || echo "a: no carrier after 20 s"
+ping_tag "a -> b" -c 3 10.98.0.2
+ping_tag "a -> b IPv6" -c 3 fd98::2
+for op in get post; do
+  if /opt/httpcheck $op http://10.98.0.2:8080 16M > /tmp/http.out 2> /tmp/http.err; then jline http-$op /tmp/http.out
+  else echo "a: http $op FAILED: $(cat /tmp/http.err)"; fi
+done
+status() { echo "STATUS-BEGIN $1"; memloop status --json; echo "STATUS-END $1"; }
+status before
+for p in "link 10.98.0.2:7602" "virtio 10.77.0.3:7603"; do
+  set -- $p
+  /opt/httpcheck send $2 64M > /tmp/send.out 2> /tmp/send.err && jline send-$1 /tmp/send.out ||
+    echo "a: send $1 FAILED: $(grep -v "^send: [0-9]* bytes" /tmp/send.err)"
+  [ $1 = link ] && status after
+done
+for t in "rr 64" "stream 65536"; do
+  set -- $t
+  echo "RESULT link $1 $2 $(memloop bench probe --addr 10.98.0.2:7601 --test $1 --size $2 --secs 1)"
+  echo "RESULT virtio $1 $2 $(memloop bench probe --addr 10.77.0.3:7601 --test $1 --size $2 --secs 1)"
+done
+iperf3 -c 10.98.0.2 -p 5201 -t 2 -J > /tmp/ip.json 2>&1; jline iperf3-tcp /tmp/ip.json
+iperf3 -c 10.77.0.3 -p 5201 -t 2 -J > /tmp/ip.json 2>&1; jline iperf3-tcp-virtio /tmp/ip.json
+iperf3 -c 10.98.0.2 -p 5201 -u -b 100M -l 1400 -t 2 -J > /tmp/ip.json 2>&1; jline iperf3-udp /tmp/ip.json
+# The fault: a 32 MiB stream paced at 8 MiB/s; b kills its service once 4 MiB went.
+/opt/httpcheck send 10.98.0.2:7604 32M 8 > /tmp/fault.out 2> /tmp/fault.err &
+fpid=$!
+i=0
+until [ "$(tail -1 /tmp/fault.err | sed -n "s/^send: \([0-9]*\) bytes/\1/p")" -ge 4194304 ] 2>/dev/null || [ $i -ge 200 ]; do sleep 0.05; i=$((i + 1)); done
+echo "a: fault stream at $(tail -1 /tmp/fault.err)"
+echo kill | socat -u - TCP:10.77.0.3:7609,retry=100,interval=0.1
+t=$(up_s)
+echo "a: asked b to kill its link service at $t"
+wait_carrier 0 10 && echo "a: carrier down after $(since "$t") s" || echo "a: carrier still up 10 s after the kill"
+echo restart | socat -u - TCP:10.77.0.3:7610,retry=100,interval=0.1
+t=$(up_s)
+wait_carrier 1 20 && echo "a: carrier up again after $(since "$t") s" || echo "a: no carrier 20 s after the restart"
+n=1
+until ping -c 1 -W 1 10.98.0.2 > /dev/null 2>&1 || [ $n -ge 10 ]; do n=$((n + 1)); done
+ping -c 1 -W 1 10.98.0.2 > /dev/null 2>&1 && echo "a: ping after the restart: ok (attempt $n, $(since "$t") s after the restart)" ||
+  echo "a: ping after the restart: FAILED"
+i=0
+while kill -0 $fpid 2>/dev/null && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+kill -0 $fpid 2>/dev/null && { echo "a: fault stream not done 60 s after the restart: $(tail -1 /tmp/fault.err)"; kill $fpid; }
+wait $fpid && jline send-fault /tmp/fault.out || echo "a: fault stream FAILED: $(grep -v "^send: [0-9]* bytes" /tmp/fault.err)"
+echo "a: fault stream ended $(since "$t") s after the restart"
+status fault
+echo done | socat -u - TCP:10.77.0.3:7611,retry=100,interval=0.1
+linklog
+echo "a: done"'
+
+if [ $run6 = 1 ]; then
+  echo "== run 6: memloop link between the guests vs virtio-net"
+  t0=$(date +%s.%N)
+  if "$VM" run --region "$region" --timeout 150 --quiet --log-dir "$logs/link" \
+    --add "$hc:/opt/httpcheck" --a "$job_a" --b "$job_b"; then
+    ok "run 6 finished (run 6: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s)"
+  else
+    bad "run 6 failed (logs in $logs/link)"
+  fi
+
+  python3 - "$logs/link" "${json_out:-}" <<'EOF' || bad "run 6 checks (see above)"
+import json, os, re, sys
+d, out = sys.argv[1], sys.argv[2]
+text = {g: open(f"{d}/{g}.log", errors="replace").read().replace("\r", "") for g in ("a", "b")}
+fails = []
+def check(cond, good, badmsg):
+    if cond:
+        print(f"vm-test: ok: {good}")
+    else:
+        fails.append(badmsg)
+def grab(g, pat):
+    m = re.search(pat, text[g])
+    return m.groups() if m else None
+js = {}
+for g in ("a", "b"):
+    for m in re.finditer(r"^R6JSON (\S+) (.*)$", text[g], re.M):
+        try:
+            js[m.group(1)] = json.loads(m.group(2))
+        except ValueError:
+            js[m.group(1)] = {"unparsed": m.group(2)[:300]}
+    for l in text[g].splitlines():
+        if re.match(rf"{g}: |{g}-linklog: ", l) and not l.startswith(f"{g}: done"):
+            print(f"vm-test:   {l}")
+MiB = 1 << 20
+for g in ("a", "b"):
+    up = re.findall(rf"^{g}: link up: (\S+) \(([0-9.]+) s\)", text[g], re.M)
+    check(len(up) == (1 if g == "a" else 2) and all(u[0] == "ml-L" for u in up),
+          f"{g}: memloop link up printed ml-L ({', '.join(u[1] + ' s' for u in up)})", f"{g}: link up: {up}")
+check(grab("a", r"a: carrier up after ([0-9.]+) s"), "a: carrier up", "a: no carrier")
+for g, tag in (("a", "a -> b"), ("b", "b -> a"), ("a", "a -> b IPv6")):
+    p = grab(g, rf"{g}: ping {re.escape(tag)}: (\d+) packets transmitted, (\d+) packets received")
+    check(p == ("3", "3"), f"ping {tag} across the link: 3 of 3", f"ping {tag}: {p}")
+for op in ("get", "post"):
+    r = js.get(f"http-{op}", {})
+    check(r.get("bytes") == 16 * MiB and r.get("sha256"),
+          f"static Go HTTP {op.upper()} 16 MiB across the link, SHA-256 checked ({r.get('mib_per_s', 0):.1f} MiB/s)",
+          f"http {op}: {r or 'no result'}")
+for path, port in (("link", 7602), ("virtio", 7603), ("fault", 7604)):
+    s, r = js.get(f"send-{path}", {}), js.get(f"recv-{port}", {})
+    size = (32 if path == "fault" else 64) * MiB
+    check(s.get("bytes") == r.get("bytes") == size and s.get("sha256") and s.get("sha256") == r.get("sha256"),
+          f"TCP stream a -> b over {path if path != 'fault' else 'the link across the kill/restart'}: "
+          f"{size // MiB} MiB, SHA-256 equal on both ends ({s.get('sha256', '')[:16]}...)",
+          f"stream {path}: sent {s or 'nothing'}, received {r or 'nothing'}")
+def status(tag):
+    m = re.search(rf"STATUS-BEGIN {tag}\n(.*?)STATUS-END {tag}", text["a"], re.S)
+    if not m:
+        fails.append(f"no status '{tag}' from a")
+        return {}
+    try:
+        v = json.loads(m.group(1))
+    except ValueError as e:
+        fails.append(f"status '{tag}': {e}")
+        return {}
+    halves = {}
+    for l in v.get("links", []):
+        if l["name"] == "L":
+            for h in l["halves"]:
+                if h:
+                    halves["a" if h["ipv4"] == "10.98.0.1/30" else "b"] = h
+    return halves
+st = {t: status(t) for t in ("before", "after", "fault")}
+for t, h in st.items():
+    check(set(h) == {"a", "b"} and all(x["carrier"] for x in h.values()),
+          f"status --json ({t}): link L with both halves, carrier true on both "
+          f"(pids a {h.get('a', {}).get('pid')}, b {h.get('b', {}).get('pid')})",
+          f"status ({t}): halves {h}")
+try:
+    ca0, ca1 = st["before"]["a"]["counters"], st["after"]["a"]["counters"]
+    cb0, cb1 = st["before"]["b"]["counters"], st["after"]["b"]["counters"]
+    dtx, drx = ca1["tx_bytes"] - ca0["tx_bytes"], cb1["rx_bytes"] - cb0["rx_bytes"]
+    check(dtx >= 64 * MiB and drx >= 64 * MiB and ca1["drops_bad"] == cb1["drops_bad"] == 0,
+          f"link counters over the 64 MiB stream: a tx +{dtx} B ({ca1['tx_packets'] - ca0['tx_packets']} packets), "
+          f"b rx +{drx} B; drops full a {ca1['drops_full']} b {cb1['drops_full']}, bad 0",
+          f"link counters: a {ca0} -> {ca1}, b {cb0} -> {cb1}")
+    fa = st["fault"]["a"]["counters"]
+    check(fa["restarts"] >= 2 and st["fault"]["b"]["pid"] != st["after"]["b"]["pid"],
+          f"after the kill: a's half counts {fa['restarts']} sessions, b's half is the new service "
+          f"(pid {st['fault']['b']['pid']}, was {st['after']['b']['pid']})",
+          f"after the kill: a {fa}, b pid {st['fault']['b'].get('pid')} (was {st['after']['b'].get('pid')})")
+except KeyError as e:
+    fails.append(f"link counters: missing {e}")
+down = grab("a", r"a: carrier down after ([0-9.]+) s")
+check(down and float(down[0]) <= 3.0, f"a's carrier dropped {down and down[0]} s after b's service was killed",
+      f"a's carrier after the kill: {down or 'still up after 10 s'}")
+back = grab("a", r"a: carrier up again after ([0-9.]+) s")
+ping = grab("a", r"a: ping after the restart: ok \(attempt (\d+), ([0-9.]+) s")
+check(back and ping, f"b's link up again: a's carrier back after {back and back[0]} s, ping ok "
+      f"{ping and ping[1]} s after the restart", f"after the restart: carrier {back}, ping {ping}")
+fs = js.get("send-fault", {})
+ended = grab("a", r"a: fault stream ended ([0-9.]+) s after the restart")
+print(f"vm-test:   fault stream: {fs.get('seconds', 0):.1f} s for 32 MiB paced at 8 MiB/s "
+      f"(ended {ended and ended[0]} s after the restart)")
+killed = grab("b", r"b: SIGKILLed the link service \(pid (\d+)\)")
+check(killed and st["after"].get("b", {}).get("pid") == int(killed[0]),
+      f"b SIGKILLed its link service (pid {killed and killed[0]}, b's half in the status)",
+      f"b killed pid {killed}, b's half in the status: {st['after'].get('b', {}).get('pid')}")
+# iperf3
+for proto in ("tcp", "udp"):
+    r = js.get(f"iperf3-{proto}", {})
+    e = r.get("end", {})
+    if proto == "tcp":
+        sent, got = e.get("sum_sent", {}).get("bytes"), e.get("sum_received", {}).get("bytes")
+        extra = f"{(e.get('sum_received', {}).get('bits_per_second') or 0) / 8e6:.1f} MB/s, " \
+                f"{e.get('sum_sent', {}).get('retransmits')} retransmits"
+    else:
+        s = e.get("sum", {})
+        sent, got = s.get("bytes"), s.get("bytes") and s["bytes"] * (1 - (s.get("lost_percent") or 0) / 100)
+        extra = f"{s.get('packets')} datagrams, {s.get('lost_packets')} lost ({s.get('lost_percent', 0):.1f} %)"
+    check(sent and got and got > 0, f"iperf3 {proto.upper()} a -> b across the link: sent {sent} B, "
+          f"received {got and int(got)} B ({extra})", f"iperf3 {proto}: {r.get('error') or str(r)[:300] or 'no result'}")
+# Measurements, side by side.
+res = {}
+for l in text["a"].splitlines():
+    m = re.match(r"RESULT (\S+) (\S+) (\d+) (\{.*\})", l.strip())
+    if m:
+        res[(m.group(1), m.group(2))] = json.loads(m.group(4))
+rows = []
+def row(test, unit, link, virtio, higher_better, mean=(None, None)):
+    if link is None or virtio is None:
+        fails.append(f"no {test} measurement (link {link}, virtio {virtio})")
+        return
+    ratio = link / virtio if higher_better else virtio / link
+    for path, v, mu in (("link", link, mean[0]), ("virtio", virtio, mean[1])):
+        rows.append({"run": 6, "peer": "guest a -> guest b", "path": path, "test": test, "unit": unit, "value": v,
+                     "mean_us": mu, "vs_virtio": ratio if path == "link" else 1.0})
+    return ratio
+sl, sv = js.get("send-link", {}).get("mib_per_s"), js.get("send-virtio", {}).get("mib_per_s")
+mb = lambda x: x and x * MiB / 1e6
+row("stream-64MiB", "MB/s (httpcheck send/recv)", mb(sl), mb(sv), True)
+pl, pv = res.get(("link", "stream")), res.get(("virtio", "stream"))
+gb = lambda r: r and r.get("bytes") and r["bytes"] / r["elapsed_s"] / 1e6
+row("stream", "MB/s (bench probe, 64 KB writes)", gb(pl), gb(pv), True)
+ipr = lambda k: (js.get(k, {}).get("end", {}).get("sum_received", {}).get("bits_per_second") or 0) / 8e6 or None
+row("iperf3-tcp", "MB/s (iperf3 -t 2, received)", ipr("iperf3-tcp"), ipr("iperf3-tcp-virtio"), True)
+rl, rv = res.get(("link", "rr")), res.get(("virtio", "rr"))
+us = lambda r: r and r.get("p50_ns") and r["p50_ns"] / 1000
+mean = lambda r: r and r.get("count") and r["elapsed_s"] / r["count"] * 1e6
+row("rr", "round trip p50 µs (bench probe, 64 B)", us(rl), us(rv), False, (mean(rl), mean(rv)))
+print("\nrun 6, guest a -> guest b                           | memloop link | virtio-net | link vs virtio-net (>1: link better)")
+by = {}
+for r in rows:
+    by.setdefault((r["test"], r["unit"]), {})[r["path"]] = r
+for (test, unit), p in by.items():
+    l, v = p["link"], p["virtio"]
+    extra = f"  (mean {l['mean_us']:.0f} vs {v['mean_us']:.0f} µs)" if l["mean_us"] else ""
+    print(f"{test:>12} {unit:<38} | {l['value']:12.1f} | {v['value']:10.1f} | {l['vs_virtio']:.2f}x{extra}")
+st_ratio = by.get(("stream-64MiB", "MB/s (httpcheck send/recv)"), {}).get("link", {}).get("vs_virtio")
+if st_ratio is not None:
+    print(f"vm-test: note: link stream {st_ratio:.2f}x virtio-net (issue 18 target: >= 2x): "
+          f"{'met' if st_ratio >= 2 else 'NOT met'}")
+if out:
+    prev = json.load(open(out)) if os.path.exists(out) and os.path.getsize(out) else []
+    json.dump(prev + rows, open(out, "w"), indent=1)
+for f in fails:
+    print("vm-test: FAILED:", f)
+sys.exit(1 if fails else 0)
+EOF
 fi
 rm -rf "$region" "$region.wake"
 
