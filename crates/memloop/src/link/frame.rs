@@ -2,6 +2,9 @@
 //! followed by an IP packet. The peer wrote it, so it is checked before a device sees it: a
 //! buggy or hostile side must cost one dropped, counted frame — never a crash, and never a
 //! frame that makes the kernel on this side do something it would refuse from a real NIC.
+//! The frame is handed to the device in place, so a peer could still change it between this
+//! check and the kernel's copy: that gains it nothing, as the TUN driver checks the header and
+//! the packet again on its own copy (the check here is for a clear counter, not for safety).
 //!
 //! | offset | field |
 //! | --- | --- |
