@@ -12,7 +12,10 @@
 #   4. a region the hook cannot open: the container still runs, on the kernel path;
 #   5. the same opt-in through the OCI runtime wrapper (`memloop-runc`, for engines without
 #      hooks, e.g. docker's `--runtime`), with no hook installed: a pair in the container moves
-#      its bytes through a ring.
+#      its bytes through a ring;
+#   6. a `memloop link` between two containers (each with /dev/net/tun, CAP_NET_ADMIN and the
+#      region mounted): ping across it, the counters in the links table; one container
+#      SIGKILLed → the other's carrier drops within 3 s; a new container brings it back.
 # The containers' root file system is the host's, as an overlay (`--rootfs /:O`): no registry
 # is reachable here, and the programs are the host's Debian packages.
 # Then the same pair, kill and opt-in checks with docker: tests/containers/docker.sh (its own
@@ -159,6 +162,35 @@ out=$(podman run --rm --hooks-dir "$work/nohooks" --runtime "$work/rt/memloop-ru
 moved=$(($(status | jq '.ring_bytes') - before))
 [ "$moved" -ge 1048576 ] || fail "the runtime wrapper's container moved $moved ring bytes (want ≥ 1 MiB)"
 ok "runtime wrapper (memloop-runc, no hook): a pair in the container moved $moved bytes through a ring"
+
+# ---- 6. a memloop link between two containers (the link service as each one's process)
+link_ctr() { # NAME ADDR
+  podman run -d --name "$tag-$1" --device /dev/net/tun --cap-add NET_ADMIN \
+    -v "/dev/shm/memloop-$R:/dev/shm/memloop-$R" --rootfs /:O \
+    "$M" link up L --addr "$2" --region "$R" --foreground 2> >(quiet >&2) >/dev/null
+}
+carrier_of() { podman exec "$tag-$1" cat /sys/class/net/ml-L/carrier 2>/dev/null || echo none; }
+wait_carrier() { # NAME WANT SECS
+  local i
+  for ((i = 0; i < $3 * 10; i++)); do
+    [ "$(carrier_of "$1")" = "$2" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+link_ctr la 10.99.77.1/30 && link_ctr lb 10.99.77.2/30 || fail "starting the link containers"
+wait_carrier la 1 5 && wait_carrier lb 1 5 || fail "the link's carrier did not come up in the containers"
+podman exec "$tag-la" ping -c 3 -i 0.2 -W 2 10.99.77.2 >/dev/null || fail "ping across the link between containers"
+rx=$(status | jq '[.links[] | select(.name == "L") | .halves[] | select(. != null) | .counters.rx_packets] | add')
+[ "${rx:-0}" -ge 6 ] || fail "the link's counters did not see the pings (rx packets: $rx)"
+podman kill -s KILL "$tag-la" >/dev/null 2>&1
+wait_carrier lb 0 3 || fail "the surviving container's carrier did not drop within 3 s of the kill"
+podman rm -f "$tag-la" >/dev/null 2>&1
+link_ctr la 10.99.77.1/30 || fail "restarting the link container"
+wait_carrier lb 1 5 || fail "the carrier did not come back after a new container took the link"
+podman exec "$tag-lb" ping -c 2 -W 2 10.99.77.1 >/dev/null || fail "ping across the link after the restart"
+podman rm -f "$tag-la" "$tag-lb" >/dev/null 2>&1
+ok "link between two containers: ping, counters ($rx packets received), carrier down on SIGKILL and back with a new container"
 
 echo "containers: all $passed checks passed"
 
