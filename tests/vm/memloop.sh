@@ -779,6 +779,7 @@ rm -rf "$region" "$region.wake"
 # a's carrier must drop within 3 s; then b runs `memloop link up` again, a's carrier comes back,
 # a ping works, and the stream completes intact (TCP retransmits what the dead service lost);
 # a's half counts 2 sessions (restarts). a and b coordinate over virtio-net (socat).
+# A second link, H, joins guest a and the host (the region file's side): ping both ways.
 
 hc=$PWD/target/vm/httpcheck
 run6=1
@@ -854,6 +855,7 @@ echo "b: done"'
 
 job_a="$job_link"'
 link_up 10.98.0.1/30 fd98::1/64
+memloop link up H --addr 10.97.0.2/30 > /dev/null && echo "a: link H up" || echo "a: link H up FAILED"
 t=$(up_s)
 wait_carrier 1 20 && echo "a: carrier up after $(since "$t") s" || echo "a: no carrier after 20 s"
 ping_tag "a -> b" -c 3 10.98.0.2
@@ -902,14 +904,27 @@ wait $fpid && jline send-fault /tmp/fault.out || echo "a: fault stream FAILED: $
 echo "a: fault stream ended $(since "$t") s after the restart"
 status fault
 echo done | socat -u - TCP:10.77.0.3:7611,retry=100,interval=0.1
+ping_tag "a -> host" -c 3 10.97.0.1
 linklog
 echo "a: done"'
 
+# The host's side of a second link, H, with guest a (10.97.0.1/30 here, .2 in a): up at once,
+# a ping once a's side is up, then kept until a's side goes (a powers off: the carrier drops).
+job_host="$host_path"'
+carrier() { cat /sys/class/net/ml-H/carrier 2>/dev/null || echo gone; }
+memloop link up H --addr 10.97.0.1/30 > /dev/null || echo "host: link H up FAILED"
+i=0; while [ "$(carrier)" != 1 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+out=$(ping -c 3 -W 2 10.97.0.2 2>&1)
+echo "host: ping host -> a: $(echo "$out" | grep transmitted)"
+i=0; while [ "$(carrier)" = 1 ] && [ $i -lt 1500 ]; do sleep 0.1; i=$((i + 1)); done
+memloop link down H || echo "host: link down H FAILED"
+echo "host: link H down"'
+
 if [ $run6 = 1 ]; then
-  echo "== run 6: memloop link between the guests vs virtio-net"
+  echo "== run 6: memloop link between the guests vs virtio-net, and between guest a and the host"
   t0=$(date +%s.%N)
   if "$VM" run --region "$region" --timeout 150 --quiet --log-dir "$logs/link" \
-    --add "$hc:/opt/httpcheck" --a "$job_a" --b "$job_b"; then
+    --add "$hc:/opt/httpcheck" --host "$job_host" --a "$job_a" --b "$job_b"; then
     ok "run 6 finished (run 6: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s)"
   else
     bad "run 6 failed (logs in $logs/link)"
@@ -947,6 +962,14 @@ check(grab("a", r"a: carrier up after ([0-9.]+) s"), "a: carrier up", "a: no car
 for g, tag in (("a", "a -> b"), ("b", "b -> a"), ("a", "a -> b IPv6")):
     p = grab(g, rf"{g}: ping {re.escape(tag)}: (\d+) packets transmitted, (\d+) packets received")
     check(p == ("3", "3"), f"ping {tag} across the link: 3 of 3", f"ping {tag}: {p}")
+host = open(f"{d}/host.log", errors="replace").read() if os.path.exists(f"{d}/host.log") else ""
+p = grab("a", r"a: ping a -> host: (\d+) packets transmitted, (\d+) packets received")
+check(p == ("3", "3"), "ping guest a -> host across link H: 3 of 3", f"ping a -> host across link H: {p}")
+m = re.search(r"host: ping host -> a: (\d+) packets transmitted, (\d+) received", host)
+check(m and m.groups() == ("3", "3"), "ping host -> guest a across link H: 3 of 3",
+      f"ping host -> a across link H: {m and m.groups()} (host log: {host[-300:]!r})")
+check("host: link H down" in host and "FAILED" not in host, "host: link H taken down after guest a left",
+      f"host side of link H: {host[-300:]!r}")
 for op in ("get", "post"):
     r = js.get(f"http-{op}", {})
     check(r.get("bytes") == 16 * MiB and r.get("sha256"),
