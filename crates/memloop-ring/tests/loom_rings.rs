@@ -94,6 +94,36 @@ fn record_with_padding() {
     });
 }
 
+/// A record written in place (reserved for more than it uses, padded to the ring end) and read
+/// in place: the reader never sees it before the commit, and sees exactly the bytes written.
+#[test]
+fn record_reserved_written_in_place_across_the_wrap() {
+    loom::model(|| {
+        let v = ring_at(RingKind::Record, 0, 48);
+        let mut p = RecordProducer::attach(v.clone()).unwrap();
+        let mut c = RecordConsumer::attach(v).unwrap();
+        let t = thread::spawn(move || {
+            // 16 bytes to the end; room for 16 is reserved: a padding record goes first.
+            let r = p.reserve(16).unwrap().expect("an empty ring has room");
+            p.data().write(r.at, &[7; 5]).unwrap();
+            p.commit(r, 5).unwrap();
+        });
+        let (at, len) = loop {
+            if let Some(x) = c.peek_in_place().unwrap() {
+                break x;
+            }
+            thread::yield_now();
+        };
+        assert_eq!(len, 5);
+        let mut b = [0u8; 5];
+        c.data().read(at, &mut b).unwrap();
+        assert_eq!(b, [7; 5]);
+        assert!(c.consume_peeked().unwrap());
+        assert_eq!(c.peek_in_place().unwrap(), None);
+        t.join().unwrap();
+    });
+}
+
 #[test]
 fn slots_batch_across_the_wrap_with_backpressure() {
     loom::model(|| {
