@@ -31,6 +31,10 @@ declare -A need=(
   [setpriv]=util-linux
   [timeout]=coreutils
   [sha256sum]=coreutils
+  [losetup]=mount
+  [mkfs.ext4]=e2fsprogs
+  [fsck.ext4]=e2fsprogs
+  [fio]=fio
 )
 
 # The server binaries of PostgreSQL live outside $PATH.

@@ -15,6 +15,10 @@
 //!   releases the buffer by dropping the completion. One copy, the kernel's: page cache →
 //!   pool.
 //!
+//! The client's kernel sees an attachment through [`fuse`]: a FUSE file (served on
+//! `/dev/fuse` directly, each request read into a [`WriteBuf`]) under a loop device; `memloop
+//! blk export|attach|detach` drive both ends.
+//!
 //! Choices:
 //!
 //! - **Two descriptor channels per attachment** (requests; completions), so that submitting
@@ -49,6 +53,7 @@
 
 pub mod client;
 pub mod error;
+pub mod fuse;
 pub mod proto;
 pub mod server;
 

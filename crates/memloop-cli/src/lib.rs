@@ -2,6 +2,7 @@
 //! which needs `run`, `domains` and `region` for its peers and the size and error helpers.
 #![forbid(unsafe_code)]
 
+pub mod blk_cmd;
 pub mod cat;
 pub mod container;
 pub mod domains;

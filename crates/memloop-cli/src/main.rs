@@ -7,7 +7,8 @@ mod forward;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use memloop_cli::{
-    cat, container, domains, init_logging, link_cmd, pipe_cmd, region_cmd, run, status, switch_cmd,
+    blk_cmd, cat, container, domains, init_logging, link_cmd, pipe_cmd, region_cmd, run, status,
+    switch_cmd,
 };
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -58,6 +59,10 @@ enum Cmd {
     /// shared memory, for traffic the preload cannot see (static binaries, ICMP, io_uring).
     #[command(subcommand)]
     Link(link_cmd::LinkCmd),
+    /// A block device over the region (MMBlk): `export` a file or block device in the
+    /// storage domain, `attach` it in a client domain as a loop device on a FUSE file.
+    #[command(subcommand)]
+    Blk(blk_cmd::BlkCmd),
     /// Containers opted in by an annotation (`io.memloop.region=REGION`): the OCI hook.
     #[command(subcommand)]
     Container(container::ContainerCmd),
@@ -95,6 +100,7 @@ fn main() -> ExitCode {
         Cmd::Container(c) => container::run(c),
         Cmd::Pipe(c) => pipe_cmd::run(c),
         Cmd::Link(c) => link_cmd::run(c),
+        Cmd::Blk(c) => blk_cmd::run(c),
         Cmd::GenerateDocs { dir } => generate_docs(&dir),
     };
     match result {

@@ -800,6 +800,7 @@ fn text(out: &mut dyn Write, region: &Region, s: &Snapshot, a: &StatusArgs) -> i
         write!(out, "\n{}", crate::pipe_cmd::render(&v))?;
     }
     write_links(out, reg)?;
+    crate::blk_cmd::write_blk(out, region.path())?;
     write_lists(out, s, a)
 }
 
@@ -1216,6 +1217,8 @@ fn json_head(region: &Region, s: &Snapshot, top: usize) -> Map<String, Value> {
         "pipe": pipe_service(region),
         // Links (issue 18): both halves of each, with their devices and counters.
         "links": crate::link_cmd::links_json(reg),
+        // Block exports and attachments (MMBlk): their services' stats files.
+        "blk": crate::blk_cmd::blk_json(region.path()),
         "fallbacks": fallbacks_json(c),
         "switches": switches_json(c),
         // Late-ring attempts that left their connection on TCP.

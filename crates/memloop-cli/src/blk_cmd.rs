@@ -1,0 +1,567 @@
+//! `memloop blk`: a block device over the region (MMBlk). `export` serves a file or a block
+//! device as `blk/NAME` from the storage domain; `attach` in a client domain mounts a FUSE
+//! file system whose one file, `disk`, is the export (`memloop_blk::fuse`), puts a loop
+//! device on it (`losetup --direct-io=on`) and prints the device's path. Both run as
+//! background services (`--foreground` to keep them here), log in the region's wake
+//! directory, and publish their counters there in a small JSON file refreshed every second,
+//! which `memloop status` reads (a file works across network namespaces that share the
+//! file system, as the domains do).
+//!
+//! The attach service owns its mount and its loop device: `detach` signals it, and it
+//! detaches the loop device and unmounts in its own mount namespace (`ip netns exec` gives
+//! each domain command one of its own).
+
+use crate::error::{fail, CliResult, Context};
+use memloop::{Node, Region, RegionSpec};
+use memloop_blk::fuse::Frontend;
+use memloop_blk::{BlkServer, ExportOptions};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[derive(clap::Subcommand)]
+pub enum BlkCmd {
+    /// Export a file or block device as NAME (in the storage domain).
+    Export(ExportArgs),
+    /// Stop this domain's export NAME (its clients' I/O fails with EIO until a new export).
+    Unexport(NameArgs),
+    /// Attach export NAME as a block device here: prints its path (e.g. /dev/loop3).
+    Attach(AttachArgs),
+    /// Detach NAME here: the loop device, the FUSE mount and the service.
+    Detach(NameArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    /// The export's name (letters, digits, '.', '_', '-'; at most 48 bytes).
+    name: String,
+    /// The backing store: a regular file or a block device.
+    #[arg(long)]
+    file: PathBuf,
+    /// Refuse writes (EROFS).
+    #[arg(long)]
+    read_only: bool,
+    /// Logical block size: 512 or 4096.
+    #[arg(long, default_value_t = 512)]
+    block_size: u32,
+    /// The region (default: MEMLOOP_REGION, else "default").
+    #[arg(long)]
+    region: Option<String>,
+    /// Run the service in the foreground.
+    #[arg(long)]
+    foreground: bool,
+}
+
+#[derive(clap::Args)]
+pub struct AttachArgs {
+    name: String,
+    #[arg(long)]
+    region: Option<String>,
+    /// Where to mount the FUSE file system (default: a directory in the region's wake
+    /// directory, else /run/memloop/blk/NAME).
+    #[arg(long)]
+    mountpoint: Option<PathBuf>,
+    /// Run the service in the foreground.
+    #[arg(long)]
+    foreground: bool,
+}
+
+#[derive(clap::Args)]
+pub struct NameArgs {
+    name: String,
+    #[arg(long)]
+    region: Option<String>,
+}
+
+pub fn run(cmd: BlkCmd) -> CliResult<()> {
+    match cmd {
+        BlkCmd::Export(a) => {
+            check_name(&a.name)?;
+            if a.foreground {
+                serve_export(&a)
+            } else {
+                let mut args: Vec<String> = vec!["export".into(), a.name.clone(), "--file".into()];
+                args.push(a.file.to_string_lossy().into());
+                if a.read_only {
+                    args.push("--read-only".into());
+                }
+                args.extend(["--block-size".into(), a.block_size.to_string()]);
+                start(a.region.as_deref(), &format!("export-{}", a.name), args).map(|_| ())
+            }
+        }
+        BlkCmd::Attach(a) => {
+            check_name(&a.name)?;
+            if a.foreground {
+                serve_attach(&a)
+            } else {
+                let mut args: Vec<String> = vec!["attach".into(), a.name.clone()];
+                if let Some(m) = &a.mountpoint {
+                    args.extend(["--mountpoint".into(), m.to_string_lossy().into()]);
+                }
+                let dev = start(a.region.as_deref(), &format!("attach-{}", a.name), args)?;
+                println!("{dev}");
+                Ok(())
+            }
+        }
+        BlkCmd::Detach(a) => stop(&a, "attach"),
+        BlkCmd::Unexport(a) => stop(&a, "export"),
+    }
+}
+
+fn check_name(name: &str) -> CliResult<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 48
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && !name.starts_with('.');
+    match ok {
+        true => Ok(()),
+        false => Err(fail(format!(
+            "{name:?}: an export name is 1 to 48 letters, digits, '.', '_' or '-'"
+        ))),
+    }
+}
+
+fn spec(region: Option<&str>) -> RegionSpec {
+    match region {
+        Some(r) => RegionSpec::parse(r),
+        None => RegionSpec::from_env(),
+    }
+}
+
+/// This network namespace's number (`net:[4026531840]` → `4026531840`).
+fn netns() -> String {
+    std::fs::read_link("/proc/self/ns/net")
+        .map(|p| {
+            p.to_string_lossy()
+                .replace(|c: char| !c.is_ascii_digit(), "")
+        })
+        .unwrap_or_default()
+}
+
+/// The region's wake directory, where logs and stats files go (or the temporary directory
+/// for a region without one).
+fn state_dir(spec: &RegionSpec) -> PathBuf {
+    let dir = memloop::region::wake_dir(&spec.path());
+    match memloop::region::make_wake_dir(&dir) {
+        Ok(()) => dir,
+        Err(_) => std::env::temp_dir(),
+    }
+}
+
+/// The stats file of a service: exports are the region's (one per name), attachments the
+/// network namespace's.
+fn stats_path(spec: &RegionSpec, what: &str, name: &str) -> PathBuf {
+    let file = match what {
+        "export" => format!("blk-export-{name}.json"),
+        _ => format!("blk-attach-{name}-net{}.json", netns()),
+    };
+    state_dir(spec).join(file)
+}
+
+/// Starts `memloop blk ARGS --foreground` in the background; its first line on stdout once
+/// it is ready.
+fn start(region: Option<&str>, label: &str, mut args: Vec<String>) -> CliResult<String> {
+    let spec = spec(region);
+    Region::open(&spec).context("opening the region")?;
+    let log = state_dir(&spec).join(format!("blk-{label}-net{}.log", netns()));
+    let log_file = std::fs::File::create(&log).context(format!("creating {}", log.display()))?;
+    let exe = std::env::current_exe().context("finding the memloop binary")?;
+    args.extend(["--foreground".into(), "--region".into()]);
+    args.push(spec.path().to_string_lossy().into());
+    let mut cmd = Command::new(exe);
+    cmd.arg("blk")
+        .args(&args)
+        .env("MEMLOOP_BLK_NOTIFY", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log_file);
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd.spawn().context("starting the blk service")?;
+    let mut line = String::new();
+    let out = child.stdout.take().expect("piped");
+    BufReader::new(out).read_line(&mut line).ok();
+    match line.trim() {
+        "" => {
+            let status = child.wait().ok();
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            Err(fail(format!(
+                "the blk service did not come up ({}): {}",
+                status.map_or("?".into(), |s| s.to_string()),
+                text.trim()
+            )))
+        }
+        l => Ok(l.to_string()),
+    }
+}
+
+/// Tells our parent we are ready (`line`), then lets go of its pipe.
+fn notify_ready(line: &str) -> CliResult<()> {
+    if std::env::var_os("MEMLOOP_BLK_NOTIFY").is_none() {
+        println!("{line}");
+        return Ok(());
+    }
+    let mut out = std::io::stdout();
+    writeln!(out, "{line}")
+        .and_then(|_| out.flush())
+        .context("notifying")?;
+    let null = std::fs::File::open("/dev/null").context("opening /dev/null")?;
+    rustix::stdio::dup2_stdout(null.as_fd()).context("releasing stdout")?;
+    Ok(())
+}
+
+fn stop_flag() -> CliResult<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("handling signals")?;
+    }
+    Ok(stop)
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Writes `v` to `path` whole (a reader never sees half of it).
+fn publish(path: &Path, v: &Value) {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, v.to_string()).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
+}
+
+fn serve_export(a: &ExportArgs) -> CliResult<()> {
+    let spec = spec(a.region.as_deref());
+    let region = Region::open(&spec).context("opening the region")?;
+    let node = Node::join(region, "blk-export").context("joining the region")?;
+    let opts = ExportOptions {
+        read_only: a.read_only,
+        block_size: a.block_size,
+        ..ExportOptions::default()
+    };
+    let server = BlkServer::export_with(&node, &a.name, &a.file, opts)
+        .context(format!("exporting {}", a.file.display()))?;
+    let stop = stop_flag()?;
+    let info = server.info();
+    let path = stats_path(&spec, "export", &a.name);
+    let file = std::fs::canonicalize(&a.file).unwrap_or_else(|_| a.file.clone());
+    let report = |server: &BlkServer| {
+        let s = server.stats();
+        json!({
+            "name": a.name, "pid": std::process::id(), "updated": now(),
+            "file": file, "size": info.size, "block_size": info.block_size,
+            "read_only": info.read_only(), "clients": s.sessions_active,
+            "sessions": s.sessions_opened, "requests": s.requests, "reads": s.reads,
+            "writes": s.writes, "flushes": s.flushes, "discards": s.discards,
+            "bytes_read": s.bytes_read, "bytes_written": s.bytes_written,
+            "errors": s.errors, "refused": s.refused,
+        })
+    };
+    publish(&path, &report(&server));
+    eprintln!(
+        "memloop blk {}: exporting {} ({} bytes{})",
+        a.name,
+        file.display(),
+        info.size,
+        if info.read_only() { ", read-only" } else { "" }
+    );
+    notify_ready(&info.size.to_string())?;
+    let mut last = Instant::now();
+    while !stop.load(Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+        if last.elapsed() >= Duration::from_secs(1) {
+            last = Instant::now();
+            publish(&path, &report(&server));
+        }
+    }
+    eprintln!("memloop blk {}: unexporting", a.name);
+    drop(server);
+    let _ = std::fs::remove_file(&path);
+    Ok(())
+}
+
+fn losetup(args: &[&str]) -> CliResult<String> {
+    let out = Command::new("losetup")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("running losetup (util-linux)")?;
+    if !out.status.success() {
+        return Err(fail(format!(
+            "losetup {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn serve_attach(a: &AttachArgs) -> CliResult<()> {
+    let spec = spec(a.region.as_deref());
+    let region = Region::open(&spec).context("opening the region")?;
+    let node = Node::join(region, "blk-attach").context("joining the region")?;
+    let mountpoint = match &a.mountpoint {
+        Some(m) => m.clone(),
+        None => {
+            let wake = memloop::region::wake_dir(&spec.path());
+            match memloop::region::make_wake_dir(&wake) {
+                Ok(()) => wake.join(format!("blk-{}-net{}", a.name, netns())),
+                Err(_) => PathBuf::from("/run/memloop/blk").join(&a.name),
+            }
+        }
+    };
+    std::fs::create_dir_all(&mountpoint).context(format!("creating {}", mountpoint.display()))?;
+    let fe = Frontend::start(&node, &a.name, &mountpoint).context(format!(
+        "attaching {} at {}",
+        a.name,
+        mountpoint.display()
+    ))?;
+    let info = fe.info();
+    let disk = fe.disk_path();
+    let disk_s = disk.to_string_lossy().to_string();
+    let bs = info.block_size.to_string();
+    let mut args = vec!["--direct-io=on", "--find", "--show", "--sector-size", &bs];
+    if info.read_only() {
+        args.push("--read-only");
+    }
+    args.push(&disk_s);
+    let dev = match losetup(&args) {
+        Ok(d) => d,
+        Err(e) => {
+            drop(fe);
+            let _ = std::fs::remove_dir(&mountpoint);
+            return Err(e);
+        }
+    };
+    let dio = std::fs::read_to_string(format!(
+        "/sys/block/{}/loop/dio",
+        dev.trim_start_matches("/dev/")
+    ))
+    .unwrap_or_default();
+    eprintln!(
+        "memloop blk {}: {} on {} ({} bytes, direct I/O {})",
+        a.name,
+        dev,
+        disk.display(),
+        info.size,
+        dio.trim()
+    );
+    let stop = stop_flag()?;
+    let path = stats_path(&spec, "attach", &a.name);
+    let report = |fe: &Frontend| {
+        let s = fe.stats();
+        json!({
+            "name": a.name, "pid": std::process::id(), "updated": now(),
+            "device": dev, "mountpoint": mountpoint, "size": info.size,
+            "read_only": info.read_only(), "connected": s.connected,
+            "requests": s.requests, "reads": s.reads, "writes": s.writes,
+            "flushes": s.flushes, "discards": s.discards,
+            "bytes_read": s.bytes_read, "bytes_written": s.bytes_written,
+            "errors": s.errors, "failed_disconnected": s.failed_disconnected,
+            "refused": s.refused, "reattached": s.reattached,
+        })
+    };
+    publish(&path, &report(&fe));
+    notify_ready(&dev)?;
+    let mut last = Instant::now();
+    while !stop.load(Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+        if last.elapsed() >= Duration::from_secs(1) {
+            last = Instant::now();
+            publish(&path, &report(&fe));
+        }
+    }
+    eprintln!("memloop blk {}: detaching {dev}", a.name);
+    if let Err(e) = losetup(&["--detach", &dev]) {
+        eprintln!("memloop blk {}: {e}", a.name);
+    }
+    let _ = std::fs::remove_file(&path);
+    drop(fe);
+    let _ = std::fs::remove_dir(&mountpoint);
+    // The FUSE threads end when the kernel lets go of the connection (the loop device's
+    // last reference); exiting closes /dev/fuse, which ends it if something still holds it.
+    std::process::exit(0);
+}
+
+/// Stops this domain's `what` service (export / attach) of NAME and waits until it is gone.
+fn stop(a: &NameArgs, what: &str) -> CliResult<()> {
+    let spec = spec(a.region.as_deref());
+    let path = stats_path(&spec, what, &a.name);
+    let v: Value = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .ok_or_else(|| fail(format!("no {what} of {} here", a.name)))?;
+    let pid = v["pid"].as_u64().unwrap_or(0) as u32;
+    if pid == 0 || !serves(pid, what, &a.name) {
+        // The service died: what it left.
+        if let Some(dev) = v["device"].as_str() {
+            let _ = losetup(&["--detach", dev]);
+        }
+        if let Some(m) = v["mountpoint"].as_str() {
+            let _ = rustix::mount::unmount(m, rustix::mount::UnmountFlags::DETACH);
+        }
+        let _ = std::fs::remove_file(&path);
+        return Ok(());
+    }
+    let p = rustix::process::Pid::from_raw(pid as i32).ok_or_else(|| fail("bad pid"))?;
+    rustix::process::kill_process(p, rustix::process::Signal::TERM)
+        .context(format!("stopping the blk service (pid {pid})"))?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while running(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    match running(pid) {
+        true => Err(fail(format!(
+            "the blk service (pid {pid}) did not stop in 15 s"
+        ))),
+        false => Ok(()),
+    }
+}
+
+fn serves(pid: u32, what: &str, name: &str) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let has = |w: &str| args.contains(&w.as_bytes());
+    has("blk") && has(what) && has(name) && has("--foreground")
+}
+
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+// ---- `memloop status` ----
+
+/// The live stats files (refreshed in the last 5 s) of kind `export` / `attach`.
+fn live(region: &Path, kind: &str) -> Vec<Value> {
+    let dir = memloop::region::wake_dir(region);
+    let prefix = format!("blk-{kind}-");
+    let mut out: Vec<Value> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().to_string();
+            n.starts_with(&prefix) && n.ends_with(".json")
+        })
+        .filter_map(|e| serde_json::from_str(&std::fs::read_to_string(e.path()).ok()?).ok())
+        .filter(|v: &Value| v["updated"].as_u64().unwrap_or(0) + 5 >= now())
+        .collect();
+    out.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    out
+}
+
+/// `status --json`: `{ "exports": [...], "attachments": [...] }`.
+pub fn blk_json(region: &Path) -> Value {
+    json!({ "exports": live(region, "export"), "attachments": live(region, "attach") })
+}
+
+fn n(v: &Value, k: &str) -> String {
+    v[k].as_u64().map_or("-".into(), |x| x.to_string())
+}
+fn sz(v: &Value, k: &str) -> String {
+    v[k].as_u64().map_or("-".into(), crate::units::fmt_size)
+}
+
+/// `status` text: the exports and the attachments (nothing without any).
+pub fn write_blk(out: &mut dyn Write, region: &Path) -> std::io::Result<()> {
+    let exports = live(region, "export");
+    let attached = live(region, "attach");
+    if exports.is_empty() && attached.is_empty() {
+        return Ok(());
+    }
+    let mut rows: Vec<Vec<String>> = vec![[
+        "name", "file", "size", "ro", "clients", "requests", "read", "written", "errors", "refused",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for e in &exports {
+        rows.push(vec![
+            e["name"].as_str().unwrap_or("?").into(),
+            e["file"].as_str().unwrap_or("?").into(),
+            sz(e, "size"),
+            if e["read_only"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "no"
+            }
+            .into(),
+            n(e, "clients"),
+            n(e, "requests"),
+            sz(e, "bytes_read"),
+            sz(e, "bytes_written"),
+            n(e, "errors"),
+            n(e, "refused"),
+        ]);
+    }
+    writeln!(out, "\nBLK EXPORTS ({})", exports.len())?;
+    table(out, &rows)?;
+    let mut rows: Vec<Vec<String>> = vec![[
+        "name",
+        "device",
+        "pid",
+        "connected",
+        "requests",
+        "read",
+        "written",
+        "errors",
+        "eio (gone)",
+        "reattached",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for e in &attached {
+        rows.push(vec![
+            e["name"].as_str().unwrap_or("?").into(),
+            e["device"].as_str().unwrap_or("?").into(),
+            n(e, "pid"),
+            if e["connected"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "no"
+            }
+            .into(),
+            n(e, "requests"),
+            sz(e, "bytes_read"),
+            sz(e, "bytes_written"),
+            n(e, "errors"),
+            n(e, "failed_disconnected"),
+            n(e, "reattached"),
+        ]);
+    }
+    writeln!(out, "\nBLK ATTACHMENTS ({})", attached.len())?;
+    table(out, &rows)
+}
+
+fn table(out: &mut dyn Write, rows: &[Vec<String>]) -> std::io::Result<()> {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let w: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.get(c).map_or(0, |s| s.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("{s:<width$}", width = w[i]))
+            .collect();
+        writeln!(out, "  {}", line.join("  ").trim_end())?;
+    }
+    Ok(())
+}
