@@ -12,16 +12,16 @@
 //! each domain command one of its own).
 
 use crate::error::{fail, CliResult, Context};
+use crate::service;
 use memloop::{Node, Region, RegionSpec};
 use memloop_blk::fuse::Frontend;
 use memloop_blk::{BlkServer, ExportOptions};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
-use std::os::fd::AsFd;
+use std::ffi::OsString;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[derive(clap::Subcommand)]
@@ -128,101 +128,32 @@ fn check_name(name: &str) -> CliResult<()> {
     }
 }
 
-fn spec(region: Option<&str>) -> RegionSpec {
-    match region {
-        Some(r) => RegionSpec::parse(r),
-        None => RegionSpec::from_env(),
-    }
-}
-
-/// This network namespace's number (`net:[4026531840]` → `4026531840`).
-fn netns() -> String {
-    std::fs::read_link("/proc/self/ns/net")
-        .map(|p| {
-            p.to_string_lossy()
-                .replace(|c: char| !c.is_ascii_digit(), "")
-        })
-        .unwrap_or_default()
-}
-
-/// The region's wake directory, where logs and stats files go (or the temporary directory
-/// for a region without one).
-fn state_dir(spec: &RegionSpec) -> PathBuf {
-    let dir = memloop::region::wake_dir(&spec.path());
-    match memloop::region::make_wake_dir(&dir) {
-        Ok(()) => dir,
-        Err(_) => std::env::temp_dir(),
-    }
-}
-
 /// The stats file of a service: exports are the region's (one per name), attachments the
 /// network namespace's.
 fn stats_path(spec: &RegionSpec, what: &str, name: &str) -> PathBuf {
     let file = match what {
         "export" => format!("blk-export-{name}.json"),
-        _ => format!("blk-attach-{name}-net{}.json", netns()),
+        _ => format!("blk-attach-{name}-net{}.json", service::netns_number()),
     };
-    state_dir(spec).join(file)
+    service::state_dir(spec).join(file)
 }
 
 /// Starts `memloop blk ARGS --foreground` in the background; its first line on stdout once
 /// it is ready.
 fn start(region: Option<&str>, label: &str, mut args: Vec<String>) -> CliResult<String> {
-    let spec = spec(region);
-    Region::open(&spec).context("opening the region")?;
-    let log = state_dir(&spec).join(format!("blk-{label}-net{}.log", netns()));
-    let log_file = std::fs::File::create(&log).context(format!("creating {}", log.display()))?;
-    let exe = std::env::current_exe().context("finding the memloop binary")?;
+    let spec = service::region_spec(region);
+    let log =
+        service::state_dir(&spec).join(format!("blk-{label}-net{}.log", service::netns_number()));
     args.extend(["--foreground".into(), "--region".into()]);
     args.push(spec.path().to_string_lossy().into());
-    let mut cmd = Command::new(exe);
-    cmd.arg("blk")
-        .args(&args)
-        .env("MEMLOOP_BLK_NOTIFY", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(log_file);
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let mut child = cmd.spawn().context("starting the blk service")?;
-    let mut line = String::new();
-    let out = child.stdout.take().expect("piped");
-    BufReader::new(out).read_line(&mut line).ok();
-    match line.trim() {
-        "" => {
-            let status = child.wait().ok();
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            Err(fail(format!(
-                "the blk service did not come up ({}): {}",
-                status.map_or("?".into(), |s| s.to_string()),
-                text.trim()
-            )))
-        }
-        l => Ok(l.to_string()),
-    }
+    let argv: Vec<OsString> = std::iter::once("blk".into())
+        .chain(args.into_iter().map(OsString::from))
+        .collect();
+    service::start(&spec, "blk", &argv, &log, NOTIFY)
 }
 
-/// Tells our parent we are ready (`line`), then lets go of its pipe.
-fn notify_ready(line: &str) -> CliResult<()> {
-    if std::env::var_os("MEMLOOP_BLK_NOTIFY").is_none() {
-        println!("{line}");
-        return Ok(());
-    }
-    let mut out = std::io::stdout();
-    writeln!(out, "{line}")
-        .and_then(|_| out.flush())
-        .context("notifying")?;
-    let null = std::fs::File::open("/dev/null").context("opening /dev/null")?;
-    rustix::stdio::dup2_stdout(null.as_fd()).context("releasing stdout")?;
-    Ok(())
-}
-
-fn stop_flag() -> CliResult<Arc<AtomicBool>> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone()).context("handling signals")?;
-    }
-    Ok(stop)
-}
+/// Set for a service started by `blk export|attach`: it prints its first line when ready.
+const NOTIFY: &str = "MEMLOOP_BLK_NOTIFY";
 
 fn now() -> u64 {
     SystemTime::now()
@@ -239,7 +170,7 @@ fn publish(path: &Path, v: &Value) {
 }
 
 fn serve_export(a: &ExportArgs) -> CliResult<()> {
-    let spec = spec(a.region.as_deref());
+    let spec = service::region_spec(a.region.as_deref());
     let region = Region::open(&spec).context("opening the region")?;
     let node = Node::join(region, "blk-export").context("joining the region")?;
     let opts = ExportOptions {
@@ -249,7 +180,7 @@ fn serve_export(a: &ExportArgs) -> CliResult<()> {
     };
     let server = BlkServer::export_with(&node, &a.name, &a.file, opts)
         .context(format!("exporting {}", a.file.display()))?;
-    let stop = stop_flag()?;
+    let stop = service::stop_flag()?;
     let info = server.info();
     let path = stats_path(&spec, "export", &a.name);
     let file = std::fs::canonicalize(&a.file).unwrap_or_else(|_| a.file.clone());
@@ -273,7 +204,7 @@ fn serve_export(a: &ExportArgs) -> CliResult<()> {
         info.size,
         if info.read_only() { ", read-only" } else { "" }
     );
-    notify_ready(&info.size.to_string())?;
+    service::notify_ready(&info.size.to_string(), NOTIFY, true)?;
     let mut last = Instant::now();
     while !stop.load(Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
@@ -305,7 +236,7 @@ fn losetup(args: &[&str]) -> CliResult<String> {
 }
 
 fn serve_attach(a: &AttachArgs) -> CliResult<()> {
-    let spec = spec(a.region.as_deref());
+    let spec = service::region_spec(a.region.as_deref());
     let region = Region::open(&spec).context("opening the region")?;
     let node = Node::join(region, "blk-attach").context("joining the region")?;
     let mountpoint = match &a.mountpoint {
@@ -313,7 +244,7 @@ fn serve_attach(a: &AttachArgs) -> CliResult<()> {
         None => {
             let wake = memloop::region::wake_dir(&spec.path());
             match memloop::region::make_wake_dir(&wake) {
-                Ok(()) => wake.join(format!("blk-{}-net{}", a.name, netns())),
+                Ok(()) => wake.join(format!("blk-{}-net{}", a.name, service::netns_number())),
                 Err(_) => PathBuf::from("/run/memloop/blk").join(&a.name),
             }
         }
@@ -354,7 +285,7 @@ fn serve_attach(a: &AttachArgs) -> CliResult<()> {
         info.size,
         dio.trim()
     );
-    let stop = stop_flag()?;
+    let stop = service::stop_flag()?;
     let path = stats_path(&spec, "attach", &a.name);
     let report = |fe: &Frontend| {
         let s = fe.stats();
@@ -370,7 +301,7 @@ fn serve_attach(a: &AttachArgs) -> CliResult<()> {
         })
     };
     publish(&path, &report(&fe));
-    notify_ready(&dev)?;
+    service::notify_ready(&dev, NOTIFY, true)?;
     let mut last = Instant::now();
     while !stop.load(Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
@@ -393,7 +324,7 @@ fn serve_attach(a: &AttachArgs) -> CliResult<()> {
 
 /// Stops this domain's `what` service (export / attach) of NAME and waits until it is gone.
 fn stop(a: &NameArgs, what: &str) -> CliResult<()> {
-    let spec = spec(a.region.as_deref());
+    let spec = service::region_spec(a.region.as_deref());
     let path = stats_path(&spec, what, &a.name);
     let v: Value = std::fs::read_to_string(&path)
         .ok()
@@ -411,35 +342,14 @@ fn stop(a: &NameArgs, what: &str) -> CliResult<()> {
         let _ = std::fs::remove_file(&path);
         return Ok(());
     }
-    let p = rustix::process::Pid::from_raw(pid as i32).ok_or_else(|| fail("bad pid"))?;
-    rustix::process::kill_process(p, rustix::process::Signal::TERM)
-        .context(format!("stopping the blk service (pid {pid})"))?;
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while running(pid) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    match running(pid) {
-        true => Err(fail(format!(
-            "the blk service (pid {pid}) did not stop in 15 s"
-        ))),
-        false => Ok(()),
-    }
+    service::terminate(pid, "blk", Duration::from_secs(15))
 }
 
+/// Process `pid` is this `what` (export / attach) service of `name`.
 fn serves(pid: u32, what: &str, name: &str) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-    let has = |w: &str| args.contains(&w.as_bytes());
+    let args = service::cmdline(pid);
+    let has = |w: &str| args.iter().any(|a| a == w);
     has("blk") && has(what) && has(name) && has("--foreground")
-}
-
-fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
-        .unwrap_or(false)
 }
 
 // ---- `memloop status` ----

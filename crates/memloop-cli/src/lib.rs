@@ -12,6 +12,7 @@ pub mod pipe_cmd;
 pub mod prometheus;
 pub mod region_cmd;
 pub mod run;
+pub mod service;
 pub mod status;
 pub mod switch_cmd;
 pub mod units;

@@ -5,18 +5,16 @@
 //! while the other side comes and goes: the carrier is up only while a session runs.
 
 use crate::error::{fail, CliResult, Context};
+use crate::service;
 use crate::units::parse_size;
 use memloop::link::tun::{self, TunConfig, TunDevice};
 use memloop::link::{Drained, LinkRx, LinkTx, Linker, Pumped, MAX_FRAME, VNET_HDR_LEN};
 use memloop::registry::{LinkCounters, LinkHalfDesc, LinkRef};
 use memloop::{Node, Region, RegionSpec};
-use std::io::{BufRead, BufReader, Write};
+use std::ffi::OsString;
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Subcommand)]
@@ -78,13 +76,6 @@ pub fn run(cmd: LinkCmd) -> CliResult<()> {
     }
 }
 
-fn spec(region: Option<&str>) -> RegionSpec {
-    match region {
-        Some(r) => RegionSpec::parse(r),
-        None => RegionSpec::from_env(),
-    }
-}
-
 /// The interface's default name: `ml-NAME`, cut to the kernel's 15 bytes.
 pub fn default_ifname(link: &str) -> String {
     let mut n = format!("ml-{link}");
@@ -103,76 +94,39 @@ fn parse_cidr<A: std::str::FromStr>(s: &str, max: u8) -> CliResult<(A, u8)> {
     Ok((a, p))
 }
 
-/// This network namespace, as the kernel names it (`net:[4026531840]`).
-fn netns_of(pid: &str) -> Option<PathBuf> {
-    std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()
-}
-
-/// The service's log: in the region's wake directory, or (a region on a device, as the
-/// ivshmem BAR in a guest, has none) in the temporary directory.
+/// The service's log, in its state directory.
 fn log_path(spec: &RegionSpec, link: &str) -> PathBuf {
-    let ns = netns_of("self")
-        .map(|p| {
-            p.to_string_lossy()
-                .replace(|c: char| !c.is_ascii_digit(), "")
-        })
-        .unwrap_or_default();
-    let name = format!("link-{link}-net{ns}.log");
-    let dir = memloop::region::wake_dir(&spec.path());
-    match memloop::region::make_wake_dir(&dir) {
-        Ok(()) => dir.join(name),
-        Err(_) => std::env::temp_dir().join(format!("memloop-{name}")),
-    }
+    let name = format!("link-{link}-net{}.log", service::netns_number());
+    service::state_dir(spec).join(name)
 }
 
 /// Starts the service in the background and prints its interface once it is up.
 fn start(a: &UpArgs) -> CliResult<()> {
-    let spec = spec(a.region.as_deref());
-    Region::open(&spec).context("opening the region")?;
-    let log = log_path(&spec, &a.name);
-    let log_file = std::fs::File::create(&log).context(format!("creating {}", log.display()))?;
-    let exe = std::env::current_exe().context("finding the memloop binary")?;
-    let mut cmd = Command::new(exe);
-    cmd.args(["link", "up", &a.name, "--foreground", "--mtu"])
-        .arg(a.mtu.to_string())
-        .args(["--ring-size", &a.ring_size, "--spin-us"])
-        .arg(a.spin_us.to_string())
-        .arg("--region")
-        .arg(spec.path());
+    let spec = service::region_spec(a.region.as_deref());
+    let mut args: Vec<OsString> = ["link", "up", &a.name, "--foreground", "--mtu"]
+        .map(OsString::from)
+        .into();
+    args.push(a.mtu.to_string().into());
+    args.extend(["--ring-size".into(), OsString::from(&a.ring_size)]);
+    args.extend(["--spin-us".into(), a.spin_us.to_string().into()]);
+    args.extend(["--region".into(), spec.path().into_os_string()]);
     for (flag, v) in [
         ("--addr", &a.addr),
         ("--addr6", &a.addr6),
         ("--ifname", &a.ifname),
     ] {
         if let Some(v) = v {
-            cmd.args([flag, v]);
+            args.extend([flag.into(), v.into()]);
         }
     }
-    cmd.env("MEMLOOP_LINK_NOTIFY", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(log_file);
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let mut child = cmd.spawn().context("starting the link service")?;
-    let mut line = String::new();
-    let out = child.stdout.take().expect("piped");
-    BufReader::new(out).read_line(&mut line).ok();
-    match line.trim() {
-        "" => {
-            let status = child.wait().ok();
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            Err(fail(format!(
-                "the link service did not come up ({}): {}",
-                status.map_or("?".into(), |s| s.to_string()),
-                text.trim()
-            )))
-        }
-        ifname => {
-            println!("{ifname}");
-            Ok(())
-        }
-    }
+    let log = log_path(&spec, &a.name);
+    let ifname = service::start(&spec, "link", &args, &log, NOTIFY)?;
+    println!("{ifname}");
+    Ok(())
 }
+
+/// Set for a service started by `link up`: it prints its interface when ready.
+const NOTIFY: &str = "MEMLOOP_LINK_NOTIFY";
 
 /// Device, addresses and what the kernel accepted, for the links table.
 fn open_device(a: &UpArgs) -> CliResult<(TunDevice, LinkHalfDesc)> {
@@ -234,7 +188,7 @@ fn serve(a: &UpArgs) -> CliResult<()> {
     if !ring.is_power_of_two() || !(1 << 18..=1 << 30).contains(&ring) {
         return Err(fail("--ring-size: a power of two from 256K to 1G"));
     }
-    let spec = spec(a.region.as_deref());
+    let spec = service::region_spec(a.region.as_deref());
     let region = Region::open(&spec).context("opening the region")?;
     let node = Node::join(region, "link").context("joining the region")?;
     let reg = node.region().registry();
@@ -250,17 +204,14 @@ fn serve(a: &UpArgs) -> CliResult<()> {
     let (dev, desc) = open_device(a)?;
     reg.link_describe(link, half, &desc)
         .context("describing the link")?;
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone()).context("handling signals")?;
-    }
+    let stop = service::stop_flag()?;
     eprintln!(
         "memloop link {}: {} up (half {half}, offloads {})",
         a.name,
         desc.ifname,
         tun::offload_names(desc.offloads).join(",")
     );
-    notify_ready(&desc.ifname)?;
+    service::notify_ready(&desc.ifname, NOTIFY, false)?;
     let mut linker = Linker::new(&node, &a.name, ring);
     while !stop.load(Relaxed) {
         match linker.establish(Duration::from_millis(200)) {
@@ -275,20 +226,6 @@ fn serve(a: &UpArgs) -> CliResult<()> {
     eprintln!("memloop link {}: going down", a.name);
     let _ = dev.set_carrier(false);
     let _ = reg.link_leave(link, half, node.id());
-    Ok(())
-}
-
-/// Tells `memloop link up` (our parent) the interface is ready, then lets go of its pipe.
-fn notify_ready(ifname: &str) -> CliResult<()> {
-    if std::env::var_os("MEMLOOP_LINK_NOTIFY").is_none() {
-        return Ok(());
-    }
-    let mut out = std::io::stdout();
-    writeln!(out, "{ifname}")
-        .and_then(|_| out.flush())
-        .context("notifying")?;
-    let null = std::fs::File::open("/dev/null").context("opening /dev/null")?;
-    rustix::stdio::dup2_stdout(null.as_fd()).context("releasing stdout")?;
     Ok(())
 }
 
@@ -456,58 +393,35 @@ impl Side {
 /// Stops this network namespace's side of the link (SIGTERM to its service, which takes the
 /// carrier down and leaves the table), and waits until it is gone.
 fn down(a: &DownArgs) -> CliResult<()> {
-    let spec = spec(a.region.as_deref());
+    let spec = service::region_spec(a.region.as_deref());
     let region = Region::open(&spec).context("opening the region")?;
     let links = region
         .registry()
         .links()
         .context("reading the links table")?;
-    let here = netns_of("self");
-    let pids: Vec<u32> = links
+    let here = service::netns_of("self");
+    let pid = links
         .iter()
         .filter(|l| l.name == a.name)
         .flat_map(|l| l.halves.iter().flatten().map(|h| h.pid))
-        .filter(|pid| pid != &0 && netns_of(&pid.to_string()).is_some_and(|ns| Some(ns) == here))
-        .filter(|pid| serves_link(*pid, &a.name))
-        .collect();
-    let Some(&pid) = pids.first() else {
-        return Err(fail(format!(
-            "no side of link {} runs in this network namespace",
-            a.name
-        )));
-    };
-    let p = rustix::process::Pid::from_raw(pid as i32).ok_or_else(|| fail("bad pid"))?;
-    rustix::process::kill_process(p, rustix::process::Signal::TERM)
-        .context(format!("stopping the link service (pid {pid})"))?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while running(pid) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    match running(pid) {
-        true => Err(fail(format!(
-            "the link service (pid {pid}) did not stop in 10 s"
-        ))),
-        false => Ok(()),
-    }
+        .filter(|pid| *pid != 0)
+        .filter(|pid| service::netns_of(&pid.to_string()).is_some_and(|ns| Some(ns) == here))
+        .find(|pid| serves_link(*pid, &a.name))
+        .ok_or_else(|| {
+            fail(format!(
+                "no side of link {} runs in this network namespace",
+                a.name
+            ))
+        })?;
+    service::terminate(pid, "link", Duration::from_secs(10))
 }
 
-/// Process `pid` is a link service for `link` (a pid in the table may be another pid
-/// namespace's: never signal a process that is not ours to stop).
+/// Process `pid` is a link service for `link` (`memloop link up NAME --foreground`, or the
+/// benchmark's `memloop-bench link-service up …`).
 fn serves_link(pid: u32, link: &str) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-    let has = |w: &str| args.contains(&w.as_bytes());
+    let args = service::cmdline(pid);
+    let has = |w: &str| args.iter().any(|a| a == w);
     (has("link") || has("link-service")) && has("up") && has(link) && has("--foreground")
-}
-
-/// The process exists and is not a zombie waiting to be reaped.
-fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
-        .unwrap_or(false)
 }
 
 // ---- `memloop status`: the links table ----
