@@ -35,6 +35,9 @@ declare -A need=(
   [mkfs.ext4]=e2fsprogs
   [fsck.ext4]=e2fsprogs
   [fio]=fio
+  [nbdkit]=nbdkit
+  [nbdfuse]=nbdfuse
+  [fusermount3]=fuse3
 )
 
 # The server binaries of PostgreSQL live outside $PATH.

@@ -15,7 +15,7 @@ mod zc_scribble;
 use memloop_cli::{error, units};
 
 use clap::{Parser, Subcommand};
-use memloop_cli::{domains, init_logging, link_cmd, pipe_cmd, region_cmd, run};
+use memloop_cli::{blk_cmd, domains, init_logging, link_cmd, pipe_cmd, region_cmd, run};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -59,6 +59,10 @@ enum Cmd {
     /// MEMLOOP_BENCH_STOP_ON_EOF is set).
     #[command(hide = true, subcommand)]
     LinkService(link_cmd::LinkCmd),
+    /// `memloop blk`, for the export and attach services of `blk` (run with --foreground;
+    /// each stops when its stdin closes if MEMLOOP_BENCH_STOP_ON_EOF is set).
+    #[command(hide = true, subcommand)]
+    BlkService(blk_cmd::BlkCmd),
     /// A zero-copy receiver that writes into what it received and must die of SIGSEGV
     /// (tests/vm/memloop.sh).
     #[command(hide = true)]
@@ -87,6 +91,7 @@ fn main() -> ExitCode {
         Cmd::PipePeer(a) => bench::pipe::peer::run(&a),
         Cmd::PipeService(c) => pipe_cmd::run(c),
         Cmd::LinkService(c) => bench::link::service(c),
+        Cmd::BlkService(c) => bench::blk::service(c),
         Cmd::Domains(c) => domains::run(c),
         Cmd::Run(a) => run::run(&a),
         Cmd::Region(c) => region_cmd::run(c),

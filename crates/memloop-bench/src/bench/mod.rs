@@ -1,6 +1,7 @@
 //! `memloop bench`: every path measured side by side in one run, each against a peer process.
 
 mod baselines;
+pub mod blk;
 pub mod link;
 mod native;
 mod pingpong;
@@ -53,6 +54,10 @@ pub enum BenchCmd {
     /// domains: one TCP flow (iperf3), 64 B TCP round trips, ping, and the idle link's CPU;
     /// interleaved rounds, medians; ratios against the targets.
     Link(link::LinkArgs),
+    /// The block device over the region (MMBlk, `memloop blk`) vs NBD over TCP between two
+    /// domains vs a loop device on a local file: fio 4 KiB random and 1 MiB sequential read
+    /// and write; rotating rounds, medians; ratios against the targets.
+    Blk(blk::BlkArgs),
     /// The server end of one measurement, started by hand (e.g. in another VM).
     Serve(remote::ServeArgs),
     /// The client end: one measurement against `bench serve`, printed as a JSON line.
@@ -97,6 +102,7 @@ pub fn run(cmd: BenchCmd) -> CliResult<()> {
         BenchCmd::Zerocopy(a) => zerocopy::run(&a),
         BenchCmd::Pipe(a) => pipe::run(&a),
         BenchCmd::Link(a) => link::run(&a),
+        BenchCmd::Blk(a) => blk::run(&a),
         BenchCmd::Study(a) => study::run(&a),
         BenchCmd::Serve(a) => remote::serve(&a),
         BenchCmd::Probe(a) => remote::probe(&a),

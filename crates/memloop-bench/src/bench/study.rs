@@ -16,6 +16,7 @@ mod progs;
 mod report;
 mod rounds;
 mod seeds;
+mod vblk;
 mod vlink;
 mod vms;
 mod vpipe;

@@ -31,7 +31,7 @@ pub const SEEDS: (u32, &str, &str) = (
      in the setting.",
 );
 
-pub const ALL: [Exp; 13] = [
+pub const ALL: [Exp; 14] = [
     Exp {
         id: 1,
         slug: "sizes",
@@ -212,6 +212,28 @@ pub const ALL: [Exp; 13] = [
         steps: super::vlink::steps,
         run: super::vlink::exp14,
         figures: super::vlink::fig14,
+    },
+    Exp {
+        id: super::vblk::ID,
+        slug: "blk",
+        title: "A block device over shared memory (MMBlk) vs NBD over TCP and a local file",
+        about: "`memloop bench blk`: two domains of its own, storage in domain 0, the client in \
+                domain 1, backing files in /dev/shm (256 MiB; 64 MiB with --quick). Three \
+                paths, each a loop device with direct I/O in domain 1: `memloop blk export` / \
+                `attach` (a loop device on its FUSE file, the data through the region); NBD \
+                over TCP (nbdkit's file plugin in domain 0 on the bridge, nbdfuse and a loop \
+                device in domain 1: the same shape, another transport); a loop device on a \
+                local file (the ceiling). fio --ioengine=libaio --direct=1 for 5 s (1 s with \
+                --quick): 4 KiB random read and write at queue depth 32 (IOPS), 1 MiB \
+                sequential read and write at queue depth 8 (MiB/s); --quick runs only the \
+                random read and the sequential write. A memloop figure counts only if the \
+                export's counters (its stats file, `memloop status --json`'s \"blk\") grew \
+                by at least the bytes fio moved, else the experiment fails (\"not routed\"). \
+                Ratios memloop / NBD (target ≥ 2×) and memloop / local file (target ≥ 0.5×); \
+                the export's bytes copied per byte moved. Processes not pinned.",
+        steps: super::vblk::steps,
+        run: super::vblk::exp15,
+        figures: super::vblk::fig15,
     },
 ];
 
