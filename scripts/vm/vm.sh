@@ -18,10 +18,16 @@ BRIDGE=mlvmbr0
 HOST_IP=10.77.0.1
 HOST_IP6=fd77::1
 # Kernel modules the guests load (their dependencies are added); built-in ones are skipped.
-MODULES=${MEMLOOP_VM_MODULES:-virtio_pci virtio_net tun}
-PACKAGES=(qemu-system-x86 busybox-static cpio socat sockperf iperf3 xz-utils iproute2)
+# fuse + loop: `memloop blk attach`; nbd: the NBD baseline of tests/vm/memloop.sh run 7;
+# crc32c_generic before ext4: ext4/jbd2 ask the crypto API for "crc32c" (metadata_csum), which
+# the guests cannot modprobe on demand (a soft dependency, not in the .ko's depends=).
+MODULES=${MEMLOOP_VM_MODULES:-virtio_pci virtio_net tun fuse loop nbd crc32c_generic ext4}
+PACKAGES=(qemu-system-x86 busybox-static cpio socat sockperf iperf3 xz-utils iproute2 mount e2fsprogs nbd-server nbd-client)
 # Dynamically linked host programs copied into the guests (with their libraries) as /usr/bin/NAME.
-PROGRAMS=${MEMLOOP_VM_PROGRAMS:-socat sockperf iperf3}
+# (util-linux losetup: `memloop blk attach` runs `losetup --direct-io=on --find --show
+# --sector-size N`, which busybox's losetup does not take; /usr/bin comes before busybox's
+# /sbin/losetup in the guests' PATH.)
+PROGRAMS=${MEMLOOP_VM_PROGRAMS:-socat sockperf iperf3 losetup mkfs.ext4 fsck.ext4 nbd-server nbd-client}
 
 log() { printf '[vm] %s\n' "$*" >&2; }
 die() {
@@ -262,6 +268,8 @@ build_image() {
   done
   local progs lib
   mapfile -t progs < <(program_paths)
+  # (A busybox applet link of the same name would make cp write through it into busybox.)
+  for a in "${progs[@]}"; do rm -f "$st/usr/bin/${a##*/}"; done
   cp "${progs[@]}" "$st/usr/bin/"
   while read -r lib; do
     mkdir -p "$st$(dirname "$lib")"

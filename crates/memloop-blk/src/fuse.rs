@@ -156,6 +156,10 @@ struct Ctx {
     stats: Counters,
     connected: AtomicBool,
     stop: AtomicBool,
+    /// The region is a device mapping (the ivshmem BAR in a guest): the FUSE device pins the
+    /// pages it copies to and from, which a PFN mapping has none of (`EFAULT`, and the request
+    /// is lost). Requests and replies then go through a buffer of ours: one more copy each.
+    bounce: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -217,6 +221,7 @@ impl Frontend {
             stats: Counters::default(),
             connected: AtomicBool::new(true),
             stop: AtomicBool::new(false),
+            bounce: !node.region().futex_usable(),
         });
         let (sub, comp) = client.split();
         let (sub_tx, sub_rx) = mpsc::channel::<Submitter>();
@@ -421,6 +426,13 @@ fn reader(ctx: &Ctx, mut sub: Option<Submitter>, rx: Receiver<Submitter>) {
             }
         }
         let got = match &mut wbuf {
+            Some(b) if ctx.bounce => read_dev(ctx, &mut plain).map(|n| {
+                // (A request longer than the area fails the header's length check below.)
+                let area = b.area_mut();
+                let n = n.min(area.len());
+                area[..n].copy_from_slice(&plain[..n]);
+                n
+            }),
             Some(b) => {
                 let area = b.area_mut();
                 let n = area.len().min(ctx.bufsize);
@@ -840,6 +852,12 @@ fn answer(ctx: &Ctx, c: Completion) {
             };
             ctx.stats.bytes_read.fetch_add(len as u64, Relaxed);
             let h = out_header(u, 0, OUT_HEADER + len);
+            if ctx.bounce {
+                // The FUSE device cannot take the data from a device mapping: a copy of ours.
+                let mut copy = vec![0u8; len];
+                copy.copy_from_slice(d);
+                return ctx.send(&[&h, &copy]);
+            }
             ctx.send(&[&h, d]);
         }
         Pend::Write { size } => {

@@ -356,7 +356,7 @@ fn serves(pid: u32, what: &str, name: &str) -> bool {
 
 /// The live stats files (refreshed in the last 5 s) of kind `export` / `attach`.
 fn live(region: &Path, kind: &str) -> Vec<Value> {
-    let dir = memloop::region::wake_dir(region);
+    let dir = service::state_dir_of(region);
     let prefix = format!("blk-{kind}-");
     let mut out: Vec<Value> = std::fs::read_dir(&dir)
         .into_iter()

@@ -46,6 +46,16 @@ pub fn state_dir(spec: &RegionSpec) -> PathBuf {
     }
 }
 
+/// [`state_dir`] as a reader sees it (without creating anything): the wake directory if the
+/// region has one, else the temporary directory.
+pub fn state_dir_of(region: &Path) -> PathBuf {
+    let dir = memloop::region::wake_dir(region);
+    match dir.is_dir() {
+        true => dir,
+        false => std::env::temp_dir(),
+    }
+}
+
 /// Runs `memloop ARGS` (which must start the service in the foreground) in the background,
 /// in a process group of its own, its stderr in `log`; returns the first line it prints on
 /// stdout (with `notify_env` set, the service prints it once it is ready: see
