@@ -1,9 +1,10 @@
 //! One measurement of `bench blk`: fio in domain 1 on one path's loop device. A memloop figure
 //! is kept only if the export's counters show fio's I/O crossed the region.
 
-use super::bed::{run_bounded, Bed, ExportStats};
+use super::bed::{Bed, ExportStats};
 use super::{Fio, Opts, COPIED, MEMLOOP, NOT_ROUTED, PATHS};
 use crate::bench::report::Record;
+use crate::bench::sys::run_bounded;
 use crate::error::{fail, CliResult};
 use serde_json::Value;
 use std::time::{Duration, Instant};

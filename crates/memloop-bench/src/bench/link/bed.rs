@@ -13,7 +13,7 @@ use serde_json::Value;
 use std::io::{BufRead, BufReader, Read};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -505,52 +505,4 @@ impl Drop for Bed {
         self.sides.clear();
         self.region = None;
     }
-}
-
-/// What a bounded command did.
-pub struct Ran {
-    pub status: ExitStatus,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-/// Runs `argv` to its end, killed (and an error) after `timeout`.
-pub fn run_bounded(argv: &[String], timeout: Duration) -> CliResult<Ran> {
-    let mut child = Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context(format!("starting {}", argv.join(" ")))?;
-    let reader = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = r.read_to_string(&mut s);
-            s
-        })
-    };
-    let out = reader(Box::new(child.stdout.take().expect("piped stdout")));
-    let err = reader(Box::new(child.stderr.take().expect("piped stderr")));
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(st) = child.try_wait()? {
-            break st;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(fail(format!(
-                "`{}` did not finish within {:.0} s",
-                argv.join(" "),
-                timeout.as_secs_f64()
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Ok(Ran {
-        status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
-    })
 }

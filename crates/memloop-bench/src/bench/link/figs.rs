@@ -2,12 +2,13 @@
 //! of the `tcp-peer` ends, ping, and the idle services' CPU. A link figure is kept only if the
 //! link's counters show its traffic crossed the link.
 
-use super::bed::{run_bounded, Bed, Counters};
+use super::bed::{Bed, Counters};
 use super::{
     Opts, BRIDGE, CPU_PCT, GBIT, IDLE, LINK, NOT_ROUTED, PING, RR, STREAM, US_AVG, US_MEAN,
 };
 use crate::bench::report::Record;
 use crate::bench::sys;
+use crate::bench::sys::run_bounded;
 use crate::bench::tcp::procs::Proc;
 use crate::bench::tcp::wire::{Request, Test};
 use crate::error::{fail, CliResult, Context};
