@@ -141,27 +141,6 @@ pub fn wait_for<T>(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_own_cpu_time() {
-        // Spin until the clock-tick count moves (on a loaded machine 30 ms of wall time may
-        // be less than one tick of ours); the bound only stops a broken reader.
-        let t0 = cpu_time(std::process::id()).unwrap();
-        let start = Instant::now();
-        while cpu_time(std::process::id()).unwrap() <= t0
-            && start.elapsed() < Duration::from_secs(10)
-        {
-            for _ in 0..100_000 {
-                std::hint::spin_loop();
-            }
-        }
-        assert!(cpu_time(std::process::id()).unwrap() > t0);
-    }
-}
-
 /// What a bounded command did.
 pub struct Ran {
     pub status: ExitStatus,
@@ -208,4 +187,25 @@ pub fn run_bounded(argv: &[String], timeout: Duration) -> CliResult<Ran> {
         stdout: out.join().unwrap_or_default(),
         stderr: err.join().unwrap_or_default(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_own_cpu_time() {
+        // Spin until the clock-tick count moves (on a loaded machine 30 ms of wall time may
+        // be less than one tick of ours); the bound only stops a broken reader.
+        let t0 = cpu_time(std::process::id()).unwrap();
+        let start = Instant::now();
+        while cpu_time(std::process::id()).unwrap() <= t0
+            && start.elapsed() < Duration::from_secs(10)
+        {
+            for _ in 0..100_000 {
+                std::hint::spin_loop();
+            }
+        }
+        assert!(cpu_time(std::process::id()).unwrap() > t0);
+    }
 }
