@@ -1,6 +1,7 @@
 //! `memloop bench`: every path measured side by side in one run, each against a peer process.
 
 mod baselines;
+pub mod bgproc;
 pub mod blk;
 pub mod link;
 mod native;

@@ -13,16 +13,16 @@
 //! exits with its parent, and the janitor removes the domains and the region.
 
 use super::{Opts, LOCAL, MEMLOOP, NBD};
+use crate::bench::bgproc::BgProcess as Svc;
 use crate::bench::tcp::procs::Testbed;
 use crate::error::{fail, CliResult, Context};
 use memloop::registry::header::RegionParams;
 use memloop::{CreateRegion, RegionSpec};
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 /// The export's name (the region is this run's own).
 const NAME: &str = "bench";
@@ -31,165 +31,6 @@ const NAME: &str = "bench";
 const REGION_BYTES: u64 = 256 << 20;
 /// nbdkit's port in domain 0 (the domain's network is this run's own).
 const NBD_PORT: u16 = 10809;
-
-/// A process started in a domain: its stdin kept (closing it stops some), its stderr logged.
-struct Svc {
-    what: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    log: PathBuf,
-}
-
-impl Svc {
-    /// Starts `argv` and, if `first_line`, waits (20 s) for its first line on stdout.
-    fn start(
-        what: &str,
-        argv: &[String],
-        env: &[(&str, &str)],
-        first_line: bool,
-    ) -> CliResult<(Svc, String)> {
-        let log = std::env::temp_dir().join(format!(
-            "memloop-bench-blk-{}-{}.log",
-            std::process::id(),
-            what.split(|c: char| !c.is_ascii_alphanumeric())
-                .filter(|w| !w.is_empty())
-                .collect::<Vec<_>>()
-                .join("-")
-        ));
-        let err = std::fs::File::create(&log).context(format!("creating {}", log.display()))?;
-        let mut cmd = Command::new(&argv[0]);
-        cmd.args(&argv[1..])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(err);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().context(format!("starting {what}"))?;
-        let stdin = child.stdin.take();
-        let out = child.stdout.take().expect("piped stdout");
-        let mut svc = Svc {
-            what: what.into(),
-            child,
-            stdin,
-            log,
-        };
-        if !first_line {
-            return Ok((svc, String::new()));
-        }
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(out);
-            let mut line = String::new();
-            let _ = r.read_line(&mut line);
-            let _ = tx.send(line);
-            // Keep reading (and dropping) what else it says, so it never blocks on us.
-            let _ = std::io::copy(&mut r, &mut std::io::sink());
-        });
-        let line = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_default();
-        if line.trim().is_empty() {
-            svc.check()?;
-            return Err(fail(format!(
-                "{what} did not come up within 20 s: {}",
-                svc.log_tail()
-            )));
-        }
-        Ok((svc, line.trim().to_string()))
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().rev().take(4).collect();
-        lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
-    }
-
-    fn check(&mut self) -> CliResult<()> {
-        match self.child.try_wait()? {
-            Some(st) => Err(fail(format!(
-                "{} exited ({st}): {}",
-                self.what,
-                self.log_tail()
-            ))),
-            None => Ok(()),
-        }
-    }
-
-    fn wait_exit(&mut self, d: Duration) -> bool {
-        let deadline = Instant::now() + d;
-        loop {
-            if !matches!(self.child.try_wait(), Ok(None)) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn term(&self) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.pid() as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-    }
-
-    /// Closes stdin, SIGTERM if `term`, waits up to `d`, then kills.
-    fn stop(&mut self, term: bool, d: Duration) {
-        drop(self.stdin.take());
-        if term {
-            self.term();
-        }
-        if !self.wait_exit(d) {
-            eprintln!(
-                "memloop bench blk: {} did not stop in {:.0} s: killed",
-                self.what,
-                d.as_secs_f64()
-            );
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-
-    /// Until the process (in its domain) listens on TCP `port`.
-    fn wait_listen(&mut self, port: u16) -> CliResult<()> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let file = format!("/proc/{}/net/tcp", self.child.id());
-        let want = format!(":{port:04X}");
-        loop {
-            let table = std::fs::read_to_string(&file).unwrap_or_default();
-            let listening = table.lines().skip(1).any(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() > 3 && f[1].ends_with(&want) && f[3] == "0A"
-            });
-            if listening {
-                return Ok(());
-            }
-            self.check()?;
-            if Instant::now() >= deadline {
-                return Err(fail(format!(
-                    "{} not listening on port {port} after 10 s",
-                    self.what
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Svc {
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
 
 /// The export's counters, as its stats file (and `memloop status --json`'s "blk") has them.
 #[derive(Clone, Copy, Default, Debug)]
@@ -310,7 +151,7 @@ impl Bed {
             &s(&["export", NAME, "--file", &f, "--region", &r, "--foreground"]),
         );
         let env = [("MEMLOOP_BLK_NOTIFY", "1"), (super::STOP_ON_EOF, "1")];
-        let (svc, _) = Svc::start("the blk export (domain 0)", &argv, &env, true)?;
+        let (svc, _) = Svc::start("blk", "the blk export (domain 0)", &argv, &env, true)?;
         self.export = Some(svc);
         let argv = self.tb.command_of(
             "blk-service",
@@ -319,7 +160,7 @@ impl Bed {
             None,
             &s(&["attach", NAME, "--region", &r, "--foreground"]),
         );
-        let (svc, dev) = Svc::start("the blk attach (domain 1)", &argv, &env, true)?;
+        let (svc, dev) = Svc::start("blk", "the blk attach (domain 1)", &argv, &env, true)?;
         self.attach = Some(svc);
         if !dev.starts_with("/dev/loop") {
             return Err(fail(format!(
@@ -347,7 +188,7 @@ impl Bed {
                 &f,
             ],
         );
-        let (mut svc, _) = Svc::start("nbdkit (domain 0)", &server, &[], false)?;
+        let (mut svc, _) = Svc::start("blk", "nbdkit (domain 0)", &server, &[], false)?;
         svc.wait_listen(NBD_PORT)?;
         self.nbd_server = Some(svc);
         let mnt = self.nbd_mnt.to_string_lossy().into_owned();
@@ -357,7 +198,7 @@ impl Bed {
             1,
             &["sh", "-c", NBD_CLIENT, "nbd-client", &mnt, &uri, &pidf],
         );
-        let (svc, dev) = Svc::start("nbdfuse (domain 1)", &client, &[], true)?;
+        let (svc, dev) = Svc::start("blk", "nbdfuse (domain 1)", &client, &[], true)?;
         self.nbd_client = Some(svc);
         if !dev.starts_with("/dev/loop") {
             return Err(fail(format!(
@@ -376,7 +217,13 @@ impl Bed {
         let mut cmd = vec!["sh", "-c", LOCAL_KEEPER, "local-keeper"];
         cmd.extend(files.iter().map(String::as_str));
         let argv = self.in_domain(1, &cmd);
-        let (svc, dev) = Svc::start("the local file's losetup (domain 1)", &argv, &[], true)?;
+        let (svc, dev) = Svc::start(
+            "blk",
+            "the local file's losetup (domain 1)",
+            &argv,
+            &[],
+            true,
+        )?;
         self.local = Some(svc);
         if !dev.starts_with("/dev/loop") {
             return Err(fail(format!(

@@ -3,6 +3,7 @@
 //! straight from the region, as `memloop status --json` shows it.
 
 use super::{Opts, DROPS, LINK};
+use crate::bench::bgproc::BgProcess;
 use crate::bench::report::Record;
 use crate::bench::tcp::procs::Testbed;
 use crate::error::{fail, CliResult, Context};
@@ -10,11 +11,9 @@ use memloop::registry::header::RegionParams;
 use memloop::{CreateRegion, Region, RegionSpec};
 use memloop_cli::link_cmd::{self, LinkCmd};
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// Set for a link service the benchmark starts: the service stops (SIGTERM to itself, its
@@ -38,65 +37,6 @@ pub fn service(cmd: LinkCmd) -> CliResult<()> {
 
 /// The link's name on both sides (the region is this run's own).
 const NAME: &str = "bench";
-
-/// One side's link service: `link-service up --foreground` in its domain (`domains exec`
-/// execs it, so the child is the service itself).
-struct Side {
-    domain: u8,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    log: PathBuf,
-}
-
-impl Side {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().rev().take(4).collect();
-        lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
-    }
-
-    /// Fails if the service has exited.
-    fn check(&mut self) -> CliResult<()> {
-        match self.child.try_wait()? {
-            Some(st) => Err(fail(format!(
-                "domain {}'s link service exited ({st}): {}",
-                self.domain,
-                self.log_tail()
-            ))),
-            None => Ok(()),
-        }
-    }
-
-    fn wait_exit(&mut self, d: Duration) -> bool {
-        let deadline = Instant::now() + d;
-        loop {
-            if !matches!(self.child.try_wait(), Ok(None)) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Side {
-    /// After SIGTERM (see [`Bed`]'s drop): closing stdin stops a service still running; one
-    /// that does not stop is killed.
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        if !self.wait_exit(Duration::from_secs(5)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
 
 /// A half's counters, as the links table has them.
 #[derive(Clone, Copy, Default, Debug)]
@@ -159,7 +99,7 @@ impl Snap {
 pub struct Bed {
     // Declared first: the services stop (see the drop) before the region handle goes and the
     // testbed removes the domains and the region.
-    sides: Vec<Side>,
+    sides: Vec<BgProcess>,
     region: Option<Region>,
     tb: Testbed,
     exe: PathBuf,
@@ -229,42 +169,10 @@ impl Bed {
             args.extend(["--ring-size".into(), r.clone()]);
         }
         let argv = self.tb.command_of("link-service", d, None, None, &args);
-        let log = std::env::temp_dir().join(format!(
-            "memloop-bench-link-{}-d{d}.log",
-            std::process::id()
-        ));
-        let err = std::fs::File::create(&log).context(format!("creating {}", log.display()))?;
-        let mut child = Command::new(&argv[0])
-            .args(&argv[1..])
-            .env("MEMLOOP_LINK_NOTIFY", "1")
-            .env(STOP_ON_EOF, "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(err)
-            .spawn()
-            .context(format!("starting the link service in domain {d}"))?;
-        let stdin = child.stdin.take();
-        let out = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(out).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let mut side = Side {
-            domain: d,
-            child,
-            stdin,
-            log,
-        };
-        let line = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_default();
-        if line.trim().is_empty() {
-            side.check()?;
-            return Err(fail(format!(
-                "domain {d}'s link service did not come up within 20 s: {}",
-                side.log_tail()
-            )));
-        }
+        let env = [("MEMLOOP_LINK_NOTIFY", "1"), (STOP_ON_EOF, "1")];
+        let what = format!("domain {d}'s link service");
+        let (mut side, _) = BgProcess::start("link", &what, &argv, &env, true)?;
+        side.set_grace(Duration::from_secs(5));
         self.sides.push(side);
         Ok(())
     }
@@ -489,15 +397,12 @@ impl Drop for Bed {
         // would refuse: it signals only a process whose command line is `… link up NAME
         // --foreground`): each service takes its carrier down and leaves the links table.
         for s in &self.sides {
-            if let Some(pid) = rustix::process::Pid::from_raw(s.pid() as i32) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-            }
+            s.term();
         }
-        for s in &mut self.sides {
+        for (d, s) in self.sides.iter_mut().enumerate() {
             if !s.wait_exit(Duration::from_secs(10)) {
                 eprintln!(
-                    "memloop bench link: domain {}'s link service did not stop in 10 s: killed",
-                    s.domain
+                    "memloop bench link: domain {d}'s link service did not stop in 10 s: killed"
                 );
             }
         }
