@@ -3,6 +3,8 @@
 //! requests sent raw, and a server or a client SIGKILLed (child processes: this test binary
 //! re-executed in a role).
 
+// The region helper of memloop's own cross-process tests (one copy for both crates).
+#[path = "../../memloop/tests/common/mod.rs"]
 mod common;
 use common::TestRegion;
 use memloop::ring::{Descriptor, SlotProducer};
