@@ -221,7 +221,7 @@ impl Frontend {
             stats: Counters::default(),
             connected: AtomicBool::new(true),
             stop: AtomicBool::new(false),
-            bounce: !node.region().futex_usable(),
+            bounce: node.region().device_backed(),
         });
         let (sub, comp) = client.split();
         let (sub_tx, sub_rx) = mpsc::channel::<Submitter>();

@@ -308,6 +308,12 @@ impl Region {
     pub fn futex_usable(&self) -> bool {
         self.spec.backend() != Backend::Device
     }
+
+    /// The region is a device mapping (the ivshmem BAR in a guest): no pages behind it, so
+    /// kernel paths that pin user pages (FUSE's device, O_DIRECT) cannot use its memory.
+    pub fn device_backed(&self) -> bool {
+        self.spec.backend() == Backend::Device
+    }
 }
 
 /// Initialises a freshly created file; it was created locked, so openers wait for us.
