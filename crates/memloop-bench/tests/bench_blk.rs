@@ -1,5 +1,6 @@
-//! `memloop bench blk --quick --json`: every fio run is there on the three paths (memloop, NBD
-//! over TCP, the local file), each memloop figure was routed (the export's counters cover fio's
+//! `memloop bench blk --quick --json`: every fio run, and PostgreSQL (initdb, pgbench at 1
+//! and 4 clients) on an ext4 on each device, is there on the three paths (memloop, NBD over
+//! TCP, the local file), each memloop figure was routed (the export's counters cover fio's
 //! bytes: the bench says so in the figure's note, and fails otherwise), the ratios and the
 //! export's copies are reported, and the run leaves nothing behind (domains, region, services,
 //! loop devices, FUSE mounts). Needs root, `ip`, /dev/fuse, losetup, fio, nbdkit, nbdfuse and
@@ -32,6 +33,8 @@ fn main() -> std::process::ExitCode {
         tool("nbdkit", &["--version"]),
         tool("nbdfuse", &["--version"]),
         tool("fusermount3", &["--version"]),
+        tool("pgbench", &["--version"]),
+        tool("mkfs.ext4", &["-V"]),
     ]))])
 }
 
@@ -100,7 +103,40 @@ fn quick_blk_bench_measures_three_paths_and_routes_memloop() {
             .unwrap();
         assert!(c >= 1.0, "{test}: the export copied {c} B per byte");
     }
-    for s in ["targets:", "nbdkit", "nbdfuse", "direct I/O on"] {
+    // PostgreSQL on each path: initdb's seconds and pgbench's TPS at 1 and 4 clients.
+    let find_sized = |path: &str, size: u64, unit: &str| -> &Value {
+        let mine: Vec<&Value> = records
+            .iter()
+            .filter(|r| {
+                r["test"] == "pgbench"
+                    && r["path"] == path
+                    && r["size"] == size
+                    && r["unit"] == unit
+            })
+            .collect();
+        assert_eq!(mine.len(), 1, "pgbench {path} {size} {unit}: {records:?}");
+        mine[0]
+    };
+    for path in ["memloop", "nbd-tcp", "local-file"] {
+        assert!(positive(find_sized(path, 0, "initdb s")));
+        for c in [1, 4] {
+            assert!(positive(find_sized(path, c, "TPS")));
+        }
+    }
+    let m = find_sized("memloop", 0, "initdb s");
+    let note = m["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("flushes") && note.contains("the export's counters grew"),
+        "PostgreSQL's memloop figure does not show its routing: {m}"
+    );
+    assert!(positive(find_sized("memloop / local-file", 4, "ratio")));
+    for s in [
+        "targets:",
+        "nbdkit",
+        "nbdfuse",
+        "direct I/O on",
+        "pgbench -c 4",
+    ] {
         assert!(stdout.contains(s), "no {s:?} in:\n{stdout}");
     }
 

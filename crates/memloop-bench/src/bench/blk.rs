@@ -14,13 +14,16 @@
 //!
 //! fio in domain 1 on each device (`--ioengine=libaio --direct=1 --time_based`): 4 KiB random
 //! read and write at queue depth 32 (IOPS), 1 MiB sequential read and write at queue depth 8
-//! (MiB/s). Ratios memloop / NBD (target ≥ 2×) and memloop / local (target ≥ 0.5×). A memloop
+//! (MiB/s). Ratios memloop / NBD (target ≥ 2×) and memloop / local (target ≥ 0.5×). Then
+//! PostgreSQL on an ext4 on each device (`pg.rs`): initdb, pgbench at 1 and 4 clients (TPS,
+//! memloop / local target ≥ 0.9×). A memloop
 //! figure counts only if the export's counters (its stats file, as `memloop status --json`'s
 //! "blk" shows it) grew by at least the bytes fio moved, else "not routed" and no figure. Every
 //! figure is the median of its rounds; the paths rotate within a round. Processes not pinned.
 
 mod bed;
 mod figs;
+pub mod pg;
 
 use super::report::{self, Record};
 use crate::error::{fail, CliResult};
@@ -49,7 +52,7 @@ pub fn service(cmd: memloop_cli::blk_cmd::BlkCmd) -> CliResult<()> {
 
 #[derive(clap::Args)]
 pub struct BlkArgs {
-    /// Short runs (1 s per fio run, 64 MiB backing files, one round): a quick look or CI.
+    /// Short runs (1 s per fio run, 128 MiB backing files, one round): a quick look or CI.
     #[arg(long)]
     quick: bool,
     /// Also write the results as JSON to FILE ({test, path, size, unit, value} records).
@@ -62,12 +65,16 @@ pub struct BlkArgs {
     /// 3, 1 with --quick).
     #[arg(long)]
     repeat: Option<usize>,
-    /// Only these fio runs (comma separated): randread, randwrite, read, write.
+    /// Only these runs (comma separated): randread, randwrite, read, write, pgbench.
     #[arg(long, value_delimiter = ',', value_name = "TEST")]
     only: Option<Vec<String>>,
-    /// Size of each backing file in /dev/shm (default 256M, or 64M with --quick).
+    /// Size of each backing file (default 256M, or 128M with --quick; PostgreSQL needs 128M).
     #[arg(long, value_name = "SIZE")]
     size: Option<String>,
+    /// Where the backing files live (default /dev/shm: memory speed, the transport's worst
+    /// case; a directory on a disk measures what a database on that disk sees).
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
 }
 
 /// The paths, in the order of the table's columns.
@@ -130,6 +137,8 @@ pub const TESTS: [Fio; 4] = [
 /// The targets on the ratios: over NBD, over the local file.
 const TARGET_NBD: f64 = 2.0;
 const TARGET_LOCAL: f64 = 0.5;
+/// The target on PostgreSQL's TPS over the local file's.
+const TARGET_PG: f64 = 0.9;
 
 /// The figures a run measures, and how.
 #[derive(Clone, Debug)]
@@ -140,8 +149,10 @@ pub struct Opts {
     pub secs: u64,
     /// Each backing file's size.
     pub size: u64,
-    /// The fio runs (names of [`TESTS`]).
+    /// The runs (names of [`TESTS`], and [`pg::TEST`]).
     pub tests: Vec<&'static str>,
+    /// The backing files' directory.
+    pub dir: PathBuf,
 }
 
 impl Opts {
@@ -151,8 +162,9 @@ impl Opts {
             quick,
             repeat: if quick { 1 } else { 3 },
             secs: if quick { 1 } else { 5 },
-            size: if quick { 64 << 20 } else { 256 << 20 },
-            tests: TESTS.iter().map(|t| t.test).collect(),
+            size: if quick { 128 << 20 } else { 256 << 20 },
+            tests: TESTS.iter().map(|t| t.test).chain([pg::TEST]).collect(),
+            dir: PathBuf::from("/dev/shm"),
         }
     }
 
@@ -170,11 +182,17 @@ impl Opts {
         if let Some(only) = &a.only {
             o.tests.clear();
             for f in only {
-                match TESTS.iter().find(|t| t.test == f) {
-                    Some(t) => o.tests.push(t.test),
+                match TESTS
+                    .iter()
+                    .map(|t| t.test)
+                    .chain([pg::TEST])
+                    .find(|t| t == f)
+                {
+                    Some(t) => o.tests.push(t),
                     None => {
                         return Err(fail(format!(
-                            "--only {f}: the tests are randread, randwrite, read and write"
+                            "--only {f}: the tests are randread, randwrite, read, write and \
+                             pgbench"
                         )))
                     }
                 }
@@ -186,6 +204,12 @@ impl Opts {
                 return Err(fail("--size: whole MiB from 4M to 16G"));
             }
             o.size = n;
+        }
+        if let Some(d) = &a.dir {
+            if !d.is_dir() {
+                return Err(fail(format!("--dir {}: not a directory", d.display())));
+            }
+            o.dir = d.clone();
         }
         Ok(o)
     }
@@ -218,6 +242,9 @@ pub fn figures(o: &Opts, progress: &mut dyn FnMut(&str)) -> CliResult<Outcome> {
     }
     if !std::path::Path::new("/dev/fuse").exists() {
         return Err(fail("no /dev/fuse here (both client paths are FUSE files)"));
+    }
+    if let Some(why) = o.tests.contains(&pg::TEST).then(pg::missing).flatten() {
+        return Err(fail(format!("pgbench: {why}")));
     }
     let mut bed = bed::Bed::up(o)?;
     out.notes.push(bed.describe());
@@ -256,6 +283,16 @@ pub fn figures(o: &Opts, progress: &mut dyn FnMut(&str)) -> CliResult<Outcome> {
                 raw.extend(bed.explain(r)?);
             }
         }
+        if o.tests.contains(&pg::TEST) {
+            for &p in &order {
+                progress(&format!(
+                    "{tag}PostgreSQL on ext4 on {} ({}): initdb, pgbench -c 1 and -c 4 for {} s",
+                    PATHS[p], bed.devs[p], o.secs
+                ));
+                let r = pg::figures(&mut bed, p, o);
+                raw.extend(bed.explain(r)?);
+            }
+        }
     }
     // A memloop figure with a round that did not cross the export is no figure at all.
     let unrouted: Vec<&'static str> = raw
@@ -282,6 +319,7 @@ pub fn figures(o: &Opts, progress: &mut dyn FnMut(&str)) -> CliResult<Outcome> {
     drop(bed);
     let mut records = report::median_of_rounds(raw);
     ratios(&mut records);
+    pg::ratios(&mut records);
     out.records = records;
     Ok(out)
 }
@@ -433,10 +471,12 @@ fn print(out: &Outcome, o: &Opts) {
          file) vs NBD over TCP (nbdkit / nbdfuse, a loop device on its FUSE file) between the \
          same two domains vs a loop device on a local file; fio --ioengine=libaio --direct=1 \
          --time_based --runtime={} in domain 1 (4 KiB random at qd 32, 1 MiB sequential at qd \
-         8), backing files of {} in /dev/shm; {} round(s) (medians), the paths rotating; \
-         processes not pinned{}",
+         8), then PostgreSQL on ext4 on each (initdb, pgbench over its Unix socket, fsync on); \
+         backing files of {} in {}; {} round(s) (medians), the paths rotating; processes not \
+         pinned{}",
         o.secs,
         fmt_size(o.size),
+        o.dir.display(),
         o.repeat,
         if o.quick {
             " (--quick: a smoke run, not figures to quote)"
@@ -445,10 +485,19 @@ fn print(out: &Outcome, o: &Opts) {
         }
     );
     println!();
-    print!("{}", table(&out.records));
+    if o.tests.iter().any(|t| *t != pg::TEST) {
+        print!("{}", table(&out.records));
+    }
+    if let Some(t) = pg::table(&out.records) {
+        println!();
+        print!("{t}");
+    }
     println!();
     println!("targets:");
-    for t in targets(&out.records) {
+    for t in targets(&out.records)
+        .into_iter()
+        .chain(pg::targets(&out.records))
+    {
         println!("- {t}");
     }
     println!();

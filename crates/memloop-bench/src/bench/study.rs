@@ -12,7 +12,7 @@ mod exps;
 mod headline;
 mod lab;
 mod plot;
-mod progs;
+pub(crate) mod progs;
 mod report;
 mod rounds;
 mod seeds;

@@ -1,5 +1,5 @@
 //! The testbed of `bench blk`: two domains of this run's own, its region, three backing files
-//! in /dev/shm and a loop device in domain 1 on each path:
+//! (in /dev/shm unless `--dir` says where) and a loop device in domain 1 on each path:
 //!
 //! - memloop: `blk-service export` (this binary's `memloop blk export --foreground`) in
 //!   domain 0, `blk-service attach` in domain 1 (its FUSE file, a loop device on it);
@@ -41,6 +41,7 @@ pub struct ExportStats {
     pub writes: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    pub flushes: u64,
     pub errors: u64,
 }
 
@@ -54,6 +55,7 @@ impl ExportStats {
             writes: g("writes"),
             bytes_read: g("bytes_read"),
             bytes_written: g("bytes_written"),
+            flushes: g("flushes"),
             errors: g("errors"),
         }
     }
@@ -66,6 +68,7 @@ impl ExportStats {
             writes: self.writes.saturating_sub(b.writes),
             bytes_read: self.bytes_read.saturating_sub(b.bytes_read),
             bytes_written: self.bytes_written.saturating_sub(b.bytes_written),
+            flushes: self.flushes.saturating_sub(b.flushes),
             errors: self.errors.saturating_sub(b.errors),
         }
     }
@@ -87,6 +90,7 @@ pub struct Bed {
     prefix: String,
     region_name: String,
     size: u64,
+    dir: PathBuf,
 }
 
 impl Bed {
@@ -123,9 +127,10 @@ impl Bed {
             prefix,
             region_name,
             size: o.size,
+            dir: o.dir.clone(),
         };
         for p in [MEMLOOP, NBD, LOCAL] {
-            let f = PathBuf::from(format!("/dev/shm/memloop-bench-blk-{pid}-{p}.img"));
+            let f = o.dir.join(format!("memloop-bench-blk-{pid}-{p}.img"));
             bed.files.push(f.clone());
             fill(&f, o.size)?;
         }
@@ -301,13 +306,16 @@ impl Bed {
 
     pub fn describe(&self) -> String {
         format!(
-            "storage in domain 0, client (fio) in domain 1, backing files of {} MiB in /dev/shm, \
+            "storage in domain 0, client (fio, postgres) in domain 1, backing files of {} MiB \
+             in {} ({}), \
              one per path; memloop: `memloop blk export` in domain 0, `memloop blk attach` in \
              domain 1 → {} (direct I/O {}), region {}; NBD over TCP: nbdkit file plugin on \
              {}:{NBD_PORT} in domain 0, nbdfuse (FUSE file) + losetup --direct-io=on in domain \
              1 → {} (direct I/O {}); local file: losetup --direct-io=on in domain 1 → {} \
              (direct I/O {}); all loop devices 512 B sectors",
             self.size >> 20,
+            self.dir.display(),
+            fs_type(&self.dir),
             self.devs[0],
             self.dio(0),
             self.region_name,
@@ -423,4 +431,17 @@ fn fill(path: &Path, size: u64) -> CliResult<()> {
         left -= n as u64;
     }
     Ok(())
+}
+
+/// The file system type of `dir` (`stat -f`), or "?".
+fn fs_type(dir: &Path) -> String {
+    Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(dir)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or("?".into(), |o| {
+            String::from_utf8_lossy(&o.stdout).trim().to_string()
+        })
 }

@@ -142,7 +142,7 @@ fn have(cmd: &str) -> bool {
 }
 
 /// The newest PostgreSQL server's bin directory under /usr/lib/postgresql.
-fn pg_bin() -> Option<PathBuf> {
+pub(crate) fn pg_bin() -> Option<PathBuf> {
     let mut v: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .ok()?
         .flatten()
@@ -558,7 +558,7 @@ fn pgbench(c: &mut Ctx, out: &mut Vec<Rec>) -> CliResult<()> {
 }
 
 /// `tps = 1234.5 (without initial connection time)`.
-fn parse_pgbench(text: &str) -> Option<f64> {
+pub(crate) fn parse_pgbench(text: &str) -> Option<f64> {
     text.lines()
         .filter_map(|l| l.strip_prefix("tps = "))
         .find(|l| l.contains("without initial connection time") || !l.contains("including"))

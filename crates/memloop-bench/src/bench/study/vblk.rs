@@ -1,6 +1,7 @@
 //! Experiment 15: the block device over the region (MMBlk, `memloop blk`) — the figures of
 //! `memloop bench blk` (fio 4 KiB random and 1 MiB sequential read and write on a loop device
-//! in domain 1: memloop vs NBD over TCP vs a local file), one round of them per study round,
+//! in domain 1, and PostgreSQL on an ext4 on it: memloop vs NBD over TCP vs a local file),
+//! one round of them per study round,
 //! as study records. Its two domains are its own (prefix `mbk<pid>`), beside the study's.
 
 use super::exps::bars;
@@ -92,7 +93,10 @@ fn series(r: &Rec) -> String {
 }
 
 fn category(r: &Rec) -> String {
-    format!("{} ({})", r.test, fmt_size(r.size))
+    match r.test.as_str() {
+        blk::pg::TEST => format!("pgbench -c {}", r.size),
+        t => format!("{t} ({})", fmt_size(r.size)),
+    }
 }
 
 pub fn fig15(r: &[Rec]) -> Vec<Figure> {
@@ -115,7 +119,16 @@ pub fn fig15(r: &[Rec]) -> Vec<Figure> {
             series,
         ),
         bars(
-            "15. MMBlk relative to NBD over TCP (target ≥ 2×) and to the local file (≥ 0.5×)",
+            "15. PostgreSQL on ext4 on each device: pgbench (fsync on)",
+            "transactions/s",
+            r,
+            |x| paths(x) && x.unit == blk::pg::TPS,
+            category,
+            series,
+        ),
+        bars(
+            "15. MMBlk relative to NBD over TCP (target ≥ 2×) and to the local file (≥ 0.5×; \
+             PostgreSQL ≥ 0.9×)",
             "ratio",
             r,
             |x| x.path == blk::RATIO_NBD || x.path == blk::RATIO_LOCAL,
