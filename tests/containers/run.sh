@@ -15,7 +15,22 @@
 #      its bytes through a ring;
 #   6. a `memloop link` between two containers (each with /dev/net/tun, CAP_NET_ADMIN and the
 #      region mounted): ping across it, the counters in the links table; one container
-#      SIGKILLed → the other's carrier drops within 3 s; a new container brings it back.
+#      SIGKILLed → the other's carrier drops within 3 s; a new container brings it back;
+#   7. a `memloop blk` device between two containers: a storage container exports a 64 MiB
+#      file of the host (`blk export --foreground` as its process: the region and its wake
+#      directory mounted, where the stats files are), a client container attaches it (the
+#      service started by `podman exec … blk attach`) and on the loop device makes ext4, writes
+#      a checksummed tree, fsck -fn clean (also the backing file, from the host), verifies
+#      after a remount; `memloop status` shows the export with its client and the bytes; the
+#      storage container SIGKILLed under a dd loop → the client's I/O fails within 5 s (every
+#      wait bounded); a new storage container re-exports the file and the same loop device
+#      reads the same sha256 and the files; detach frees the loop device. The client needs
+#      no --privileged: `--device /dev/fuse --device /dev/loop-control` (the FUSE mount; loop
+#      devices allocated), `--device-cgroup-rule 'b 7:* rwm'` (the loop block devices),
+#      `--cap-add SYS_ADMIN` (mount(2), losetup's ioctls) and `--cap-add MKNOD` (already in
+#      podman 4.3's defaults): the container's /dev is podman's own, where a loop device made
+#      after the start has no node, so it makes /dev/loop0…N itself before attaching. ext4 is
+#      only ever mounted in a shell's own mount namespace (`unshare -m`; why: at the case).
 # The containers' root file system is the host's, as an overlay (`--rootfs /:O`): no registry
 # is reachable here, and the programs are the host's Debian packages.
 # Then the same pair, kill and opt-in checks with docker: tests/containers/docker.sh (its own
@@ -47,6 +62,22 @@ tag=mlt$$
 passed=0
 . tests/containers/podman.sh
 podman_bed "$work" "$R" "$tag"
+# The loop device case 7 attached, if its client container was removed while it was attached
+# (its attach service is gone, the loop device is not; it then shows its FUSE file as "/disk").
+blk_dev="" B=vol
+blk_loops_down() {
+  [ -n "$blk_dev" ] || return 0
+  local back
+  back=$(cat "/sys/block/${blk_dev#/dev/}/loop/backing_file" 2>/dev/null) || return 0
+  case $back in
+  /disk | */memloop-$R.wake/blk-*) losetup -d "$blk_dev" 2>/dev/null || true ;;
+  esac
+}
+blk_down() { # before the containers go: the client detaches in order (bounded)
+  [ -n "$blk_dev" ] || return 0
+  timeout -k 2 20 podman exec "$tag-bcli" "$M" blk detach "$B" --region "$R" >/dev/null 2>&1 || true
+}
+trap 'blk_down; podman_bed_down; blk_loops_down' EXIT
 fail() { echo "containers: FAILED: $*" >&2; exit 1; }
 ok() { echo "containers: ok: $*"; passed=$((passed + 1)); }
 pod() { podman run --hooks-dir "$work/hooks" "$@" 2> >(quiet >&2); }
@@ -191,6 +222,152 @@ wait_carrier lb 1 5 || fail "the carrier did not come back after a new container
 podman exec "$tag-lb" ping -c 2 -W 2 10.99.77.1 >/dev/null || fail "ping across the link after the restart"
 podman rm -f "$tag-la" "$tag-lb" >/dev/null 2>&1
 ok "link between two containers: ping, counters ($rx packets received), carrier down on SIGKILL and back with a new container"
+
+# ---- 7. a memloop blk device between two containers (storage exports, client attaches)
+command -v mkfs.ext4 >/dev/null && command -v fsck.ext4 >/dev/null && command -v losetup >/dev/null ||
+  fail "blk: needs mkfs.ext4, fsck.ext4 (e2fsprogs) and losetup (util-linux)"
+[ -c /dev/fuse ] && [ -c /dev/loop-control ] || fail "blk: the host has no /dev/fuse or /dev/loop-control"
+img=$work/blk.img
+wake=/dev/shm/memloop-$R.wake
+truncate -s 64M "$img" && mkdir -p "$wake" && chmod 1777 "$wake" || fail "blk: making $img and $wake"
+shared=(-v "/dev/shm/memloop-$R:/dev/shm/memloop-$R" -v "$wake:$wake")
+t7=$(date +%s.%N)
+blk_store() { # the storage container: the export as its process, ready once its stats file is there
+  rm -f "$wake/blk-export-$B.json"
+  podman run -d --name "$tag-bsto" "${shared[@]}" -v "$img:/srv/blk.img" --rootfs /:O \
+    "$M" blk export "$B" --file /srv/blk.img --region "$R" --foreground 2> >(quiet >&2) >/dev/null || return 1
+  local i
+  for ((i = 0; i < 100; i++)); do
+    [ -s "$wake/blk-export-$B.json" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+cx() { # SECS CMD…: in the client container, bounded
+  local secs=$1
+  shift
+  timeout -k 5 "$secs" podman exec "$tag-bcli" "$@"
+}
+blk_of() { # the export's and the attachment's status, as {e, a}
+  status | jq -c --arg n "$B" '{e: ([.blk.exports[] | select(.name == $n)] | .[0]),
+    a: ([.blk.attachments[] | select(.name == $n)] | .[0])}'
+}
+blk_until() { # JQ-CONDITION: blk_of once it holds (at most 5 s; the services write every second)
+  local v i
+  for ((i = 0; i < 25; i++)); do
+    v=$(blk_of)
+    [ "$(jq "$1" <<<"$v")" = true ] && break
+    sleep 0.2
+  done
+  echo "$v"
+}
+blk_store || fail "blk: the storage container did not export $img: $(podman logs "$tag-bsto" 2>&1 | tail -n 3)"
+podman run -d --name "$tag-bcli" --device /dev/fuse --device /dev/loop-control \
+  --device-cgroup-rule 'b 7:* rwm' --cap-add SYS_ADMIN --cap-add MKNOD "${shared[@]}" --rootfs /:O \
+  sleep infinity 2> >(quiet >&2) >/dev/null || fail "blk: starting the client container"
+# Nodes for every loop device the host has or may allocate (minor = index << part_shift).
+maxp=$(cat /sys/module/loop/parameters/max_part 2>/dev/null || echo 0)
+shift_=0
+while [ $((maxp >> shift_)) -gt 0 ]; do shift_=$((shift_ + 1)); done
+top=$(ls /sys/class/block | sed -n 's/^loop\([0-9]*\)$/\1/p' | sort -n | tail -n 1)
+top=$(((${top:-0} + 64) > 255 ? ${top:-0} + 64 : 255))
+cx 30 sh -ec 'i=0; while [ $i -le "$1" ]; do [ -e /dev/loop$i ] || mknod /dev/loop$i b 7 $((i << $2)); i=$((i + 1)); done' \
+  sh "$top" "$shift_" || fail "blk: making the loop device nodes in the client container"
+w0=$(blk_of | jq '.e.bytes_written') || fail "blk: memloop status"
+dev=$(cx 30 "$M" blk attach "$B" --region "$R" 2>"$work/blk-attach.err") ||
+  fail "blk attach in the client container: $(cat "$work/blk-attach.err")"
+[[ $dev == /dev/loop[0-9]* ]] || fail "blk attach printed '$dev': $(cat "$work/blk-attach.err")"
+blk_dev=$dev
+# ext4 and a checksummed tree (16 files, 8 MiB), unmounted, fsck'd; then remounted and verified.
+# Each shell that mounts it has a mount namespace of its own (unshare -m): were the ext4 mount
+# in the container's namespace, the attach service (the FUSE server) could be the last process
+# to leave it when the container is removed, and would then unmount ext4 — writing through the
+# loop device to itself — on its way out, before its /dev/fuse is closed: a D-state deadlock.
+cx 120 unshare -m sh -ec 'mkfs.ext4 -q -F "$1"
+  mkdir -p /mnt/blk; mount "$1" /mnt/blk
+  for d in 0 1 2 3; do mkdir /mnt/blk/d$d; done
+  i=0; while [ $i -lt 16 ]; do head -c 524288 /dev/urandom >/mnt/blk/d$((i % 4))/f$i; i=$((i + 1)); done
+  cd /mnt/blk; find . -type f -name "f*" | sort | xargs sha256sum >/tmp/blk.sums; cd /
+  umount /mnt/blk' sh "$dev" >"$work/blk-tree.out" 2>&1 ||
+  fail "blk: mkfs.ext4 and the tree on $dev: $(tail -n 5 "$work/blk-tree.out")"
+cx 60 fsck.ext4 -fn "$dev" >"$work/blk-fsck.out" 2>&1 || fail "blk: fsck.ext4 -fn $dev: $(tail -n 5 "$work/blk-fsck.out")"
+fsck.ext4 -fn "$img" >"$work/blk-fsck.out" 2>&1 ||
+  fail "blk: fsck.ext4 -fn of the backing file (host): $(tail -n 5 "$work/blk-fsck.out")"
+verify='blockdev --flushbufs "$1"; mount "$1" /mnt/blk; cd /mnt/blk; sha256sum -c --quiet /tmp/blk.sums; cd /; umount /mnt/blk'
+cx 60 unshare -m sh -ec "$verify" sh "$dev" >"$work/blk-verify.out" 2>&1 ||
+  fail "blk: the tree after a remount: $(tail -n 5 "$work/blk-verify.out")"
+v=$(blk_until ".e.clients == 1 and .e.bytes_written >= $w0 + 8388608 and .a.bytes_written >= 8388608")
+jq -e ".e.clients == 1 and .e.bytes_written >= $w0 + 8388608 and .e.bytes_read > 0" <<<"$v" >/dev/null ||
+  fail "blk: status does not show the export with its client and the bytes written ($w0 before): $v"
+jq -e ".a.device == \"$dev\" and .a.connected and .a.bytes_written >= 8388608" <<<"$v" >/dev/null ||
+  fail "blk: status does not show the attachment on $dev, connected: $v"
+status_txt=$("$M" status --region "$R")
+grep -q "BLK EXPORTS" <<<"$status_txt" && grep -q "BLK ATTACHMENTS" <<<"$status_txt" ||
+  fail "blk: the text status has no BLK tables"
+written=$(jq '.e.bytes_written' <<<"$v")
+# The storage container SIGKILLed under I/O: reads (and same-data rewrites) in a loop must fail.
+head16() { cx 30 sh -ec 'dd if="$1" bs=1M count=16 iflag=direct status=none | sha256sum' sh "$dev" | cut -d' ' -f1; }
+sum0=$(head16) || fail "blk: reading the first 16 MiB of $dev"
+[ "$sum0" = "$(head -c 16M "$img" | sha256sum | cut -d' ' -f1)" ] ||
+  fail "blk: the device's first 16 MiB differ from the backing file's"
+cx 60 sh -c 'n=0
+  while dd if="$1" of=/dev/null bs=256k iflag=direct status=none &&
+    dd if="$1" of="$1" bs=64k count=64 iflag=direct oflag=direct conv=notrunc status=none; do
+    n=$((n + 1)); echo $n >/tmp/blk-rounds.new; mv /tmp/blk-rounds.new /tmp/blk-rounds
+  done
+  echo "failed after $n rounds at $(date +%s.%N)"' sh "$dev" >"$work/blk-io.out" 2>&1 &
+iopid=$!
+rounds() { local n; n=$(cx 5 cat /tmp/blk-rounds 2>/dev/null) || n=0; echo "${n:-0}"; }
+going=""
+for ((i = 0; i < 100; i++)); do
+  [ "$(rounds)" -ge 2 ] && going=yes && break
+  sleep 0.1
+done
+grep -q "^failed after" "$work/blk-io.out" && fail "blk: the I/O loop failed before the kill: $(cat "$work/blk-io.out")"
+[ -n "$going" ] || fail "blk: the I/O loop made no progress: $(cat "$work/blk-io.out")"
+killed_at=$(date +%s.%N)
+podman kill -s KILL "$tag-bsto" >/dev/null 2>&1 || fail "blk: podman kill of the storage container"
+wait "$iopid" || true
+seen=$(sed -n 's/^failed after [0-9]* rounds at \([0-9.]*\)$/\1/p' "$work/blk-io.out")
+[ -n "$seen" ] || fail "blk: the client's I/O loop did not end in errors (hung?): $(tail -n 3 "$work/blk-io.out")"
+grep -q "Input/output error" "$work/blk-io.out" || fail "blk: the I/O loop failed but not with EIO: $(cat "$work/blk-io.out")"
+took=$(python3 -c "print(f'{$seen - $killed_at:.2f}')")
+python3 -c "import sys; sys.exit(0 if $took < 5 else 1)" ||
+  fail "blk: the client's I/O failed $took s after the kill (want < 5 s)"
+# No export: a read fails at once.
+r=0
+cx 5 dd if="$dev" of=/dev/null bs=4k count=1 iflag=direct status=none 2>/dev/null || r=$?
+[ "$r" != 0 ] || fail "blk: a read with the storage container dead succeeded"
+[ "$r" != 124 ] && [ "$r" != 137 ] || fail "blk: a read with the storage container dead hung (timeout)"
+podman rm -f -t 0 "$tag-bsto" >/dev/null 2>&1 || true
+# A new storage container re-exports the file: the same loop device goes on.
+blk_store || fail "blk: the new storage container did not export: $(podman logs "$tag-bsto" 2>&1 | tail -n 3)"
+back=""
+for ((i = 0; i < 50; i++)); do
+  h=$(cx 10 sh -ec 'dd if="$1" bs=1M count=8 iflag=direct status=none | sha256sum' sh "$dev" 2>/dev/null) &&
+    [ "${h:0:8}" != e3b0c442 ] && back=yes && break
+  sleep 0.2
+done
+[ -n "$back" ] || fail "blk: no I/O on $dev 10 s after the re-export"
+sum1=$(head16) || fail "blk: reading $dev after the re-export"
+[ "$sum1" = "$sum0" ] || fail "blk: the first 16 MiB of $dev changed across the kill ($sum0 -> $sum1)"
+cx 60 unshare -m sh -ec "$verify" sh "$dev" >"$work/blk-verify.out" 2>&1 ||
+  fail "blk: the tree after the re-export: $(tail -n 5 "$work/blk-verify.out")"
+v=$(blk_until '.e.clients == 1 and .a.connected and .a.reattached >= 1')
+jq -e '.e.clients == 1 and .a.connected and .a.reattached >= 1 and .a.failed_disconnected >= 1' <<<"$v" >/dev/null ||
+  fail "blk: status after the re-export: $v"
+# Detach: the loop device is free again, and no stats of the attachment remain.
+cx 30 "$M" blk detach "$B" --region "$R" >"$work/blk-detach.out" 2>&1 ||
+  fail "blk detach: $(cat "$work/blk-detach.out")"
+grep -qs "/memloop-$R.wake/blk-" "/sys/block/${dev#/dev/}/loop/backing_file" &&
+  fail "blk: $dev is still attached after detach: $(cat "/sys/block/${dev#/dev/}/loop/backing_file")"
+[ "$(blk_of | jq '.a')" = null ] || fail "blk: status still shows the attachment after detach"
+blk_dev=""
+podman rm -f -t 0 "$tag-bcli" "$tag-bsto" >/dev/null 2>&1 || true
+fsck.ext4 -fn "$img" >"$work/blk-fsck.out" 2>&1 ||
+  fail "blk: fsck.ext4 -fn of the backing file at the end: $(tail -n 5 "$work/blk-fsck.out")"
+t7=$(python3 -c "print(f'{$(date +%s.%N) - $t7:.1f}')")
+ok "blk between containers: ext4 on $dev with an 8 MiB tree (fsck clean, verified after a remount), export shows 1 client and $((written >> 20)) MiB written; storage SIGKILLed → the client's I/O failed in $took s, a new storage container → same device, same sha256, tree verified; detached (${t7} s)"
 
 echo "containers: all $passed checks passed"
 
