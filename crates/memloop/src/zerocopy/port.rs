@@ -58,7 +58,14 @@ pub struct ZcPort {
     timeout: Option<Duration>,
     /// How long a wait spins before it sleeps (`None`: the node's policy for this peer).
     spin: Option<Duration>,
+    /// When a non-blocking call that found nothing last found the peer alive.
+    alive_at: Option<Instant>,
 }
+
+/// How long a non-blocking call that finds nothing trusts its last look at the peer's
+/// liveness: a look reads /proc, and a port drained after every wake-up would otherwise read
+/// it once per batch (thousands of times a second under load).
+const NONBLOCKING_LOOK_EVERY: Duration = Duration::from_millis(5);
 
 /// What a port shares with the messages it received (they release through it, and may
 /// outlive it: the channel goes when the last of them does).
@@ -117,6 +124,7 @@ impl ZcPort {
             nonblocking: false,
             timeout: None,
             spin: None,
+            alive_at: None,
         })
     }
 
@@ -223,7 +231,7 @@ impl ZcPort {
         mut ready: impl FnMut(&mut Self, &WaitPolicy, Duration) -> Result<bool, RingError>,
     ) -> Result<(), Error> {
         if self.nonblocking {
-            return Err(match self.sh.watch.lost() {
+            return Err(match self.lost_lately() {
                 true => Error::PeerDead,
                 false => Error::WouldBlock,
             });
@@ -248,6 +256,21 @@ impl ZcPort {
                 return Err(Error::TimedOut);
             }
         }
+    }
+
+    /// Whether the peer is lost, looked at no more than every [`NONBLOCKING_LOOK_EVERY`]
+    /// while it keeps being found alive (a death is seen that much later, at most).
+    fn lost_lately(&mut self) -> bool {
+        let now = Instant::now();
+        if self
+            .alive_at
+            .is_some_and(|t| now.saturating_duration_since(t) < NONBLOCKING_LOOK_EVERY)
+        {
+            return false;
+        }
+        let lost = self.sh.watch.lost();
+        self.alive_at = (!lost).then_some(now);
+        lost
     }
 
     /// No more sends: the peer receives what was sent, then `None`.
