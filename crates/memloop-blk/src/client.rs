@@ -116,6 +116,9 @@ struct State {
     /// the session has as many as its queue depth — so they count against it too.
     held: usize,
     dead: bool,
+    /// Threads waiting for room: a notification costs a system call, so none is made
+    /// without a waiter (a completion would otherwise pay one each).
+    room_waiters: usize,
 }
 
 impl State {
@@ -136,8 +139,19 @@ impl Shared {
     }
 
     fn mark_dead(&self) {
-        self.state().dead = true;
-        self.room.notify_all();
+        let mut st = self.state();
+        st.dead = true;
+        self.ring_room(st);
+    }
+
+    /// Tells the threads waiting for room (if any) that some came free; takes the lock
+    /// under which it was freed, so no waiter can slip between the check and its sleep.
+    fn ring_room(&self, st: MutexGuard<'_, State>) {
+        let waiters = st.room_waiters > 0;
+        drop(st);
+        if waiters {
+            self.room.notify_all();
+        }
     }
 
     fn is_dead(&self) -> bool {
@@ -335,8 +349,7 @@ impl Drop for ReadData {
     fn drop(&mut self) {
         let mut st = self.sh.state();
         st.held = st.held.saturating_sub(1);
-        drop(st);
-        self.sh.room.notify_all();
+        self.sh.ring_room(st);
     }
 }
 
@@ -685,10 +698,12 @@ impl Submitter {
             if left.is_zero() {
                 return Err(BlkError::TimedOut);
             }
+            st.room_waiters += 1;
             st = match self.sh.room.wait_timeout(st, left.min(SLICE)) {
                 Ok((g, _)) => g,
                 Err(p) => p.into_inner().0,
             };
+            st.room_waiters -= 1;
         }
     }
 
@@ -812,8 +827,9 @@ impl Submitter {
                 Ok(())
             }
             Err(e) => {
-                self.sh.state().inflight.remove(&r.tag);
-                self.sh.room.notify_all();
+                let mut st = self.sh.state();
+                st.inflight.remove(&r.tag);
+                self.sh.ring_room(st);
                 match e {
                     memloop::Error::PeerDead | memloop::Error::BrokenPipe => {
                         self.sh.mark_dead();
@@ -913,8 +929,7 @@ impl Completer {
         if has_data {
             st.held += 1;
         }
-        drop(st);
-        self.sh.room.notify_all();
+        self.sh.ring_room(st);
         stats.completed.fetch_add(1, Relaxed);
         if status != 0 {
             stats.errors.fetch_add(1, Relaxed);
@@ -937,8 +952,9 @@ impl Completer {
 
     /// The server is gone: every request in flight fails with `EIO`.
     fn fail_in_flight(&mut self) -> Result<Vec<Completion>, BlkError> {
-        let gone: Vec<(u64, Inflight)> = self.sh.state().inflight.drain().collect();
-        self.sh.room.notify_all();
+        let mut st = self.sh.state();
+        let gone: Vec<(u64, Inflight)> = st.inflight.drain().collect();
+        self.sh.ring_room(st);
         if gone.is_empty() {
             return Err(BlkError::Disconnected);
         }

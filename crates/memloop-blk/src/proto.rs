@@ -37,7 +37,7 @@
 //! | 24 | 4 | logical block size: 512 or 4096 |
 //! | 28 | 4 | max I/O, bytes, for this session (a multiple of the block size) |
 //! | 32 | 4 | queue depth for this session (1..=[`MAX_QUEUE_DEPTH`]) |
-//! | 36 | 4 | flags: 1 read-only, 2 flush, 4 FUA, 8 discard |
+//! | 36 | 4 | flags: 1 read-only, 2 flush (a volatile cache: completed writes are durable only after a flush; clear for memory-backed storage, where a flush has nothing to do), 4 FUA, 8 discard |
 //! | 40 | 4 | status: 0 attached; else an errno, and the fields above are 0 |
 //! | 44 | 20 | 0 |
 //!
@@ -381,6 +381,11 @@ impl ExportInfo {
     }
     pub fn can_discard(&self) -> bool {
         self.flags & INFO_DISCARD != 0
+    }
+    /// Whether completed writes become durable only with a flush (a volatile cache). Without
+    /// it a flush has nothing to do, and a client may answer one itself.
+    pub fn needs_flush(&self) -> bool {
+        self.flags & INFO_FLUSH != 0
     }
 
     /// The checks a client makes of an `Info` (and a server of what it is about to send).

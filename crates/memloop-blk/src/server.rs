@@ -209,11 +209,16 @@ impl BlkServer {
                 path.display()
             )));
         }
-        let flags = if opts.read_only {
+        let mut flags = if opts.read_only {
             proto::INFO_READ_ONLY | proto::INFO_FLUSH
         } else {
             proto::INFO_FLUSH | proto::INFO_FUA | proto::INFO_DISCARD
         };
+        if memory_backed(&file) {
+            // tmpfs or ramfs: a completed pwrite is as durable as it gets (no volatile
+            // cache, like a write-through disk), so clients need not send flushes.
+            flags &= !proto::INFO_FLUSH;
+        }
         let info = ExportInfo {
             token: 0,
             size,
@@ -716,4 +721,14 @@ fn pread_full(f: &File, buf: &mut [u8], off: u64) -> rustix::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether `f` lives in memory (tmpfs, ramfs), where `fdatasync` has nothing to do.
+fn memory_backed(f: &File) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    rustix::fs::fstatfs(f).is_ok_and(|s| {
+        let t = s.f_type as i64;
+        t == TMPFS_MAGIC || t == RAMFS_MAGIC
+    })
 }

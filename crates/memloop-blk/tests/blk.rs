@@ -33,6 +33,7 @@ fn main() -> std::process::ExitCode {
         test!(random_io_round_trips_match_a_model),
         test!(sixty_four_requests_in_flight_complete_out_of_order),
         test!(fua_and_flush_complete_and_reach_the_file),
+        test!(only_storage_with_a_volatile_cache_asks_for_flushes),
         test!(discarded_blocks_read_back_as_zeros),
         test!(a_read_only_export_refuses_writes_with_erofs),
         test!(a_4096_byte_block_export_refuses_512_byte_alignment),
@@ -490,6 +491,35 @@ fn fua_and_flush_complete_and_reach_the_file() {
     let e = c.flush().unwrap_err();
     assert_eq!(e.errno(), errno::EIO, "{e}");
     assert!(t.elapsed() < Duration::from_secs(2));
+}
+
+/// A file in memory (/dev/shm) has no volatile cache: its export says flushes are not
+/// needed. A file on a disk (this build's target directory) says they are.
+fn only_storage_with_a_volatile_cache_asks_for_flushes() {
+    let r = TestRegion::new("blk-wc", 128 << 20);
+    let shm = PathBuf::from(format!("/dev/shm/memloop-blk-wc-{}", std::process::id()));
+    let disk = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("blk-wc-{}", std::process::id()));
+    let fs_type = |p: &Path| {
+        let out = Command::new("stat").args(["-f", "-c", "%T"]).arg(p).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    for (path, needs) in [(&shm, false), (&disk, true)] {
+        std::fs::File::create(path).unwrap().set_len(1 << 20).unwrap();
+        let fs = fs_type(path);
+        if needs && (fs == "tmpfs" || fs == "ramfs") {
+            std::fs::remove_file(path).unwrap();
+            panic!("the target directory is on {fs}: no disk to check the other case on");
+        }
+        let name = if needs { "wc-disk" } else { "wc-shm" };
+        let srv = BlkServer::export_with(&r.node("server"), name, path, opts(64 << 10, 8)).unwrap();
+        let mut c = BlkClient::connect(&r.node("client"), name).unwrap();
+        assert_eq!(c.info().needs_flush(), needs, "{} on {fs}", path.display());
+        // A flush is still served either way.
+        c.flush().unwrap();
+        assert_eq!(srv.stats().flushes, 1);
+        drop((c, srv));
+        std::fs::remove_file(path).unwrap();
+    }
 }
 
 fn discarded_blocks_read_back_as_zeros() {

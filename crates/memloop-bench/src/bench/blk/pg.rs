@@ -184,7 +184,7 @@ fn last_lines(s: &str) -> String {
 }
 
 /// The database figures on path `p`: initdb's seconds and pgbench's TPS at each client
-/// count; for memloop, only if the export's counters saw the database's writes and flushes.
+/// count; for memloop, only if the export's counters saw the database's writes.
 pub fn figures(bed: &mut Bed, p: usize, o: &Opts) -> CliResult<Vec<Record>> {
     bed.check()?;
     let path = PATHS[p];
@@ -228,7 +228,8 @@ pub fn figures(bed: &mut Bed, p: usize, o: &Opts) -> CliResult<Vec<Record>> {
          errors",
         grew.requests, grew.writes, grew.bytes_written, grew.flushes, grew.errors
     );
-    if grew.bytes_written < 16 << 20 || grew.flushes == 0 {
+    // (A memory-backed export has no volatile cache: the attach answers flushes itself.)
+    if grew.bytes_written < 16 << 20 {
         let mut nr = Record::new(TEST, MEMLOOP, 0, NOT_ROUTED, 0.0);
         nr.note = Some(seen);
         return Ok(vec![nr]);
