@@ -17,7 +17,9 @@
 //!
 //! The server dying: [`Completer::complete`] notices within a liveness slice (200 ms) and
 //! completes every request in flight with `EIO`; submits fail with
-//! [`BlkError::Disconnected`] from then on. Attach again (to a new export) to go on.
+//! [`BlkError::Disconnected`] from then on. Attach again (to a new export) to go on. A server
+//! alive but stuck (stopped, hung on its storage) is not dead: a [`SessionWatch`] sees how
+//! long the oldest request has waited, and may abandon the session, with the same effect.
 
 use crate::error::BlkError;
 use crate::proto::{
@@ -131,6 +133,7 @@ impl State {
 struct Inflight {
     op: Op,
     len: u32,
+    since: Instant,
 }
 
 impl Shared {
@@ -272,6 +275,33 @@ pub struct Submitter {
     port: ZcPort,
     small: Pool,
     data: Pool,
+}
+
+/// What another thread may see of a session, and do to it.
+#[derive(Clone)]
+pub struct SessionWatch {
+    sh: Arc<Shared>,
+}
+
+impl SessionWatch {
+    /// How long the oldest request in flight has waited (`None`: none in flight).
+    pub fn oldest_in_flight(&self) -> Option<Duration> {
+        let st = self.sh.state();
+        let oldest = st.inflight.values().map(|f| f.since).min()?;
+        Some(oldest.elapsed())
+    }
+
+    /// Gives up on the server as if it had died: every request in flight completes with
+    /// `EIO` (within a slice of the completer's wait), submits fail with
+    /// [`BlkError::Disconnected`]. For a server that is alive but answers nothing.
+    pub fn abandon(&self) {
+        self.sh.mark_dead();
+    }
+
+    /// The session is over (the server died or it was abandoned).
+    pub fn is_over(&self) -> bool {
+        self.sh.is_dead()
+    }
 }
 
 /// The completing half.
@@ -466,6 +496,13 @@ impl BlkClient {
 
     pub fn stats(&self) -> ClientStats {
         self.sub.stats()
+    }
+
+    /// A watch on this session, for a thread of its own.
+    pub fn watch(&self) -> SessionWatch {
+        SessionWatch {
+            sh: self.sub.sh.clone(),
+        }
     }
 
     /// The two halves, for two threads.
@@ -817,6 +854,7 @@ impl Submitter {
             let f = Inflight {
                 op: r.op,
                 len: r.len,
+                since: Instant::now(),
             };
             st.inflight.insert(r.tag, f);
         }

@@ -21,7 +21,9 @@
 //! Everything the kernel sends is checked as a peer's data would be: lengths against what
 //! was read, argument sizes per opcode, offsets against the export.
 
-use crate::client::{BlkClient, ClientOptions, Completer, Completion, Submitter, WriteBuf};
+use crate::client::{
+    BlkClient, ClientOptions, Completer, Completion, SessionWatch, Submitter, WriteBuf,
+};
 use crate::error::BlkError;
 use crate::proto::{errno, ExportInfo};
 use memloop::Node;
@@ -113,8 +115,31 @@ pub struct FrontendStats {
     pub refused: u64,
     /// Times a new export was attached after the first.
     pub reattached: u64,
+    /// Sessions given up because a request waited longer than the I/O timeout (the storage
+    /// side alive but answering nothing): their requests failed with `EIO`.
+    pub timed_out: u64,
     pub connected: bool,
 }
+
+/// How the frontend behaves.
+#[derive(Clone, Copy, Debug)]
+pub struct FrontendOptions {
+    /// A request unanswered this long gives the session up: what is in flight fails with
+    /// `EIO`, new I/O too until the storage side answers an attach again (`None`: wait for
+    /// ever, as long as the storage side lives).
+    pub io_timeout: Option<Duration>,
+}
+
+impl Default for FrontendOptions {
+    fn default() -> Self {
+        FrontendOptions {
+            io_timeout: Some(DEFAULT_IO_TIMEOUT),
+        }
+    }
+}
+
+/// The default I/O timeout: long enough for any storage that is merely slow.
+pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Default)]
 struct Counters {
@@ -129,6 +154,7 @@ struct Counters {
     failed_disconnected: AtomicU64,
     refused: AtomicU64,
     reattached: AtomicU64,
+    timed_out: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -180,6 +206,15 @@ fn io_err(why: String) -> BlkError {
 impl Frontend {
     /// Attaches to export `name` and mounts its file at `mountpoint/disk` (root only).
     pub fn start(node: &Node, name: &str, mountpoint: &Path) -> Result<Frontend, BlkError> {
+        Self::start_with(node, name, mountpoint, FrontendOptions::default())
+    }
+
+    pub fn start_with(
+        node: &Node,
+        name: &str,
+        mountpoint: &Path,
+        fo: FrontendOptions,
+    ) -> Result<Frontend, BlkError> {
         let opts = ClientOptions {
             headroom: HEADROOM as u32,
             ..ClientOptions::default()
@@ -223,6 +258,7 @@ impl Frontend {
             stop: AtomicBool::new(false),
             bounce: node.region().device_backed(),
         });
+        let watch = client.watch();
         let (sub, comp) = client.split();
         let (sub_tx, sub_rx) = mpsc::channel::<Submitter>();
         let (comp_tx, comp_rx) = mpsc::channel::<Completer>();
@@ -246,7 +282,7 @@ impl Frontend {
         let node = node.clone();
         threads.push(spawn(
             "connect",
-            Box::new(move || connector(&c, &node, sub_tx, comp_tx)),
+            Box::new(move || connector(&c, &node, fo, watch, (sub_tx, comp_tx))),
         )?);
         Ok(Frontend {
             ctx,
@@ -279,6 +315,7 @@ impl Frontend {
             failed_disconnected: g(&c.failed_disconnected),
             refused: g(&c.refused),
             reattached: g(&c.reattached),
+            timed_out: g(&c.timed_out),
             connected: self.ctx.connected.load(Relaxed),
         }
     }
@@ -874,9 +911,17 @@ fn answer(ctx: &Ctx, c: Completion) {
 
 // ---- the connector ----
 
-/// While the server is gone, attaches again (every half second) to a new export of the
-/// same name, which must have the same size, block size and max I/O.
-fn connector(ctx: &Ctx, node: &Node, sub_tx: Sender<Submitter>, comp_tx: Sender<Completer>) {
+/// While the server is gone, attaches again (every quarter second) to a new export of the
+/// same name, which must have the same size, block size and max I/O. While it is there,
+/// watches the oldest request: past the I/O timeout the session is given up (a server
+/// alive but stuck), and an attach tried again like after a death.
+fn connector(
+    ctx: &Ctx,
+    node: &Node,
+    fo: FrontendOptions,
+    mut watch: SessionWatch,
+    (sub_tx, comp_tx): (Sender<Submitter>, Sender<Completer>),
+) {
     let opts = ClientOptions {
         headroom: HEADROOM as u32,
         max_io: ctx.info.max_io,
@@ -888,6 +933,7 @@ fn connector(ctx: &Ctx, node: &Node, sub_tx: Sender<Submitter>, comp_tx: Sender<
         std::thread::sleep(Duration::from_millis(250));
         if ctx.connected.load(Relaxed) {
             said = false;
+            give_up_if_stuck(ctx, &watch, fo.io_timeout);
             continue;
         }
         let client = match BlkClient::connect_with(node, &ctx.name, opts) {
@@ -919,6 +965,7 @@ fn connector(ctx: &Ctx, node: &Node, sub_tx: Sender<Submitter>, comp_tx: Sender<
             std::thread::sleep(Duration::from_secs(1));
             continue;
         }
+        watch = client.watch();
         let (s, c) = client.split();
         if comp_tx.send(c).is_err() || sub_tx.send(s).is_err() {
             return;
@@ -927,6 +974,22 @@ fn connector(ctx: &Ctx, node: &Node, sub_tx: Sender<Submitter>, comp_tx: Sender<
         ctx.connected.store(true, Relaxed);
         tracing::info!(export = %ctx.name, "reattached");
     }
+}
+
+/// Gives the session up if its oldest request has waited past `timeout`.
+fn give_up_if_stuck(ctx: &Ctx, watch: &SessionWatch, timeout: Option<Duration>) {
+    let Some(t) = timeout else { return };
+    if watch.is_over() || !watch.oldest_in_flight().is_some_and(|w| w >= t) {
+        return;
+    }
+    tracing::warn!(
+        export = %ctx.name,
+        "a request unanswered for {:.1} s: the storage side is stuck; failing the I/O in \
+         flight and attaching again",
+        t.as_secs_f64()
+    );
+    bump(&ctx.stats.timed_out);
+    watch.abandon();
 }
 
 #[cfg(test)]

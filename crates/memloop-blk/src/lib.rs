@@ -58,7 +58,8 @@ pub mod proto;
 pub mod server;
 
 pub use client::{
-    BlkClient, ClientOptions, ClientStats, Completer, Completion, ReadData, Submitter, WriteBuf,
+    BlkClient, ClientOptions, ClientStats, Completer, Completion, ReadData, SessionWatch,
+    Submitter, WriteBuf,
 };
 pub use error::BlkError;
 pub use proto::{ExportInfo, Op};

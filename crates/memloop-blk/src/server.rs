@@ -725,10 +725,12 @@ fn pread_full(f: &File, buf: &mut [u8], off: u64) -> rustix::io::Result<()> {
 
 /// Whether `f` lives in memory (tmpfs, ramfs), where `fdatasync` has nothing to do.
 fn memory_backed(f: &File) -> bool {
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
-    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    const RAMFS_MAGIC: u64 = 0x8584_58f6;
     rustix::fs::fstatfs(f).is_ok_and(|s| {
-        let t = s.f_type as i64;
+        // (`f_type`'s C type differs between architectures.)
+        #[allow(clippy::unnecessary_cast)]
+        let t = s.f_type as u64;
         t == TMPFS_MAGIC || t == RAMFS_MAGIC
     })
 }

@@ -498,13 +498,21 @@ fn fua_and_flush_complete_and_reach_the_file() {
 fn only_storage_with_a_volatile_cache_asks_for_flushes() {
     let r = TestRegion::new("blk-wc", 128 << 20);
     let shm = PathBuf::from(format!("/dev/shm/memloop-blk-wc-{}", std::process::id()));
-    let disk = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("blk-wc-{}", std::process::id()));
+    let disk =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("blk-wc-{}", std::process::id()));
     let fs_type = |p: &Path| {
-        let out = Command::new("stat").args(["-f", "-c", "%T"]).arg(p).output().unwrap();
+        let out = Command::new("stat")
+            .args(["-f", "-c", "%T"])
+            .arg(p)
+            .output()
+            .unwrap();
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
     for (path, needs) in [(&shm, false), (&disk, true)] {
-        std::fs::File::create(path).unwrap().set_len(1 << 20).unwrap();
+        std::fs::File::create(path)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
         let fs = fs_type(path);
         if needs && (fs == "tmpfs" || fs == "ramfs") {
             std::fs::remove_file(path).unwrap();

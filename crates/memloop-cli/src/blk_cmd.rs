@@ -14,7 +14,7 @@
 use crate::error::{fail, CliResult, Context};
 use crate::service;
 use memloop::{Node, Region, RegionSpec};
-use memloop_blk::fuse::Frontend;
+use memloop_blk::fuse::{Frontend, FrontendOptions};
 use memloop_blk::{BlkServer, ExportOptions};
 use serde_json::{json, Value};
 use std::ffi::OsString;
@@ -66,6 +66,11 @@ pub struct AttachArgs {
     /// directory, else /run/memloop/blk/NAME).
     #[arg(long)]
     mountpoint: Option<PathBuf>,
+    /// Seconds a request may go unanswered by a storage side that is alive (stopped, hung on
+    /// its own storage) before the I/O in flight fails with EIO and the attach starts over,
+    /// as after the storage side's death; 0: wait for ever.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    io_timeout: f64,
     /// Run the service in the foreground.
     #[arg(long)]
     foreground: bool,
@@ -96,6 +101,12 @@ pub fn run(cmd: BlkCmd) -> CliResult<()> {
         }
         BlkCmd::Attach(a) => {
             check_name(&a.name)?;
+            if !(a.io_timeout.is_finite() && (0.0..=86400.0).contains(&a.io_timeout)) {
+                return Err(fail(format!(
+                    "--io-timeout {}: seconds from 0 (never) to 86400",
+                    a.io_timeout
+                )));
+            }
             if a.foreground {
                 serve_attach(&a)
             } else {
@@ -103,6 +114,7 @@ pub fn run(cmd: BlkCmd) -> CliResult<()> {
                 if let Some(m) = &a.mountpoint {
                     args.extend(["--mountpoint".into(), m.to_string_lossy().into()]);
                 }
+                args.extend(["--io-timeout".into(), a.io_timeout.to_string()]);
                 let dev = start(a.region.as_deref(), &format!("attach-{}", a.name), args)?;
                 println!("{dev}");
                 Ok(())
@@ -250,7 +262,10 @@ fn serve_attach(a: &AttachArgs) -> CliResult<()> {
         }
     };
     std::fs::create_dir_all(&mountpoint).context(format!("creating {}", mountpoint.display()))?;
-    let fe = Frontend::start(&node, &a.name, &mountpoint).context(format!(
+    let fo = FrontendOptions {
+        io_timeout: (a.io_timeout > 0.0).then(|| Duration::from_secs_f64(a.io_timeout)),
+    };
+    let fe = Frontend::start_with(&node, &a.name, &mountpoint, fo).context(format!(
         "attaching {} at {}",
         a.name,
         mountpoint.display()
@@ -297,7 +312,7 @@ fn serve_attach(a: &AttachArgs) -> CliResult<()> {
             "flushes": s.flushes, "discards": s.discards,
             "bytes_read": s.bytes_read, "bytes_written": s.bytes_written,
             "errors": s.errors, "failed_disconnected": s.failed_disconnected,
-            "refused": s.refused, "reattached": s.reattached,
+            "refused": s.refused, "reattached": s.reattached, "timed_out": s.timed_out,
         })
     };
     publish(&path, &report(&fe));
@@ -428,6 +443,7 @@ pub fn write_blk(out: &mut dyn Write, region: &Path) -> std::io::Result<()> {
         "written",
         "errors",
         "eio (gone)",
+        "timed out",
         "reattached",
     ]
     .map(String::from)
@@ -448,6 +464,7 @@ pub fn write_blk(out: &mut dyn Write, region: &Path) -> std::io::Result<()> {
             sz(e, "bytes_written"),
             n(e, "errors"),
             n(e, "failed_disconnected"),
+            n(e, "timed_out"),
             n(e, "reattached"),
         ]);
     }

@@ -34,6 +34,7 @@ fn main() -> std::process::ExitCode {
         test!(ext4_tree_fsck_and_fio_verify_across_two_domains).needs(needs()),
         test!(read_only_export_refuses_writes_and_serves_reads).needs(needs()),
         test!(storage_killed_mid_io_gives_errors_then_reexport_continues).needs(needs()),
+        test!(stopped_storage_times_out_with_errors_then_resumes).needs(needs()),
     ])
 }
 
@@ -129,11 +130,13 @@ impl Env {
 
     /// Attaches in domain 1: the loop device.
     fn attach(&mut self) -> String {
-        let o = self.exec(
-            1,
-            20,
-            &[BIN, "blk", "attach", &self.name, "--region", &self.region],
-        );
+        self.attach_with(&[])
+    }
+
+    fn attach_with(&mut self, extra: &[&str]) -> String {
+        let mut args = vec![BIN, "blk", "attach", &self.name, "--region", &self.region];
+        args.extend_from_slice(extra);
+        let o = self.exec(1, 20, &args);
         assert!(o.status.success(), "blk attach: {}", text(&o.stderr));
         let dev = text(&o.stdout).trim().to_string();
         assert!(dev.starts_with("/dev/loop"), "attach printed {dev:?}");
@@ -546,6 +549,85 @@ fn storage_killed_mid_io_gives_errors_then_reexport_continues() {
         ),
         t0,
     );
+}
+
+/// A storage side that is alive but answers nothing (SIGSTOP): with `--io-timeout 2`, the
+/// client's blocked I/O fails with an error within a few seconds instead of hanging; once the
+/// storage side runs again (SIGCONT), the attach takes it up again and the same device reads
+/// the same data.
+fn stopped_storage_times_out_with_errors_then_resumes() {
+    let t0 = Instant::now();
+    let mut e = Env::new(4, 16);
+    let data: Vec<u8> = (0..(16u32 << 20))
+        .map(|i| (i.wrapping_mul(7919) >> 5) as u8)
+        .collect();
+    std::fs::write(&e.image, &data).expect("fill the image");
+    e.export(false);
+    let dev = e.attach_with(&["--io-timeout", "2"]);
+    let pid = e.export_pid().to_string();
+    let read = format!("dd if={dev} bs=1M iflag=direct status=none | sha256sum");
+    let before = e.sh(1, 30, &read);
+    let stopped = Instant::now();
+    let kill = |sig: &str| Command::new("kill").args([sig, &pid]).status().unwrap();
+    assert!(kill("-STOP").success());
+    // Bounded at 20 s: a hang is a failure, not a wait.
+    let r = e.exec(
+        1,
+        20,
+        &[
+            "dd",
+            &format!("if={dev}"),
+            "of=/dev/null",
+            "bs=64k",
+            "count=1",
+            "skip=7",
+            "iflag=direct",
+        ],
+    );
+    let took = stopped.elapsed();
+    assert!(kill("-CONT").success());
+    assert!(
+        !r.status.success(),
+        "a read from stopped storage succeeded: {}",
+        text(&r.stderr)
+    );
+    assert_ne!(
+        r.status.code(),
+        Some(124),
+        "the read hung until the test's own timeout"
+    );
+    assert!(
+        text(&r.stderr).contains("Input/output error"),
+        "{}",
+        text(&r.stderr)
+    );
+    assert!(took < Duration::from_secs(10), "the error took {took:?}");
+    step(
+        &format!("storage SIGSTOPped: the read failed after {took:?}"),
+        t0,
+    );
+    let blk = e.status_until(|b| b["attachments"][0]["timed_out"].as_u64() >= Some(1));
+    assert!(
+        blk["attachments"][0]["timed_out"].as_u64() >= Some(1),
+        "{blk}"
+    );
+    // Running again: the same device, the same bytes.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = e.exec(1, 15, &["sh", "-c", &read]);
+        if r.status.success() && text(&r.stdout) == before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no I/O 15 s after SIGCONT: {}",
+            text(&r.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let blk = e.status_until(|b| b["attachments"][0]["connected"] == true);
+    assert_eq!(blk["attachments"][0]["connected"], true, "{blk}");
+    step("SIGCONT: the same device reads the same data", t0);
 }
 
 /// The network namespace number of domain `i` (as the attach service names its files).
