@@ -46,9 +46,10 @@
 #     mount again and `sha256sum -c`; dd 32 MiB write/read (bs=1M, direct), against NBD through
 #     virtio-net (nbd-server in b, nbd-client in guest a) in --json; b's export service is
 #     SIGKILLed under a reading dd: the dd must fail with EIO within 5 s, and after `blk export`
-#     again the same loop device reads 32 MiB back, SHA-256 equal. Guest a also tries `blk attach`
-#     itself: that does not work inside a guest yet (its FUSE frontend reads /dev/fuse into pool
-#     buffers, which there are the ivshmem BAR: EFAULT), which the run prints as a note.
+#     again the same loop device reads 32 MiB back, SHA-256 equal. Guest a attaches too, with
+#     `--frontend nbd` (an NBD device) and then the default (a loop device on the FUSE file,
+#     through a bounce buffer there): each time mkfs.ext4, two files, fsck clean, SHA-256 after
+#     a remount, and dd 32 MiB write/read, side by side with NBD over virtio-net.
 #
 # Needs root. Exit status 0 = passed. `--json FILE` also writes the measurements.
 # shellcheck disable=SC2016 # (guest and host job scripts are single-quoted on purpose)
@@ -1262,13 +1263,15 @@ echo "$N: done"'
 
 job_a="$job_blk"'
 await 7714
-# The client side inside a guest first: its pool is the ivshmem BAR, which the FUSE device
-# cannot copy to or from, so the frontend goes through a buffer of its own there.
+# The client side inside a guest, with each frontend: an NBD device (the guest kernel has the
+# nbd module; a payload is received from the socket straight into the pool, the ivshmem BAR),
+# then the default, a loop device on the FUSE file (the FUSE device cannot copy to or from the
+# BAR, so it goes through a buffer of its own there).
 T=/tmp
-if dev=$(memloop blk attach D 2> /tmp/attach.err); then
-  echo "a: attach D: $dev"
-  echo "a: $dev: $(cat /sys/block/${dev#/dev/}/size) sectors, dio $(cat /sys/block/${dev#/dev/}/loop/dio)"
-  mkfs.ext4 -q -F "$dev" > /tmp/mkfs.out 2>&1 && echo "a: mkfs.ext4 ok" || echo "a: mkfs.ext4 FAILED: $(cat /tmp/mkfs.out)"
+guest_attach() { # FRONTEND TAG
+if dev=$(memloop blk attach D --frontend "$1" 2> /tmp/attach.err); then
+  echo "a: attach D ($1): $dev"
+  mkfs.ext4 -q -F "$dev" > /tmp/mkfs.out 2>&1 && echo "a: mkfs.ext4 ok ($1)" || echo "a: mkfs.ext4 FAILED ($1): $(cat /tmp/mkfs.out)"
   mkdir -p /mnt/d
   mount -t ext4 "$dev" /mnt/d && echo "a: mounted" || echo "a: mount FAILED"
   head -c 4194304 /dev/urandom > /mnt/d/big
@@ -1276,17 +1279,20 @@ if dev=$(memloop blk attach D 2> /tmp/attach.err); then
   (cd /mnt/d && sha256sum big small > /tmp/a.sums)
   umount /mnt/d
   fsck.ext4 -fn "$dev" > /tmp/fsck.out 2>&1
-  echo "R7AFSCK rc=$? $(tail -1 /tmp/fsck.out)"
+  echo "R7AFSCK $1 rc=$? $(tail -1 /tmp/fsck.out)"
   mount -t ext4 "$dev" /mnt/d
   (cd /mnt/d && sha256sum -c /tmp/a.sums > /tmp/a.chk 2>&1)
-  echo "R7AVERIFY rc=$? ok=$(grep -c ": OK$" /tmp/a.chk)"
+  echo "R7AVERIFY $1 rc=$? ok=$(grep -c ": OK$" /tmp/a.chk)"
   umount /mnt/d
-  ddt blkg-write if=/dev/zero of="$dev" bs=1M count=32 oflag=direct
-  ddt blkg-read if="$dev" of=/dev/null bs=1M count=32 iflag=direct
-  memloop blk detach D && echo "a: detach D" || echo "a: detach D FAILED"
+  ddt "$2-write" if=/dev/zero of="$dev" bs=1M count=32 oflag=direct
+  ddt "$2-read" if="$dev" of=/dev/null bs=1M count=32 iflag=direct
+  memloop blk detach D && echo "a: detach D ($1)" || echo "a: detach D FAILED ($1)"
 else
-  echo "a: attach D in the guest FAILED: $(cat /tmp/attach.err)"
+  echo "a: attach D ($1) in the guest FAILED: $(cat /tmp/attach.err)"
 fi
+}
+guest_attach nbd blkgn
+guest_attach fuse blkg
 blklog
 # The same dd over NBD through virtio-net.
 if nbd-client -N disk 10.77.0.3 10809 /dev/nbd0 > /tmp/nbdc.out 2>&1; then
@@ -1375,15 +1381,18 @@ check(at.get("reattached", 0) >= 1 and at.get("failed_disconnected", 0) >= 1 and
       f"reattached {at.get('reattached')}", f"the host's attach counters: {at}")
 print(f"vm-test:   b's export counters (the new service): {ex.get('requests')} requests, read "
       f"{ex.get('bytes_read', 0) // MiB} MiB, written {ex.get('bytes_written', 0) // MiB} MiB, errors {ex.get('errors')}")
-ga = grab("a", r"^a: attach D: (/dev/loop\d+)$")
-check(ga, f"guest a: memloop blk attach D printed {ga and ga[0]} (the client inside a guest)",
-      f"guest a: attach failed: {grab('a', r'^a: attach D in the guest FAILED: (.*)')}")
-af = grab("a", r"^R7AFSCK rc=(\d+) (.*)")
-av = grab("a", r"^R7AVERIFY rc=(\d+) ok=(\d+)")
-check(grab("a", r"^a: (mkfs.ext4 ok)") and af and af[0] == "0" and av == ("0", "2"),
-      f"guest a: mkfs.ext4, two files written, fsck.ext4 -fn clean ({af and af[1]}), both SHA-256 OK after a remount",
-      f"guest a: ext4 on the device: fsck {af}, verify {av}")
-check(grab("a", r"^a: (detach D)$"), "guest a: memloop blk detach D", "guest a: detach failed")
+for fe, want in (("nbd", r"/dev/nbd\d+"), ("fuse", r"/dev/loop\d+")):
+    ga = grab("a", rf"^a: attach D \({fe}\): ({want})$")
+    got = grab("a", rf"^a: attach D \({fe}\): (.*)") or grab("a", rf"^a: attach D \({fe}\) in the guest FAILED: (.*)")
+    what = ": an NBD device, the guest kernel has nbd)" if fe == "nbd" else ": a loop device on the FUSE file)"
+    check(ga, f"guest a: memloop blk attach D --frontend {fe} printed {ga and ga[0]} (the client inside a guest{what}",
+          f"guest a: attach --frontend {fe} did not give {want}: {got}")
+    af = grab("a", rf"^R7AFSCK {fe} rc=(\d+) (.*)")
+    av = grab("a", rf"^R7AVERIFY {fe} rc=(\d+) ok=(\d+)")
+    check(grab("a", rf"^a: (mkfs.ext4 ok) \({fe}\)") and af and af[0] == "0" and av == ("0", "2"),
+          f"guest a ({fe}): mkfs.ext4, two files written, fsck.ext4 -fn clean ({af and af[1]}), both SHA-256 OK after a remount",
+          f"guest a ({fe}): ext4 on the device: fsck {af}, verify {av}")
+    check(grab("a", rf"^a: (detach D) \({fe}\)$"), f"guest a: memloop blk detach D ({fe})", f"guest a: detach failed ({fe})")
 def status(g):
     m = re.search(rf"STATUS-BEGIN {g}\n(.*?)STATUS-END {g}", text[g], re.S)
     try:
@@ -1410,8 +1419,15 @@ for k, test in (("write", "dd-write-32MiB"), ("read", "dd-read-32MiB")):
         fails.append(f"no memloop blk dd {k} figure from guest a")
     else:
         rows.append({"run": 7, "peer": "guest a -> guest b", "path": "blk", "test": test,
-                     "unit": "MB/s (dd bs=1M direct)", "client": "guest a (TCG)", "value": g, "mean_us": None,
-                     "vs_virtio": g / vn if vn else None})
+                     "unit": "MB/s (dd bs=1M direct)", "client": "guest a (TCG), FUSE frontend (the default)",
+                     "value": g, "mean_us": None, "vs_virtio": g / vn if vn else None})
+    gn = mbps(dd.get(f"blkgn-{k}"))
+    if gn is None:
+        fails.append(f"no memloop blk dd {k} figure from guest a's NBD frontend")
+    else:
+        rows.append({"run": 7, "peer": "guest a -> guest b", "path": "blk-nbd", "test": test,
+                     "unit": "MB/s (dd bs=1M direct)", "client": "guest a (TCG), NBD frontend", "value": gn,
+                     "mean_us": None, "vs_virtio": gn / vn if vn else None})
     rows.append({"run": 7, "peer": "host -> guest b", "path": "blk-host", "test": test,
                  "unit": "MB/s (dd bs=1M direct)", "client": "host (native)", "value": vb, "mean_us": None,
                  "vs_virtio": None})  # (a native client against a TCG one: no ratio)
@@ -1420,13 +1436,13 @@ for k, test in (("write", "dd-write-32MiB"), ("read", "dd-read-32MiB")):
                      "unit": "MB/s (dd bs=1M direct)", "client": "guest a (TCG)", "value": vn, "mean_us": None, "vs_virtio": 1.0})
     else:
         print(f"vm-test: note: no NBD figure for dd {k} ({n})")
-print("\nrun 7, disk in guest b  | memloop blk, client guest a | NBD over virtio-net, client guest a | blk vs NBD | memloop blk, client the host")
+print("\nrun 7, disk in guest b  | memloop blk (FUSE frontend), client guest a | blk (NBD frontend), client guest a | NBD over virtio-net, client guest a | blk vs NBD | blk-nbd vs NBD | memloop blk, client the host")
 for test in ("dd-write-32MiB", "dd-read-32MiB"):
-    g = next((x for x in rows if x["test"] == test and x["path"] == "blk"), None)
-    n = next((x for x in rows if x["test"] == test and x["path"] == "nbd-virtio"), None)
-    h = next((x for x in rows if x["test"] == test and x["path"] == "blk-host"), None)
+    pick = lambda p: next((x for x in rows if x["test"] == test and x["path"] == p), None)
+    g, gf, n, h = pick("blk"), pick("blk-nbd"), pick("nbd-virtio"), pick("blk-host")
     f = lambda r: "%.1f MB/s" % r["value"] if r else "-"
-    print(f"{test:>14} | {f(g):>13} | {f(n):>13} | {('%.2fx' % g['vs_virtio']) if g and g['vs_virtio'] else '-':>6} | {f(h):>13}")
+    x = lambda r: ("%.2fx" % r["vs_virtio"]) if r and r["vs_virtio"] else "-"
+    print(f"{test:>14} | {f(g):>13} | {f(gf):>13} | {f(n):>13} | {x(g):>6} | {x(gf):>6} | {f(h):>13}")
 if out:
     prev = json.load(open(out)) if os.path.exists(out) and os.path.getsize(out) else []
     json.dump(prev + rows, open(out, "w"), indent=1)

@@ -21,22 +21,20 @@
 //! Everything the kernel sends is checked as a peer's data would be: lengths against what
 //! was read, argument sizes per opcode, offsets against the export.
 
-use crate::client::{
-    BlkClient, ClientOptions, Completer, Completion, SessionWatch, Submitter, WriteBuf,
-};
+use crate::attach::{self, bump, lock, submit, Core, Pend};
+pub use crate::attach::{FrontendOptions, FrontendStats, DEFAULT_IO_TIMEOUT};
+use crate::client::{BlkClient, ClientOptions, Completion, Submitter, WriteBuf};
 use crate::error::BlkError;
 use crate::proto::{errno, ExportInfo};
 use memloop::Node;
-use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::IoSlice;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 /// `fuse_in_header`.
 const IN_HEADER: usize = 40;
@@ -52,7 +50,6 @@ const DISK_INO: u64 = 2;
 const MIN_READ_BUFFER: usize = 8192;
 /// Largest request that is not a WRITE we accept.
 const MAX_SMALL_REQUEST: usize = 64 << 10;
-const SLICE: Duration = Duration::from_millis(200);
 
 mod op {
     pub const LOOKUP: u32 = 1;
@@ -96,100 +93,22 @@ const EPERM: i32 = 1;
 const ENOTDIR: i32 = 20;
 const EISDIR: i32 = 21;
 
-/// The frontend's counters (a snapshot).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FrontendStats {
-    /// Requests the kernel sent (every opcode).
-    pub requests: u64,
-    pub reads: u64,
-    pub writes: u64,
-    pub flushes: u64,
-    pub discards: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    /// Replies with an error (I/O and metadata alike).
-    pub errors: u64,
-    /// I/O failed because no storage server was attached (or it went with it in flight).
-    pub failed_disconnected: u64,
-    /// Requests refused as malformed.
-    pub refused: u64,
-    /// Times a new export was attached after the first.
-    pub reattached: u64,
-    /// Sessions given up because a request waited longer than the I/O timeout (the storage
-    /// side alive but answering nothing): their requests failed with `EIO`.
-    pub timed_out: u64,
-    pub connected: bool,
-}
-
-/// How the frontend behaves.
-#[derive(Clone, Copy, Debug)]
-pub struct FrontendOptions {
-    /// A request unanswered this long gives the session up: what is in flight fails with
-    /// `EIO`, new I/O too until the storage side answers an attach again (`None`: wait for
-    /// ever, as long as the storage side lives).
-    pub io_timeout: Option<Duration>,
-}
-
-impl Default for FrontendOptions {
-    fn default() -> Self {
-        FrontendOptions {
-            io_timeout: Some(DEFAULT_IO_TIMEOUT),
-        }
-    }
-}
-
-/// The default I/O timeout: long enough for any storage that is merely slow.
-pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
-
-#[derive(Default)]
-struct Counters {
-    requests: AtomicU64,
-    reads: AtomicU64,
-    writes: AtomicU64,
-    flushes: AtomicU64,
-    discards: AtomicU64,
-    bytes_read: AtomicU64,
-    bytes_written: AtomicU64,
-    errors: AtomicU64,
-    failed_disconnected: AtomicU64,
-    refused: AtomicU64,
-    reattached: AtomicU64,
-    timed_out: AtomicU64,
-}
-
-fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Relaxed);
-}
-
-/// What a request in flight needs for its reply.
-#[derive(Clone, Copy)]
-enum Pend {
-    /// Reply with `len` bytes of the data from `skip`.
-    Read { skip: usize, len: usize },
-    /// Reply `fuse_write_out { size }`.
-    Write { size: u32 },
-    /// An empty reply.
-    Empty,
-}
-
 struct Ctx {
+    core: Core,
     dev: File,
-    name: String,
-    info: ExportInfo,
     /// Bytes a read(2) of `/dev/fuse` may bring.
     bufsize: usize,
-    pending: Mutex<HashMap<u64, Pend>>,
-    stats: Counters,
-    connected: AtomicBool,
-    stop: AtomicBool,
     /// The region is a device mapping (the ivshmem BAR in a guest): the FUSE device pins the
     /// pages it copies to and from, which a PFN mapping has none of (`EFAULT`, and the request
     /// is lost). Requests and replies then go through a buffer of ours: one more copy each.
     bounce: bool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+impl std::ops::Deref for Ctx {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.core
+    }
 }
 
 /// A mounted frontend: the file system and its threads. Dropping it unmounts.
@@ -248,42 +167,19 @@ impl Frontend {
             data.as_c_str(),
         )?;
         let ctx = Arc::new(Ctx {
+            core: Core::new(name, info),
             dev,
-            name: name.into(),
-            info,
             bufsize,
-            pending: Mutex::new(HashMap::new()),
-            stats: Counters::default(),
-            connected: AtomicBool::new(true),
-            stop: AtomicBool::new(false),
             bounce: node.region().device_backed(),
         });
-        let watch = client.watch();
-        let (sub, comp) = client.split();
-        let (sub_tx, sub_rx) = mpsc::channel::<Submitter>();
-        let (comp_tx, comp_rx) = mpsc::channel::<Completer>();
-        let mut threads = Vec::new();
-        let spawn = |n: &str, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(format!("blk-fuse-{n}"))
-                .spawn(f)
-        };
-        let c = ctx.clone();
-        threads.push(spawn(
-            "read",
-            Box::new(move || reader(&c, Some(sub), sub_rx)),
-        )?);
-        let c = ctx.clone();
-        threads.push(spawn(
-            "reply",
-            Box::new(move || replier(&c, Some(comp), comp_rx)),
-        )?);
-        let c = ctx.clone();
-        let node = node.clone();
-        threads.push(spawn(
-            "connect",
-            Box::new(move || connector(&c, &node, fo, watch, (sub_tx, comp_tx))),
-        )?);
+        let threads = attach::start(
+            &ctx,
+            node,
+            client,
+            (fo, opts),
+            |c, sub, rx| reader(c, Some(sub), rx),
+            answer,
+        )?;
         Ok(Frontend {
             ctx,
             mountpoint: mountpoint.into(),
@@ -301,32 +197,18 @@ impl Frontend {
     }
 
     pub fn stats(&self) -> FrontendStats {
-        let c = &self.ctx.stats;
-        let g = |a: &AtomicU64| a.load(Relaxed);
-        FrontendStats {
-            requests: g(&c.requests),
-            reads: g(&c.reads),
-            writes: g(&c.writes),
-            flushes: g(&c.flushes),
-            discards: g(&c.discards),
-            bytes_read: g(&c.bytes_read),
-            bytes_written: g(&c.bytes_written),
-            errors: g(&c.errors),
-            failed_disconnected: g(&c.failed_disconnected),
-            refused: g(&c.refused),
-            reattached: g(&c.reattached),
-            timed_out: g(&c.timed_out),
-            connected: self.ctx.connected.load(Relaxed),
-        }
+        self.ctx.core.stats()
     }
 }
 
 impl Drop for Frontend {
     /// Unmounts, lazily: the threads go on serving whoever still holds the file (a loop
-    /// device being detached) and end when the kernel ends the connection.
+    /// device being detached) and end when the kernel ends the connection; they are joined
+    /// (for a few seconds at most), so that the session's buffers go back to the region.
     fn drop(&mut self) {
         let _ = rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::DETACH);
-        self.threads.clear();
+        // Once nothing holds the file, the kernel ends the connection and the reader sees it.
+        attach::join_within(std::mem::take(&mut self.threads), attach::JOIN_LIMIT);
     }
 }
 
@@ -571,30 +453,10 @@ fn write(
     if let Err(e) = b.set_payload(HEADROOM, size as usize) {
         return ctx.reply_err(unique, e.errno());
     }
-    submit(ctx, s, unique, Pend::Write { size }, |s| {
-        s.submit_write(unique, offset, b, false)
+    let write = |s: &mut Submitter| s.submit_write(unique, offset, b, false);
+    submit(ctx, s, unique, Pend::Write { size }, write, |u, e| {
+        ctx.reply_err(u, e)
     });
-}
-
-/// Records the request, then submits it; a refusal is answered at once.
-fn submit(
-    ctx: &Ctx,
-    s: &mut Submitter,
-    unique: u64,
-    pend: Pend,
-    f: impl FnOnce(&mut Submitter) -> Result<(), BlkError>,
-) {
-    let r = s.wait_room(None).and_then(|()| {
-        lock(&ctx.pending).insert(unique, pend);
-        f(s)
-    });
-    if let Err(e) = r {
-        lock(&ctx.pending).remove(&unique);
-        if matches!(e, BlkError::Disconnected) {
-            bump(&ctx.stats.failed_disconnected);
-        }
-        ctx.reply_err(unique, e.errno());
-    }
 }
 
 /// Every request but WRITE and DESTROY. `a`: the arguments after the in-header.
@@ -613,7 +475,7 @@ fn handle(ctx: &Ctx, sub: &mut Option<Submitter>, h: &InHeader, a: &[u8]) {
               pend: Pend,
               f: &mut dyn FnMut(&mut Submitter) -> Result<(), BlkError>| {
         match sub.as_mut() {
-            Some(s) => submit(ctx, s, u, pend, f),
+            Some(s) => submit(ctx, s, u, pend, f, |u, e| ctx.reply_err(u, e)),
             None => {
                 bump(&ctx.stats.failed_disconnected);
                 ctx.reply_err(u, errno::EIO);
@@ -847,34 +709,6 @@ fn readdir(ctx: &Ctx, u: u64, offset: u64, size: usize) {
 
 // ---- the replier ----
 
-fn replier(ctx: &Ctx, mut comp: Option<Completer>, rx: Receiver<Completer>) {
-    while !ctx.stop.load(Relaxed) {
-        let Some(c) = comp.as_mut() else {
-            match rx.recv_timeout(SLICE) {
-                Ok(c) => comp = Some(c),
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => return,
-            }
-            continue;
-        };
-        match c.complete(Some(SLICE)) {
-            Ok(done) => {
-                for c in done {
-                    answer(ctx, c);
-                }
-            }
-            Err(e) => {
-                if !matches!(e, BlkError::Disconnected) {
-                    tracing::warn!(export = %ctx.name, "completions: {e}");
-                }
-                tracing::info!(export = %ctx.name, "the storage server is gone");
-                ctx.connected.store(false, Relaxed);
-                comp = None;
-            }
-        }
-    }
-}
-
 fn answer(ctx: &Ctx, c: Completion) {
     let Some(p) = lock(&ctx.pending).remove(&c.tag()) else {
         return;
@@ -910,87 +744,6 @@ fn answer(ctx: &Ctx, c: Completion) {
 }
 
 // ---- the connector ----
-
-/// While the server is gone, attaches again (every quarter second) to a new export of the
-/// same name, which must have the same size, block size and max I/O. While it is there,
-/// watches the oldest request: past the I/O timeout the session is given up (a server
-/// alive but stuck), and an attach tried again like after a death.
-fn connector(
-    ctx: &Ctx,
-    node: &Node,
-    fo: FrontendOptions,
-    mut watch: SessionWatch,
-    (sub_tx, comp_tx): (Sender<Submitter>, Sender<Completer>),
-) {
-    let opts = ClientOptions {
-        headroom: HEADROOM as u32,
-        max_io: ctx.info.max_io,
-        queue_depth: ctx.info.queue_depth,
-        ..ClientOptions::default()
-    };
-    let mut said = false;
-    while !ctx.stop.load(Relaxed) {
-        std::thread::sleep(Duration::from_millis(250));
-        if ctx.connected.load(Relaxed) {
-            said = false;
-            give_up_if_stuck(ctx, &watch, fo.io_timeout);
-            continue;
-        }
-        let client = match BlkClient::connect_with(node, &ctx.name, opts) {
-            Ok(c) => c,
-            Err(e) => {
-                if !said {
-                    tracing::info!(export = %ctx.name, "reattaching: {e}");
-                    said = true;
-                }
-                continue;
-            }
-        };
-        let i = client.info();
-        let (was, now) = (ctx.info, *i);
-        if now.size != was.size
-            || now.block_size != was.block_size
-            || now.max_io != was.max_io
-            || now.read_only() != was.read_only()
-        {
-            if !said {
-                tracing::warn!(
-                    export = %ctx.name,
-                    "the new export differs (size {} block {} max I/O {}): not reattaching",
-                    now.size, now.block_size, now.max_io
-                );
-                said = true;
-            }
-            drop(client);
-            std::thread::sleep(Duration::from_secs(1));
-            continue;
-        }
-        watch = client.watch();
-        let (s, c) = client.split();
-        if comp_tx.send(c).is_err() || sub_tx.send(s).is_err() {
-            return;
-        }
-        bump(&ctx.stats.reattached);
-        ctx.connected.store(true, Relaxed);
-        tracing::info!(export = %ctx.name, "reattached");
-    }
-}
-
-/// Gives the session up if its oldest request has waited past `timeout`.
-fn give_up_if_stuck(ctx: &Ctx, watch: &SessionWatch, timeout: Option<Duration>) {
-    let Some(t) = timeout else { return };
-    if watch.is_over() || !watch.oldest_in_flight().is_some_and(|w| w >= t) {
-        return;
-    }
-    tracing::warn!(
-        export = %ctx.name,
-        "a request unanswered for {:.1} s: the storage side is stuck; failing the I/O in \
-         flight and attaching again",
-        t.as_secs_f64()
-    );
-    bump(&ctx.stats.timed_out);
-    watch.abandon();
-}
 
 #[cfg(test)]
 mod tests {

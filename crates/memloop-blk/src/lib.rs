@@ -51,9 +51,11 @@
 //!   order; [`ExportOptions::workers`] gives a session I/O threads for slow storage.
 #![forbid(unsafe_code)]
 
+mod attach;
 pub mod client;
 pub mod error;
 pub mod fuse;
+pub mod nbd;
 pub mod proto;
 pub mod server;
 

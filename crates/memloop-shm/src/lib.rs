@@ -29,6 +29,8 @@ pub mod futex;
 mod mapping;
 #[cfg(not(loom))]
 pub mod member_lock;
+#[cfg(all(target_os = "linux", not(loom)))]
+pub mod nbd;
 #[cfg(not(loom))]
 mod pool_map;
 pub mod sched;
