@@ -264,6 +264,13 @@ fn losetup(args: &[&str]) -> CliResult<String> {
 }
 
 fn serve_attach(a: &AttachArgs) -> CliResult<()> {
+    // First, while we are one thread: our own mount namespace, so that we never hold (and,
+    // exiting last, tear down) the namespace where the device's users mount its file system
+    // (see `memloop_shm::mountns`). Our FUSE mount and loop device need nobody else to see
+    // the mount; losetup runs as our child.
+    if let Err(e) = memloop_shm::mountns::enter_private() {
+        tracing::warn!("blk attach {}: no mount namespace of its own: {e}", a.name);
+    }
     let spec = service::region_spec(a.region.as_deref());
     let region = Region::open(&spec).context("opening the region")?;
     let node = Node::join(region, "blk-attach").context("joining the region")?;

@@ -35,6 +35,7 @@ fn main() -> std::process::ExitCode {
         test!(read_only_export_refuses_writes_and_serves_reads).needs(needs()),
         test!(storage_killed_mid_io_gives_errors_then_reexport_continues).needs(needs()),
         test!(stopped_storage_times_out_with_errors_then_resumes).needs(needs()),
+        test!(a_file_system_whose_namespace_goes_is_written_back_in_full).needs(needs()),
     ])
 }
 
@@ -628,6 +629,63 @@ fn stopped_storage_times_out_with_errors_then_resumes() {
     let blk = e.status_until(|b| b["attachments"][0]["connected"] == true);
     assert_eq!(blk["attachments"][0]["connected"], true, "{blk}");
     step("SIGCONT: the same device reads the same data", t0);
+}
+
+/// The attach service lives in a mount namespace of its own: a file system mounted on the
+/// device by a program whose mount namespace then goes away (its last process exits, as a
+/// container's does) is unmounted at once and written back through the service — which must
+/// not be a member of that namespace, or it would keep the file system mounted until its own
+/// exit, whose teardown would then write back through itself. Dirty data written by such a
+/// program is all on the export after the program is gone, and detach works.
+fn a_file_system_whose_namespace_goes_is_written_back_in_full() {
+    let t0 = Instant::now();
+    let mut e = Env::new(5, 64);
+    e.export(false);
+    // One command in domain 1 (its own mount namespace): attach — the service starts from
+    // here —, ext4, a file left dirty, exit.
+    let mnt = format!("/tmp/mlblk-ns-{}", std::process::id());
+    let out = e.sh(
+        1,
+        60,
+        &format!(
+            "dev=$({BIN} blk attach {} --region {}); echo $dev
+             mkfs.ext4 -q -F $dev; mkdir -p {mnt}; mount $dev {mnt}
+             head -c 24000000 /dev/urandom > {mnt}/dirty
+             sha256sum < {mnt}/dirty",
+            e.name, e.region
+        ),
+    );
+    let (dev, sum) = out.split_once('\n').expect("device and sum");
+    assert!(dev.starts_with("/dev/loop"), "{out}");
+    e.devices.push(dev.to_string());
+    let sum = sum.to_string();
+    step(
+        "ext4 mounted in a namespace that is now gone, 24 MB left dirty",
+        t0,
+    );
+    // Detach (bounded): the service must not hang on its way out.
+    let o = e.exec(
+        1,
+        20,
+        &[BIN, "blk", "detach", &e.name, "--region", &e.region],
+    );
+    assert!(
+        o.status.success(),
+        "detach: {} {}",
+        o.status,
+        text(&o.stderr)
+    );
+    e.devices.clear();
+    step("detached", t0);
+    // The data is on the export: attach again and read the file back.
+    let dev = e.attach();
+    let back = e.sh(
+        1,
+        60,
+        &format!("mount -o ro {dev} {mnt}; sha256sum < {mnt}/dirty; umount {mnt}; rmdir {mnt}"),
+    );
+    assert_eq!(back, sum, "the file written before its namespace went");
+    step("attached again: the file is all there", t0);
 }
 
 /// The network namespace number of domain `i` (as the attach service names its files).

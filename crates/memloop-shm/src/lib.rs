@@ -30,6 +30,8 @@ mod mapping;
 #[cfg(not(loom))]
 pub mod member_lock;
 #[cfg(all(target_os = "linux", not(loom)))]
+pub mod mountns;
+#[cfg(all(target_os = "linux", not(loom)))]
 pub mod nbd;
 #[cfg(not(loom))]
 mod pool_map;
