@@ -106,12 +106,22 @@ impl std::ops::Deref for Ctx {
 impl Ctx {
     fn send(&self, parts: &[&[u8]]) {
         let _one = lock(&self.send);
-        let mut iov: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
-        let mut iov = &mut iov[..];
-        while !iov.is_empty() {
-            match (&self.sock).write_vectored(iov) {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let mut done = 0;
+        while done < total {
+            // What is left of the parts after `done` bytes.
+            let mut skip = done;
+            let iov: Vec<IoSlice<'_>> = parts
+                .iter()
+                .filter_map(|p| {
+                    let rest = p.get(skip..).filter(|r| !r.is_empty());
+                    skip = skip.saturating_sub(p.len());
+                    rest.map(IoSlice::new)
+                })
+                .collect();
+            match (&self.sock).write_vectored(&iov) {
                 Ok(0) => return,
-                Ok(n) => IoSlice::advance_slices(&mut iov, n),
+                Ok(n) => done += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     tracing::debug!(export = %self.name, "an NBD reply: {e}");
