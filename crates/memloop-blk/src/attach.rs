@@ -6,7 +6,7 @@
 
 use crate::client::{BlkClient, ClientOptions, Completer, Completion, SessionWatch, Submitter};
 use crate::error::BlkError;
-use crate::proto::ExportInfo;
+use crate::proto::{errno, ExportInfo};
 use memloop::Node;
 use std::collections::HashMap;
 use std::ops::Deref;
@@ -162,6 +162,25 @@ pub(crate) fn submit(
             bump(&ctx.stats.failed_disconnected);
         }
         reply_err(unique, e.errno());
+    }
+}
+
+/// [`submit`] to the session if there is one; without one (the storage side gone) the
+/// request fails with `EIO` at once.
+pub(crate) fn submit_to(
+    ctx: &Core,
+    sub: &mut Option<Submitter>,
+    tag: u64,
+    pend: Pend,
+    f: impl FnOnce(&mut Submitter) -> Result<(), BlkError>,
+    reply_err: impl FnOnce(u64, i32),
+) {
+    match sub.as_mut() {
+        Some(s) => submit(ctx, s, tag, pend, f, reply_err),
+        None => {
+            bump(&ctx.stats.failed_disconnected);
+            reply_err(tag, errno::EIO);
+        }
     }
 }
 

@@ -21,7 +21,7 @@
 //! Everything the kernel sends is checked as a peer's data would be: lengths against what
 //! was read, argument sizes per opcode, offsets against the export.
 
-use crate::attach::{self, bump, lock, submit, Core, Pend};
+use crate::attach::{self, bump, lock, submit, submit_to, Core, Pend};
 pub use crate::attach::{FrontendOptions, FrontendStats, DEFAULT_IO_TIMEOUT};
 use crate::client::{BlkClient, ClientOptions, Completion, Submitter, WriteBuf};
 use crate::error::BlkError;
@@ -474,13 +474,7 @@ fn handle(ctx: &Ctx, sub: &mut Option<Submitter>, h: &InHeader, a: &[u8]) {
     let io = |sub: &mut Option<Submitter>,
               pend: Pend,
               f: &mut dyn FnMut(&mut Submitter) -> Result<(), BlkError>| {
-        match sub.as_mut() {
-            Some(s) => submit(ctx, s, u, pend, f, |u, e| ctx.reply_err(u, e)),
-            None => {
-                bump(&ctx.stats.failed_disconnected);
-                ctx.reply_err(u, errno::EIO);
-            }
-        }
+        submit_to(ctx, sub, u, pend, f, |u, e| ctx.reply_err(u, e))
     };
     match h.opcode {
         op::INIT => {

@@ -15,7 +15,9 @@
 //! big-endian) followed by a WRITE's payload; replies of 16 bytes (magic `0x67446698`, error,
 //! handle) followed by a READ's data. The handle is the blk tag.
 
-use crate::attach::{self, bump, lock, submit, Core, FrontendOptions, FrontendStats, Pend};
+use crate::attach::{
+    self, bump, lock, submit, submit_to, Core, FrontendOptions, FrontendStats, Pend,
+};
 use crate::client::{BlkClient, ClientOptions, Completion, Submitter};
 use crate::error::BlkError;
 use crate::proto::{errno, ExportInfo};
@@ -366,13 +368,7 @@ fn handle(ctx: &Ctx, sub: &mut Option<Submitter>, r: &Request) {
     let io = |sub: &mut Option<Submitter>,
               pend: Pend,
               f: &mut dyn FnMut(&mut Submitter) -> Result<(), BlkError>| {
-        match sub.as_mut() {
-            Some(s) => submit(ctx, s, h, pend, f, |u, e| ctx.reply_err(u, e)),
-            None => {
-                bump(&ctx.stats.failed_disconnected);
-                ctx.reply_err(h, errno::EIO);
-            }
-        }
+        submit_to(ctx, sub, h, pend, f, |u, e| ctx.reply_err(u, e))
     };
     match r.cmd {
         CMD_READ => {
