@@ -105,6 +105,7 @@ fn main() -> std::process::ExitCode {
         test!(a_forwarded_buffer_returns_when_the_last_stage_releases_it),
         test!(forged_descriptors_are_refused_with_an_error),
         test!(a_stage_killed_while_holding_buffers_gives_them_all_back),
+        test!(a_pool_that_does_not_fit_reclaims_the_dead_first),
         test!(sigkill_of_any_stage_at_random_moments_leaves_nothing_behind),
     ])
 }
@@ -127,6 +128,7 @@ fn child_entry(role: &str) -> ! {
         "k-source" => child_kill_source(&node, &args),
         "k-middle" => child_kill_middle(&node, &args),
         "k-sink" => child_kill_sink(&node, &args),
+        "hog" => child_hog(&node, &args),
         other => panic!("unknown role {other}"),
     };
     std::process::exit(code);
@@ -517,6 +519,28 @@ fn a_stage_killed_while_holding_buffers_gives_them_all_back() {
         pool.free_buffers().unwrap() == 8
     });
     assert!(pool.try_loan().is_ok());
+}
+
+/// `hog MIB`: creates a pool of MIB 1-MiB buffers, says `ready`, and waits to be killed.
+fn child_hog(node: &Node, args: &[String]) -> i32 {
+    let n: u32 = args[0].parse().unwrap();
+    let _pool = Pool::create(node, 1 << 20, n).expect("the hog's pool");
+    say("ready");
+    wait_stdin_line();
+    0
+}
+
+/// A region full of a dead process's pool: a new pool that does not fit reclaims the dead and
+/// is made, instead of failing with "region full" until someone else's sweep.
+fn a_pool_that_does_not_fit_reclaims_the_dead_first() {
+    let r = TestRegion::new("zc-full", 64 << 20);
+    let mut hog = Stage::spawn("hog", &r.name, &["40"]);
+    assert_eq!(hog.line(), "ready");
+    let node = r.node("late");
+    unsafe_kill(&hog);
+    assert_eq!(hog.wait(Duration::from_secs(5)), -9);
+    let pool = Pool::create(&node, 1 << 20, 40).expect("a pool after the dead one's");
+    assert_eq!(pool.free_buffers().unwrap(), 40);
 }
 
 fn unsafe_kill(s: &Stage) {

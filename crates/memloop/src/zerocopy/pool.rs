@@ -48,7 +48,14 @@ impl Pool {
     pub fn create(node: &Node, buf_size: u32, buffers: u32) -> Result<Pool, Error> {
         let n = &node.inner;
         let reg = n.region.registry();
-        let info = reg.create_pool(n.id, buf_size, buffers)?;
+        // A full region may be full of the dead's pools: reclaim them and try once more, as
+        // an offer does.
+        let info = match reg.create_pool(n.id, buf_size, buffers) {
+            Err(memloop_registry::RegistryError::RegionFull { .. }) if n.reclaim_dead() > 0 => {
+                reg.create_pool(n.id, buf_size, buffers)?
+            }
+            r => r?,
+        };
         let map = PoolMapping::map(
             n.region.mapping(),
             info.data_off,
