@@ -70,6 +70,19 @@ fn parse(h: &[u8; REQUEST_LEN]) -> Option<Request> {
     })
 }
 
+/// What is left of `parts` once their first `done` bytes are sent (empty pieces left out).
+fn rest_of<'a>(parts: &[&'a [u8]], done: usize) -> Vec<&'a [u8]> {
+    let mut skip = done;
+    parts
+        .iter()
+        .filter_map(|p| {
+            let rest = p.get(skip..).filter(|r| !r.is_empty());
+            skip = skip.saturating_sub(p.len());
+            rest
+        })
+        .collect()
+}
+
 fn reply_header(handle: u64, error: i32) -> [u8; REPLY_LEN] {
     let mut h = [0u8; REPLY_LEN];
     h[0..4].copy_from_slice(&REPLY_MAGIC.to_be_bytes());
@@ -111,16 +124,8 @@ impl Ctx {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let mut done = 0;
         while done < total {
-            // What is left of the parts after `done` bytes.
-            let mut skip = done;
-            let iov: Vec<IoSlice<'_>> = parts
-                .iter()
-                .filter_map(|p| {
-                    let rest = p.get(skip..).filter(|r| !r.is_empty());
-                    skip = skip.saturating_sub(p.len());
-                    rest.map(IoSlice::new)
-                })
-                .collect();
+            let iov: Vec<IoSlice<'_>> =
+                rest_of(parts, done).into_iter().map(IoSlice::new).collect();
             match (&self.sock).write_vectored(&iov) {
                 Ok(0) => return,
                 Ok(n) => done += n,
@@ -489,6 +494,18 @@ mod tests {
             "past the end"
         );
         assert!(!range_ok(&info(), &at(u64::MAX - 511, 512)), "overflow");
+    }
+
+    #[test]
+    fn a_partly_sent_reply_goes_on_where_it_stopped() {
+        let (h, d): (&[u8], &[u8]) = (b"0123", b"abcdefgh");
+        let parts = [h, &[][..], d];
+        assert_eq!(rest_of(&parts, 0), vec![h, d]);
+        assert_eq!(rest_of(&parts, 3), vec![&b"3"[..], d]);
+        assert_eq!(rest_of(&parts, 4), vec![d]);
+        assert_eq!(rest_of(&parts, 9), vec![&b"fgh"[..]]);
+        assert!(rest_of(&parts, 12).is_empty());
+        assert!(rest_of(&parts, 20).is_empty());
     }
 
     #[test]
