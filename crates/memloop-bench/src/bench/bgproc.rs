@@ -144,27 +144,38 @@ impl BgProcess {
 
     /// Until the process (in its domain) listens on TCP `port`.
     pub fn wait_listen(&mut self, port: u16) -> CliResult<()> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let file = format!("/proc/{}/net/tcp", self.child.id());
-        let want = format!(":{port:04X}");
-        loop {
-            let table = std::fs::read_to_string(&file).unwrap_or_default();
-            let listening = table.lines().skip(1).any(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() > 3 && f[1].ends_with(&want) && f[3] == "0A"
-            });
-            if listening {
-                return Ok(());
-            }
-            self.check()?;
-            if Instant::now() >= deadline {
-                return Err(fail(format!(
-                    "{} not listening on port {port} after 10 s",
-                    self.what
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        let (pid, what) = (self.child.id(), self.what.clone());
+        wait_listening(pid, port, &what, || self.check())
+    }
+}
+
+/// Until process `pid` (in its domain: its own `/proc/PID/net/tcp`) listens on TCP `port`,
+/// at most 10 s; `alive` fails the wait if the process went meanwhile.
+pub fn wait_listening(
+    pid: u32,
+    port: u16,
+    what: &str,
+    mut alive: impl FnMut() -> CliResult<()>,
+) -> CliResult<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let file = format!("/proc/{pid}/net/tcp");
+    let want = format!(":{port:04X}");
+    loop {
+        let table = std::fs::read_to_string(&file).unwrap_or_default();
+        let listening = table.lines().skip(1).any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[1].ends_with(&want) && f[3] == "0A"
+        });
+        if listening {
+            return Ok(());
         }
+        alive()?;
+        if Instant::now() >= deadline {
+            return Err(fail(format!(
+                "{what} not listening on port {port} after 10 s"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

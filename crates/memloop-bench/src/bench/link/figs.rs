@@ -6,6 +6,7 @@ use super::bed::{Bed, Counters};
 use super::{
     Opts, BRIDGE, CPU_PCT, GBIT, IDLE, LINK, NOT_ROUTED, PING, RR, STREAM, US_AVG, US_MEAN,
 };
+use crate::bench::bgproc::wait_listening;
 use crate::bench::report::Record;
 use crate::bench::sys;
 use crate::bench::sys::run_bounded;
@@ -127,33 +128,15 @@ impl Bg {
 
     /// Until the process (in its domain) listens on TCP `port`.
     fn wait_listen(&mut self, port: u16) -> CliResult<()> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let file = format!("/proc/{}/net/tcp", self.child.id());
-        let want = format!(":{port:04X}");
-        loop {
-            let table = std::fs::read_to_string(&file).unwrap_or_default();
-            let listening = table.lines().skip(1).any(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() > 3 && f[1].ends_with(&want) && f[3] == "0A"
-            });
-            if listening {
-                return Ok(());
-            }
-            if let Some(st) = self.child.try_wait()? {
-                return Err(fail(format!(
-                    "{} exited ({st}) before listening: {}",
-                    self.what,
-                    self.tail()
-                )));
-            }
-            if Instant::now() >= deadline {
-                return Err(fail(format!(
-                    "{} not listening on port {port} after 10 s",
-                    self.what
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let (pid, what) = (self.child.id(), self.what.clone());
+        wait_listening(pid, port, &what, || match self.child.try_wait()? {
+            Some(st) => Err(fail(format!(
+                "{} exited ({st}) before listening: {}",
+                self.what,
+                self.tail()
+            ))),
+            None => Ok(()),
+        })
     }
 
     /// Waits (bounded) for the process to exit by itself.
