@@ -117,6 +117,13 @@ impl Core {
         }
     }
 
+    /// Whether a flush has nothing to do on the storage side, so that the frontend answers it
+    /// itself: every write a flush covers has completed into the storage side's file, and
+    /// only a volatile cache there (the export's `flush` flag) needs the round trip.
+    pub(crate) fn flush_is_local(&self) -> bool {
+        self.info.read_only() || !self.info.needs_flush()
+    }
+
     pub(crate) fn stats(&self) -> FrontendStats {
         let c = &self.stats;
         let g = |a: &AtomicU64| a.load(Relaxed);

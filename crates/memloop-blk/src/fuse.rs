@@ -579,9 +579,7 @@ fn handle(ctx: &Ctx, sub: &mut Option<Submitter>, h: &InHeader, a: &[u8]) {
         }
         op::FLUSH | op::FSYNC => {
             bump(&ctx.stats.flushes);
-            // Every write this flush covers has completed, so it is in the storage side's
-            // file already; only a volatile cache there needs the round trip.
-            if ctx.info.read_only() || !ctx.info.needs_flush() {
+            if ctx.flush_is_local() {
                 return ctx.reply(u, &[]);
             }
             io(sub, Pend::Empty, &mut |s| s.submit_flush(u));

@@ -390,9 +390,7 @@ fn handle(ctx: &Ctx, sub: &mut Option<Submitter>, r: &Request) {
         }
         CMD_FLUSH => {
             bump(&ctx.stats.flushes);
-            // Every write it covers has completed (see `fuse`): only a volatile cache on
-            // the storage side needs the round trip.
-            if ctx.info.read_only() || !ctx.info.needs_flush() {
+            if ctx.flush_is_local() {
                 return ctx.reply(h, &[]);
             }
             io(sub, Pend::Empty, &mut |s| s.submit_flush(h));
