@@ -8,7 +8,7 @@ use super::{
     Opts, LOCAL, MEMLOOP, NBD, NOT_ROUTED, PATHS, RATIO, RATIO_LOCAL, RATIO_NBD, TARGET_PG,
 };
 use crate::bench::report::{self, Record};
-use crate::bench::study::progs::{parse_pgbench, pg_bin};
+use crate::bench::study::progs::{parse_pgbench, pg_bin, AS_POSTGRES};
 use crate::bench::sys::run_bounded;
 use crate::error::{fail, CliResult};
 use std::path::{Path, PathBuf};
@@ -74,13 +74,7 @@ impl Db<'_> {
 
     /// `cmd` as the postgres user, in domain 1.
     fn as_pg(&self, cmd: &[&str]) -> Vec<String> {
-        let mut v = vec![
-            "setpriv",
-            "--reuid=postgres",
-            "--regid=postgres",
-            "--init-groups",
-            "--",
-        ];
+        let mut v = AS_POSTGRES.to_vec();
         v.extend_from_slice(cmd);
         self.bed.in_domain(1, &v)
     }

@@ -141,6 +141,15 @@ fn have(cmd: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// The prefix running a command as the postgres user (the server refuses root).
+pub(crate) const AS_POSTGRES: [&str; 5] = [
+    "setpriv",
+    "--reuid=postgres",
+    "--regid=postgres",
+    "--init-groups",
+    "--",
+];
+
 /// The newest PostgreSQL server's bin directory under /usr/lib/postgresql.
 pub(crate) fn pg_bin() -> Option<PathBuf> {
     let mut v: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
@@ -445,13 +454,7 @@ fn pgbench(c: &mut Ctx, out: &mut Vec<Rec>) -> CliResult<()> {
         }
     }
     let as_pg = |v: &[&str]| {
-        let mut a = s(&[
-            "setpriv",
-            "--reuid=postgres",
-            "--regid=postgres",
-            "--init-groups",
-            "--",
-        ]);
+        let mut a = s(&AS_POSTGRES);
         a.extend(s(v));
         a
     };
